@@ -1,0 +1,178 @@
+"""The ``sluicegate`` command: ``serve``, ``model`` and ``demo``.
+
+Exit codes: 0 success, 1 an unexpected error (logged), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sluicegate.engines.base import Engine
+
+__all__ = ["main"]
+
+log = logging.getLogger("sluicegate")
+
+
+def _model_path(arg: str | None) -> Path:
+    if arg:
+        path = Path(arg)
+        if not path.is_file():
+            raise SystemExit(f"sluicegate: --model {arg!r} is not a file")
+        return path
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TransferSpeedColumn,
+    )
+
+    from sluicegate.model import default_model_path
+
+    with Progress(
+        TextColumn("assembling Gemma 3 270M"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("model", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return default_model_path(progress)
+
+
+def _build_engine(args: argparse.Namespace) -> Engine:
+    if args.engine == "scripted":
+        from sluicegate.engines.scripted import ScriptedEngine, parse_faults
+
+        return ScriptedEngine(
+            tokens_per_s=args.scripted_rate, **parse_faults(args.fault or [])
+        )
+    from sluicegate.engines.llamacpp import LlamaCppEngine
+    from sluicegate.model import DEFAULT_MODEL_ID
+
+    path = _model_path(args.model)
+    model_id = args.model_id or (DEFAULT_MODEL_ID if not args.model else path.stem)
+    return LlamaCppEngine(
+        path,
+        model_id=model_id,
+        n_ctx=args.n_ctx,
+        n_parallel=args.parallel,
+        step_tokens=args.step_tokens,
+        n_threads=args.threads,
+        queue_limit=args.queue_limit,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from sluicegate.server.app import create_app
+    from sluicegate.server.config import ServerConfig
+
+    engine = _build_engine(args)
+    config = ServerConfig(heartbeat_interval_s=args.heartbeat_s)
+    app = create_app(engine, config)
+    log.info("serving %s on http://%s:%d", engine.model.id, args.host, args.port)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.grace_s,
+    )
+    return 0
+
+
+def _model(args: argparse.Namespace) -> int:
+    print(_model_path(None))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from sluicegate.demo import run_demo
+
+    run_demo(sys.stdout)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sluicegate",
+        description="An OpenAI-compatible LLM server that streams tokens correctly.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model", help="a GGUF file (default: Gemma 3 270M Q4_K_M)")
+    serve.add_argument("--model-id", help="the id clients use for the model")
+    serve.add_argument(
+        "--engine", choices=["llamacpp", "scripted"], default="llamacpp"
+    )
+    serve.add_argument("--n-ctx", type=int, default=8192, help="KV cells (tokens)")
+    serve.add_argument("--parallel", type=int, default=4, help="sequences per step")
+    serve.add_argument(
+        "--step-tokens", type=int, default=256, help="token budget of one decode step"
+    )
+    serve.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
+    serve.add_argument("--queue-limit", type=int, default=64)
+    serve.add_argument(
+        "--heartbeat-s", type=float, default=15.0, help="SSE keep-alive interval"
+    )
+    serve.add_argument(
+        "--grace-s", type=float, default=10.0, help="shutdown grace period"
+    )
+    serve.add_argument(
+        "--scripted-rate", type=float, default=50.0, help="scripted tokens/s"
+    )
+    serve.add_argument(
+        "--fault",
+        action="append",
+        help="scripted engine fault, e.g. error-after:3, prefill-delay:2, stall:5:3",
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    serve.set_defaults(func=_serve)
+
+    model = sub.add_parser("model", help="assemble the default model; print its path")
+    model.set_defaults(func=_model)
+
+    demo = sub.add_parser(
+        "demo", help="the toy 12-token example through the real core, step by step"
+    )
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "info").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # the CLI's outermost frame: log, exit 1
+        log.exception("sluicegate %s failed", args.command)
+        return 1
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

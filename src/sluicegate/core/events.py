@@ -1,0 +1,115 @@
+"""Values that cross the core's boundary: engine outputs in, stream events in.
+
+Engine side: an engine reports each decode step of one sequence as an
+``EngineOutput`` (new token ids, and a ``finish_reason`` on the last one).
+
+Stream side: the server feeds ``StreamMachine`` (``core/stream.py``) one of
+``Delta``, ``Finish``, ``End``, ``Fail`` or ``Heartbeat`` and writes the bytes it
+returns. All are frozen, slotted dataclasses; the closed sets are ``StrEnum`` whose
+values are the OpenAI wire strings.
+
+Spec: OpenAI API reference, "The chat completion chunk object" and "Completions".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "Delta",
+    "End",
+    "EngineOutput",
+    "Fail",
+    "Finish",
+    "FinishReason",
+    "Heartbeat",
+    "StreamEvent",
+    "Usage",
+]
+
+
+class FinishReason(StrEnum):
+    """Why a choice ended, as OpenAI spells it on the wire."""
+
+    STOP = "stop"
+    """An end-of-sequence or stop token, or a stop string matched."""
+    LENGTH = "length"
+    """``max_tokens`` or the context window was reached."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """One decode step of one sequence, as an engine reports it.
+
+    Attributes:
+        token_ids: the token ids sampled in this step (usually one; zero on a
+            final output that only carries ``finish_reason``).
+        finish_reason: set on the sequence's last output, else ``None``. A stop
+            token (EOS, end of turn, a requested stop token id) that ended the
+            sequence *is* the last of ``token_ids``, so that it counts as a
+            completion token; detokenizers skip it by id, so it never reaches
+            the text.
+    """
+
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one response (OpenAI ``usage``), in tokens."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        """``prompt_tokens + completion_tokens``."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """New text for choice ``index`` (already detokenized and stop-checked)."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """Choice ``index`` ended with ``finish_reason``."""
+
+    index: int
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """Every choice has finished; close the stream with usage and ``[DONE]``."""
+
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """A failure after the first byte: one in-band error event, then close.
+
+    Attributes:
+        message: human-readable, non-empty.
+        type: OpenAI error type (e.g. ``"server_error"``).
+        code: short machine-readable code (e.g. ``"engine_error"``), or ``None``.
+    """
+
+    message: str
+    type: str = "server_error"
+    code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Nothing was written for the heartbeat interval: send an SSE comment."""
+
+
+StreamEvent = Delta | Finish | End | Fail | Heartbeat

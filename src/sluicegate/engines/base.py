@@ -1,0 +1,175 @@
+"""The engine protocol: token ids in, token ids out.
+
+An engine serves ``GenerateRequest``s. ``generate()`` returns an async iterator of
+``EngineOutput`` (one per decode step of that sequence; the last carries the
+``finish_reason``). A failure is raised from the iterator as ``EngineError``.
+``abort()`` is synchronous, idempotent and never blocks: it removes the request from
+the queue, from prefill or from the running batch at the next step, and frees its KV
+cells. The engine never waits on a consumer: outputs go into per-request buffers.
+
+Spec: ../shared/DESIGN.md, "Engine protocol".
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from sluicegate.core.events import EngineOutput
+
+__all__ = [
+    "Engine",
+    "EngineStats",
+    "GenerateRequest",
+    "ModelInfo",
+    "SamplingParams",
+    "Tokenizer",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample one sequence.
+
+    Attributes:
+        max_tokens: most completion tokens to generate (tokens, >= 1).
+        temperature: 0 means greedy.
+        top_p: nucleus mass in (0, 1].
+        top_k: keep the k most likely tokens; 0 disables.
+        min_p: drop tokens below ``min_p`` x the top probability; 0 disables.
+        seed: sampling seed; ``None`` picks one at random.
+        presence_penalty, frequency_penalty: OpenAI penalties in [-2, 2].
+        repetition_penalty: multiplicative penalty; 1 disables.
+        stop_token_ids: extra token ids that end the sequence (never in content).
+        ignore_eos: keep generating past end-of-sequence tokens.
+        logit_bias: token id -> bias added to its logit.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One sequence to generate: an id unique among running requests, the prompt."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine's load and counters.
+
+    Units: requests for ``queued``/``running``/``*_requests``, tokens (KV cells) for
+    ``kv_cells_*``, tokens for ``*_tokens``.
+    """
+
+    queued: int
+    running: int
+    kv_cells_used: int
+    kv_cells_total: int
+    prompt_tokens: int
+    generated_tokens: int
+    wasted_tokens: int
+    finished_requests: int
+    aborted_requests: int
+    failed_requests: int
+    running_ids: tuple[str, ...] = ()
+    aborted_ids: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the server needs to know about the served model."""
+
+    id: str
+    context_length: int
+    created: int
+    owned_by: str = "sluicegate"
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text <-> token ids for one vocabulary; pieces are byte strings."""
+
+    @property
+    def pieces(self) -> Sequence[bytes]:
+        """Bytes of every token id's piece (special tokens map to their text)."""
+        ...
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Control tokens (BOS, EOS, end of turn, ...) that never go into content."""
+        ...
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """End-of-generation tokens (EOS, end of turn)."""
+        ...
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's own Jinja chat template, if it ships one."""
+        ...
+
+    @property
+    def bos_token(self) -> str:
+        """Text of the beginning-of-sequence token ("" if none)."""
+        ...
+
+    @property
+    def eos_token(self) -> str:
+        """Text of the end-of-sequence token ("" if none)."""
+        ...
+
+    def encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of ``text``; ``add_special`` prepends BOS where the model does."""
+        ...
+
+
+class Engine(Protocol):
+    """What sluicegate needs from an inference engine."""
+
+    @property
+    def model(self) -> ModelInfo:
+        """The served model."""
+        ...
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The served model's tokenizer."""
+        ...
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+        """Queue ``request`` and yield its outputs step by step.
+
+        Raises:
+            EngineError: from the iterator, when the engine fails this request.
+            EngineUnavailable: at once, when the queue is full or the engine closed.
+        """
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Stop ``request_id`` at the next step and free its KV cells; idempotent."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """A snapshot of load and counters."""
+        ...
+
+    async def aclose(self) -> None:
+        """Abort everything, free the model; later ``generate`` calls fail."""
+        ...

@@ -1,0 +1,529 @@
+"""LlamaCppEngine: continuous batching over llama.cpp, run in one worker thread.
+
+Each engine step is one ``llama_decode`` over a batch that holds one token for
+every decoding sequence plus a chunk of the prompt of sequences still in prefill
+(at most ``step_tokens`` tokens in all, so a long prompt never stalls running
+streams for more than one step). Sequences join and leave between steps.
+
+Threading: the worker thread owns the llama.cpp context; the event loop only
+touches plain Python state under ``_lock``. Outputs reach each request's
+``asyncio.Queue`` through ``loop.call_soon_threadsafe``, so the worker never waits
+on a consumer. ctypes releases the GIL during ``llama_decode``.
+
+Capacity: ``n_parallel`` sequences at once and ``n_ctx`` KV cells shared by all of
+them (a unified KV cache). A request is admitted (FIFO) when its prompt plus its
+``max_tokens`` fits in the cells not yet reserved, so a running sequence can never
+run out of cells mid-stream.
+
+Abort: ``abort(id)`` removes a queued request at once; a prefilling or decoding
+one is dropped before the next step and its cells are removed from llama.cpp's
+memory (``llama_memory_seq_rm``). Tokens sampled in a step that was already
+running when the abort came are counted as waste.
+
+Spec: ../shared/DESIGN.md, "Engine protocol".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as llama
+
+from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
+from sluicegate.core.events import EngineOutput, FinishReason
+from sluicegate.engines.base import (
+    EngineStats,
+    GenerateRequest,
+    ModelInfo,
+    SamplingParams,
+)
+from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab, quiet_logs
+
+__all__ = ["LlamaCppEngine", "load_vocab"]
+
+log = logging.getLogger(__name__)
+
+_RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
+_RECENT_IDS = 256
+
+
+class _Phase(Enum):
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+
+
+_ABORTED = object()  # queue sentinel: the request was aborted; end the iterator
+
+
+@dataclass(eq=False, slots=True)
+class _Sequence:
+    request: GenerateRequest
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue[Any]
+    phase: _Phase = _Phase.QUEUED
+    seq_id: int = -1
+    n_prompt_done: int = 0  # prompt tokens already in the KV cache
+    n_generated: int = 0
+    last_token: int = -1
+    sampler: Any = None
+    abort_requested: bool = False
+    in_flight: bool = False  # part of the batch being decoded right now
+    reserved_cells: int = 0
+    tokens: list[int] = field(default_factory=list)
+
+    def deliver(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+
+
+@dataclass(slots=True)
+class _Counters:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    wasted_tokens: int = 0
+    finished: int = 0
+    aborted: int = 0
+    failed: int = 0
+    kv_cells_used: int = 0
+    aborted_ids: deque[str] = field(default_factory=lambda: deque(maxlen=_RECENT_IDS))
+
+
+class LlamaCppEngine:
+    """The Engine protocol over a GGUF model in llama.cpp (CPU by default).
+
+    Args:
+        model_path: a GGUF file.
+        model_id: the id clients address the model by.
+        n_ctx: KV cells shared by all sequences (tokens); also the longest
+            sequence (prompt + completion) the engine serves.
+        n_parallel: sequences decoded together in one step.
+        step_tokens: token budget of one step (decode tokens + prefill chunk).
+        n_threads: CPU threads for llama.cpp (default: all cores).
+        queue_limit: requests that may wait for admission; more raise
+            ``EngineUnavailable`` from ``generate``.
+
+    Raises:
+        FileNotFoundError: ``model_path`` cannot be loaded.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        model_id: str | None = None,
+        n_ctx: int = 8192,
+        n_parallel: int = 4,
+        step_tokens: int = 256,
+        n_threads: int | None = None,
+        queue_limit: int = 64,
+    ) -> None:
+        quiet_logs()
+        path = Path(model_path)
+        mparams = llama.llama_model_default_params()
+        self._model_ptr = llama.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model_ptr:
+            raise FileNotFoundError(f"cannot load a GGUF model from {str(path)!r}")
+        self._tokenizer = LlamaTokenizer(self._model_ptr)
+        train_ctx = llama.llama_model_n_ctx_train(self._model_ptr)
+        self._n_ctx = min(n_ctx, train_ctx) if train_ctx > 0 else n_ctx
+        self._n_parallel = n_parallel
+        self._step_tokens = max(step_tokens, n_parallel)
+        threads = n_threads or os.cpu_count() or 1
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = self._n_ctx
+        cparams.n_batch = self._step_tokens
+        cparams.n_ubatch = self._step_tokens
+        cparams.n_seq_max = n_parallel
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        self._ctx = llama.llama_init_from_model(self._model_ptr, cparams)
+        if not self._ctx:
+            llama.llama_model_free(self._model_ptr)
+            raise EngineError(f"llama.cpp could not create a context of {n_ctx} cells")
+        self._memory = llama.llama_get_memory(self._ctx)
+        self._batch = llama.llama_batch_init(self._step_tokens, 0, 1)
+        self._model_info = ModelInfo(
+            id=model_id or path.stem,
+            context_length=self._n_ctx,
+            created=int(path.stat().st_mtime),
+        )
+        self._queue_limit = queue_limit
+        self._lock = threading.Condition()
+        self._waiting: deque[_Sequence] = deque()
+        self._running: dict[str, _Sequence] = {}
+        self._by_id: dict[str, _Sequence] = {}
+        self._free_seq_ids = list(range(n_parallel - 1, -1, -1))
+        self._reserved = 0
+        self._counters = _Counters()
+        self._closed = False
+        self._fault: BaseException | None = None  # for tests: fail the next step
+        self._worker = threading.Thread(
+            target=self._run, name="llamacpp-engine", daemon=True
+        )
+        self._worker.start()
+
+    # -- the Engine protocol -------------------------------------------------
+
+    @property
+    def model(self) -> ModelInfo:
+        """The served model: id, context length (tokens), created (Unix seconds)."""
+        return self._model_info
+
+    @property
+    def tokenizer(self) -> LlamaTokenizer:
+        """The model's vocabulary."""
+        return self._tokenizer
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+        """Queue ``request``; yield one ``EngineOutput`` per decode step.
+
+        The iterator ends after the output that carries ``finish_reason``, or
+        without one when the request was aborted. Leaving the iterator early
+        aborts the request.
+
+        Raises:
+            EngineUnavailable: the queue is full or the engine is closed.
+            RequestError: the prompt plus ``max_tokens`` can never fit in the KV
+                cells, or the request id is already running.
+            EngineError: a decode step failed for this request.
+        """
+        seq = self._submit(request)
+        finished = False
+        try:
+            while True:
+                item = await seq.outputs.get()
+                if item is _ABORTED:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                assert isinstance(item, EngineOutput)
+                if item.finish_reason is not None:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Stop ``request_id`` before the next step and free its KV cells.
+
+        Idempotent; a no-op for unknown or finished requests. Never blocks on a
+        decode step.
+        """
+        with self._lock:
+            seq = self._by_id.get(request_id)
+            if seq is None or seq.abort_requested:
+                return
+            seq.abort_requested = True
+            if seq.phase is _Phase.QUEUED:
+                self._waiting.remove(seq)
+                self._forget(seq)
+                self._counters.aborted += 1
+                self._counters.aborted_ids.append(request_id)
+                seq.deliver(_ABORTED)
+            self._lock.notify_all()
+
+    def stats(self) -> EngineStats:
+        """Queue depth, running sequences, KV cells used/total, token counters."""
+        with self._lock:
+            c = self._counters
+            return EngineStats(
+                queued=len(self._waiting),
+                running=len(self._running),
+                kv_cells_used=c.kv_cells_used,
+                kv_cells_total=self._n_ctx,
+                prompt_tokens=c.prompt_tokens,
+                generated_tokens=c.generated_tokens,
+                wasted_tokens=c.wasted_tokens,
+                finished_requests=c.finished,
+                aborted_requests=c.aborted,
+                failed_requests=c.failed,
+                running_ids=tuple(self._running),
+                aborted_ids=tuple(c.aborted_ids),
+            )
+
+    async def aclose(self) -> None:
+        """Abort every request, stop the worker and free the model."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for seq in list(self._by_id.values()):
+                seq.abort_requested = True
+            self._lock.notify_all()
+        await asyncio.to_thread(self._worker.join)
+        llama.llama_batch_free(self._batch)
+        llama.llama_free(self._ctx)
+        llama.llama_model_free(self._model_ptr)
+
+    def inject_fault(self, error: BaseException) -> None:
+        """Make the next decode step raise ``error`` (for tests of failure paths)."""
+        with self._lock:
+            self._fault = error
+            self._lock.notify_all()
+
+    # -- submission (event loop side) ----------------------------------------
+
+    def _submit(self, request: GenerateRequest) -> _Sequence:
+        need = len(request.prompt_token_ids) + request.params.max_tokens
+        if need > self._n_ctx:
+            raise RequestError(
+                f"the prompt has {len(request.prompt_token_ids)} tokens and "
+                f"max_tokens is {request.params.max_tokens}: {need} tokens do not "
+                f"fit the {self._n_ctx}-token context",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        if not request.prompt_token_ids:
+            raise RequestError("the prompt has no tokens", param="prompt")
+        seq = _Sequence(request, asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            if self._closed:
+                raise EngineUnavailable("the engine is shutting down")
+            if len(self._waiting) >= self._queue_limit:
+                raise EngineUnavailable(
+                    f"{len(self._waiting)} requests are waiting; the limit is "
+                    f"{self._queue_limit}"
+                )
+            if request.request_id in self._by_id:
+                raise RequestError(
+                    f"request id {request.request_id!r} is already running"
+                )
+            seq.reserved_cells = need
+            self._by_id[request.request_id] = seq
+            self._waiting.append(seq)
+            self._lock.notify_all()
+        return seq
+
+    # -- the worker thread ---------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closed and not self._waiting and not self._running:
+                    self._lock.wait()
+                if self._closed:
+                    self._drop_all()
+                    return
+                self._reap_aborted()
+                self._admit()
+                plan = self._plan_step()
+                fault, self._fault = self._fault, None
+            if plan:
+                self._step(plan, fault)
+
+    def _drop_all(self) -> None:
+        for seq in list(self._running.values()):
+            self._release(seq)
+            self._counters.aborted += 1
+            seq.deliver(_ABORTED)
+        for seq in self._waiting:
+            self._forget(seq)
+            seq.deliver(_ABORTED)
+        self._waiting.clear()
+        self._refresh_kv_cells()
+
+    def _reap_aborted(self) -> None:
+        for seq in [s for s in self._running.values() if s.abort_requested]:
+            self._release(seq)
+            self._counters.aborted += 1
+            self._counters.aborted_ids.append(seq.request.request_id)
+            seq.deliver(_ABORTED)
+        self._refresh_kv_cells()
+
+    def _admit(self) -> None:
+        while self._waiting and self._free_seq_ids:
+            seq = self._waiting[0]
+            if self._reserved + seq.reserved_cells > self._n_ctx:
+                return  # FIFO: the head waits for cells; nobody overtakes it
+            self._waiting.popleft()
+            seq.seq_id = self._free_seq_ids.pop()
+            seq.phase = _Phase.PREFILL
+            seq.sampler = _make_sampler(seq.request.params, self._tokenizer.vocab_size)
+            self._reserved += seq.reserved_cells
+            self._running[seq.request.request_id] = seq
+
+    def _plan_step(self) -> list[tuple[_Sequence, list[int], int, bool]]:
+        """(sequence, tokens, first position, wants logits) for the next batch."""
+        plan: list[tuple[_Sequence, list[int], int, bool]] = []
+        budget = self._step_tokens
+        decoding = [s for s in self._running.values() if s.phase is _Phase.DECODE]
+        for seq in decoding:
+            pos = len(seq.request.prompt_token_ids) + seq.n_generated - 1
+            plan.append((seq, [seq.last_token], pos, True))
+            budget -= 1
+        for seq in self._running.values():
+            if seq.phase is not _Phase.PREFILL or budget <= 0:
+                continue
+            prompt = seq.request.prompt_token_ids
+            chunk = list(prompt[seq.n_prompt_done : seq.n_prompt_done + budget])
+            last = seq.n_prompt_done + len(chunk) == len(prompt)
+            plan.append((seq, chunk, seq.n_prompt_done, last))
+            budget -= len(chunk)
+        for seq, _, _, _ in plan:
+            seq.in_flight = True
+        return plan
+
+    def _step(
+        self,
+        plan: list[tuple[_Sequence, list[int], int, bool]],
+        fault: BaseException | None,
+    ) -> None:
+        batch = self._batch
+        n = 0
+        logits_at: list[tuple[_Sequence, int]] = []
+        for seq, tokens, pos, wants_logits in plan:
+            for i, token in enumerate(tokens):
+                batch.token[n] = token
+                batch.pos[n] = pos + i
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq.seq_id
+                last = wants_logits and i == len(tokens) - 1
+                batch.logits[n] = 1 if last else 0
+                if last:
+                    logits_at.append((seq, n))
+                n += 1
+        batch.n_tokens = n
+        try:
+            if fault is not None:
+                raise fault
+            rc = llama.llama_decode(self._ctx, batch)
+            if rc != 0:
+                raise EngineError(f"llama_decode returned {rc} for a {n}-token batch")
+            sampled = [
+                (seq, llama.llama_sampler_sample(seq.sampler, self._ctx, idx))
+                for seq, idx in logits_at
+            ]
+        except Exception as exc:  # noqa: BLE001 - one failed step fails its batch only
+            self._fail_batch(plan, exc)
+            return
+        with self._lock:
+            for seq, tokens, _, _ in plan:
+                seq.in_flight = False
+                if seq.phase is _Phase.PREFILL:
+                    seq.n_prompt_done += len(tokens)
+                    self._counters.prompt_tokens += len(tokens)
+                    if seq.n_prompt_done == len(seq.request.prompt_token_ids):
+                        seq.phase = _Phase.DECODE
+            for seq, token in sampled:
+                self._accept(seq, token)
+            self._refresh_kv_cells()
+
+    def _accept(self, seq: _Sequence, token: int) -> None:
+        params = seq.request.params
+        seq.n_generated += 1
+        seq.last_token = token
+        self._counters.generated_tokens += 1
+        if seq.abort_requested:
+            self._counters.wasted_tokens += 1
+            return  # reaped before the next step
+        reason: FinishReason | None = None
+        is_eog = token in self._tokenizer.stop_ids and not params.ignore_eos
+        if is_eog or token in params.stop_token_ids:
+            reason = FinishReason.STOP
+        elif seq.n_generated >= params.max_tokens:
+            reason = FinishReason.LENGTH
+        seq.deliver(EngineOutput((token,), reason))
+        if reason is not None:
+            self._release(seq)
+            self._counters.finished += 1
+
+    def _fail_batch(
+        self, plan: list[tuple[_Sequence, list[int], int, bool]], exc: BaseException
+    ) -> None:
+        log.error("decode step failed for %d sequences: %r", len(plan), exc)
+        error = exc if isinstance(exc, EngineError) else EngineError(repr(exc))
+        with self._lock:
+            for seq, _, _, _ in plan:
+                seq.in_flight = False
+                if seq.phase is _Phase.DONE:
+                    continue
+                self._release(seq)
+                self._counters.failed += 1
+                seq.deliver(error)
+            self._refresh_kv_cells()
+
+    def _release(self, seq: _Sequence) -> None:
+        """Remove a running sequence: free its KV cells, sampler and slot."""
+        llama.llama_memory_seq_rm(self._memory, seq.seq_id, -1, -1)
+        llama.llama_sampler_free(seq.sampler)
+        seq.sampler = None
+        self._free_seq_ids.append(seq.seq_id)
+        self._reserved -= seq.reserved_cells
+        del self._running[seq.request.request_id]
+        self._forget(seq)
+
+    def _forget(self, seq: _Sequence) -> None:
+        seq.phase = _Phase.DONE
+        self._by_id.pop(seq.request.request_id, None)
+
+    def _refresh_kv_cells(self) -> None:
+        # Read llama.cpp's own memory, not our bookkeeping, so that stats show
+        # whether cells really were freed.
+        used = 0
+        for seq_id in range(self._n_parallel):
+            pos_max = llama.llama_memory_seq_pos_max(self._memory, seq_id)
+            if pos_max >= 0:
+                used += pos_max + 1
+        self._counters.kv_cells_used = used
+
+
+def _make_sampler(params: SamplingParams, n_vocab: int) -> Any:
+    chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+    add = llama.llama_sampler_chain_add
+    if params.logit_bias:
+        biases = (llama.llama_logit_bias * len(params.logit_bias))()
+        for i, (token, bias) in enumerate(params.logit_bias):
+            biases[i].token = token
+            biases[i].bias = bias
+        add(
+            chain,
+            llama.llama_sampler_init_logit_bias(
+                n_vocab, len(params.logit_bias), biases
+            ),
+        )
+    if (
+        params.repetition_penalty != 1.0
+        or params.frequency_penalty
+        or params.presence_penalty
+    ):
+        add(
+            chain,
+            llama.llama_sampler_init_penalties(
+                n_vocab,
+                64,
+                params.repetition_penalty,
+                params.frequency_penalty,
+                params.presence_penalty,
+            ),
+        )
+    if params.temperature <= 0.0:
+        add(chain, llama.llama_sampler_init_greedy())
+        return chain
+    if params.top_k > 0:
+        add(chain, llama.llama_sampler_init_top_k(params.top_k))
+    if params.top_p < 1.0:
+        add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
+    if params.min_p > 0.0:
+        add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
+    add(chain, llama.llama_sampler_init_temp(params.temperature))
+    seed = _RANDOM_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+    add(chain, llama.llama_sampler_init_dist(seed))
+    return chain

@@ -1,0 +1,199 @@
+"""LlamaCppEngine on the real default model (Gemma 3 270M through llama.cpp)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
+from sluicegate.core.events import EngineOutput, FinishReason
+from sluicegate.engines.base import EngineStats, GenerateRequest, SamplingParams
+from sluicegate.engines.llamacpp import LlamaCppEngine
+from sluicegate.model import default_model_path
+
+pytestmark = [pytest.mark.llamacpp, pytest.mark.anyio]
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LlamaCppEngine]:
+    eng = LlamaCppEngine(
+        default_model_path(), n_ctx=4096, n_parallel=2, step_tokens=128, queue_limit=4
+    )
+    yield eng
+    asyncio.run(eng.aclose())
+
+
+def request(
+    engine: LlamaCppEngine, rid: str, text: str = PROMPT, **params: object
+) -> GenerateRequest:
+    ids = engine.tokenizer.encode(text, add_special=True, parse_special=False)
+    sampling = SamplingParams(**{"max_tokens": 8, "temperature": 0.0, **params})  # type: ignore[arg-type]
+    return GenerateRequest(rid, tuple(ids), sampling)
+
+
+async def collect(outputs: AsyncIterator[EngineOutput]) -> list[EngineOutput]:
+    return [out async for out in outputs]
+
+
+async def wait_idle(engine: LlamaCppEngine, limit_s: float = 5.0) -> EngineStats:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        stats = engine.stats()
+        if stats.running == 0 and stats.queued == 0:
+            return stats
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"engine still busy after {limit_s} s: {engine.stats()}")
+
+
+async def test_greedy_generation_is_deterministic_and_ends_with_length(
+    engine: LlamaCppEngine,
+) -> None:
+    first = await collect(engine.generate(request(engine, "det-1")))
+    second = await collect(engine.generate(request(engine, "det-2")))
+    assert [o.token_ids for o in first] == [o.token_ids for o in second]
+    assert sum(len(o.token_ids) for o in first) == 8
+    assert [o.finish_reason for o in first] == [None] * 7 + [FinishReason.LENGTH]
+    text = b"".join(engine.tokenizer.pieces[t] for o in first for t in o.token_ids)
+    assert text.decode("utf-8").strip()  # real text came out
+    stats = await wait_idle(engine)
+    assert stats.kv_cells_used == 0
+
+
+async def test_stop_token_id_ends_the_sequence_and_is_the_last_token(
+    engine: LlamaCppEngine,
+) -> None:
+    greedy = await collect(engine.generate(request(engine, "stop-ref")))
+    third = greedy[2].token_ids[0]
+    outs = await collect(
+        engine.generate(request(engine, "stop-id", stop_token_ids=frozenset({third})))
+    )
+    assert outs[-1].finish_reason is FinishReason.STOP
+    assert outs[-1].token_ids == (third,)
+    assert len(outs) == 3
+
+
+async def test_abort_while_decoding_frees_cells_at_the_next_step(
+    engine: LlamaCppEngine,
+) -> None:
+    outputs = engine.generate(request(engine, "abort-decode", max_tokens=2000))
+    await outputs.__anext__()
+    assert "abort-decode" in engine.stats().running_ids
+    before = engine.stats().generated_tokens
+    engine.abort("abort-decode")
+    engine.abort("abort-decode")  # idempotent
+    stats = await wait_idle(engine, limit_s=1.0)
+    assert "abort-decode" in stats.aborted_ids
+    assert stats.kv_cells_used == 0
+    assert stats.generated_tokens - before <= 2  # at most the step in flight
+    with pytest.raises(StopAsyncIteration):
+        while True:
+            await outputs.__anext__()
+
+
+async def test_abort_during_prefill_stops_after_the_current_chunk(
+    engine: LlamaCppEngine,
+) -> None:
+    long_prompt = "lighthouse keeper " * 600  # about 1,200 tokens: ten 128-token steps
+    req = request(engine, "abort-prefill", text=long_prompt, max_tokens=4)
+    task = asyncio.ensure_future(collect(engine.generate(req)))
+    deadline = time.monotonic() + 5
+    while engine.stats().kv_cells_used == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert 0 < engine.stats().kv_cells_used < len(req.prompt_token_ids)
+    prompt_before = engine.stats().prompt_tokens
+    engine.abort("abort-prefill")
+    stats = await wait_idle(engine, limit_s=1.0)
+    assert stats.kv_cells_used == 0
+    assert stats.generated_tokens == engine.stats().generated_tokens
+    assert stats.prompt_tokens - prompt_before <= 128  # at most one more chunk
+    assert await task == []
+
+
+async def test_leaving_the_iterator_early_aborts_the_request(
+    engine: LlamaCppEngine,
+) -> None:
+    outputs = engine.generate(request(engine, "leave-early", max_tokens=2000))
+    await outputs.__anext__()
+    await outputs.aclose()
+    stats = await wait_idle(engine, limit_s=1.0)
+    assert "leave-early" in stats.aborted_ids
+    assert stats.kv_cells_used == 0
+
+
+async def test_two_sequences_decode_in_the_same_steps(engine: LlamaCppEngine) -> None:
+    alone = await collect(engine.generate(request(engine, "solo")))
+    together = await asyncio.gather(
+        collect(engine.generate(request(engine, "pair-a"))),
+        collect(engine.generate(request(engine, "pair-b", text="Once upon a time"))),
+    )
+    assert [o.token_ids for o in together[0]][:3] == [o.token_ids for o in alone][:3]
+    assert all(o[-1].finish_reason is FinishReason.LENGTH for o in together)
+    assert (await wait_idle(engine)).kv_cells_used == 0
+
+
+async def test_requests_beyond_the_parallel_limit_wait_then_run(
+    engine: LlamaCppEngine,
+) -> None:
+    outs = await asyncio.gather(
+        *(collect(engine.generate(request(engine, f"q{i}"))) for i in range(4))
+    )
+    assert [len(o) for o in outs] == [8, 8, 8, 8]
+
+
+async def test_a_full_queue_is_refused_at_once(engine: LlamaCppEngine) -> None:
+    running = [
+        engine.generate(request(engine, f"run{i}", max_tokens=400)) for i in range(2)
+    ]
+    for it in running:
+        await it.__anext__()  # both sequence slots are now busy
+    waiting = [
+        engine.generate(request(engine, f"wait{i}", max_tokens=400)) for i in range(4)
+    ]
+    pending = [asyncio.ensure_future(it.__anext__()) for it in waiting]
+    await asyncio.sleep(0.05)
+    assert engine.stats().queued == 4
+    with pytest.raises(EngineUnavailable, match="limit is 4"):
+        await engine.generate(request(engine, "one-too-many")).__anext__()
+    for it in running:
+        await it.aclose()
+    for fut in pending:
+        fut.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for it in waiting:
+        await it.aclose()
+    stats = await wait_idle(engine)
+    assert stats.kv_cells_used == 0
+    assert {"wait0", "wait3", "run0"} <= set(stats.aborted_ids)
+
+
+async def test_a_prompt_that_cannot_fit_is_a_request_error(
+    engine: LlamaCppEngine,
+) -> None:
+    with pytest.raises(RequestError, match="4096-token context"):
+        await engine.generate(request(engine, "too-long", max_tokens=5000)).__anext__()
+
+
+async def test_a_failed_step_fails_its_batch_and_the_engine_keeps_serving(
+    engine: LlamaCppEngine,
+) -> None:
+    outputs = engine.generate(request(engine, "doomed", max_tokens=500))
+    await outputs.__anext__()
+    engine.inject_fault(RuntimeError("injected"))
+    with pytest.raises(EngineError, match="injected"):
+        while True:
+            await outputs.__anext__()
+    stats = await wait_idle(engine)
+    assert stats.failed_requests >= 1
+    assert stats.kv_cells_used == 0
+    after = await collect(engine.generate(request(engine, "survivor")))
+    assert after[-1].finish_reason is FinishReason.LENGTH
