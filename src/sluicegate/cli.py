@@ -118,9 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--model", help="a GGUF file (default: Gemma 3 270M Q4_K_M)")
     serve.add_argument("--model-id", help="the id clients use for the model")
-    serve.add_argument(
-        "--engine", choices=["llamacpp", "scripted"], default="llamacpp"
-    )
+    serve.add_argument("--engine", choices=["llamacpp", "scripted"], default="llamacpp")
     serve.add_argument("--n-ctx", type=int, default=8192, help="KV cells (tokens)")
     serve.add_argument("--parallel", type=int, default=4, help="sequences per step")
     serve.add_argument(
@@ -154,6 +152,10 @@ def _parser() -> argparse.ArgumentParser:
         "demo", help="the toy 12-token example through the real core, step by step"
     )
     demo.set_defaults(func=_demo)
+
+    from sluicegate.check.commands import add_commands
+
+    add_commands(sub)  # chat, check, bench
     return parser
 
 

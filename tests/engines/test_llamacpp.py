@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -45,14 +45,17 @@ async def collect(outputs: AsyncIterator[EngineOutput]) -> list[EngineOutput]:
     return [out async for out in outputs]
 
 
-async def wait_idle(engine: LlamaCppEngine, limit_s: float = 5.0) -> EngineStats:
+async def poll(predicate: Callable[[], bool], limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        stats = engine.stats()
-        if stats.running == 0 and stats.queued == 0:
-            return stats
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"engine still busy after {limit_s} s: {engine.stats()}")
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {limit_s} s")
+        await asyncio.sleep(0.005)
+
+
+async def wait_idle(engine: LlamaCppEngine, limit_s: float = 5.0) -> EngineStats:
+    await poll(lambda: engine.stats().running == engine.stats().queued == 0, limit_s)
+    return engine.stats()
 
 
 async def test_greedy_generation_is_deterministic_and_ends_with_length(
@@ -95,9 +98,7 @@ async def test_abort_while_decoding_frees_cells_at_the_next_step(
     assert "abort-decode" in stats.aborted_ids
     assert stats.kv_cells_used == 0
     assert stats.generated_tokens - before <= 2  # at most the step in flight
-    with pytest.raises(StopAsyncIteration):
-        while True:
-            await outputs.__anext__()
+    assert await collect(outputs) == []  # the iterator ends without a finish
 
 
 async def test_abort_during_prefill_stops_after_the_current_chunk(
@@ -106,9 +107,7 @@ async def test_abort_during_prefill_stops_after_the_current_chunk(
     long_prompt = "lighthouse keeper " * 600  # about 1,200 tokens: ten 128-token steps
     req = request(engine, "abort-prefill", text=long_prompt, max_tokens=4)
     task = asyncio.ensure_future(collect(engine.generate(req)))
-    deadline = time.monotonic() + 5
-    while engine.stats().kv_cells_used == 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
+    await poll(lambda: engine.stats().kv_cells_used > 0, limit_s=5.0)
     assert 0 < engine.stats().kv_cells_used < len(req.prompt_token_ids)
     prompt_before = engine.stats().prompt_tokens
     engine.abort("abort-prefill")
@@ -190,10 +189,71 @@ async def test_a_failed_step_fails_its_batch_and_the_engine_keeps_serving(
     await outputs.__anext__()
     engine.inject_fault(RuntimeError("injected"))
     with pytest.raises(EngineError, match="injected"):
-        while True:
-            await outputs.__anext__()
+        await collect(outputs)
     stats = await wait_idle(engine)
     assert stats.failed_requests >= 1
     assert stats.kv_cells_used == 0
     after = await collect(engine.generate(request(engine, "survivor")))
     assert after[-1].finish_reason is FinishReason.LENGTH
+
+
+async def test_logprobs_come_with_each_token_when_asked(
+    engine: LlamaCppEngine,
+) -> None:
+    outs = await collect(engine.generate(request(engine, "lp", logprobs=3)))
+    for out in outs:
+        assert out.logprobs is not None
+        (lp,) = out.logprobs
+        assert lp.token_id == out.token_ids[0]
+        assert lp.logprob <= 0.0
+        assert len(lp.top) == 3
+        assert [p for _, p in lp.top] == sorted((p for _, p in lp.top), reverse=True)
+        # greedy: the sampled token is the most likely one
+        assert lp.top[0][0] == lp.token_id
+        assert abs(lp.top[0][1] - lp.logprob) < 1e-9
+    plain = await collect(engine.generate(request(engine, "no-lp")))
+    assert all(o.logprobs is None for o in plain)
+
+
+async def test_stats_count_steps_and_their_time(engine: LlamaCppEngine) -> None:
+    before = engine.stats()
+    await collect(engine.generate(request(engine, "timed")))
+    after = engine.stats()
+    assert after.steps - before.steps >= 8  # one prefill step, then one per token
+    assert after.step_time_s > before.step_time_s
+
+
+async def test_random_generate_and_abort_churn_leaves_no_cells_held(
+    engine: LlamaCppEngine,
+) -> None:
+    """A seeded run of 40 random starts, aborts and early exits on the real model."""
+    import random
+
+    rng = random.Random(20261129)
+    tasks: dict[str, asyncio.Task[list[EngineOutput]]] = {}
+    for op in range(40):
+        kind = rng.choice(["start", "start", "abort", "sleep"])
+        if kind == "start":
+            rid = f"churn{op}"
+            req = request(engine, rid, max_tokens=rng.randint(1, 24))
+            tasks[rid] = asyncio.ensure_future(collect(engine.generate(req)))
+        elif kind == "abort" and tasks:
+            engine.abort(rng.choice(sorted(tasks)))
+        else:
+            await asyncio.sleep(rng.uniform(0, 0.05))
+    results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+    # A full queue refuses at once (EngineUnavailable); nothing else may fail.
+    refused = [r for r in results if isinstance(r, EngineUnavailable)]
+    assert not [r for r in results if isinstance(r, BaseException) and r not in refused]
+    finished = [r for r in results if isinstance(r, list) and r and r[-1].finish_reason]
+    assert len(finished) >= 5
+    stats = await wait_idle(engine)
+    assert stats.kv_cells_used == 0
+    assert stats.running == 0
+    assert stats.queued == 0
+    for rid, outs in zip(tasks, results, strict=True):
+        if isinstance(outs, EngineUnavailable):
+            continue
+        assert isinstance(outs, list)
+        if not outs or outs[-1].finish_reason is None:
+            assert rid in stats.aborted_ids, f"{rid} ended without finish or abort"

@@ -25,6 +25,7 @@ __all__ = [
     "FinishReason",
     "Heartbeat",
     "StreamEvent",
+    "TokenLogprob",
     "Usage",
 ]
 
@@ -39,6 +40,22 @@ class FinishReason(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The log probability of one sampled token and its top alternatives.
+
+    Attributes:
+        token_id: the sampled token.
+        logprob: natural log of its probability under the model (raw logits,
+            before temperature and other sampling transforms).
+        top: up to k ``(token_id, logprob)`` pairs, most likely first.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class EngineOutput:
     """One decode step of one sequence, as an engine reports it.
 
@@ -50,10 +67,13 @@ class EngineOutput:
             sequence *is* the last of ``token_ids``, so that it counts as a
             completion token; detokenizers skip it by id, so it never reaches
             the text.
+        logprobs: one ``TokenLogprob`` per token id when the request asked for
+            logprobs, else ``None``.
     """
 
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,8 @@ class SamplingParams:
         stop_token_ids: extra token ids that end the sequence (never in content).
         ignore_eos: keep generating past end-of-sequence tokens.
         logit_bias: token id -> bias added to its logit.
+        logprobs: ``None`` for no logprobs; k >= 0 for the sampled token's
+            logprob plus its k most likely alternatives.
     """
 
     max_tokens: int
@@ -58,6 +60,7 @@ class SamplingParams:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +77,9 @@ class EngineStats:
     """A snapshot of the engine's load and counters.
 
     Units: requests for ``queued``/``running``/``*_requests``, tokens (KV cells) for
-    ``kv_cells_*``, tokens for ``*_tokens``.
+    ``kv_cells_*``, tokens for ``*_tokens``; ``steps`` counts decode steps and
+    ``step_time_s`` is their total wall time in seconds; ``last_step_tokens`` is
+    the batch size (tokens) of the latest step.
     """
 
     queued: int
@@ -89,6 +94,9 @@ class EngineStats:
     failed_requests: int
     running_ids: tuple[str, ...] = ()
     aborted_ids: tuple[str, ...] = field(default=())
+    steps: int = 0
+    step_time_s: float = 0.0
+    last_step_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

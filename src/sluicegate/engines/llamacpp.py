@@ -26,21 +26,22 @@ Spec: ../shared/DESIGN.md, "Engine protocol".
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 import threading
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as llama
+import numpy as np
 
 from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
-from sluicegate.core.events import EngineOutput, FinishReason
+from sluicegate.core.events import EngineOutput, FinishReason, TokenLogprob
 from sluicegate.engines.base import (
     EngineStats,
     GenerateRequest,
@@ -96,6 +97,9 @@ class _Counters:
     aborted: int = 0
     failed: int = 0
     kv_cells_used: int = 0
+    steps: int = 0
+    step_time_s: float = 0.0
+    last_step_tokens: int = 0
     aborted_ids: deque[str] = field(default_factory=lambda: deque(maxlen=_RECENT_IDS))
 
 
@@ -187,7 +191,9 @@ class LlamaCppEngine:
         """The model's vocabulary."""
         return self._tokenizer
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(
+        self, request: GenerateRequest
+    ) -> AsyncGenerator[EngineOutput, None]:
         """Queue ``request``; yield one ``EngineOutput`` per decode step.
 
         The iterator ends after the output that carries ``finish_reason``, or
@@ -257,6 +263,9 @@ class LlamaCppEngine:
                 failed_requests=c.failed,
                 running_ids=tuple(self._running),
                 aborted_ids=tuple(c.aborted_ids),
+                steps=c.steps,
+                step_time_s=c.step_time_s,
+                last_step_tokens=c.last_step_tokens,
             )
 
     async def aclose(self) -> None:
@@ -401,20 +410,22 @@ class LlamaCppEngine:
                     logits_at.append((seq, n))
                 n += 1
         batch.n_tokens = n
+        started = time.perf_counter()
         try:
             if fault is not None:
                 raise fault
             rc = llama.llama_decode(self._ctx, batch)
             if rc != 0:
                 raise EngineError(f"llama_decode returned {rc} for a {n}-token batch")
-            sampled = [
-                (seq, llama.llama_sampler_sample(seq.sampler, self._ctx, idx))
-                for seq, idx in logits_at
-            ]
-        except Exception as exc:  # noqa: BLE001 - one failed step fails its batch only
+            sampled = [self._sample(seq, idx) for seq, idx in logits_at]
+        except Exception as exc:  # one failed step fails its batch only
             self._fail_batch(plan, exc)
             return
+        elapsed = time.perf_counter() - started
         with self._lock:
+            self._counters.steps += 1
+            self._counters.step_time_s += elapsed
+            self._counters.last_step_tokens = n
             for seq, tokens, _, _ in plan:
                 seq.in_flight = False
                 if seq.phase is _Phase.PREFILL:
@@ -422,11 +433,22 @@ class LlamaCppEngine:
                     self._counters.prompt_tokens += len(tokens)
                     if seq.n_prompt_done == len(seq.request.prompt_token_ids):
                         seq.phase = _Phase.DECODE
-            for seq, token in sampled:
-                self._accept(seq, token)
+            for seq, token, logprob in sampled:
+                self._accept(seq, token, logprob)
             self._refresh_kv_cells()
 
-    def _accept(self, seq: _Sequence, token: int) -> None:
+    def _sample(self, seq: _Sequence, idx: int) -> tuple[_Sequence, int, Any]:
+        token = llama.llama_sampler_sample(seq.sampler, self._ctx, idx)
+        k = seq.request.params.logprobs
+        if k is None:
+            return seq, token, None
+        logits = np.ctypeslib.as_array(
+            llama.llama_get_logits_ith(self._ctx, idx),
+            shape=(self._tokenizer.vocab_size,),
+        )
+        return seq, token, _logprob_of(logits, token, k)
+
+    def _accept(self, seq: _Sequence, token: int, logprob: TokenLogprob | None) -> None:
         params = seq.request.params
         seq.n_generated += 1
         seq.last_token = token
@@ -440,7 +462,9 @@ class LlamaCppEngine:
             reason = FinishReason.STOP
         elif seq.n_generated >= params.max_tokens:
             reason = FinishReason.LENGTH
-        seq.deliver(EngineOutput((token,), reason))
+        seq.deliver(
+            EngineOutput((token,), reason, None if logprob is None else (logprob,))
+        )
         if reason is not None:
             self._release(seq)
             self._counters.finished += 1
@@ -485,14 +509,25 @@ class LlamaCppEngine:
         self._counters.kv_cells_used = used
 
 
+def _logprob_of(logits: Any, token: int, k: int) -> TokenLogprob:
+    """Log-softmax of raw logits: the sampled token and its k best alternatives."""
+    shifted = logits.astype(np.float64) - float(logits.max())
+    log_z = float(np.log(np.exp(shifted).sum()))
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        best = np.argpartition(-shifted, k)[:k]
+        best = best[np.argsort(-shifted[best], kind="stable")]
+        top = tuple((int(t), float(shifted[t]) - log_z) for t in best)
+    return TokenLogprob(token, float(shifted[token]) - log_z, top)
+
+
 def _make_sampler(params: SamplingParams, n_vocab: int) -> Any:
     chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
     add = llama.llama_sampler_chain_add
     if params.logit_bias:
         biases = (llama.llama_logit_bias * len(params.logit_bias))()
         for i, (token, bias) in enumerate(params.logit_bias):
-            biases[i].token = token
-            biases[i].bias = bias
+            biases[i] = llama.llama_logit_bias(token, bias)
         add(
             chain,
             llama.llama_sampler_init_logit_bias(
