@@ -1,0 +1,143 @@
+"""One choice's token ids -> safe text: a detokenizer, then a stop matcher.
+
+``ChoiceDecoder`` is what the server keeps per choice: it turns each engine step's
+token ids into text that may be sent now, reports a matched stop string as
+``FinishReason.STOP``, and counts completion tokens.
+
+Invariants (property-tested):
+
+- The text and the token count do not depend on how the token ids are split into
+  ``feed`` calls. With stop strings the ids are taken one at a time, so the count
+  ends exactly at the token that completed the stop string.
+- Once a stop string matched, later token ids are discarded and not counted (an
+  engine may produce a token or two before its abort lands).
+
+Spec: ../shared/DESIGN.md, "Tokens are not text" and "Stop strings".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
+from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.events import FinishReason
+from sluicegate.core.stops import StopMatcher
+
+__all__ = ["ChoiceDecoder", "ChoiceStep"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceStep:
+    """Text safe to emit now, and ``FinishReason.STOP`` when a stop string matched."""
+
+    text: str
+    finish_reason: FinishReason | None = None
+
+
+class ChoiceDecoder:
+    """Token ids of one choice in, text out; counts completion tokens fed.
+
+    Args:
+        detokenizer: a fresh detokenizer for this choice (owned from now on).
+        stops: a fresh stop matcher for this choice (owned from now on); one with
+            no stop strings passes text through.
+    """
+
+    __slots__ = ("_closed", "_completion_tokens", "_detokenizer", "_stops")
+
+    def __init__(
+        self,
+        detokenizer: IncrementalDetokenizer | WindowedDetokenizer,
+        stops: StopMatcher,
+    ) -> None:
+        self._detokenizer = detokenizer
+        self._stops = stops
+        self._completion_tokens = 0
+        self._closed = False
+
+    @property
+    def completion_tokens(self) -> int:
+        """Token ids fed before a stop string matched (``skip_ids`` included)."""
+        return self._completion_tokens
+
+    @property
+    def finished(self) -> bool:
+        """Whether a stop string matched: send ``Finish(STOP)``, abort the engine."""
+        return self._stops.finished
+
+    @property
+    def stop(self) -> str | None:
+        """The stop string that matched, or ``None``."""
+        return self._stops.stop
+
+    @property
+    def held(self) -> str:
+        """Text the stop matcher holds back now (not yet safe to send)."""
+        return self._stops.held
+
+    def feed(self, token_ids: Iterable[int]) -> ChoiceStep:
+        """Take one engine step's token ids and return the text safe to send.
+
+        Args:
+            token_ids: new token ids, in order (any number; ``skip_ids`` of the
+                detokenizer are counted but never become text).
+
+        Returns:
+            ``ChoiceStep(text)``, possibly with empty text; or
+            ``ChoiceStep(text_before_stop, FinishReason.STOP)`` on the step where a
+            stop string completes. After that, ``ChoiceStep("")`` for every call
+            (the ids are discarded and not counted).
+
+        Raises:
+            LocalProtocolError: after ``flush()``.
+            ValueError: a token id outside the detokenizer's vocabulary (with
+                stop strings, the ids before it have been taken).
+        """
+        if self._closed:
+            raise LocalProtocolError("ChoiceDecoder.feed() after flush()")
+        stops = self._stops
+        if stops.finished:
+            return ChoiceStep("")
+        detokenizer = self._detokenizer
+        if not stops.stops:
+            ids = tuple(token_ids)
+            text = detokenizer.feed(ids)
+            self._completion_tokens += len(ids)
+            return ChoiceStep(text)
+        parts: list[str] = []
+        for token_id in token_ids:
+            step = stops.feed(detokenizer.feed((token_id,)))
+            self._completion_tokens += 1
+            parts.append(step.text)
+            if step.stop is not None:
+                return ChoiceStep("".join(parts), FinishReason.STOP)
+        return ChoiceStep("".join(parts))
+
+    def flush(self) -> ChoiceStep:
+        """End of the choice: the detokenizer's tail through the stop matcher, then
+        what the matcher held. Ends the object.
+
+        Returns:
+            ``ChoiceStep(rest)`` when the choice ends for another reason (length,
+            end-of-sequence token); ``ChoiceStep(text_before_stop,
+            FinishReason.STOP)`` if the tail completes a stop string;
+            ``ChoiceStep("")`` if a stop string had matched already.
+
+        Raises:
+            LocalProtocolError: called twice.
+        """
+        if self._closed:
+            raise LocalProtocolError("ChoiceDecoder.flush() called twice")
+        self._closed = True
+        tail = self._detokenizer.flush()
+        stops = self._stops
+        if stops.finished:
+            stops.flush()
+            return ChoiceStep("")
+        step = stops.feed(tail)
+        if step.stop is not None:
+            stops.flush()
+            return ChoiceStep(step.text, FinishReason.STOP)
+        return ChoiceStep(step.text + stops.flush())

@@ -1,0 +1,267 @@
+"""Pure builders for OpenAI chunk, response, usage and error payloads.
+
+Every builder returns a fresh ``dict`` ready for ``dumps``; none does I/O. Field
+names and order follow the OpenAI API reference: ``id``, ``object``, ``created``,
+``model``, ``system_fingerprint`` (only when known), ``choices``, ``usage``.
+
+Shapes of a streamed response (``ResponseHeader`` holds what every chunk of one
+response shares):
+
+- every choice in a chunk has ``index``, its content (``delta`` for chat, ``text``
+  for completions), ``logprobs: null`` and ``finish_reason`` (``null`` until the
+  choice's last chunk);
+- with ``include_usage`` every chunk carries ``"usage": null`` except the final
+  usage chunk, which has ``"choices": []`` and the usage object; without it no
+  chunk has a ``usage`` key.
+
+``dumps`` is the one JSON encoder of the core.
+
+Spec: OpenAI API reference, "The chat completion object", "The chat completion
+chunk object", "The completion object" and "Error codes".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from sluicegate.core.events import FinishReason, Usage
+
+__all__ = [
+    "Endpoint",
+    "ResponseHeader",
+    "chat_chunk",
+    "chat_completion",
+    "completion_chunk",
+    "dumps",
+    "error_payload",
+    "text_completion",
+    "usage_chunk",
+    "usage_dict",
+]
+
+
+class Endpoint(StrEnum):
+    """Which OpenAI object the chunks are (the value is the chunks' ``object``)."""
+
+    CHAT = "chat.completion.chunk"
+    COMPLETION = "text_completion"
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHeader:
+    """Fields identical on every chunk of one response.
+
+    Attributes:
+        id: the response id (``chatcmpl-...`` or ``cmpl-...``).
+        created: Unix time in seconds when the response was created.
+        model: the model name as the client asked for it.
+        endpoint: chat or text completions.
+        n: number of choices (>= 1).
+        include_usage: ``stream_options.include_usage`` of the request.
+        system_fingerprint: sent on every chunk when not ``None``.
+    """
+
+    id: str
+    created: int
+    model: str
+    endpoint: Endpoint
+    n: int = 1
+    include_usage: bool = False
+    system_fingerprint: str | None = None
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact UTF-8 JSON (no spaces, non-ASCII kept as UTF-8).
+
+    Control characters (CR, LF, NUL, ...) are escaped, so the result never
+    contains a line end; U+2028 and U+2029 are kept as UTF-8 (valid JSON, and not
+    line ends in an event stream).
+
+    Raises:
+        TypeError: ``obj`` holds a value JSON cannot represent, or a ``str`` with
+            a lone surrogate (``orjson.JSONEncodeError`` is a ``TypeError``).
+    """
+    return orjson.dumps(obj)
+
+
+def _head(header: ResponseHeader, object_: str) -> dict[str, Any]:
+    head: dict[str, Any] = {
+        "id": header.id,
+        "object": object_,
+        "created": header.created,
+        "model": header.model,
+    }
+    if header.system_fingerprint is not None:
+        head["system_fingerprint"] = header.system_fingerprint
+    return head
+
+
+def _chunk(
+    header: ResponseHeader, object_: str, choice: dict[str, Any]
+) -> dict[str, Any]:
+    chunk = _head(header, object_)
+    chunk["choices"] = [choice]
+    if header.include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def chat_chunk(
+    header: ResponseHeader,
+    index: int,
+    delta: Mapping[str, Any],
+    finish_reason: FinishReason | None = None,
+) -> dict[str, Any]:
+    """A ``chat.completion.chunk`` with one choice.
+
+    Args:
+        header: the response's shared fields (its ``endpoint`` is not checked:
+            the ``object`` is always ``chat.completion.chunk``).
+        index: the choice index (0 <= index < n).
+        delta: ``{"role": "assistant"}``, ``{"content": text}`` or ``{}`` (on the
+            finish chunk). Copied into the result.
+        finish_reason: ``None`` until the choice's last chunk.
+
+    Spec: OpenAI API reference, "The chat completion chunk object".
+    """
+    return _chunk(
+        header,
+        Endpoint.CHAT.value,
+        {
+            "index": index,
+            "delta": dict(delta),
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        },
+    )
+
+
+def completion_chunk(
+    header: ResponseHeader,
+    index: int,
+    text: str,
+    finish_reason: FinishReason | None = None,
+) -> dict[str, Any]:
+    """A streamed ``text_completion`` object with one choice.
+
+    Args:
+        header: the response's shared fields (``object`` is always
+            ``text_completion``).
+        index: the choice index (0 <= index < n).
+        text: the new text (``""`` on the finish chunk).
+        finish_reason: ``None`` until the choice's last chunk.
+
+    Spec: OpenAI API reference, "Completions", "The completion object".
+    """
+    return _chunk(
+        header,
+        Endpoint.COMPLETION.value,
+        {
+            "index": index,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        },
+    )
+
+
+def usage_dict(usage: Usage) -> dict[str, int]:
+    """``{"prompt_tokens", "completion_tokens", "total_tokens"}`` (tokens)."""
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def usage_chunk(header: ResponseHeader, usage: Usage) -> dict[str, Any]:
+    """The final chunk of an ``include_usage`` stream: ``choices: []`` and usage.
+
+    Its ``object`` is the header's endpoint value. It is built whether or not
+    ``header.include_usage`` is set; deciding to send it is the stream's job.
+
+    Spec: OpenAI API reference, "Create chat completion", ``stream_options``.
+    """
+    chunk = _head(header, header.endpoint.value)
+    chunk["choices"] = []
+    chunk["usage"] = usage_dict(usage)
+    return chunk
+
+
+def chat_completion(
+    header: ResponseHeader,
+    choices: Sequence[tuple[str, FinishReason | None]],
+    usage: Usage,
+) -> dict[str, Any]:
+    """A non-streamed ``chat.completion`` response.
+
+    Args:
+        header: the response's shared fields (``endpoint``, ``n`` and
+            ``include_usage`` are not used).
+        choices: ``(content, finish_reason)`` of each choice, in index order.
+        usage: token counts of the whole response.
+
+    Returns:
+        ``choices`` as ``[{index, message: {role: "assistant", content},
+        logprobs: null, finish_reason}]``, then ``usage``.
+
+    Spec: OpenAI API reference, "The chat completion object".
+    """
+    response = _head(header, "chat.completion")
+    response["choices"] = [
+        {
+            "index": index,
+            "message": {"role": "assistant", "content": content},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        for index, (content, finish_reason) in enumerate(choices)
+    ]
+    response["usage"] = usage_dict(usage)
+    return response
+
+
+def text_completion(
+    header: ResponseHeader,
+    choices: Sequence[tuple[str, FinishReason | None]],
+    usage: Usage,
+) -> dict[str, Any]:
+    """A non-streamed ``text_completion`` response.
+
+    Args:
+        header: the response's shared fields (``endpoint``, ``n`` and
+            ``include_usage`` are not used).
+        choices: ``(text, finish_reason)`` of each choice, in index order.
+        usage: token counts of the whole response.
+
+    Returns:
+        ``choices`` as ``[{index, text, logprobs: null, finish_reason}]``, then
+        ``usage``.
+
+    Spec: OpenAI API reference, "The completion object".
+    """
+    response = _head(header, Endpoint.COMPLETION.value)
+    response["choices"] = [
+        {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+        for index, (text, reason) in enumerate(choices)
+    ]
+    response["usage"] = usage_dict(usage)
+    return response
+
+
+def error_payload(
+    message: str, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}``.
+
+    Used for error bodies before streaming (4xx/5xx) and for the one in-band error
+    event after the first byte.
+
+    Spec: OpenAI API reference, "Error codes".
+    """
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}

@@ -1,0 +1,252 @@
+"""StreamMachine: the per-response state machine that writes SSE frames.
+
+The server tells the machine what happened (``start()``, then ``Delta``,
+``Finish``, ``End``, ``Fail`` or ``Heartbeat`` events) and writes the bytes it
+returns, in order. Which frames end a stream (finish chunks, usage chunk, error
+event, ``[DONE]`` or not) is decided here and nowhere else, by ``TRANSITIONS``:
+
+::
+
+    state         event        next state
+    NEW           start()      STREAMING       chat: one role chunk per choice
+    NEW           Heartbeat    NEW             ": keep-alive"
+    NEW           Fail         ERRORED         error event, no [DONE]
+    STREAMING     Delta        STREAMING       content chunk ("" sends nothing)
+    STREAMING     Finish       STREAMING       finish chunk of that choice;
+                                               AWAITING_END after the last choice
+    STREAMING     Heartbeat    STREAMING
+    STREAMING     Fail         ERRORED
+    AWAITING_END  End          FINISHED        usage chunk (include_usage), [DONE]
+    AWAITING_END  Heartbeat    AWAITING_END
+    AWAITING_END  Fail         ERRORED
+
+Any other pair raises ``LocalProtocolError`` naming both, and changes nothing. So
+does a ``Delta`` or ``Finish`` for an index outside ``0..n-1``, a ``Delta`` for a
+choice that has finished, and a second ``Finish`` for the same choice.
+
+Frames are ``bytes``: each one complete SSE event (one compact JSON object on one
+``data:`` line, then a blank line), a comment, or ``data: [DONE]``.
+
+Spec: OpenAI API reference, "The chat completion chunk object" and "Create chat
+completion" (``stream``, ``stream_options``); ../shared/DESIGN.md, "The wire".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sluicegate.core.chunks import (
+    Endpoint,
+    ResponseHeader,
+    chat_chunk,
+    completion_chunk,
+    dumps,
+    error_payload,
+    usage_chunk,
+)
+from sluicegate.core.endstate import EndState
+from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.events import (
+    Delta,
+    End,
+    Fail,
+    Finish,
+    FinishReason,
+    Heartbeat,
+    StreamEvent,
+)
+from sluicegate.core.sse import DONE, encode_comment, encode_event
+
+__all__ = [
+    "TRANSITIONS",
+    "Endpoint",
+    "ResponseHeader",
+    "Start",
+    "StreamMachine",
+    "StreamState",
+]
+
+
+class StreamState(StrEnum):
+    """Where one streamed response is."""
+
+    NEW = "new"
+    """Headers may be out; ``start()`` not called yet."""
+    STREAMING = "streaming"
+    """At least one choice has not finished."""
+    AWAITING_END = "awaiting_end"
+    """Every choice has its finish chunk; ``End`` closes the stream."""
+    FINISHED = "finished"
+    """Terminal: ``[DONE]`` was written."""
+    ERRORED = "errored"
+    """Terminal: the in-band error event was written (no ``[DONE]``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The transition ``StreamMachine.start()`` makes; a key of ``TRANSITIONS``."""
+
+
+TRANSITIONS: Mapping[tuple[StreamState, type[object]], StreamState] = {
+    (StreamState.NEW, Start): StreamState.STREAMING,
+    (StreamState.NEW, Heartbeat): StreamState.NEW,
+    (StreamState.NEW, Fail): StreamState.ERRORED,
+    (StreamState.STREAMING, Delta): StreamState.STREAMING,
+    (StreamState.STREAMING, Finish): StreamState.STREAMING,
+    (StreamState.STREAMING, Heartbeat): StreamState.STREAMING,
+    (StreamState.STREAMING, Fail): StreamState.ERRORED,
+    (StreamState.AWAITING_END, End): StreamState.FINISHED,
+    (StreamState.AWAITING_END, Heartbeat): StreamState.AWAITING_END,
+    (StreamState.AWAITING_END, Fail): StreamState.ERRORED,
+}
+"""(state, event type) -> next state. ``Finish`` of the last open choice then moves
+``STREAMING`` to ``AWAITING_END``."""
+
+_END_STATES: Mapping[StreamState, EndState] = {
+    StreamState.FINISHED: EndState.FINISHED,
+    StreamState.ERRORED: EndState.ERRORED,
+}
+
+_HEARTBEAT = encode_comment()
+
+
+class StreamMachine:
+    """feed(event) -> SSE frames (bytes). The end-of-stream sequence is decided here.
+
+    Args:
+        header: the fields every chunk of this response shares, ``n`` and
+            ``include_usage`` included.
+
+    Raises:
+        ValueError: ``header.n < 1``.
+    """
+
+    __slots__ = ("_finish_reasons", "_header", "_state")
+
+    def __init__(self, header: ResponseHeader) -> None:
+        if header.n < 1:
+            raise ValueError(f"a response has at least one choice, got n={header.n!r}")
+        self._header = header
+        self._state = StreamState.NEW
+        self._finish_reasons: list[FinishReason | None] = [None] * header.n
+
+    @property
+    def header(self) -> ResponseHeader:
+        """The response's shared fields."""
+        return self._header
+
+    @property
+    def state(self) -> StreamState:
+        """The current state."""
+        return self._state
+
+    @property
+    def end_state(self) -> EndState | None:
+        """``FINISHED`` or ``ERRORED`` once terminal; ``None`` before."""
+        return _END_STATES.get(self._state)
+
+    @property
+    def finish_reasons(self) -> tuple[FinishReason | None, ...]:
+        """Each choice's finish reason, by index (``None`` while it is open)."""
+        return tuple(self._finish_reasons)
+
+    def start(self) -> list[bytes]:
+        """Frames to send right after the headers (chat: one role chunk per choice).
+
+        Returns:
+            Chat: ``n`` chunks with ``delta: {"role": "assistant"}``, one per
+            choice, in index order. Completions: ``[]``.
+
+        Raises:
+            LocalProtocolError: not in state ``NEW``.
+        """
+        next_state = self._next_state(Start())
+        frames: list[bytes] = []
+        if self._header.endpoint is Endpoint.CHAT:
+            frames = [
+                _frame(chat_chunk(self._header, index, {"role": "assistant"}))
+                for index in range(self._header.n)
+            ]
+        self._state = next_state
+        return frames
+
+    def feed(self, event: StreamEvent) -> list[bytes]:
+        """Take one event and return the frames to write now, in order.
+
+        Args:
+            event: ``Delta`` (new text of one choice), ``Finish`` (one choice
+                ended), ``End`` (all choices ended; carries usage), ``Fail`` (an
+                error after the first byte) or ``Heartbeat``.
+
+        Returns:
+            ``Delta``: one content chunk, or ``[]`` for empty text. ``Finish``: that
+            choice's chunk with ``finish_reason`` (chat ``delta: {}``, completions
+            ``text: ""``). ``End``: the usage chunk if ``include_usage``, then
+            ``data: [DONE]``. ``Fail``: one ``data: {"error": {...}}`` event and no
+            ``[DONE]``. ``Heartbeat``: ``: keep-alive``.
+
+        Raises:
+            LocalProtocolError: the event is not allowed in this state (see
+                ``TRANSITIONS``) or names a wrong choice; nothing changes.
+            TypeError: ``Delta`` text JSON cannot encode (a lone surrogate);
+                nothing changes.
+        """
+        next_state = self._next_state(event)
+        frames = self._frames(event)
+        if isinstance(event, Finish):
+            self._finish_reasons[event.index] = event.finish_reason
+            if None not in self._finish_reasons:
+                next_state = StreamState.AWAITING_END
+        self._state = next_state
+        return frames
+
+    def _next_state(self, event: StreamEvent | Start) -> StreamState:
+        next_state = TRANSITIONS.get((self._state, type(event)))
+        if next_state is None:
+            raise LocalProtocolError(
+                f"{type(event).__name__} is not allowed in state {self._state.name}"
+            )
+        if isinstance(event, Delta | Finish):
+            if not 0 <= event.index < self._header.n:
+                raise LocalProtocolError(
+                    f"{type(event).__name__} for choice {event.index!r}, but the "
+                    f"response has n={self._header.n}"
+                )
+            reason = self._finish_reasons[event.index]
+            if reason is not None:
+                raise LocalProtocolError(
+                    f"{type(event).__name__} for choice {event.index}, which already "
+                    f"finished with {reason.value!r}"
+                )
+        return next_state
+
+    def _frames(self, event: StreamEvent) -> list[bytes]:
+        header = self._header
+        chat = header.endpoint is Endpoint.CHAT
+        match event:
+            case Delta(index=index, text=text):
+                if not text:
+                    return []
+                if chat:
+                    return [_frame(chat_chunk(header, index, {"content": text}))]
+                return [_frame(completion_chunk(header, index, text))]
+            case Finish(index=index, finish_reason=reason):
+                if chat:
+                    return [_frame(chat_chunk(header, index, {}, reason))]
+                return [_frame(completion_chunk(header, index, "", reason))]
+            case End(usage=usage):
+                if header.include_usage:
+                    return [_frame(usage_chunk(header, usage)), DONE]
+                return [DONE]
+            case Fail(message=message, type=type_, code=code):
+                return [_frame(error_payload(message, type_, None, code))]
+            case _:
+                # TRANSITIONS admits no other event type.
+                assert isinstance(event, Heartbeat)
+                return [_HEARTBEAT]
+
+
+def _frame(payload: object) -> bytes:
+    return encode_event(dumps(payload))

@@ -1,0 +1,14 @@
+"""Settings shared by the whole suite.
+
+Hypothesis runs under the derandomized ``ci`` profile: the same examples on every
+run and every machine, no deadline (CI machines are small and shared), and the
+failing example's blob printed so it can be replayed. Tests that need fewer
+examples set ``max_examples`` themselves.
+"""
+
+from hypothesis import settings
+
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, max_examples=200, print_blob=True
+)
+settings.load_profile("ci")
