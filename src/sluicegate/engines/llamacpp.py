@@ -26,6 +26,7 @@ Spec: ../shared/DESIGN.md, "Engine protocol".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -85,7 +86,9 @@ class _Sequence:
     tokens: list[int] = field(default_factory=list)
 
     def deliver(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+        # A closed consumer loop raises RuntimeError: nobody is left to tell.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
 
 
 @dataclass(slots=True)
@@ -191,22 +194,23 @@ class LlamaCppEngine:
         """The model's vocabulary."""
         return self._tokenizer
 
-    async def generate(
-        self, request: GenerateRequest
-    ) -> AsyncGenerator[EngineOutput, None]:
-        """Queue ``request``; yield one ``EngineOutput`` per decode step.
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
+        """Queue ``request`` now; the iterator yields one ``EngineOutput`` per step.
 
-        The iterator ends after the output that carries ``finish_reason``, or
-        without one when the request was aborted. Leaving the iterator early
-        aborts the request.
+        Admission errors are raised by this call, before any output, so that a
+        server can still answer with a status code. The iterator ends after the
+        output that carries ``finish_reason``, or without one when the request
+        was aborted. Closing the iterator early aborts the request.
 
         Raises:
             EngineUnavailable: the queue is full or the engine is closed.
-            RequestError: the prompt plus ``max_tokens`` can never fit in the KV
-                cells, or the request id is already running.
-            EngineError: a decode step failed for this request.
+            RequestError: the prompt is empty, or the prompt plus ``max_tokens``
+                can never fit in the KV cells, or the request id is running.
+            EngineError: from the iterator, when a decode step failed.
         """
-        seq = self._submit(request)
+        return self._outputs(self._submit(request))
+
+    async def _outputs(self, seq: _Sequence) -> AsyncGenerator[EngineOutput, None]:
         finished = False
         try:
             while True:
@@ -218,14 +222,13 @@ class LlamaCppEngine:
                     finished = True
                     raise item
                 assert isinstance(item, EngineOutput)
-                if item.finish_reason is not None:
-                    finished = True
+                finished = item.finish_reason is not None
                 yield item
                 if finished:
                     return
         finally:
             if not finished:
-                self.abort(request.request_id)
+                self.abort(seq.request.request_id)
 
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` before the next step and free its KV cells.

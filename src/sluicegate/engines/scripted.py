@@ -1,0 +1,419 @@
+"""A model-free engine that replays token-id scripts, with injectable faults.
+
+``ScriptedEngine`` implements the ``Engine`` protocol without a model: every
+sequence replays a script of token ids (a fixed list, text, or a function of the
+request) at a fixed rate. It keeps the accounting a real engine keeps (queue,
+running batch, KV cells, generated and wasted tokens) and can inject the faults a
+streaming front end must survive: a long prefill, a stall at one step, an error at
+one step, and a sequence that never finishes.
+
+``ScriptedTokenizer`` (from ``scripted_vocab``) is its toy byte-piece vocabulary.
+
+Invariants:
+    - Each sequence runs in its own asyncio task and writes into an unbounded
+      per-sequence buffer: the engine never waits on a consumer and never blocks
+      the event loop.
+    - KV cells used = prompt + generated tokens of the running sequences; they are
+      freed when a sequence finishes, is aborted or fails.
+    - ``abort()`` takes effect at the next step. A decode step in flight when the
+      abort arrives still completes: its token counts as generated *and* wasted and
+      is never delivered. An abort during the queue wait or the prefill delay stops
+      the sequence at once, before any token.
+
+Deliberate divergences: an exhausted script behaves like a sampled end-of-sequence
+token; the stop token that ends a sequence is not counted as generated (it is not
+in any output either); ``never_finishes`` cycles the script and ignores stop
+tokens, ``max_tokens`` and the context window. The engine is asyncio-only.
+
+Spec: ../shared/DESIGN.md, "Engine protocol".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TypedDict
+
+from sluicegate.core.errors import EngineError, EngineUnavailable
+from sluicegate.core.events import EngineOutput, FinishReason
+from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo
+from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
+
+__all__ = [
+    "DEFAULT_TEXT",
+    "Faults",
+    "Script",
+    "ScriptedEngine",
+    "ScriptedTokenizer",
+    "parse_faults",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TEXT = "Hello! Café 日本語 😀 — the quick brown fox streams tokens correctly."
+"""What the default script says (then it ends with ``<end_of_turn>``)."""
+
+Script = str | Sequence[int] | Callable[[GenerateRequest], Iterable[int]]
+"""Text (encoded with special tokens parsed), token ids, or ids per request."""
+
+
+class Faults(TypedDict, total=False):
+    """Fault keyword arguments of ``ScriptedEngine`` (see its ``Args``)."""
+
+    prefill_delay_s: float
+    stall_at_step: int
+    stall_s: float
+    fail_at_step: int
+    never_finishes: bool
+
+
+def parse_faults(specs: Iterable[str]) -> Faults:
+    """Fault specs (the CLI's ``--fault``) -> ``ScriptedEngine`` keyword arguments.
+
+    Args:
+        specs: each one of ``error-after:N`` (fail at decode step N, after N
+            steps were delivered), ``prefill-delay:S`` (S seconds before the
+            first token), ``stall:K:S`` (S more seconds before decode step K) and
+            ``never-finishes``. Steps count from 0; seconds may be fractional.
+
+    Returns:
+        The keyword arguments; a later spec of the same kind wins.
+
+    Raises:
+        ValueError: an unknown spec or a malformed number, naming the spec.
+    """
+    faults: Faults = {}
+    for spec in specs:
+        name, *args = spec.split(":")
+        try:
+            if name == "error-after" and len(args) == 1:
+                faults["fail_at_step"] = int(args[0])
+            elif name == "prefill-delay" and len(args) == 1:
+                faults["prefill_delay_s"] = float(args[0])
+            elif name == "stall" and len(args) == 2:
+                faults["stall_at_step"] = int(args[0])
+                faults["stall_s"] = float(args[1])
+            elif name == "never-finishes" and not args:
+                faults["never_finishes"] = True
+            else:
+                raise ValueError("unknown fault")
+        except ValueError as exc:
+            raise ValueError(
+                "expected error-after:N, prefill-delay:S, stall:K:S or "
+                f"never-finishes; got {spec!r}"
+            ) from exc
+    return faults
+
+
+class _Phase(Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+_Item = EngineOutput | EngineError | None  # None: the sequence ends without output
+
+
+@dataclass(eq=False, slots=True)
+class _Sequence:
+    request: GenerateRequest
+    script: Iterator[int]
+    outputs: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    phase: _Phase = _Phase.QUEUED
+    generated: int = 0
+    abort_requested: bool = False
+    ended: bool = False  # a terminal item is in ``outputs``
+
+
+class ScriptedEngine:
+    """An ``Engine`` that replays scripts instead of running a model.
+
+    Args:
+        script: what every sequence generates: text (encoded with special tokens
+            parsed), token ids, or a function of the request returning ids (it may
+            be infinite). Default: ``DEFAULT_TEXT`` then ``<end_of_turn>``. A script
+            that runs out ends the sequence as if EOS was sampled.
+        tokenizer: the vocabulary; a ``ScriptedTokenizer()`` by default.
+        model_id: the served model's id.
+        context_length: the context window, in tokens.
+        tokens_per_s: decode rate per sequence; ``math.inf`` means no delay (each
+            step still yields to the event loop).
+        prefill_delay_s: seconds from admission to the first decode step.
+        stall_at_step: 0-based decode step before which ``stall_s`` more seconds
+            pass (``None``: no stall).
+        stall_s: length of that stall, in seconds.
+        fail_at_step: 0-based decode step at which the sequence fails: the iterator
+            raises ``EngineError`` after delivering the earlier steps.
+        never_finishes: cycle the script forever, ignoring stop tokens,
+            ``max_tokens`` and the context window.
+        max_running: sequences decoded at once (the batch); later ones queue.
+        max_queued: sequences that may wait; beyond it ``generate`` raises
+            ``EngineUnavailable`` at once.
+        kv_cells_total: KV cells reported as total (default: context x batch).
+    """
+
+    def __init__(
+        self,
+        script: Script | None = None,
+        *,
+        tokenizer: ScriptedTokenizer | None = None,
+        model_id: str = "scripted",
+        context_length: int = 4096,
+        tokens_per_s: float = 1000.0,
+        prefill_delay_s: float = 0.0,
+        stall_at_step: int | None = None,
+        stall_s: float = 0.0,
+        fail_at_step: int | None = None,
+        never_finishes: bool = False,
+        max_running: int = 8,
+        max_queued: int = 32,
+        kv_cells_total: int | None = None,
+    ) -> None:
+        if tokens_per_s <= 0:
+            raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s!r}")
+        self._tokenizer = tokenizer or ScriptedTokenizer()
+        self._script = f"{DEFAULT_TEXT}<end_of_turn>" if script is None else script
+        self._model = ModelInfo(model_id, context_length, created=1_700_000_000)
+        self._step_s = 1.0 / tokens_per_s
+        self._prefill_delay_s = prefill_delay_s
+        self._stall = (stall_at_step, stall_s)
+        self._fail_at_step = fail_at_step
+        self._never_finishes = never_finishes
+        self._max_running = max_running
+        self._max_queued = max_queued
+        self._kv_total = kv_cells_total or context_length * max_running
+        self._live: dict[str, _Sequence] = {}
+        self._waiting: deque[_Sequence] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._aborted_ids: deque[str] = deque(maxlen=1024)
+        self._counts = dict.fromkeys(
+            ("prompt", "generated", "wasted", "finished", "aborted", "failed"), 0
+        )
+        self._running = 0
+        self._closed = False
+
+    @property
+    def model(self) -> ModelInfo:
+        """The scripted model (``owned_by`` "sluicegate")."""
+        return self._model
+
+    @property
+    def tokenizer(self) -> ScriptedTokenizer:
+        """The toy vocabulary."""
+        return self._tokenizer
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+        """Queue ``request``; its outputs arrive one decode step at a time.
+
+        Must be called with a running asyncio loop. The sequence starts at once
+        (whether or not the iterator is read); closing the iterator early aborts it.
+        After ``abort()`` the iterator ends without yielding anything more.
+
+        Raises:
+            EngineUnavailable: at once, when the engine is closed or the queue full.
+            EngineError: at once, for a duplicate running id or an empty prompt;
+                from the iterator, at ``fail_at_step``.
+        """
+        if self._closed:
+            raise EngineUnavailable("the engine is closed")
+        if request.request_id in self._live:
+            raise EngineError(f"request id {request.request_id!r} is already running")
+        if not request.prompt_token_ids:
+            raise EngineError("the prompt has no tokens")
+        full = self._running >= self._max_running
+        if full and len(self._waiting) >= self._max_queued:
+            raise EngineUnavailable(
+                f"the queue is full: {len(self._waiting)} requests wait, "
+                f"limit {self._max_queued}"
+            )
+        seq = _Sequence(request, self._script_for(request))
+        self._live[request.request_id] = seq
+        if not full:
+            self._start(seq)
+        else:
+            self._waiting.append(seq)
+        task = asyncio.get_running_loop().create_task(self._run(seq))
+        self._tasks.add(task)
+        task.add_done_callback(self._forget_task)
+        return self._outputs(seq)
+
+    def abort(self, request_id: str) -> None:
+        """Stop ``request_id`` at the next step and free its KV cells.
+
+        Idempotent; a no-op for unknown or already finished ids. Never blocks.
+        """
+        seq = self._live.get(request_id)
+        if seq is None or seq.abort_requested:
+            return
+        seq.abort_requested = True
+        self._counts["aborted"] += 1
+        self._aborted_ids.append(request_id)
+        if seq.phase is _Phase.QUEUED:
+            self._waiting.remove(seq)
+        seq.wake.set()
+
+    def stats(self) -> EngineStats:
+        """A snapshot: queue, running batch, KV cells, token and request counters."""
+        running = [s for s in self._live.values() if s.phase is _Phase.RUNNING]
+        c = self._counts
+        return EngineStats(
+            queued=len(self._waiting),
+            running=len(running),
+            kv_cells_used=sum(_cells(s) for s in running),
+            kv_cells_total=self._kv_total,
+            prompt_tokens=c["prompt"],
+            generated_tokens=c["generated"],
+            wasted_tokens=c["wasted"],
+            finished_requests=c["finished"],
+            aborted_requests=c["aborted"],
+            failed_requests=c["failed"],
+            running_ids=tuple(s.request.request_id for s in running),
+            aborted_ids=tuple(self._aborted_ids),
+        )
+
+    async def aclose(self) -> None:
+        """Abort every sequence and wait for their tasks; ``generate`` then fails."""
+        self._closed = True
+        for request_id in list(self._live):
+            self.abort(request_id)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _script_for(self, request: GenerateRequest) -> Iterator[int]:
+        script = self._script
+        if isinstance(script, str):
+            ids: Iterable[int] = self._tokenizer.encode(
+                script, add_special=False, parse_special=True
+            )
+        elif callable(script):
+            ids = script(request)
+        else:
+            ids = script
+        if self._never_finishes:
+            return _endless(ids)
+        return iter(ids)
+
+    def _start(self, seq: _Sequence) -> None:
+        seq.phase = _Phase.RUNNING
+        self._running += 1
+        self._counts["prompt"] += len(seq.request.prompt_token_ids)
+        seq.wake.set()
+
+    def _release(self, seq: _Sequence) -> None:
+        was_running = seq.phase is _Phase.RUNNING
+        self._running -= was_running
+        seq.phase = _Phase.DONE
+        self._live.pop(seq.request.request_id, None)
+        if not seq.ended:
+            seq.ended = True
+            seq.outputs.put_nowait(None)
+        if was_running and self._waiting:
+            self._start(self._waiting.popleft())
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("scripted sequence task failed", exc_info=task.exception())
+
+    async def _run(self, seq: _Sequence) -> None:
+        try:
+            while seq.phase is _Phase.QUEUED and not seq.abort_requested:
+                seq.wake.clear()
+                await seq.wake.wait()
+            if await self._pause(seq, self._prefill_delay_s):
+                return
+            await self._decode(seq)
+        finally:
+            if not seq.ended and not seq.abort_requested:
+                # Only reached when this task itself failed: never leave a
+                # consumer waiting on a sequence that will not end.
+                self._end(seq, EngineError("the scripted sequence task failed"))
+            self._release(seq)
+
+    async def _decode(self, seq: _Sequence) -> None:
+        stall_at, stall_s = self._stall
+        for step in itertools.count():
+            delay = self._step_s + (stall_s if step == stall_at else 0.0)
+            aborted = await self._pause(seq, delay)
+            if not aborted and step == self._fail_at_step:
+                self._counts["failed"] += 1
+                self._end(seq, EngineError(f"scripted fault: failed at step {step}"))
+                return
+            output = self._step(seq, aborted)
+            if output is None:
+                return
+            seq.outputs.put_nowait(output)
+            if output.finish_reason is not None:
+                self._counts["finished"] += 1
+                seq.ended = True
+                return
+
+    def _step(self, seq: _Sequence, aborted: bool) -> EngineOutput | None:
+        """One decode step; ``None`` when an abort ended the sequence."""
+        params = seq.request.params
+        token = next(seq.script, None)
+        stops = params.stop_token_ids
+        if not params.ignore_eos:
+            stops |= self._tokenizer.stop_ids
+        if token is None or (token in stops and not self._never_finishes):
+            return None if aborted else EngineOutput((), FinishReason.STOP)
+        seq.generated += 1
+        self._counts["generated"] += 1
+        if aborted:
+            self._counts["wasted"] += 1
+            return None
+        full = (
+            seq.generated >= params.max_tokens
+            or _cells(seq) >= self._model.context_length
+        )
+        if full and not self._never_finishes:
+            return EngineOutput((token,), FinishReason.LENGTH)
+        return EngineOutput((token,))
+
+    def _end(self, seq: _Sequence, item: _Item) -> None:
+        seq.ended = True
+        seq.outputs.put_nowait(item)
+
+    @staticmethod
+    async def _pause(seq: _Sequence, delay_s: float) -> bool:
+        """Wait ``delay_s`` seconds unless aborted first; True when aborted."""
+        if not seq.abort_requested:
+            seq.wake.clear()
+            if delay_s <= 0:
+                await asyncio.sleep(0)
+            else:
+                timeout = None if math.isinf(delay_s) else delay_s
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(seq.wake.wait(), timeout)
+        return seq.abort_requested
+
+    async def _outputs(self, seq: _Sequence) -> AsyncIterator[EngineOutput]:
+        try:
+            while not seq.abort_requested:
+                item = await seq.outputs.get()
+                if item is None or seq.abort_requested:
+                    return
+                if isinstance(item, EngineError):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            self.abort(seq.request.request_id)
+
+
+def _cells(seq: _Sequence) -> int:
+    return len(seq.request.prompt_token_ids) + seq.generated
+
+
+def _endless(ids: Iterable[int]) -> Iterator[int]:
+    cached = list(itertools.islice(ids, 1_000_000))
+    return itertools.cycle(cached or [BYTES_START + ord(" ")])

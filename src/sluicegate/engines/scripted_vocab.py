@@ -1,0 +1,131 @@
+"""A toy byte-piece vocabulary for the scripted engine and for tests.
+
+``ScriptedTokenizer`` follows the Gemma layout: four special tokens, one token per
+byte (so any text encodes, as with byte-fallback vocabularies), and a few
+multi-byte pieces, some of which split UTF-8 characters across tokens on purpose,
+so that detokenizers and stop matchers meet the hard cases without a real model.
+
+Spec: ../shared/DESIGN.md, "Tokens are not text".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+__all__ = ["BYTES_START", "ScriptedTokenizer"]
+
+_SPECIALS = (b"<bos>", b"<eos>", b"<start_of_turn>", b"<end_of_turn>")
+BYTES_START = len(_SPECIALS)
+"""Id of the byte-0x00 token; ids below it are special."""
+# Multi-byte pieces. Several cross UTF-8 character boundaries on purpose:
+# " \xe6\x97" + "\xa5\xe6\x9c" + "\xac\xe8\xaa\x9e" is " 日本語", and the emoji
+# pieces split four-byte characters after one or three bytes.
+_WORDS = (
+    b"Hello", b"\n\n", b"  ", b"Caf", b"\xc3\xa9", b" \xe6\x97", b"\xa5\xe6\x9c",
+    b"\xac\xe8\xaa\x9e", b" \xf0\x9f\x98", b"\x9f\xa6\xa9", b" \xe2\x80\x94",
+    b" the", b" The", b" quick", b" brown", b" fox", b" stream", b" tokens",
+    b" correct", b"ly", b"user", b"model", b"Hi", b" world", b"ABC", b"DEF",
+    b"GHI", b" Alice", b" Bob", b"Once", b" upon", b" a", b" time",
+)  # fmt: skip
+
+
+class ScriptedTokenizer:
+    """A toy byte-piece vocabulary: specials, 256 byte tokens, multi-byte pieces.
+
+    Ids 0-3 are ``<bos>``, ``<eos>``, ``<start_of_turn>``, ``<end_of_turn>``; ids
+    4-259 are the single bytes 0x00-0xFF; the rest are multi-byte pieces.
+
+    Args:
+        chat_template: the Jinja template to report as the model's own, or ``None``
+            (the server then uses its built-in Gemma 3 template).
+
+    Attributes:
+        bos_id, eos_id, end_of_turn_id: ids of ``<bos>``, ``<eos>`` and
+            ``<end_of_turn>`` (``<start_of_turn>`` is 2).
+    """
+
+    bos_id = 0
+    eos_id = 1
+    end_of_turn_id = 3
+
+    def __init__(self, chat_template: str | None = None) -> None:
+        self._pieces = (*_SPECIALS, *(bytes([b]) for b in range(256)), *_WORDS)
+        plain = range(BYTES_START, len(self._pieces))
+        self._ids = {self._pieces[i]: i for i in plain}
+        self._special_text = {p.decode(): i for i, p in enumerate(_SPECIALS)}
+        self._longest = max(len(p) for p in self._pieces)
+        self._chat_template = chat_template
+
+    @property
+    def pieces(self) -> Sequence[bytes]:
+        """Bytes of every token id's piece (special ids map to their text)."""
+        return self._pieces
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The four control tokens; they never go into content."""
+        return frozenset(range(BYTES_START))
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """``<eos>`` and ``<end_of_turn>``."""
+        return frozenset({self.eos_id, self.end_of_turn_id})
+
+    @property
+    def chat_template(self) -> str | None:
+        """The template given to the constructor."""
+        return self._chat_template
+
+    @property
+    def bos_token(self) -> str:
+        """``"<bos>"``."""
+        return "<bos>"
+
+    @property
+    def eos_token(self) -> str:
+        """``"<eos>"``."""
+        return "<eos>"
+
+    def encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of ``text``: greedy longest piece first, single bytes as fallback.
+
+        Args:
+            text: any text (empty gives no ids besides BOS).
+            add_special: prepend ``<bos>``.
+            parse_special: map the text of the four special tokens to their ids;
+                otherwise that text is encoded as plain bytes.
+
+        Returns:
+            Token ids; ``decode(encode(t, add_special=False, ...)) == t`` when no
+            special text is parsed.
+        """
+        ids = [self.bos_id] if add_special else []
+        rest = text
+        while rest:
+            special = self._match_special(rest) if parse_special else None
+            if special is not None:
+                ids.append(self._special_text[special])
+                rest = rest[len(special) :]
+                continue
+            cut = rest.find("<", 1) if parse_special else -1
+            chunk, rest = (rest, "") if cut < 0 else (rest[:cut], rest[cut:])
+            ids.extend(self._encode_plain(chunk.encode("utf-8")))
+        return ids
+
+    def decode(self, token_ids: Iterable[int]) -> str:
+        """Text of ``token_ids``, specials skipped, bad UTF-8 as U+FFFD."""
+        data = b"".join(self._pieces[i] for i in token_ids if i >= BYTES_START)
+        return data.decode("utf-8", errors="replace")
+
+    def _match_special(self, text: str) -> str | None:
+        return next((s for s in self._special_text if text.startswith(s)), None)
+
+    def _encode_plain(self, data: bytes) -> Iterator[int]:
+        start = 0
+        while start < len(data):
+            for size in range(min(self._longest, len(data) - start), 0, -1):
+                token = self._ids.get(data[start : start + size])
+                if token is not None:
+                    yield token
+                    start += size
+                    break

@@ -1,0 +1,1 @@
+"""sluicegate.server."""

@@ -1,0 +1,207 @@
+"""One response's engine sequences, read into an outbox of stream events.
+
+``Generation`` starts one engine sequence per choice and reads each one in its own
+task, as fast as the engine produces: every step goes through that choice's
+``ChoiceDecoder`` and comes out as ``Delta``/``Finish`` events in an ``Outbox``.
+Whoever writes to the client drains the outbox at its own pace, so the engine never
+waits on a client. No HTTP here: ``streaming.py`` races the writers against the
+client's disconnect.
+
+Invariants:
+    - Per choice, in order: ``Delta`` events, then exactly one ``Finish``; text
+      held back by the stop matcher goes out before the ``Finish``.
+    - When every choice has finished, one ``End`` carries the usage: the prompt
+      once, completion tokens summed over choices.
+    - An engine failure becomes one ``Fail`` event and no ``End``.
+    - A stop string aborts that engine sequence at once; ``abort_unfinished()``
+      aborts every sequence the engine has not ended (disconnect, error, cancel).
+
+Spec: ../shared/DESIGN.md, "Engine protocol" and "Stop strings".
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+
+from sluicegate.core.choice import ChoiceDecoder
+from sluicegate.core.detokenize import IncrementalDetokenizer
+from sluicegate.core.errors import EngineError
+from sluicegate.core.events import (
+    Delta,
+    End,
+    EngineOutput,
+    Fail,
+    Finish,
+    FinishReason,
+    StreamEvent,
+    Usage,
+)
+from sluicegate.core.stops import StopMatcher
+from sluicegate.engines.base import Engine
+from sluicegate.server.prepare import Plan
+
+__all__ = ["Generation", "Outbox"]
+
+
+class Outbox:
+    """Events from the choice readers to one writer; ``put`` never blocks.
+
+    Deliberate divergence: unbounded for now (the bounded, coalescing buffer for
+    slow clients comes later).
+    """
+
+    def __init__(self) -> None:
+        self._events: deque[StreamEvent] = deque()
+        self._wake = anyio.Event()
+
+    def put(self, event: StreamEvent) -> None:
+        """Queue ``event`` and wake the writer."""
+        self._events.append(event)
+        self._wake.set()
+
+    def drain(self) -> list[StreamEvent]:
+        """Every queued event, oldest first (``[]`` when none)."""
+        events = list(self._events)
+        self._events.clear()
+        self._wake = anyio.Event()
+        return events
+
+    async def wait(self, timeout_s: float) -> None:
+        """Return when an event is queued, or after ``timeout_s`` seconds."""
+        if not self._events:
+            with anyio.move_on_after(max(timeout_s, 0.0)):
+                await self._wake.wait()
+
+
+@dataclass(eq=False, slots=True)
+class _Choice:
+    index: int
+    sequence_id: str
+    decoder: ChoiceDecoder
+    outputs: AsyncIterator[EngineOutput] | None = None
+    finish_reason: FinishReason | None = None
+    engine_done: bool = False  # the engine ended this sequence: no abort needed
+
+
+class Generation:
+    """The ``n`` engine sequences of one response and their decoders.
+
+    Args:
+        engine: the engine to run on.
+        plan: the checked request (prompt ids, params, stop strings, ``n``).
+    """
+
+    def __init__(self, engine: Engine, plan: Plan) -> None:
+        tokenizer = engine.tokenizer
+        self._engine = engine
+        self._plan = plan
+        self._choices = [
+            _Choice(
+                index,
+                sequence_id,
+                ChoiceDecoder(
+                    IncrementalDetokenizer(tokenizer.pieces, tokenizer.special_ids),
+                    StopMatcher(plan.stops),
+                ),
+            )
+            for index, sequence_id in enumerate(plan.sequence_ids)
+        ]
+        self.first_token_at: float | None = None
+        """Unix time (seconds) the first token id arrived, or ``None``."""
+
+    @property
+    def usage(self) -> Usage:
+        """Prompt tokens once, completion tokens received summed over choices."""
+        completion = sum(c.decoder.completion_tokens for c in self._choices)
+        return Usage(len(self._plan.prompt_token_ids), completion)
+
+    @property
+    def finish_reasons(self) -> tuple[FinishReason | None, ...]:
+        """Each choice's finish reason, by index (``None`` while open)."""
+        return tuple(c.finish_reason for c in self._choices)
+
+    def start(self) -> None:
+        """Submit every choice to the engine, before any byte is sent.
+
+        Raises:
+            EngineError: an engine that refuses at once (``EngineUnavailable`` for
+                a full queue); the choices already submitted are aborted.
+        """
+        try:
+            for choice, request in zip(
+                self._choices, self._plan.requests(), strict=True
+            ):
+                choice.outputs = self._engine.generate(request)
+        finally:
+            if any(c.outputs is None for c in self._choices):
+                self.abort_unfinished()
+
+    async def run(self, outbox: Outbox) -> None:
+        """Read every choice into ``outbox``; then ``End`` if all of them finished.
+
+        Cancellation (the client left) stops the readers; call
+        ``abort_unfinished()`` afterwards.
+        """
+        async with anyio.create_task_group() as tg:
+            for choice in self._choices:
+                tg.start_soon(self._read, choice, outbox)
+        if all(c.finish_reason is not None for c in self._choices):
+            outbox.put(End(self.usage))
+
+    def abort_unfinished(self) -> None:
+        """Abort every sequence the engine has not ended; safe to call repeatedly."""
+        for choice in self._choices:
+            if not choice.engine_done:
+                choice.engine_done = True
+                self._engine.abort(choice.sequence_id)
+
+    async def _read(self, choice: _Choice, outbox: Outbox) -> None:
+        outputs = choice.outputs
+        assert outputs is not None, "start() before run()"
+        try:
+            async for output in outputs:
+                if output.token_ids and self.first_token_at is None:
+                    self.first_token_at = time.time()
+                if self._take(choice, output, outbox):
+                    return
+            choice.engine_done = True
+            outbox.put(Fail("The engine ended a sequence without a finish reason"))
+        except EngineError as exc:
+            choice.engine_done = True
+            outbox.put(Fail(str(exc) or type(exc).__name__, code=exc.code))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _aclose(outputs)
+
+    def _take(self, choice: _Choice, output: EngineOutput, outbox: Outbox) -> bool:
+        """Feed one step; True when the choice has finished."""
+        step = choice.decoder.feed(output.token_ids)
+        if step.text:
+            outbox.put(Delta(choice.index, step.text))
+        reason = step.finish_reason
+        if reason is not None:
+            # A stop string matched: stop the engine now, drop what follows.
+            self._engine.abort(choice.sequence_id)
+            choice.engine_done = True
+        elif output.finish_reason is not None:
+            choice.engine_done = True
+            tail = choice.decoder.flush()
+            if tail.text:
+                outbox.put(Delta(choice.index, tail.text))
+            reason = tail.finish_reason or output.finish_reason
+        else:
+            return False
+        choice.finish_reason = reason
+        outbox.put(Finish(choice.index, reason))
+        return True
+
+
+async def _aclose(outputs: AsyncIterator[EngineOutput]) -> None:
+    aclose = getattr(outputs, "aclose", None)
+    if aclose is not None:
+        await aclose()

@@ -1,0 +1,39 @@
+"""Fixtures of the server tests: the anyio backend, a scripted engine and its app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from sluicegate.engines.scripted import ScriptedEngine
+from sluicegate.server.app import create_app
+from sluicegate.server.config import ServerConfig
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The scripted engine runs on asyncio only."""
+    return "asyncio"
+
+
+@pytest.fixture
+def engine() -> ScriptedEngine:
+    """The default script (``DEFAULT_TEXT``), fast."""
+    return ScriptedEngine(tokens_per_s=5000)
+
+
+@pytest.fixture
+def app(engine: ScriptedEngine) -> Starlette:
+    """The app in front of ``engine``, default config."""
+    return create_app(engine, ServerConfig())
+
+
+@pytest.fixture
+async def client(app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client on ``app`` (whole bodies only: not for streams)."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        yield client

@@ -1,0 +1,274 @@
+"""Streamed responses: headers, framing, order, stop strings, heartbeats, errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+from starlette.applications import Starlette
+
+from sluicegate.core.endstate import EndState
+from sluicegate.core.events import EngineOutput, FinishReason
+from sluicegate.engines.base import GenerateRequest, SamplingParams
+from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.server.app import create_app
+from sluicegate.server.config import ServerConfig
+from sluicegate.server.ledger import Ledger
+
+from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange
+
+pytestmark = pytest.mark.anyio
+
+
+def _ledger(app: Starlette) -> Ledger:
+    ledger: Ledger = app.state.ledger
+    return ledger
+
+
+def _finish_reasons(payloads: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [
+        (c["index"], c["finish_reason"])
+        for p in payloads
+        for c in p.get("choices", [])
+        if c["finish_reason"] is not None
+    ]
+
+
+async def test_headers_are_exact_and_never_compressed(app: Starlette) -> None:
+    gzip = [(b"accept-encoding", b"gzip")]
+    ex = Exchange(app, CHAT, {"messages": HELLO, "stream": True}, extra_headers=gzip)
+    with anyio.fail_after(5):
+        await ex.run()
+    assert ex.status == 200
+    assert ex.headers == [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+        (b"connection", b"keep-alive"),
+    ]
+    assert app.user_middleware == []  # no GZip, nor anything else that buffers
+    assert ex.completed
+
+
+async def test_chat_stream_has_role_first_content_finish_and_one_done(
+    app: Starlette,
+) -> None:
+    ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    events = ex.events()
+    assert [e.data for e in events].count("[DONE]") == 1
+    assert events[-1].data == "[DONE]"
+    payloads = ex.payloads()
+    assert len({(p["id"], p["created"], p["model"]) for p in payloads}) == 1
+    assert payloads[0]["id"].startswith("chatcmpl-")
+    assert all(p["object"] == "chat.completion.chunk" for p in payloads)
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert all("role" not in p["choices"][0]["delta"] for p in payloads[1:])
+    assert all("usage" not in p for p in payloads)
+    assert "".join(ex.contents()) == DEFAULT_TEXT
+    assert _finish_reasons(payloads) == [(0, "stop")]
+    assert payloads[-1]["choices"][0]["finish_reason"] == "stop"
+    row = _ledger(app).rows[-1]
+    assert (row.end_state, row.status) == (EndState.FINISHED, 200)
+    assert row.finish_reasons == (FinishReason.STOP,)
+    assert row.completion_tokens > 0
+    assert row.first_token_at is not None
+    assert row.received_at <= row.first_token_at <= row.ended_at
+
+
+async def test_multi_byte_characters_split_across_tokens_arrive_whole(
+    app: Starlette,
+) -> None:
+    ex = await exchange(app, COMPLETIONS, {"prompt": "Hi", "stream": True})
+    ex.body.decode("utf-8")  # raises if the raw bytes are not valid UTF-8
+    deltas = ex.contents()
+    assert "".join(deltas) == DEFAULT_TEXT
+    assert not any("\ufffd" in d for d in deltas)
+    assert "日本語" in "".join(deltas)
+
+
+async def test_usage_chunk_is_last_with_no_choices_when_asked(app: Starlette) -> None:
+    body = {
+        "messages": HELLO,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    ex = await exchange(app, CHAT, body)
+    payloads = ex.payloads()
+    usage_chunks = [p for p in payloads if p["usage"] is not None]
+    assert usage_chunks == [payloads[-1]]
+    assert payloads[-1]["choices"] == []
+    usage = payloads[-1]["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    row = _ledger(app).rows[-1]
+    assert usage["prompt_tokens"] == row.prompt_tokens
+    assert usage["completion_tokens"] == row.completion_tokens
+    assert ex.events()[-1].data == "[DONE]"
+
+
+async def test_two_choices_each_finish_once_before_one_done(app: Starlette) -> None:
+    ex = await exchange(
+        app, COMPLETIONS, {"prompt": "Once upon a time", "n": 2, "stream": True}
+    )
+    payloads = ex.payloads()
+    assert sorted(_finish_reasons(payloads)) == [(0, "stop"), (1, "stop")]
+    assert ex.done_count() == 1
+    assert ex.events()[-1].data == "[DONE]"
+    for index in (0, 1):
+        text = "".join(
+            c["text"] for p in payloads for c in p["choices"] if c["index"] == index
+        )
+        assert text == DEFAULT_TEXT
+    assert _ledger(app).rows[-1].finish_reasons == (FinishReason.STOP,) * 2
+
+
+async def test_stop_string_split_across_tokens_is_held_back_and_aborts() -> None:
+    engine = ScriptedEngine("Here: ABCDEFGHIJKLMNOP", never_finishes=True)
+    app = create_app(engine, ServerConfig())
+    body = {"prompt": "Hi", "stop": ["DEFGHIJ"], "stream": True}
+    ex = await exchange(app, COMPLETIONS, body)
+    assert "".join(ex.contents()) == "Here: ABC"
+    assert not any("D" in delta for delta in ex.contents())
+    assert _finish_reasons(ex.payloads()) == [(0, "stop")]
+    assert ex.done_count() == 1
+    sequence_id = f"{ex.payloads()[0]['id']}-0"
+    assert sequence_id in engine.stats().aborted_ids
+
+
+async def test_held_back_text_is_released_when_the_stop_is_ruled_out() -> None:
+    engine = ScriptedEngine("ABCDEFGHI")
+    app = create_app(engine, ServerConfig())
+    body = {"prompt": "Hi", "stop": ["DEFX"], "stream": True}
+    ex = await exchange(app, COMPLETIONS, body)
+    assert ex.contents() == ["ABC", "DEFGHI"]
+    assert _finish_reasons(ex.payloads()) == [(0, "stop")]
+
+
+async def test_held_back_tail_is_flushed_before_a_length_finish() -> None:
+    engine = ScriptedEngine("sky?\nAl more")
+    app = create_app(engine, ServerConfig())
+    body = {"prompt": "Hi", "stop": ["?\nAlice"], "max_tokens": 7, "stream": True}
+    ex = await exchange(app, COMPLETIONS, body)
+    assert "".join(ex.contents()) == "sky?\nAl"
+    payloads = ex.payloads()
+    assert payloads[-1]["choices"][0] == {
+        "index": 0,
+        "text": "",
+        "logprobs": None,
+        "finish_reason": "length",
+    }
+    assert payloads[-2]["choices"][0]["text"].endswith("Al")
+
+
+async def test_heartbeat_comments_flow_during_a_long_prefill() -> None:
+    engine = ScriptedEngine(prefill_delay_s=0.3)
+    app = create_app(engine, ServerConfig(heartbeat_interval_s=0.05))
+    ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    before_content = ex.body.split(b'"content"')[0]
+    assert before_content.count(b": keep-alive\n\n") >= 3
+    assert ex.events()[-1].data == "[DONE]"
+    assert "".join(ex.contents()) == DEFAULT_TEXT
+
+
+async def test_heartbeat_comments_flow_during_the_queue_wait() -> None:
+    engine = ScriptedEngine(prefill_delay_s=30, max_running=1)
+    hog = engine.generate(GenerateRequest("hog", (1, 2), SamplingParams(10)))
+    app = create_app(engine, ServerConfig(heartbeat_interval_s=0.02))
+    ex = Exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    with anyio.move_on_after(5) as deadline:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ex.run)
+            await ex.wait_for(lambda: ex.body.count(b": keep-alive") >= 3)
+            assert engine.stats().queued == 1
+            ex.leave()
+    assert not deadline.cancelled_caught
+    assert engine.stats().queued == 0
+    engine.abort("hog")
+    assert [o async for o in hog] == []
+
+
+async def test_engine_error_after_first_token_is_one_error_event_without_done() -> None:
+    engine = ScriptedEngine(fail_at_step=1)
+    app = create_app(engine, ServerConfig())
+    ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    payloads = ex.payloads()
+    errors = [p for p in payloads if "error" in p]
+    assert len(errors) == 1
+    assert payloads[-1] is errors[0]
+    assert errors[0]["error"]["message"]
+    assert errors[0]["error"]["code"] == "engine_error"
+    assert ex.contents() == ["Hello"]
+    assert _finish_reasons(payloads) == []
+    assert ex.done_count() == 0
+    assert ex.completed
+    row = _ledger(app).rows[-1]
+    assert (row.end_state, row.status) == (EndState.ERRORED, 200)
+    assert row.completion_tokens == 1
+    assert engine.stats().failed_requests == 1
+    assert engine.stats().kv_cells_used == 0
+
+
+class _BrokenEngine(ScriptedEngine):
+    """Its outputs raise a plain bug (not an ``EngineError``) after one step."""
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+        outputs = super().generate(request)
+
+        async def broken() -> AsyncIterator[EngineOutput]:
+            yield await anext(outputs)
+            raise RuntimeError("secret internal detail")
+
+        return broken()
+
+
+async def test_unexpected_exception_is_one_generic_error_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = _BrokenEngine(never_finishes=True)
+    app = create_app(engine, ServerConfig())
+    ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    payloads = ex.payloads()
+    assert [p for p in payloads if "error" in p] == [payloads[-1]]
+    error = payloads[-1]["error"]
+    assert error["code"] == "internal_error"
+    assert "secret" not in error["message"]
+    assert ex.done_count() == 0
+    assert "secret internal detail" in caplog.text
+    assert _ledger(app).rows[-1].end_state is EndState.ERRORED
+    sequence_id = f"{payloads[0]['id']}-0"
+    assert sequence_id in engine.stats().aborted_ids
+
+
+class _SilentEndEngine(ScriptedEngine):
+    """Its outputs end after one step without any finish reason."""
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+        outputs = super().generate(request)
+
+        async def cut_short() -> AsyncIterator[EngineOutput]:
+            yield await anext(outputs)
+
+        return cut_short()
+
+
+async def test_outputs_ending_without_finish_reason_are_an_error_event() -> None:
+    engine = _SilentEndEngine(never_finishes=True)
+    app = create_app(engine, ServerConfig())
+    ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    payloads = ex.payloads()
+    assert "without a finish reason" in payloads[-1]["error"]["message"]
+    assert ex.done_count() == 0
+    assert _ledger(app).rows[-1].end_state is EndState.ERRORED
+
+
+async def test_a_connection_broken_before_the_first_frame_aborts() -> None:
+    engine = ScriptedEngine(never_finishes=True)
+    app = create_app(engine, ServerConfig())
+    ex = Exchange(app, CHAT, {"messages": HELLO, "stream": True}, fail_send_after=0)
+    with anyio.fail_after(2):
+        await ex.run()
+    assert ex.status == 200
+    assert ex.body == b""
+    assert _ledger(app).rows[-1].end_state is EndState.ABORTED
+    assert len(engine.stats().aborted_ids) == 1

@@ -1,0 +1,256 @@
+"""Every refusal is decided before the first byte, in the OpenAI error shape.
+
+These responses are not streamed, so ``httpx.ASGITransport`` (which buffers whole
+bodies) is enough.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from sluicegate.core.endstate import EndState
+from sluicegate.engines.base import GenerateRequest, SamplingParams
+from sluicegate.engines.scripted import ScriptedEngine
+from sluicegate.server.app import create_app
+from sluicegate.server.config import ServerConfig
+from sluicegate.server.ledger import Ledger
+from sluicegate.server.schemas import MAX_STOP_STRINGS
+
+from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
+
+pytestmark = pytest.mark.anyio
+
+
+def _error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "fragments"),
+    [
+        ({"n": 0}, "n", ["greater than or equal to 1", "got 0"]),
+        ({"n": 17}, "n", ["at most 16", "got 17"]),
+        ({"n": "2"}, "n", ["valid integer", "got '2'"]),
+        ({"max_tokens": -1}, "max_tokens", ["greater than or equal to 1", "got -1"]),
+        ({"max_completion_tokens": 0}, "max_completion_tokens", ["got 0"]),
+        ({"temperature": 5}, "temperature", ["less than or equal to 2", "got 5"]),
+        ({"top_p": 0}, "top_p", ["greater than 0", "got 0"]),
+        ({"presence_penalty": -3}, "presence_penalty", ["-2", "got -3"]),
+        ({"stream": "yes"}, "stream", ["valid boolean", "got 'yes'"]),
+        ({"stop": [""]}, "stop", ["must not be empty"]),
+        ({"stop": ["x"] * 17}, "stop", [f"at most {MAX_STOP_STRINGS}", "17"]),
+        ({"stop": [1]}, "stop[0]", ["valid string", "got 1"]),
+        ({"messages": []}, "messages", ["at least 1", "got []"]),
+        ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role", []),
+        ({"messages": [{"role": "user"}]}, "messages[0].content", ["Missing"]),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+            "messages[0].content",
+            ["needs a string 'text'"],
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content",
+            ["only text parts", "image_url"],
+        ),
+        ({"stream_options": {"include_usage": True}}, "stream_options", ["stream"]),
+        ({"tools": [{"type": "function"}]}, "tools", ["not supported yet"]),
+        ({"logprobs": True}, "logprobs", ["not supported yet", "True"]),
+        (
+            {"response_format": {"type": "json_object"}},
+            "response_format",
+            ["not supported yet"],
+        ),
+    ],
+)
+async def test_invalid_chat_parameters_are_400_naming_param_limit_and_value(
+    client: httpx.AsyncClient,
+    app: Starlette,
+    extra: dict[str, Any],
+    param: str,
+    fragments: list[str],
+) -> None:
+    response = await client.post(CHAT, json={"messages": HELLO, **extra})
+    error = _error(response, 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    for fragment in fragments:
+        assert fragment in error["message"]
+    ledger: Ledger = app.state.ledger
+    assert ledger.rows[-1].end_state is EndState.REJECTED
+    assert ledger.rows[-1].status == 400
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "fragment"),
+    [
+        ({"prompt": ""}, "prompt", "empty"),
+        ({"prompt": []}, "prompt", "empty"),
+        ({"prompt": ["a", "b"]}, "prompt", "batch of prompts is not supported"),
+        ({"prompt": [[1, 2]]}, "prompt", "batch of prompts is not supported"),
+        ({"prompt": 5}, "prompt", "a string or a list of token ids"),
+        ({"prompt": [1, 99999]}, "prompt", "got 99999"),
+        ({"prompt": "x", "echo": True}, "echo", "not supported yet"),
+        ({"prompt": "x", "suffix": "y"}, "suffix", "not supported yet"),
+        ({"prompt": "x", "best_of": 3}, "best_of", "not supported yet"),
+    ],
+)
+async def test_invalid_completion_parameters_are_400(
+    client: httpx.AsyncClient, extra: dict[str, Any], param: str, fragment: str
+) -> None:
+    error = _error(await client.post(COMPLETIONS, json=extra), 400)
+    assert error["param"] == param
+    assert fragment in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b'{"messages": [', "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object; got list (array)"),
+        (b'"text"', "got str (string)"),
+        (b"null", "got NoneType (null)"),
+    ],
+)
+async def test_a_body_that_is_not_a_json_object_is_400(
+    client: httpx.AsyncClient, body: bytes, fragment: str
+) -> None:
+    headers = {"content-type": "application/json"}
+    response = await client.post(CHAT, content=body, headers=headers)
+    error = _error(response, 400)
+    assert fragment in error["message"]
+    assert error["code"] == "invalid_json"
+
+
+async def test_missing_messages_is_400_naming_it(client: httpx.AsyncClient) -> None:
+    error = _error(await client.post(CHAT, json={}), 400)
+    assert error["param"] == "messages"
+    assert error["message"] == "Missing required parameter: 'messages'"
+
+
+async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
+    response = await client.post(CHAT, json={"messages": HELLO, "model": "gpt-9"})
+    error = _error(response, 404)
+    assert error["param"] == "model"
+    assert error["code"] == "model_not_found"
+    assert "'gpt-9'" in error["message"]
+
+
+@pytest.mark.parametrize("model", [None, "scripted", "default"])
+async def test_served_model_id_alias_or_none_all_answer_with_the_served_id(
+    client: httpx.AsyncClient, model: str | None
+) -> None:
+    body: dict[str, Any] = {"messages": HELLO, "max_tokens": 2}
+    if model is not None:
+        body["model"] = model
+    response = await client.post(CHAT, json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "scripted"
+
+
+async def test_prompt_longer_than_the_context_is_400_with_limit_and_length() -> None:
+    engine = ScriptedEngine(context_length=64)
+    app = create_app(engine, ServerConfig())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        long = {"messages": [{"role": "user", "content": "z" * 100}], "stream": True}
+        error = _error(await client.post(CHAT, json=long), 400)
+        assert "context window is 64 tokens" in error["message"]
+        assert "the prompt has 109 tokens" in error["message"]
+        assert error["code"] == "context_length_exceeded"
+
+        fits = {"messages": HELLO, "max_tokens": 100, "stream": True}
+        error = _error(await client.post(CHAT, json=fits), 400)
+        assert error["param"] == "max_tokens"
+        assert error["message"] == (
+            "max_tokens is 100 but the context window is 64 tokens and the prompt "
+            "has 10 tokens: at most 54 fit"
+        )
+        error = _error(await client.post(COMPLETIONS, json={"prompt": "z" * 70}), 400)
+        assert error["param"] == "prompt"
+    assert engine.stats().prompt_tokens == 0
+
+
+async def test_body_over_the_limit_is_413_by_content_length() -> None:
+    app = create_app(ScriptedEngine(), ServerConfig(max_body_bytes=100))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        body = {"messages": [{"role": "user", "content": "x" * 200}]}
+        error = _error(await client.post(CHAT, json=body), 413)
+    assert "the limit is 100" in error["message"]
+    assert error["code"] == "request_too_large"
+    ledger: Ledger = app.state.ledger
+    assert (ledger.rows[-1].status, ledger.rows[-1].end_state) == (
+        413,
+        EndState.REJECTED,
+    )
+
+
+async def test_body_over_the_limit_is_413_while_reading_without_length() -> None:
+    app = create_app(ScriptedEngine(), ServerConfig(max_body_bytes=100))
+    pieces = [b'{"messages": [{"role": "user", "content": "', b"x" * 60, b"x" * 60]
+    ex = Exchange(app, CHAT, chunks=pieces)
+    await ex.run()
+    assert ex.status == 413
+    message = json.loads(ex.body)["error"]["message"]
+    assert "has 103 bytes; the limit is 100" in message
+
+
+async def test_invalid_content_length_is_400(app: Starlette) -> None:
+    length = [(b"content-length", b"12abc")]
+    ex = Exchange(app, CHAT, chunks=[b"{}"], extra_headers=length)
+    await ex.run()
+    assert ex.status == 400
+    assert "Invalid Content-Length header: '12abc'" in ex.body.decode()
+
+
+async def test_full_engine_queue_is_503_with_retry_after() -> None:
+    engine = ScriptedEngine(prefill_delay_s=30, max_running=1, max_queued=0)
+    engine.generate(GenerateRequest("hog", (1, 2), SamplingParams(10)))
+    app = create_app(engine, ServerConfig())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        response = await client.post(CHAT, json={"messages": HELLO, "stream": True})
+    error = _error(response, 503)
+    assert response.headers["retry-after"] == "1"
+    assert error["code"] == "engine_unavailable"
+    ledger: Ledger = app.state.ledger
+    assert ledger.rows[-1].end_state is EndState.REJECTED
+    await engine.aclose()
+
+
+async def test_unknown_fields_are_ignored_and_logged_once(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"messages": HELLO, "max_tokens": 2, "frobnicate_level_xyz": 3}
+    with caplog.at_level(logging.INFO, logger="sluicegate.server.schemas"):
+        first = await client.post(CHAT, json=body)
+        second = await client.post(CHAT, json=body)
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert caplog.text.count("frobnicate_level_xyz") == 1
+
+
+async def test_unknown_path_and_wrong_method_use_the_error_shape(
+    client: httpx.AsyncClient,
+) -> None:
+    error = _error(await client.get("/v1/nothing"), 404)
+    assert error["message"] == "Invalid URL (GET /v1/nothing)"
+    response = await client.get(CHAT)
+    error = _error(response, 405)
+    assert "GET" in error["message"]
+    assert response.headers["allow"] == "POST"
