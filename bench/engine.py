@@ -1,0 +1,300 @@
+"""Engine throughput: sluicegate over HTTP vs the bare llama.cpp loop vs a peer server.
+
+For each concurrency (default 1, 2, 4, 8, 16) and the same prompt, measures output
+tokens/s (all streams together) and time to first token for:
+
+- ``bare``: the ceiling. A decode loop straight on the low-level llama.cpp bindings:
+  one prefill per sequence, then one token per sequence per ``llama_decode`` with
+  greedy sampling, no HTTP, no detokenizing.
+- ``sluicegate``: ``sluicegate serve`` over HTTP, streaming completions.
+- ``peer``: the ``llama-cpp-python[server]`` server on the same GGUF file, installed
+  in ``bench/.peer-venv`` by ``bench/peer-venv.sh`` (skipped with ``--no-peer``).
+
+Prints a table and writes ``bench/results/engine.json``. Not a test: nothing here
+asserts a timing.
+
+Run: ``.venv/bin/python bench/engine.py [--max-tokens 64] [--no-peer]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from sluicegate.core.sse import SSEDecoder
+from sluicegate.model import default_model_path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "engine.json"
+PEER_PYTHON = ROOT / "bench" / ".peer-venv" / "bin" / "python"
+PROMPT = "Once upon a time, in a lighthouse by the sea, there lived"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One (system, concurrency) measurement."""
+
+    system: str
+    concurrency: int
+    output_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    ttft_p50_s: float
+    ttft_max_s: float
+    truncated: int
+
+
+def bare_loop(model: Path, batch: int, max_tokens: int, threads: int) -> Row:
+    """The ceiling: B sequences, one token each per llama_decode, greedy."""
+    import llama_cpp as llama
+
+    from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, quiet_logs
+
+    quiet_logs()
+    mparams = llama.llama_model_default_params()
+    mdl = llama.llama_model_load_from_file(str(model).encode(), mparams)
+    vocab = LlamaTokenizer(mdl)
+    prompt = vocab.encode(PROMPT, add_special=True, parse_special=False)
+    cparams = llama.llama_context_default_params()
+    cparams.n_ctx = batch * (len(prompt) + max_tokens) + 64
+    cparams.n_batch = cparams.n_ubatch = max(256, batch)
+    cparams.n_seq_max = batch
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.kv_unified = True
+    ctx = llama.llama_init_from_model(mdl, cparams)
+    lb = llama.llama_batch_init(max(256, batch), 0, 1)
+    samplers = []
+    for _ in range(batch):
+        chain = llama.llama_sampler_chain_init(
+            llama.llama_sampler_chain_default_params()
+        )
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+        samplers.append(chain)
+
+    def fill(entries: list[tuple[int, int, int, bool]]) -> None:
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            lb.token[i], lb.pos[i], lb.n_seq_id[i] = token, pos, 1
+            lb.seq_id[i][0], lb.logits[i] = seq, int(logits)
+        lb.n_tokens = len(entries)
+
+    start = time.perf_counter()
+    last = []
+    ttfts = []
+    for seq in range(batch):  # one prefill per sequence, as a server would
+        fill([(t, p, seq, p == len(prompt) - 1) for p, t in enumerate(prompt)])
+        llama.llama_decode(ctx, lb)
+        last.append(llama.llama_sampler_sample(samplers[seq], ctx, len(prompt) - 1))
+        ttfts.append(time.perf_counter() - start)
+    produced = batch
+    for step in range(1, max_tokens):
+        fill([(last[s], len(prompt) + step - 1, s, True) for s in range(batch)])
+        llama.llama_decode(ctx, lb)
+        last = [llama.llama_sampler_sample(samplers[s], ctx, s) for s in range(batch)]
+        produced += batch
+    wall = time.perf_counter() - start
+    for chain in samplers:
+        llama.llama_sampler_free(chain)
+    llama.llama_batch_free(lb)
+    llama.llama_free(ctx)
+    llama.llama_model_free(mdl)
+    return Row(
+        "bare",
+        batch,
+        produced,
+        wall,
+        produced / wall,
+        statistics.median(ttfts),
+        max(ttfts),
+        0,
+    )
+
+
+async def _one_stream(
+    client: httpx.AsyncClient, url: str, model: str, max_tokens: int
+) -> tuple[int, float, bool]:
+    """(completion tokens, time to first token in s, finished cleanly)."""
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    ttft = float("nan")
+    chunks = 0
+    usage_tokens: int | None = None
+    done = False
+    decoder = SSEDecoder()
+    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for raw in resp.aiter_bytes():
+            for event in decoder.feed(raw):
+                if event.data == "[DONE]":
+                    done = True
+                    continue
+                payload = json.loads(event.data)
+                if payload.get("usage"):
+                    usage_tokens = payload["usage"]["completion_tokens"]
+                for choice in payload.get("choices", []):
+                    if choice.get("text"):
+                        if chunks == 0:
+                            ttft = time.perf_counter() - start
+                        chunks += 1
+    return (usage_tokens if usage_tokens is not None else chunks), ttft, done
+
+
+async def http_run(
+    system: str, url: str, model: str, concurrency: int, max_tokens: int
+) -> Row:
+    """C concurrent streaming completions against an OpenAI-compatible server."""
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    timeout = httpx.Timeout(600.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(
+            *(_one_stream(client, url, model, max_tokens) for _ in range(concurrency)),
+            return_exceptions=True,
+        )
+        wall = time.perf_counter() - start
+    ok = [r for r in results if isinstance(r, tuple)]
+    tokens = sum(r[0] for r in ok)
+    ttfts = [r[1] for r in ok if r[1] == r[1]] or [float("nan")]
+    truncated = sum(1 for r in results if not isinstance(r, tuple) or not r[2])
+    return Row(
+        system,
+        concurrency,
+        tokens,
+        wall,
+        tokens / wall,
+        statistics.median(ttfts),
+        max(ttfts),
+        truncated,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], path: str) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready after 180 s")
+
+
+def _start(cmd: list[str], url: str, health: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    _wait_ready(url, proc, health)
+    return proc
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="1,2,4,8,16")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--json", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    model = default_model_path()
+    top = max(levels)
+    n_ctx = top * (64 + args.max_tokens) + 256
+    rows: list[Row] = []
+    console = Console()
+    logs = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
+
+    for c in levels:
+        console.print(f"bare loop, batch {c}")
+        rows.append(bare_loop(model, c, args.max_tokens, args.threads))
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    ours = [sys.executable, "-m", "sluicegate", "serve", "--port", str(port)]
+    ours += ["--parallel", str(top), "--n-ctx", str(n_ctx), "--log-level", "warning"]
+    ours += ["--threads", str(args.threads)]
+    proc = _start(ours, url, "/health", logs / "sluicegate.log")
+    try:
+        for c in levels:
+            console.print(f"sluicegate over HTTP, concurrency {c}")
+            rows.append(
+                asyncio.run(http_run("sluicegate", url, "default", c, args.max_tokens))
+            )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    if not args.no_peer:
+        if not PEER_PYTHON.exists():
+            subprocess.run(["bash", str(ROOT / "bench" / "peer-venv.sh")], check=True)
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        peer = [str(PEER_PYTHON), "-m", "llama_cpp.server", "--model", str(model)]
+        peer += ["--port", str(port), "--n_ctx", str(n_ctx)]
+        peer += ["--n_threads", str(args.threads), "--model_alias", "default"]
+        proc = _start(peer, url, "/v1/models", logs / "peer.log")
+        try:
+            for c in levels:
+                console.print(f"llama-cpp-python server, concurrency {c}")
+                rows.append(
+                    asyncio.run(http_run("peer", url, "default", c, args.max_tokens))
+                )
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+    table = Table(title=f"output tokens/s, {args.max_tokens} tokens per stream")
+    for col in ["system", "streams", "tok/s", "TTFT p50 s", "TTFT max s", "truncated"]:
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            r.system,
+            str(r.concurrency),
+            f"{r.tokens_per_s:.1f}",
+            f"{r.ttft_p50_s:.3f}",
+            f"{r.ttft_max_s:.3f}",
+            str(r.truncated),
+        )
+    console.print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "max_tokens": args.max_tokens,
+        "threads": args.threads,
+        "rows": [asdict(r) for r in rows],
+    }
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"wrote {args.json} (server logs in {logs})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
