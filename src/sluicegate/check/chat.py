@@ -1,0 +1,136 @@
+"""``sluicegate chat``: a terminal chat that streams answers as they arrive.
+
+The conversation is kept between turns. After each answer a status line gives
+the end state, time to first token, tokens/s and usage. Ctrl-C while an answer
+streams closes the connection (so the server aborts the request), keeps what
+arrived, and returns to the prompt; Ctrl-C or Ctrl-D at the prompt quits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, TextIO
+
+from sluicegate.client import Client, StreamResult, Timeouts
+
+__all__ = ["add_chat", "run_chat", "status_line"]
+
+PROMPT = "you> "
+
+
+def add_chat(sub: Any) -> None:
+    """Register ``chat`` on the ``sluicegate`` subparsers."""
+    chat = sub.add_parser("chat", help="chat with a model in the terminal")
+    chat.add_argument("prompt", nargs="?", help="ask once, print, and exit")
+    chat.add_argument("--url", default="http://127.0.0.1:8000", help="the server")
+    chat.add_argument("--model", help="model name (default: the first listed)")
+    chat.add_argument("--api-key", help="sent as a bearer token")
+    chat.add_argument("--system", help="a system message")
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.set_defaults(func=run_chat)
+
+
+def status_line(result: StreamResult) -> str:
+    """``[finished (stop) · TTFT 120 ms · 35.2 tokens/s · usage 12+40]``.
+
+    Tokens/s counts from the first token to the end; usage is ``prompt+completion``
+    tokens when the server sent it. The error message is added when there is one.
+    """
+    parts = [
+        f"{result.end_state}"
+        + (f" ({result.finish_reason})" if result.finish_reason else "")
+    ]
+    timing = result.timing
+    if timing.first_token_s is not None:
+        parts.append(f"TTFT {timing.first_token_s * 1000:.0f} ms")
+        tokens = (
+            result.usage.completion_tokens
+            if result.usage
+            else len(timing.token_times_s)
+        )
+        span = timing.end_s - timing.first_token_s
+        if span > 0:
+            parts.append(f"{tokens / span:.1f} tokens/s")
+    if result.usage is not None:
+        parts.append(
+            f"usage {result.usage.prompt_tokens}+{result.usage.completion_tokens}"
+        )
+    if result.error is not None:
+        parts.append(f"error: {result.error.get('message', result.error)}")
+    if result.transport_error is not None:
+        parts.append(result.transport_error)
+    return "[" + " · ".join(parts) + "]"
+
+
+def _answer(
+    client: Client,
+    messages: list[dict[str, Any]],
+    args: argparse.Namespace,
+    out: TextIO,
+) -> StreamResult:
+    stream = client.stream_chat(
+        messages, model=args.model, max_tokens=args.max_tokens,
+        temperature=args.temperature,
+    )  # fmt: skip
+    try:
+        for delta in stream:
+            out.write(delta.text)
+            out.flush()
+    except KeyboardInterrupt:
+        stream.close()  # closing the connection is what aborts it server-side
+    result = stream.result()
+    out.write(f"\n{status_line(result)}\n")
+    out.flush()
+    return result
+
+
+def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """``sluicegate chat``: one question (``PROMPT``) or a conversation loop.
+
+    Returns:
+        With ``PROMPT``: 0 if the answer finished, else 1. Interactive: 0.
+    """
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    with Client(
+        args.url, api_key=args.api_key, timeouts=Timeouts(idle_s=300.0)
+    ) as client:
+        if not args.model:
+            from sluicegate.check.record import discover_model
+
+            args.model = discover_model(client)
+        messages: list[dict[str, Any]] = []
+        if args.system:
+            messages.append({"role": "system", "content": args.system})
+        if args.prompt:
+            messages.append({"role": "user", "content": args.prompt})
+            result = _answer(client, messages, args, out)
+            return 0 if result.end_state == "finished" else 1
+        _loop(client, messages, args, out)
+    return 0
+
+
+def _loop(
+    client: Client,
+    messages: list[dict[str, Any]],
+    args: argparse.Namespace,
+    out: TextIO,
+) -> None:
+    out.write(f"chatting with {args.model} at {args.url}; Ctrl-C stops an answer, "
+              "Ctrl-D quits\n")  # fmt: skip
+    while True:
+        try:
+            line = input(PROMPT)
+        except (EOFError, KeyboardInterrupt):
+            out.write("\n")
+            return
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        result = _answer(client, messages, args, out)
+        if result.text:  # keep what the user saw, even of an aborted answer
+            messages.append({"role": "assistant", "content": result.text})
+        else:
+            messages.pop()

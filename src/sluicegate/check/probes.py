@@ -1,0 +1,67 @@
+"""The conformance probes, in the order ``check`` reports them, and their runner.
+
+``run_probes`` is pure: a recording in, one ``ProbeResult`` per probe out, each
+with the probe's rule (the first paragraph of its docstring) and its source (the
+``Spec:`` paragraph).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from sluicegate.check import framing, semantics
+from sluicegate.check.transcript import Transcript
+from sluicegate.check.verdicts import Probe, ProbeResult, Verdict
+
+__all__ = ["PROBES", "describe", "failed", "run_probes"]
+
+PROBES: tuple[Probe, ...] = (
+    framing.content_type,
+    framing.anti_buffering,
+    framing.framing,
+    framing.role_first,
+    framing.not_cumulative,
+    framing.finish_reason_once,
+    framing.done_once_last,
+    framing.same_ids,
+    framing.end_states,
+    semantics.usage_included,
+    semantics.usage_absent,
+    semantics.multibyte_text,
+    semantics.stop_strings,
+    semantics.max_tokens_one,
+    semantics.n_choices,
+    semantics.rejects_invalid,
+    semantics.disconnect_then_serve,
+)
+
+
+def describe(probe: Probe) -> tuple[str, str, str]:
+    """``(name, rule, source)`` of a probe, from its name and docstring."""
+    doc = inspect.getdoc(probe) or ""
+    paragraphs = [" ".join(p.split()) for p in doc.split("\n\n") if p.strip()]
+    rule = paragraphs[0] if paragraphs else ""
+    source = next((p[len("Spec: ") :] for p in paragraphs if p.startswith("Spec:")), "")
+    return probe.__name__.replace("_", "-"), rule, source
+
+
+def run_probes(
+    recording: Mapping[str, Transcript], probes: Sequence[Probe] = PROBES
+) -> list[ProbeResult]:
+    """Grade ``recording`` with every probe, in order.
+
+    Returns:
+        One ``ProbeResult`` per probe, named, with its rule and source.
+    """
+    results = []
+    for probe in probes:
+        name, rule, source = describe(probe)
+        results.append(replace(probe(recording), probe=name, rule=rule, source=source))
+    return results
+
+
+def failed(results: Sequence[ProbeResult]) -> list[ProbeResult]:
+    """The results whose verdict is ``fail``."""
+    return [r for r in results if r.verdict is Verdict.FAIL]

@@ -1,0 +1,161 @@
+"""The I/O half of ``check``: send the probe requests and record what comes back.
+
+Everything recorded is a ``Transcript`` (see ``check.transcript``); grading is
+``check.probes.run_probes``, which does no I/O. Requests go one at a time, so
+that temperature-0 answers are comparable across requests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+import httpx
+
+from sluicegate.check import names
+from sluicegate.check.semantics import plain
+from sluicegate.check.transcript import Transcript
+from sluicegate.client import Client, StreamResult
+
+__all__ = ["discover_model", "record"]
+
+PROMPT = "List the numbers from one to twelve in words, separated by commas."
+MULTIBYTE_PROMPT = "Write the Japanese word for cat (猫) and three animal emoji."
+INVALID_PARAMS: Mapping[str, Mapping[str, Any]] = {
+    "max_tokens": {"max_tokens": -1},
+    "temperature": {"temperature": 5},
+    "messages": {"messages": "not a list"},
+}
+
+
+def discover_model(client: Client) -> str:
+    """The first model id ``GET /v1/models`` lists, or ``"default"``."""
+    try:
+        data = client.http.get("models").json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return "default"
+    return str(data[0]["id"]) if data and "id" in data[0] else "default"
+
+
+def _from_result(
+    request: Mapping[str, Any], path: str, result: StreamResult, closed: bool = False
+) -> Transcript:
+    return Transcript(
+        request=request,
+        path=path,
+        status=result.status,
+        headers=dict(result.headers),
+        body=result.raw,
+        ttft_s=result.timing.first_token_s,
+        elapsed_s=result.timing.end_s,
+        closed_early=closed,
+    )
+
+
+def _stream(
+    client: Client, body: dict[str, Any], close_after_first: bool = False
+) -> Transcript:
+    params = {k: v for k, v in body.items() if k not in ("model", "messages")}
+    include_usage = bool(params.pop("stream_options", None))
+    params.pop("stream", None)
+    with client.stream_chat(
+        body["messages"], model=body["model"], include_usage=include_usage,
+        record=True, **params,
+    ) as stream:  # fmt: skip
+        for _ in stream:
+            if close_after_first:
+                stream.close()  # closes the connection: the server should abort
+                break
+        result = stream.result()
+    return _from_result(body, "chat/completions", result, close_after_first)
+
+
+def _plain(client: Client, body: dict[str, Any]) -> Transcript:
+    start = time.monotonic()
+    try:
+        response = client.http.post("chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        return Transcript(request=body, status=None, body=str(exc).encode())
+    return Transcript(
+        request=body, status=response.status_code, headers=dict(response.headers),
+        body=response.content, elapsed_s=time.monotonic() - start,
+    )  # fmt: skip
+
+
+def _chat(model: str, prompt: str, **params: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+    }
+    body.update(params)
+    return body
+
+
+def _stops(text: str) -> tuple[list[str], list[str]]:
+    # Cut from the middle of the reference text so each stop spans token edges.
+    third = max(1, len(text) // 3)
+    one = [text[third : third + 4] or "\n\n"]
+    many = ["\u00a7never\u00a7", text[2 * third : 2 * third + 3] or ".", "zqzq"]
+    return one, many
+
+
+def record(
+    client: Client,
+    model: str,
+    *,
+    max_tokens: int = 24,
+    progress: Callable[[str], None] = lambda name: None,
+) -> dict[str, Transcript]:
+    """Send every probe request to ``client``'s server, one at a time.
+
+    Args:
+        client: a client for the server (its time limits apply to every request).
+        model: the model name to ask for.
+        max_tokens: the answer length (tokens) of ordinary requests.
+        progress: called with each exchange's name before it is sent.
+
+    Returns:
+        ``{name: Transcript}`` with the names of ``check.names``; invalid requests
+        are ``invalid_<what>``.
+    """
+    base = {"temperature": 0, "max_tokens": max_tokens}
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    out: dict[str, Transcript] = {}
+
+    def run(name: str, send: Callable[[], Transcript]) -> Transcript:
+        progress(name)
+        out[name] = send()
+        return out[name]
+
+    run(names.STREAM, lambda: _stream(client, _chat(model, PROMPT, **base, **usage)))
+    reference = run(names.PLAIN, lambda: _plain(client, _chat(model, PROMPT, **base)))
+    run(
+        names.NO_USAGE,
+        lambda: _stream(client, _chat(model, PROMPT, **base, stream=True)),
+    )
+    multi = _chat(model, MULTIBYTE_PROMPT, **base)
+    run(names.MULTIBYTE, lambda: _stream(client, {**multi, **usage}))
+    run(names.MULTIBYTE_PLAIN, lambda: _plain(client, multi))
+    text = _reference_text(reference)
+    if text:
+        one, many = _stops(text)
+        for name, stop in ((names.STOP_ONE, one), (names.STOP_MANY, many)):
+            body = _chat(model, PROMPT, **base, **usage, stop=stop)
+            run(name, partial(_stream, client, body))
+    max1 = _chat(model, PROMPT, **{**base, "max_tokens": 1}, **usage)
+    run(names.MAX1, lambda: _stream(client, max1))
+    run(names.N2, lambda: _stream(client, _chat(model, PROMPT, **base, **usage, n=2)))
+    for what, bad in INVALID_PARAMS.items():
+        body = {**_chat(model, PROMPT, **base, **usage), **bad}
+        run(f"{names.INVALID}_{what}", partial(_stream, client, body))
+    long = _chat(model, PROMPT, temperature=0, max_tokens=512, **usage)
+    run(names.DISCONNECTED, lambda: _stream(client, long, close_after_first=True))
+    after = _chat(model, PROMPT, **base, **usage)
+    run(names.AFTER_DISCONNECT, lambda: _stream(client, after))
+    return out
+
+
+def _reference_text(t: Transcript) -> str:
+    return plain(t)[0] if t.status == 200 else ""

@@ -1,0 +1,35 @@
+"""The sluicegate HTTP client: strict SSE decoding, delta assembly, end states.
+
+``Client`` (blocking) and ``AsyncClient`` send streaming chat and completion
+requests to any OpenAI-compatible server; every stream ends in one
+``StreamResult`` whose ``end_state`` is a ``sluicegate.core.EndState``. Outcomes
+are values; only misuse raises (``StreamConsumed``, ``StreamClosed``).
+"""
+
+from sluicegate.client.aio import AsyncClient, AsyncStream
+from sluicegate.client.assemble import StreamAssembler
+from sluicegate.client.results import (
+    ChoiceResult,
+    StreamResult,
+    TextDelta,
+    TimeoutKind,
+    Timing,
+    ToolCall,
+)
+from sluicegate.client.shell import Timeouts
+from sluicegate.client.sync import Client, Stream
+
+__all__ = [
+    "AsyncClient",
+    "AsyncStream",
+    "ChoiceResult",
+    "Client",
+    "Stream",
+    "StreamAssembler",
+    "StreamResult",
+    "TextDelta",
+    "TimeoutKind",
+    "Timeouts",
+    "Timing",
+    "ToolCall",
+]

@@ -1,0 +1,249 @@
+"""The blocking client: ``Client`` sends streaming requests, ``Stream`` reads one.
+
+The shell is a loop: read bytes, ``StreamAssembler.feed`` them, hand the deltas
+on, and ``flush`` once at the end; every decision is in ``client.assemble``.
+``sluicegate.client.aio`` is the async twin, line for line.
+
+Usage::
+
+    with Client("http://127.0.0.1:8000") as client:
+        with client.stream_chat([{"role": "user", "content": "Hi"}], model="m") as s:
+            for delta in s:
+                print(delta.text, end="")
+        print(s.result().end_state)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from sluicegate.client.assemble import StreamAssembler
+from sluicegate.client.results import StreamResult, TextDelta, TimeoutKind
+from sluicegate.client.shell import (
+    Ending,
+    Timeouts,
+    api_url,
+    capture,
+    chat_body,
+    completion_body,
+)
+from sluicegate.core.errors import StreamClosed, StreamConsumed
+
+__all__ = ["Client", "Stream"]
+
+
+class Stream:
+    """One streaming response: iterate it for text deltas, then ask for ``result()``.
+
+    Nothing is sent until the stream is first iterated or ``result()`` is called.
+    Iterate it at most once (``StreamConsumed`` otherwise); ``close()`` stops
+    reading and closes the connection, so that the server aborts the request.
+    """
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        request: httpx.Request,
+        n: int,
+        timeouts: Timeouts,
+        record: bool,
+    ) -> None:
+        self._http = http
+        self._request = request
+        self._timeouts = timeouts
+        self._assembler = StreamAssembler(n, record=record)
+        self._gen: Generator[TextDelta, None, None] = self._run()
+        self._iterated = False
+        self._result: StreamResult | None = None
+
+    def __iter__(self) -> Iterator[TextDelta]:
+        """The non-empty text deltas of every choice, in wire order.
+
+        Raises:
+            StreamConsumed: iterated before.
+            StreamClosed: the stream was closed or fully read already.
+        """
+        if self._result is not None:
+            raise StreamClosed()
+        if self._iterated:
+            raise StreamConsumed()
+        self._iterated = True
+        return self._gen
+
+    def result(self) -> StreamResult:
+        """Read whatever is left (sending the request if need be); the outcome.
+
+        Returns:
+            The stream's ``StreamResult``; the same object on every call. After
+            ``close()`` of an unfinished stream its end state is ``aborted``.
+        """
+        if self._result is None:
+            self._iterated = True
+            for _ in self._gen:
+                pass
+        assert self._result is not None  # set by _run's finally
+        return self._result
+
+    def close(self) -> None:
+        """Stop reading and close the connection; idempotent.
+
+        An unfinished stream ends ``aborted``; one never started is not sent.
+        """
+        self._gen.close()
+        if self._result is None:  # closed before the request was sent
+            self._result = self._assembler.flush(0.0, client_gone=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _run(self) -> Generator[TextDelta, None, None]:
+        start = time.monotonic()
+        ending = Ending()
+        response: httpx.Response | None = None
+        try:
+            with capture(ending):
+                response = self._http.send(self._request, stream=True)
+                ending.headed = True
+                elapsed = time.monotonic() - start
+                self._assembler.head(response.status_code, response.headers, elapsed)
+                timeouts = response.request.extensions["timeout"]  # read per body
+                timeouts["read"] = self._timeouts.body_read_s(elapsed)
+                for data in response.iter_bytes():
+                    elapsed = time.monotonic() - start
+                    yield from self._assembler.feed(data, elapsed)
+                    if self._assembler.stopped:
+                        break
+                    if self._timeouts.over_total(elapsed):
+                        ending.timeout = TimeoutKind.TOTAL
+                        break
+        except BaseException:  # closed, Ctrl-C, cancelled: the client gave up
+            ending.client_gone = True
+            raise
+        finally:
+            if response is not None:
+                response.close()
+            self._result = self._assembler.flush(
+                time.monotonic() - start,
+                client_gone=ending.client_gone,
+                timeout=ending.timeout,
+                transport_error=ending.transport_error,
+            )
+
+
+class Client:
+    """A streaming client for one OpenAI-compatible server.
+
+    Args:
+        base_url: the server, with or without the trailing ``/v1``.
+        api_key: sent as ``Authorization: Bearer <key>`` when given.
+        timeouts: client-side time limits (see ``client.shell``).
+        transport: an httpx transport (``httpx.MockTransport`` in tests).
+        headers: extra request headers.
+
+    Outcomes (finished, errored, truncated, rejected, aborted, timed out,
+    connection refused) are values in ``StreamResult``; only misuse raises.
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        timeouts: Timeouts | None = None,
+        transport: httpx.BaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.timeouts = timeouts or Timeouts()
+        sent = dict(headers or {})
+        if api_key:
+            sent["Authorization"] = f"Bearer {api_key}"
+        self.http = httpx.Client(
+            base_url=api_url(base_url),
+            headers=sent,
+            transport=transport,
+            timeout=self.timeouts.head(),
+        )
+
+    def stream_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str,
+        include_usage: bool = True,
+        record: bool = False,
+        **params: Any,
+    ) -> Stream:
+        """A ``Stream`` of ``POST /v1/chat/completions`` with ``stream: true``.
+
+        Args:
+            messages: OpenAI chat messages.
+            model: the model name.
+            include_usage: ask for the final usage chunk.
+            record: keep the raw body in ``StreamResult.raw`` and read to EOF.
+            **params: other request fields (``max_tokens``, ``n``, ``stop``...).
+
+        Spec: OpenAI API reference, "Create chat completion".
+        """
+        body = chat_body(messages, model, include_usage, params)
+        return self._stream("chat/completions", body, record)
+
+    def stream_completion(
+        self,
+        prompt: str,
+        *,
+        model: str,
+        include_usage: bool = True,
+        record: bool = False,
+        **params: Any,
+    ) -> Stream:
+        """A ``Stream`` of ``POST /v1/completions``; arguments as ``stream_chat``.
+
+        Spec: OpenAI API reference, "Create completion" (legacy).
+        """
+        body = completion_body(prompt, model, include_usage, params)
+        return self._stream("completions", body, record)
+
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], *, model: str, **params: Any
+    ) -> StreamResult:
+        """Stream a chat completion to its end; its ``StreamResult``."""
+        with self.stream_chat(messages, model=model, **params) as stream:
+            return stream.result()
+
+    def complete(self, prompt: str, *, model: str, **params: Any) -> StreamResult:
+        """Stream a text completion to its end; its ``StreamResult``."""
+        with self.stream_completion(prompt, model=model, **params) as stream:
+            return stream.result()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _stream(self, path: str, body: dict[str, Any], record: bool) -> Stream:
+        request = self.http.build_request("POST", path, json=body)
+        n = int(body.get("n") or 1)
+        return Stream(self.http, request, n, self.timeouts, record)

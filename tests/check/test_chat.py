@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import os
+import pty
+import select
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sluicegate.check.chat import status_line
+from sluicegate.client import StreamAssembler
+from sluicegate.core.events import Usage
+
+from .live import serve
+
+
+def test_status_line_shows_state_ttft_rate_and_usage() -> None:
+    assembler = StreamAssembler()
+    assembler.head(200, {}, 0.05)
+    for t in (0.1, 0.2, 0.3):
+        assembler.feed(
+            b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n', t
+        )
+    assembler.feed(b'data: {"choices":[{"index":0,"finish_reason":"stop"}]}\n\n', 0.3)
+    assembler.feed(
+        b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":3}}\n\n',
+        0.3,
+    )
+    assembler.feed(b"data: [DONE]\n\n", 0.3)
+    result = assembler.flush(1.1)
+    assert result.usage == Usage(4, 3)
+    assert status_line(result) == (
+        "[finished (stop) · TTFT 100 ms · 3.0 tokens/s · usage 4+3]"
+    )
+
+
+def read_until(fd: int, marker: bytes, seen: bytearray, after: int = 0) -> None:
+    """Read the pty into ``seen`` until ``marker`` shows up at or past ``after``."""
+    deadline = time.monotonic() + 20
+    while seen.find(marker, after) < 0:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise AssertionError(f"{marker!r} never came; got {bytes(seen)!r}")
+        seen += os.read(fd, 4096)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_chat_in_a_pty_streams_and_ctrl_c_aborts_the_request(tmp_path: Path) -> None:
+    with serve(
+        ["--engine", "scripted", "--scripted-rate", "20"], tmp_path / "s.log"
+    ) as url:
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: the chat, on the pseudo-terminal
+            os.execv(sys.executable, [sys.executable, "-m", "sluicegate", "chat",
+                                      "--url", url, "--max-tokens", "400"])  # fmt: skip
+        seen = bytearray()
+        try:
+            read_until(fd, b"you> ", seen)
+            os.write(fd, b"tell me a story\r")
+            read_until(fd, b"Hello", seen)
+            first = len(seen)
+            time.sleep(0.5)
+            read_until(fd, b" ", seen, after=first)  # more text, still streaming
+            assert b"aborted" not in seen
+            os.write(fd, b"\x03")  # Ctrl-C while the answer streams
+            read_until(fd, b"aborted", seen)
+            read_until(fd, b"you> ", seen, after=seen.index(b"aborted"))
+            stats = httpx.get(f"{url}/engine/stats").json()
+            deadline = time.monotonic() + 5
+            while stats["aborted_requests"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+                stats = httpx.get(f"{url}/engine/stats").json()
+            assert stats["aborted_requests"] == 1
+            os.write(fd, b"\x04")  # Ctrl-D quits
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        finally:
+            os.close(fd)

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sluicegate.check.probes import PROBES, describe, run_probes
+from sluicegate.check.transcript import dump_recording, load_recording
+from sluicegate.check.verdicts import Verdict
+from sluicegate.cli import main
+
+CORPUS = Path(__file__).parent / "transcripts"
+ALL = [describe(p)[0] for p in PROBES]
+
+# The probes each bad transcript must fail; every other probe must not fail.
+EXPECTED_FAILS = {
+    "good": set(),
+    "truncated": {
+        "finish-reason-once",
+        "done-once-last",
+        "end-states",
+        "usage-included",
+    },
+    "error_event": {"end-states", "usage-included"},
+    "duplicated_done": {"done-once-last"},
+    "cumulative_deltas": {"not-cumulative"},
+    "usage_every_chunk": {"usage-included"},
+    "finish_reason_empty": {"finish-reason-once"},
+    "missing_role": {"role-first"},
+}
+
+
+def verdicts(name: str) -> dict[str, Verdict]:
+    recording = load_recording((CORPUS / f"{name}.json").read_bytes())
+    return {r.probe: r.verdict for r in run_probes(recording)}
+
+
+def test_the_corpus_is_what_the_table_expects() -> None:
+    assert {p.stem for p in CORPUS.glob("*.json")} == set(EXPECTED_FAILS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_FAILS))
+def test_each_transcript_fails_exactly_its_probes(name: str) -> None:
+    got = verdicts(name)
+    assert {p for p, v in got.items() if v is Verdict.FAIL} == EXPECTED_FAILS[name]
+
+
+def test_the_good_recording_passes_every_probe() -> None:
+    assert set(verdicts("good").values()) == {Verdict.PASS}
+
+
+def test_a_missing_exchange_is_not_observable_not_a_pass() -> None:
+    got = verdicts("missing_role")
+    assert got["multibyte-text"] is Verdict.NOT_OBSERVABLE
+    assert got["rejects-invalid"] is Verdict.NOT_OBSERVABLE
+    assert got["usage-included"] is Verdict.PASS
+
+
+def test_every_probe_states_its_rule_and_source() -> None:
+    for probe in PROBES:
+        name, rule, source = describe(probe)
+        assert rule, name
+        assert any(s in source for s in ("OpenAI", "WHATWG", "DESIGN.md")), name
+
+
+def test_recordings_round_trip_through_json_even_with_bad_utf8() -> None:
+    recording = load_recording((CORPUS / "truncated.json").read_bytes())
+    stream = recording["stream"]
+    broken = {"stream": type(stream)(request=stream.request, body=b"data: \xff\n\n")}
+    assert load_recording(dump_recording(broken))["stream"].body == b"data: \xff\n\n"
+    assert load_recording(dump_recording(recording)) == recording
+
+
+@pytest.mark.parametrize(("name", "code"), [("good", 0), ("truncated", 1)])
+def test_cli_replay_exits_1_only_when_a_probe_fails(
+    name: str, code: int, tmp_path: Path
+) -> None:
+    out = tmp_path / "verdicts.json"
+    args = ["check", "--replay", str(CORPUS / f"{name}.json"), "--json", str(out)]
+    assert main(args) == code
+    text = out.read_text()
+    assert f'"failed": {len(EXPECTED_FAILS[name])}' in text
+
+
+def test_cli_replay_of_a_missing_file_exits_2(tmp_path: Path) -> None:
+    assert main(["check", "--replay", str(tmp_path / "nope.json")]) == 2
