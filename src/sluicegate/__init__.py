@@ -1,5 +1,94 @@
-"""sluicegate: an OpenAI-compatible LLM serving front end that streams correctly."""
+"""sluicegate: an OpenAI-compatible LLM serving front end that streams correctly.
 
-__all__ = ["__version__"]
+The top level re-exports the sans-IO core and the exception tree, so that
+``import sluicegate`` stays free of asyncio and HTTP. The HTTP client is
+``sluicegate.client``; engines are ``sluicegate.engines``; the server is
+``sluicegate.server``.
+"""
+
+from sluicegate.core import (
+    DONE,
+    ChoiceDecoder,
+    ChoiceStep,
+    Delta,
+    End,
+    EndState,
+    Endpoint,
+    EngineOutput,
+    Event,
+    Fail,
+    Finish,
+    FinishReason,
+    Heartbeat,
+    IncrementalDetokenizer,
+    ResponseHeader,
+    SSEDecoder,
+    StopMatcher,
+    StopStep,
+    StreamEvent,
+    StreamMachine,
+    StreamState,
+    Usage,
+    WindowedDetokenizer,
+    classify,
+    dumps,
+    encode_comment,
+    encode_event,
+)
+from sluicegate.core.errors import (
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    RequestError,
+    SluicegateError,
+    StreamClosed,
+    StreamConsumed,
+    StreamError,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "DONE",
+    "ChoiceDecoder",
+    "ChoiceStep",
+    "Delta",
+    "End",
+    "EndState",
+    "Endpoint",
+    "EngineError",
+    "EngineOutput",
+    "EngineTimeout",
+    "EngineUnavailable",
+    "Event",
+    "Fail",
+    "Finish",
+    "FinishReason",
+    "Heartbeat",
+    "IncrementalDetokenizer",
+    "LocalProtocolError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "RequestError",
+    "ResponseHeader",
+    "SSEDecoder",
+    "SluicegateError",
+    "StopMatcher",
+    "StopStep",
+    "StreamClosed",
+    "StreamConsumed",
+    "StreamError",
+    "StreamEvent",
+    "StreamMachine",
+    "StreamState",
+    "Usage",
+    "WindowedDetokenizer",
+    "__version__",
+    "classify",
+    "dumps",
+    "encode_comment",
+    "encode_event",
+]
