@@ -75,23 +75,30 @@ def _build_engine(args: argparse.Namespace) -> Engine:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from sluicegate.server.app import create_app
     from sluicegate.server.config import ServerConfig
+    from sluicegate.server.options import config_fields, run_server
 
     engine = _build_engine(args)
-    config = ServerConfig(heartbeat_interval_s=args.heartbeat_s)
+    template = _chat_template(args.chat_template)
+    config = ServerConfig(
+        heartbeat_interval_s=args.heartbeat_s,
+        chat_template=template,
+        **config_fields(args),
+    )
     app = create_app(engine, config)
     log.info("serving %s on http://%s:%d", engine.model.id, args.host, args.port)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=args.grace_s,
-    )
+    run_server(app, args)
     return 0
+
+
+def _chat_template(arg: str | None) -> str | None:
+    if arg is None:
+        return None
+    try:
+        return Path(arg).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"sluicegate: --chat-template {arg!r}: {exc}") from exc
 
 
 def _model(args: argparse.Namespace) -> int:
@@ -107,6 +114,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from sluicegate.server.options import add_serve_options, add_usage_command
+
     parser = argparse.ArgumentParser(
         prog="sluicegate",
         description="An OpenAI-compatible LLM server that streams tokens correctly.",
@@ -125,6 +134,11 @@ def _parser() -> argparse.ArgumentParser:
         "--step-tokens", type=int, default=256, help="token budget of one decode step"
     )
     serve.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
+    serve.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template replacing the model's own",
+    )
     serve.add_argument("--queue-limit", type=int, default=64)
     serve.add_argument(
         "--heartbeat-s", type=float, default=15.0, help="SSE keep-alive interval"
@@ -143,6 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    add_serve_options(serve)
     serve.set_defaults(func=_serve)
 
     model = sub.add_parser("model", help="assemble the default model; print its path")
@@ -156,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     from sluicegate.check.commands import add_commands
 
     add_commands(sub)  # chat, check, bench
+    add_usage_command(sub)
     return parser
 
 

@@ -67,8 +67,66 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
             ["only text parts", "image_url"],
         ),
         ({"stream_options": {"include_usage": True}}, "stream_options", ["stream"]),
-        ({"tools": [{"type": "function"}]}, "tools", ["not supported yet"]),
-        ({"logprobs": True}, "logprobs", ["not supported yet", "True"]),
+        (
+            {"tools": [{"type": "function"}]},
+            "tools",
+            ["not supported yet (tool calls come in a later release)"],
+        ),
+        ({"logprobs": "yes"}, "logprobs", ["valid boolean", "got 'yes'"]),
+        (
+            {"logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+            ["less than or equal to 20", "got 21"],
+        ),
+        (
+            {"top_logprobs": 2},
+            "top_logprobs",
+            [
+                "top_logprobs is only allowed when logprobs is true; got "
+                "top_logprobs=2 and logprobs=False"
+            ],
+        ),
+        (
+            {"logit_bias": {"5": 150}},
+            "logit_bias",
+            [
+                "Invalid value for 'logit_bias': the bias of token 5 is 150.0 but "
+                "must lie in [-100, 100]; got {'5': 150}"
+            ],
+        ),
+        (
+            {"logit_bias": {"the": 1}},
+            "logit_bias",
+            ["keys must be token ids (decimal strings); 'the'"],
+        ),
+        (
+            {"logit_bias": {"999999": -100}},
+            "logit_bias",
+            [
+                "Invalid value for 'logit_bias': token ids must be in [0, 293); "
+                "got 999999"
+            ],
+        ),
+        (
+            {"stop_token_ids": [3, 999999]},
+            "stop_token_ids",
+            [
+                "Invalid value for 'stop_token_ids': token ids must be in [0, 293); "
+                "got 999999"
+            ],
+        ),
+        ({"top_k": -2}, "top_k", ["greater than or equal to -1", "got -2"]),
+        ({"min_p": 1.5}, "min_p", ["less than or equal to 1", "got 1.5"]),
+        ({"repetition_penalty": 0}, "repetition_penalty", ["greater than 0"]),
+        ({"ignore_eos": 1}, "ignore_eos", ["valid boolean", "got 1"]),
+        (
+            {"max_completion_tokens": 5000},
+            "max_completion_tokens",
+            [
+                "max_completion_tokens is 5000 but the context window is 4096 "
+                "tokens and the prompt has 10 tokens: at most 4086 fit"
+            ],
+        ),
         (
             {"response_format": {"type": "json_object"}},
             "response_format",
@@ -99,13 +157,40 @@ async def test_invalid_chat_parameters_are_400_naming_param_limit_and_value(
     [
         ({"prompt": ""}, "prompt", "empty"),
         ({"prompt": []}, "prompt", "empty"),
-        ({"prompt": ["a", "b"]}, "prompt", "batch of prompts is not supported"),
-        ({"prompt": [[1, 2]]}, "prompt", "batch of prompts is not supported"),
-        ({"prompt": 5}, "prompt", "a string or a list of token ids"),
+        ({"prompt": ["a", [5]]}, "prompt", "a batch mixes strings and token id"),
+        ({"prompt": [[5], []]}, "prompt", "prompt[1] is empty; got [[5], []]"),
+        ({"prompt": 5}, "prompt", "a string, a list of token ids, a list of"),
         ({"prompt": [1, 99999]}, "prompt", "got 99999"),
-        ({"prompt": "x", "echo": True}, "echo", "not supported yet"),
-        ({"prompt": "x", "suffix": "y"}, "suffix", "not supported yet"),
+        (
+            {"prompt": [[5], [1, 99999]]},
+            "prompt[1]",
+            "Invalid value for 'prompt[1]': token ids must be in [0, 293); got 99999",
+        ),
+        (
+            {"prompt": ["a"] * 5, "n": 4},
+            "n",
+            "Invalid value for 'n': 5 prompts x n=4 is 20 choices, at most 16",
+        ),
+        (
+            {"prompt": "x", "suffix": "y"},
+            "suffix",
+            "The parameter 'suffix' is not supported yet (insertion (fill in the "
+            "middle) is not built); got 'y'",
+        ),
         ({"prompt": "x", "best_of": 3}, "best_of", "not supported yet"),
+        (
+            {"prompt": "x", "echo": True, "logprobs": 2},
+            "echo",
+            "echo with logprobs is not supported yet (prompt tokens carry no "
+            "logprobs here); got echo=True and logprobs=2",
+        ),
+        ({"prompt": "x", "logprobs": 21}, "logprobs", "less than or equal to 20"),
+        (
+            {"prompt": "x", "max_tokens": 5000},
+            "max_tokens",
+            "max_tokens is 5000 but the context window is 4096 tokens and the "
+            "prompt has 2 tokens: at most 4094 fit",
+        ),
     ],
 )
 async def test_invalid_completion_parameters_are_400(

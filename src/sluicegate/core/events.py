@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sluicegate.core.logprobs import LogprobToken
+
 __all__ = [
     "Delta",
     "End",
@@ -91,18 +93,31 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Delta:
-    """New text for choice ``index`` (already detokenized and stop-checked)."""
+    """New text for choice ``index`` (already detokenized and stop-checked).
+
+    Attributes:
+        index: the choice.
+        text: the new text.
+        logprobs: the tokens whose text ``text`` holds, when the request asked
+            for logprobs (then ``Delta``s of one choice join by concatenating
+            ``text`` and ``logprobs``); ``None`` otherwise.
+        usage: the response's usage so far, when every chunk carries it
+            (``continuous_usage_stats``); ``None`` otherwise.
+    """
 
     index: int
     text: str
+    logprobs: tuple[LogprobToken, ...] | None = None
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """Choice ``index`` ended with ``finish_reason``."""
+    """Choice ``index`` ended with ``finish_reason`` (``usage`` as on ``Delta``)."""
 
     index: int
     finish_reason: FinishReason
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True)

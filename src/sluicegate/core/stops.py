@@ -65,6 +65,7 @@ class StopMatcher:
 
     __slots__ = (
         "_closed",
+        "_firsts",
         "_held",
         "_include_stop",
         "_max_held_chars",
@@ -80,6 +81,7 @@ class StopMatcher:
         # Longest first, so that a tie on the end position goes to the longest.
         self._stops = tuple(sorted(unique, key=lambda s: (-len(s), s)))
         self._prefixes = frozenset(s[:k] for s in unique for k in range(1, len(s)))
+        self._firsts = frozenset(s[0] for s in unique)
         self._max_held_chars = max((len(s) for s in unique), default=1) - 1
         self._include_stop = include_stop_str_in_output
         self._held = ""
@@ -125,22 +127,7 @@ class StopMatcher:
             raise LocalProtocolError(
                 f"StopMatcher.feed() after {'a match' if self._stop else 'flush()'}"
             )
-        if not self._stops:
-            return StopStep(text)
-        buf = self._held + text
-        match = self._earliest_match(buf)
-        if match is not None:
-            start, stop = match
-            self._stop = stop
-            self._held = ""
-            end = start + len(stop) if self._include_stop else start
-            return StopStep(buf[:end], stop)
-        keep = self._holdback_chars(buf)
-        if keep:
-            self._held = buf[-keep:]
-            return StopStep(buf[:-keep])
-        self._held = ""
-        return StopStep(buf)
+        return StopStep(self._release(text), self._stop)
 
     def flush(self) -> str:
         """Release what is held (``""`` after a match) and end the object.
@@ -153,6 +140,29 @@ class StopMatcher:
         self._closed = True
         held, self._held = self._held, ""
         return held
+
+    def _release(self, text: str) -> str:
+        """``feed`` without its checks and its ``StopStep``: the text safe to emit,
+        and ``self._stop`` set on a match. ``ChoiceDecoder`` calls it once per token.
+        """
+        if not self._held and self._firsts.isdisjoint(text):
+            # No stop string can start in ``text``: nothing to match or hold back
+            # (the common case, and the only one without stop strings).
+            return text
+        buf = self._held + text
+        match = self._earliest_match(buf)
+        if match is not None:
+            start, stop = match
+            self._stop = stop
+            self._held = ""
+            end = start + len(stop) if self._include_stop else start
+            return buf[:end]
+        keep = self._holdback_chars(buf)
+        if keep:
+            self._held = buf[-keep:]
+            return buf[:-keep]
+        self._held = ""
+        return buf
 
     def _earliest_match(self, buf: str) -> tuple[int, str] | None:
         best: tuple[int, str] | None = None

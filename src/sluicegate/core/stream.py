@@ -110,6 +110,10 @@ _END_STATES: Mapping[StreamState, EndState] = {
 }
 
 _HEARTBEAT = encode_comment()
+_CHOICE_EVENTS = (Delta, Finish)
+# Stands for a content chunk's text while its frame is split; no JSON key equals
+# it and nothing after the text in a chunk is a string, see _split_text_frame.
+_TEXT_MARK = "\x00sluicegate:text\x00"
 
 
 class StreamMachine:
@@ -123,7 +127,7 @@ class StreamMachine:
         ValueError: ``header.n < 1``.
     """
 
-    __slots__ = ("_finish_reasons", "_header", "_state")
+    __slots__ = ("_finish_reasons", "_header", "_state", "_text_frames")
 
     def __init__(self, header: ResponseHeader) -> None:
         if header.n < 1:
@@ -131,6 +135,9 @@ class StreamMachine:
         self._header = header
         self._state = StreamState.NEW
         self._finish_reasons: list[FinishReason | None] = [None] * header.n
+        # Per choice, its content frame before and after the JSON of the text: a
+        # content chunk then costs one encode of its text, not of the whole chunk.
+        self._text_frames = [_split_text_frame(header, i) for i in range(header.n)]
 
     @property
     def header(self) -> ResponseHeader:
@@ -194,6 +201,14 @@ class StreamMachine:
                 nothing changes.
         """
         next_state = self._next_state(event)
+        if isinstance(event, Delta) and event.logprobs is None and event.usage is None:
+            # Once per token: the text's JSON between the choice's prebuilt bytes
+            # (text-only deltas; ``_frames`` builds the others whole).
+            self._state = next_state
+            if not event.text:
+                return []
+            before, after = self._text_frames[event.index]
+            return [before + dumps(event.text) + after]
         frames = self._frames(event)
         if isinstance(event, Finish):
             self._finish_reasons[event.index] = event.finish_reason
@@ -208,7 +223,7 @@ class StreamMachine:
             raise LocalProtocolError(
                 f"{type(event).__name__} is not allowed in state {self._state.name}"
             )
-        if isinstance(event, Delta | Finish):
+        if isinstance(event, _CHOICE_EVENTS):
             if not 0 <= event.index < self._header.n:
                 raise LocalProtocolError(
                     f"{type(event).__name__} for choice {event.index!r}, but the "
@@ -227,6 +242,7 @@ class StreamMachine:
         chat = header.endpoint is Endpoint.CHAT
         match event:
             case Delta(index=index, text=text):
+                # Only deltas that the prebuilt frames in ``feed`` do not cover.
                 if not text:
                     return []
                 if chat:
@@ -250,3 +266,21 @@ class StreamMachine:
 
 def _frame(payload: object) -> bytes:
     return encode_event(dumps(payload))
+
+
+def _split_text_frame(header: ResponseHeader, index: int) -> tuple[bytes, bytes]:
+    """``(before, after)`` with ``before + dumps(text) + after`` the content frame
+    of choice ``index`` (the same bytes as ``_frame`` of its chunk, property-tested).
+
+    ``dumps`` escapes line ends, so the frame is one ``data:`` line whatever the
+    text. The text is the chunk's last string value (``logprobs``,
+    ``finish_reason`` and ``usage`` follow it, all ``null``), so the last
+    occurrence of the marker's JSON is the text even if the id or model name
+    contains the marker.
+    """
+    if header.endpoint is Endpoint.CHAT:
+        payload = chat_chunk(header, index, {"content": _TEXT_MARK})
+    else:
+        payload = completion_chunk(header, index, _TEXT_MARK)
+    before, _, after = _frame(payload).rpartition(dumps(_TEXT_MARK))
+    return before, after

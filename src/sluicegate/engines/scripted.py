@@ -20,6 +20,10 @@ Invariants:
       is never delivered. An abort during the queue wait or the prefill delay stops
       the sequence at once, before any token.
 
+Sampling parameters other than ``max_tokens``, ``stop_token_ids`` and
+``ignore_eos`` do not change the script (a script function may read them); with
+``logprobs`` each token carries ``scripted_logprob``.
+
 Deliberate divergences: an exhausted script behaves like a sampled end-of-sequence
 token; the stop token that ends a sequence is not counted as generated (it is not
 in any output either); ``never_finishes`` cycles the script and ignores stop
@@ -42,7 +46,7 @@ from enum import Enum
 from typing import TypedDict
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
-from sluicegate.core.events import EngineOutput, FinishReason
+from sluicegate.core.events import EngineOutput, FinishReason, TokenLogprob
 from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo
 from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
 
@@ -53,6 +57,7 @@ __all__ = [
     "ScriptedEngine",
     "ScriptedTokenizer",
     "parse_faults",
+    "scripted_logprob",
 ]
 
 logger = logging.getLogger(__name__)
@@ -374,9 +379,12 @@ class ScriptedEngine:
             seq.generated >= params.max_tokens
             or _cells(seq) >= self._model.context_length
         )
-        if full and not self._never_finishes:
-            return EngineOutput((token,), FinishReason.LENGTH)
-        return EngineOutput((token,))
+        reason = FinishReason.LENGTH if full and not self._never_finishes else None
+        k = params.logprobs
+        if k is None:
+            return EngineOutput((token,), reason)
+        vocab_size = len(self._tokenizer.pieces)
+        return EngineOutput((token,), reason, (scripted_logprob(token, k, vocab_size),))
 
     def _end(self, seq: _Sequence, item: _Item) -> None:
         seq.ended = True
@@ -408,6 +416,17 @@ class ScriptedEngine:
                     return
         finally:
             self.abort(seq.request.request_id)
+
+
+def scripted_logprob(token_id: int, k: int, vocab_size: int) -> TokenLogprob:
+    """The made-up logprob of a scripted token: ``-(token_id % 7 + 1) / 8``.
+
+    Its ``k`` alternatives are the token itself, then the next ids (wrapping
+    around the vocabulary), each ``0.5`` less likely than the one before.
+    """
+    logprob = -(token_id % 7 + 1) / 8
+    top = tuple(((token_id + i) % vocab_size, logprob - 0.5 * i) for i in range(k))
+    return TokenLogprob(token_id, logprob, top)
 
 
 def _cells(seq: _Sequence) -> int:

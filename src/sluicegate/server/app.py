@@ -8,9 +8,18 @@
   full), then answer with an event stream or one JSON body (``streaming.py``);
 - ``GET /v1/models``: the served model, OpenAI list shape, plus
   ``context_length``;
-- ``GET /health``: ``{"status": "ok"}``;
+- ``GET /health``: liveness, ``{"status": "ok"}`` (``"draining"`` during a
+  graceful shutdown, still 200);
+- ``GET /ready``: readiness, 200 ``{"status": "ready"}``, or 503 with
+  ``Retry-After`` once the server drains (``shutdown.py``);
+- ``GET /metrics``: Prometheus text exposition (``metrics.py``);
 - ``GET /engine/stats``: the engine's ``EngineStats`` as JSON, for operators and
   tests.
+
+Admission comes first (``admission.py``): a draining server answers 503, then the
+API key is checked (401) before the body is read; after planning, the key's access
+to the model (403) and its quotas (429) are checked, and only then is the engine
+asked (503 when its queue is full). 429 and 503 carry ``Retry-After``.
 
 Every error before the first byte uses the OpenAI error shape, unknown paths (404)
 and wrong methods (405) included. Every request is recorded once in
@@ -24,6 +33,7 @@ Spec: OpenAI API reference, "Chat", "Completions", "Models" and "Error codes";
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -41,10 +51,20 @@ from sluicegate.core.chunks import Endpoint, dumps, error_payload
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
 from sluicegate.engines.base import Engine
+from sluicegate.server.admission import (
+    ANONYMOUS,
+    Admission,
+    AdmissionError,
+    ApiKey,
+    Grant,
+    Unavailable,
+)
 from sluicegate.server.bodies import read_json_object
+from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.generation import Generation
 from sluicegate.server.ledger import Ledger, LedgerRow
+from sluicegate.server.metrics import CONTENT_TYPE, Metrics
 from sluicegate.server.prepare import (
     Plan,
     new_response_id,
@@ -52,14 +72,18 @@ from sluicegate.server.prepare import (
     plan_completion,
 )
 from sluicegate.server.schemas import parse_chat_request, parse_completion_request
+from sluicegate.server.shutdown import Drain
 from sluicegate.server.streaming import (
     CLIENT_CLOSED,
     CompletionResponse,
     EventStreamResponse,
+    StreamLimits,
 )
 from sluicegate.server.templates import ChatTemplate
 
 __all__ = ["create_app"]
+
+logger = logging.getLogger(__name__)
 
 _Planner = Callable[[dict[str, Any], str], Plan]
 
@@ -67,8 +91,11 @@ _Planner = Callable[[dict[str, Any], str], Plan]
 def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
     """The ASGI app serving ``engine`` with ``config`` (defaults when ``None``).
 
-    The app's ``state`` holds ``engine``, ``config`` and ``ledger`` (a ``Ledger``
-    with one row per request). The chat template is compiled here, so a model
+    The app's ``state`` holds ``engine``, ``config``, ``ledger`` (a ``Ledger``
+    with one row per request, in ``config.ledger_path`` when set), ``live`` (the
+    running responses' buffers) and ``drain`` (``Drain``: run it to shut down
+    gracefully). On shutdown the engine is closed (every KV cell freed), then the
+    ledger. The chat template is compiled here, so a model
     whose template does not compile fails at startup, not per request.
 
     Raises:
@@ -82,6 +109,14 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await engine.aclose()
+        routes.ledger.close()
+        stats = engine.stats()
+        logger.info(
+            "stopped: %d KV cells used, %d running, %d queued; ledger closed",
+            stats.kv_cells_used,
+            stats.running,
+            stats.queued,
+        )
 
     app = Starlette(
         routes=[
@@ -89,6 +124,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/models", routes.models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
+            Route("/ready", routes.ready, methods=["GET"]),
+            Route("/metrics", routes.metrics, methods=["GET"]),
             Route("/engine/stats", routes.engine_stats, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
@@ -97,6 +134,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
     app.state.engine = engine
     app.state.config = routes.config
     app.state.ledger = routes.ledger
+    app.state.live = routes.live
+    app.state.drain = routes.drain
     return app
 
 
@@ -106,8 +145,20 @@ class _Routes:
     def __init__(self, engine: Engine, config: ServerConfig) -> None:
         self.engine = engine
         self.config = config
-        self.template = ChatTemplate(engine.tokenizer)
-        self.ledger = Ledger()
+        self.template = ChatTemplate(engine.tokenizer, config.chat_template)
+        self.ledger = Ledger(config.ledger_path)
+        self.admission = Admission(config.api_keys, config.quota)
+        self.live = LiveStreams()
+        self.drain = Drain(self.live)
+        self.metrics_ = Metrics(engine, self.live)
+        self.limits = StreamLimits(
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            first_token_timeout_s=config.first_token_timeout_s,
+            request_timeout_s=config.request_timeout_s,
+            max_buffer_bytes=config.max_stream_buffer_bytes,
+            stuck_timeout_s=config.stuck_stream_timeout_s,
+            interval_s=config.stream_interval_s,
+        )
 
     async def chat_completions(self, request: Request) -> ASGIApp:
         return await self._generate(request, Endpoint.CHAT, self._plan_chat)
@@ -127,7 +178,22 @@ class _Routes:
         return _json({"object": "list", "data": [card]})
 
     async def health(self, request: Request) -> Response:
-        return _json({"status": "ok"})
+        return _json({"status": "draining" if self.drain.draining else "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        if self.drain.draining:
+            return _error_response(self._draining(), self.config.retry_after_s)
+        return _json({"status": "ready"})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.metrics_.render(), media_type=CONTENT_TYPE)
+
+    def _draining(self) -> Unavailable:
+        return Unavailable(
+            "The server is shutting down; retry on another replica",
+            "server_shutting_down",
+            self.config.retry_after_s,
+        )
 
     async def engine_stats(self, request: Request) -> Response:
         return _json(dataclasses.asdict(self.engine.stats()))
@@ -145,16 +211,14 @@ class _Routes:
     ) -> ASGIApp:
         """Everything up to the first byte; then the streaming or JSON response."""
         meter = _Meter(self.ledger, new_response_id(endpoint), request.url.path)
+        meter.metrics = self.metrics_
         try:
-            body = await read_json_object(request, self.config.max_body_bytes)
-            meter.plan = planner(body, meter.response_id)
-            generation = Generation(self.engine, meter.plan)
-            generation.start()
+            generation = await self._admit(request, planner, meter)
         except ClientDisconnect:  # gone while sending its body: nothing to answer
             meter.record(EndState.ABORTED, CLIENT_CLOSED)
             return _nothing
-        except (RequestError, EngineError) as exc:
-            response = _error_response(exc)
+        except (RequestError, EngineError, AdmissionError) as exc:
+            response = _error_response(exc, self.config.retry_after_s)
             meter.record(EndState.REJECTED, response.status_code)
             return response
         finally:
@@ -162,10 +226,37 @@ class _Routes:
                 meter.record(EndState.ERRORED, 500)  # a bug; Starlette answers 500
         meter.generation = generation
         plan = meter.plan
+        assert plan is not None, "_admit() plans before it starts a generation"
         if plan.stream:
-            interval = self.config.heartbeat_interval_s
-            return EventStreamResponse(generation, plan.header, interval, meter.record)
-        return CompletionResponse(generation, plan.header, meter.record)
+            return EventStreamResponse(
+                generation, plan.header, self.limits, meter.record, self.live
+            )
+        return CompletionResponse(
+            generation, plan.header, meter.record, self.limits, self.live
+        )
+
+    async def _admit(
+        self, request: Request, planner: _Planner, meter: _Meter
+    ) -> Generation:
+        """Draining, key, body, plan, model access, quota, engine: in this order.
+
+        Raises:
+            AdmissionError: 401/403/429/503 (nothing reached the engine).
+            RequestError: the body is invalid (400/404/413).
+            EngineError: the engine refused (503 for a full queue).
+            ClientDisconnect: the client left while sending the body.
+        """
+        if self.drain.draining:
+            raise self._draining()
+        key: ApiKey | None = self.admission.authenticate(request.headers)
+        meter.key_id = key.key_id if key is not None else ANONYMOUS
+        body = await read_json_object(request, self.config.max_body_bytes)
+        plan = meter.plan = planner(body, meter.response_id)
+        reserve = plan.prompt_tokens + sum(c.params.max_tokens for c in plan.choices)
+        meter.grant = self.admission.admit(key, plan.header.model, reserve)
+        generation = Generation(self.engine, plan)
+        generation.start()
+        return generation
 
 
 class _Meter:
@@ -178,6 +269,9 @@ class _Meter:
         self.received_at = time.time()
         self.plan: Plan | None = None
         self.generation: Generation | None = None
+        self.key_id = ANONYMOUS
+        self.grant: Grant | None = None
+        self.metrics: Metrics | None = None
         self.recorded = False
 
     def record(self, state: EndState, status: int) -> None:
@@ -185,21 +279,26 @@ class _Meter:
         self.recorded = True
         plan, generation = self.plan, self.generation
         usage = generation.usage if generation else None
-        self.ledger.record(
-            LedgerRow(
-                request_id=self.response_id,
-                endpoint=self.path,
-                model=plan.header.model if plan else None,
-                status=status,
-                end_state=state,
-                prompt_tokens=len(plan.prompt_token_ids) if plan else 0,
-                completion_tokens=usage.completion_tokens if usage else 0,
-                finish_reasons=generation.finish_reasons if generation else (),
-                received_at=self.received_at,
-                first_token_at=generation.first_token_at if generation else None,
-                ended_at=time.time(),
-            )
+        if self.grant is not None:  # give back what was reserved and not used
+            used = (usage.prompt_tokens + usage.completion_tokens) if usage else 0
+            self.grant.release(used)
+        row = LedgerRow(
+            request_id=self.response_id,
+            endpoint=self.path,
+            model=plan.header.model if plan else None,
+            status=status,
+            end_state=state,
+            prompt_tokens=plan.prompt_tokens if plan else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            finish_reasons=generation.finish_reasons if generation else (),
+            received_at=self.received_at,
+            first_token_at=generation.first_token_at if generation else None,
+            ended_at=time.time(),
+            key_id=self.key_id,
         )
+        self.ledger.record(row)
+        if self.metrics is not None:
+            self.metrics.observe(row)
 
 
 async def _nothing(scope: Scope, receive: Receive, send: Send) -> None:
@@ -212,12 +311,19 @@ def _json(
     return Response(dumps(payload), status, headers, media_type="application/json")
 
 
-def _error_response(exc: RequestError | EngineError) -> Response:
+def _error_response(
+    exc: RequestError | EngineError | AdmissionError, retry_after_s: int
+) -> Response:
     if isinstance(exc, RequestError):
         payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
         return _json(payload, exc.status)
+    if isinstance(exc, AdmissionError):
+        payload = error_payload(exc.message, exc.error_type, None, exc.code)
+        retry = exc.retry_after_s
+        headers = {"Retry-After": str(retry)} if retry is not None else None
+        return _json(payload, exc.status, headers)
     status = 503 if isinstance(exc, EngineUnavailable) else 500
-    headers = {"Retry-After": "1"} if exc.retryable else None
+    headers = {"Retry-After": str(retry_after_s)} if exc.retryable else None
     return _json(
         error_payload(str(exc), "server_error", None, exc.code), status, headers
     )

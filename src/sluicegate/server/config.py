@@ -9,7 +9,10 @@ Spec: ../shared/DESIGN.md, "Status first, errors in band" and "The wire".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sluicegate.server.admission import ApiKey, Quota
 
 __all__ = ["ServerConfig"]
 
@@ -31,6 +34,22 @@ class ServerConfig:
             prompt (``context_length - prompt_tokens``). An explicit value is
             still capped by that room.
         max_n: most choices one request may ask for.
+        api_keys: accepted keys (``Authorization: Bearer``); empty: no auth.
+        quota: per-key requests/minute and tokens/minute (429 past them).
+        retry_after_s: ``Retry-After`` seconds of a 503 (overload, draining).
+        first_token_timeout_s: seconds to the first token before the in-band
+            ``first_token_timeout`` error; ``None``: no limit.
+        request_timeout_s: seconds for a whole response before the in-band
+            ``request_timeout`` error; ``None``: no limit.
+        max_stream_buffer_bytes: content bytes that may wait for one slow
+            client; more aborts its stream.
+        stuck_stream_timeout_s: seconds a client may accept no byte before its
+            stream is aborted.
+        stream_interval_s: pacing, at most one event per stream per interval
+            (the first token excepted); 0 disables.
+        ledger_path: the SQLite ledger file; ``None`` keeps rows in memory only.
+        chat_template: Jinja source that replaces the model's chat template
+            (``--chat-template FILE``); ``None`` keeps the model's own.
     """
 
     model_aliases: tuple[str, ...] = ("default",)
@@ -38,6 +57,16 @@ class ServerConfig:
     heartbeat_interval_s: float = 15.0
     default_max_tokens: int | None = None
     max_n: int = 16
+    api_keys: tuple[ApiKey, ...] = ()
+    quota: Quota = field(default_factory=Quota)
+    retry_after_s: int = 1
+    first_token_timeout_s: float | None = None
+    request_timeout_s: float | None = None
+    max_stream_buffer_bytes: int = 1024 * 1024
+    stuck_stream_timeout_s: float = 30.0
+    stream_interval_s: float = 0.0
+    ledger_path: Path | None = None
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0:
@@ -50,3 +79,17 @@ class ServerConfig:
             )
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n!r}")
+        for name in ("first_token_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value!r}")
+        if self.stuck_stream_timeout_s <= 0 or self.max_stream_buffer_bytes < 1:
+            raise ValueError(
+                "expected stuck_stream_timeout_s > 0 and max_stream_buffer_bytes >= 1, "
+                f"got {self.stuck_stream_timeout_s!r} and "
+                f"{self.max_stream_buffer_bytes!r}"
+            )
+        if self.stream_interval_s < 0:
+            raise ValueError(
+                f"stream_interval_s must be >= 0, got {self.stream_interval_s!r}"
+            )

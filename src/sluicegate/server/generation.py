@@ -10,8 +10,13 @@ client's disconnect.
 Invariants:
     - Per choice, in order: ``Delta`` events, then exactly one ``Finish``; text
       held back by the stop matcher goes out before the ``Finish``.
-    - When every choice has finished, one ``End`` carries the usage: the prompt
-      once, completion tokens summed over choices.
+    - With completions ``echo``, a choice's first ``Delta`` is its prompt's text,
+      sent before the engine's first token.
+    - With logprobs, each ``Delta`` carries the tokens whose text it holds
+      (``LogprobAligner``): text is then cut at token boundaries.
+    - When every choice has finished, one ``End`` carries the usage: each prompt
+      once, completion tokens summed over choices. With continuous usage, every
+      ``Delta`` and ``Finish`` also carries the usage so far.
     - An engine failure becomes one ``Fail`` event and no ``End``.
     - A stop string aborts that engine sequence at once; ``abort_unfinished()``
       aborts every sequence the engine has not ended (disconnect, error, cancel).
@@ -24,11 +29,11 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
-from sluicegate.core.choice import ChoiceDecoder
+from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import (
@@ -39,7 +44,14 @@ from sluicegate.core.events import (
     Finish,
     FinishReason,
     StreamEvent,
+    TokenLogprob,
     Usage,
+)
+from sluicegate.core.logprobs import (
+    LogprobAligner,
+    LogprobToken,
+    TopLogprob,
+    describe_token,
 )
 from sluicegate.core.stops import StopMatcher
 from sluicegate.engines.base import Engine
@@ -83,9 +95,14 @@ class _Choice:
     index: int
     sequence_id: str
     decoder: ChoiceDecoder
+    detokenizer: IncrementalDetokenizer
+    echo: str = ""
+    aligner: LogprobAligner[TokenLogprob] | None = None
     outputs: AsyncIterator[EngineOutput] | None = None
     finish_reason: FinishReason | None = None
     engine_done: bool = False  # the engine ended this sequence: no abort needed
+    released_chars: int = 0  # text the decoder has released (chars)
+    logprobs: list[LogprobToken] = field(default_factory=list)
 
 
 class Generation:
@@ -97,18 +114,11 @@ class Generation:
     """
 
     def __init__(self, engine: Engine, plan: Plan) -> None:
-        tokenizer = engine.tokenizer
         self._engine = engine
         self._plan = plan
+        self._pieces = engine.tokenizer.pieces
         self._choices = [
-            _Choice(
-                index,
-                sequence_id,
-                ChoiceDecoder(
-                    IncrementalDetokenizer(tokenizer.pieces, tokenizer.special_ids),
-                    StopMatcher(plan.stops),
-                ),
-            )
+            self._new_choice(index, sequence_id)
             for index, sequence_id in enumerate(plan.sequence_ids)
         ]
         self.first_token_at: float | None = None
@@ -118,12 +128,20 @@ class Generation:
     def usage(self) -> Usage:
         """Prompt tokens once, completion tokens received summed over choices."""
         completion = sum(c.decoder.completion_tokens for c in self._choices)
-        return Usage(len(self._plan.prompt_token_ids), completion)
+        return Usage(self._plan.prompt_tokens, completion)
 
     @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
         """Each choice's finish reason, by index (``None`` while open)."""
         return tuple(c.finish_reason for c in self._choices)
+
+    @property
+    def logprobs(self) -> tuple[tuple[LogprobToken, ...] | None, ...]:
+        """Each choice's logprob tokens sent so far, by index; ``None`` entries
+        when the request asked for no logprobs."""
+        if self._plan.logprobs is None:
+            return (None,) * len(self._choices)
+        return tuple(tuple(c.logprobs) for c in self._choices)
 
     def start(self) -> None:
         """Submit every choice to the engine, before any byte is sent.
@@ -163,6 +181,8 @@ class Generation:
     async def _read(self, choice: _Choice, outbox: Outbox) -> None:
         outputs = choice.outputs
         assert outputs is not None, "start() before run()"
+        if choice.echo:
+            self._put(choice, outbox, choice.echo, None)
         try:
             async for output in outputs:
                 if output.token_ids and self.first_token_at is None:
@@ -178,27 +198,108 @@ class Generation:
             with anyio.CancelScope(shield=True):
                 await _aclose(outputs)
 
+    def _new_choice(self, index: int, sequence_id: str) -> _Choice:
+        plan, tokenizer = self._plan, self._engine.tokenizer
+        choice_plan = plan.choices[index]
+        params = choice_plan.params
+        # The token that ends a choice never reaches the text; other control
+        # tokens do when skip_special_tokens is false (vLLM's meaning).
+        ending = params.stop_token_ids
+        if not params.ignore_eos:
+            ending |= tokenizer.stop_ids
+        skip = ending | (tokenizer.special_ids if plan.skip_special_tokens else ending)
+        stops = StopMatcher(
+            plan.stops, include_stop_str_in_output=plan.include_stop_str_in_output
+        )
+        aligner = None if plan.logprobs is None else LogprobAligner[TokenLogprob]()
+        detokenizer = IncrementalDetokenizer(tokenizer.pieces, skip)
+        decoder = ChoiceDecoder(detokenizer, stops)
+        return _Choice(
+            index, sequence_id, decoder, detokenizer, choice_plan.echo, aligner
+        )
+
     def _take(self, choice: _Choice, output: EngineOutput, outbox: Outbox) -> bool:
         """Feed one step; True when the choice has finished."""
-        step = choice.decoder.feed(output.token_ids)
-        if step.text:
-            outbox.put(Delta(choice.index, step.text))
+        step = self._feed(choice, output, outbox)
         reason = step.finish_reason
         if reason is not None:
             # A stop string matched: stop the engine now, drop what follows.
             self._engine.abort(choice.sequence_id)
             choice.engine_done = True
+            self._flush_aligner(choice, "", outbox)
         elif output.finish_reason is not None:
             choice.engine_done = True
             tail = choice.decoder.flush()
-            if tail.text:
-                outbox.put(Delta(choice.index, tail.text))
+            if choice.aligner is None:
+                self._put(choice, outbox, tail.text, None)
+            else:
+                self._flush_aligner(choice, tail.text, outbox)
             reason = tail.finish_reason or output.finish_reason
         else:
             return False
         choice.finish_reason = reason
-        outbox.put(Finish(choice.index, reason))
+        outbox.put(Finish(choice.index, reason, self._usage_so_far()))
         return True
+
+    def _feed(
+        self, choice: _Choice, output: EngineOutput, outbox: Outbox
+    ) -> ChoiceStep:
+        """The step's tokens through the decoder (and the aligner, with logprobs)."""
+        decoder, aligner = choice.decoder, choice.aligner
+        if aligner is None:
+            step = decoder.feed(output.token_ids)
+            self._put(choice, outbox, step.text, None)
+            return step
+        logprobs = output.logprobs or ()
+        step = ChoiceStep("")
+        for token_id, logprob in zip(output.token_ids, logprobs, strict=True):
+            step = decoder.feed((token_id,))
+            choice.released_chars += len(step.text)
+            end: int | None = choice.released_chars + len(decoder.held)
+            if choice.detokenizer.pending_bytes or step.finish_reason is not None:
+                end = None  # the token's text is incomplete, or it hit a stop
+            aligned = aligner.feed(step.text, logprob, end)
+            self._put(choice, outbox, aligned.text, aligned.tokens)
+            if step.finish_reason is not None:
+                break
+        return step
+
+    def _flush_aligner(self, choice: _Choice, text: str, outbox: Outbox) -> None:
+        if choice.aligner is not None:
+            aligned = choice.aligner.flush(text)
+            self._put(choice, outbox, aligned.text, aligned.tokens)
+
+    def _put(
+        self,
+        choice: _Choice,
+        outbox: Outbox,
+        text: str,
+        tokens: tuple[tuple[TokenLogprob, int], ...] | None,
+    ) -> None:
+        """Queue a ``Delta`` of ``text`` (with its tokens' logprobs) if non-empty."""
+        if not text and not tokens:
+            return
+        logprobs = None
+        if tokens is not None:
+            offset = len(choice.echo)
+            logprobs = tuple(
+                self._describe(logprob, offset + start) for logprob, start in tokens
+            )
+            choice.logprobs.extend(logprobs)
+        usage = self._usage_so_far()
+        outbox.put(Delta(choice.index, text, logprobs, usage))
+
+    def _describe(self, logprob: TokenLogprob, text_offset: int) -> LogprobToken:
+        pieces = self._pieces
+        token, data = describe_token(pieces, logprob.token_id)
+        top = tuple(
+            TopLogprob(*describe_token(pieces, token_id), value)
+            for token_id, value in logprob.top
+        )
+        return LogprobToken(token, data, logprob.logprob, text_offset, top)
+
+    def _usage_so_far(self) -> Usage | None:
+        return self.usage if self._plan.continuous_usage else None
 
 
 async def _aclose(outputs: AsyncIterator[EngineOutput]) -> None:

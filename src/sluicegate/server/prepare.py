@@ -2,8 +2,12 @@
 
 Everything that can be refused is refused here, before any byte of the response:
 an unknown model (404), too many choices, an empty prompt, token ids outside the
-vocabulary, and a prompt plus ``max_tokens`` that does not fit the context window
-(400, naming the limit and the values seen).
+vocabulary (in a prompt, ``logit_bias`` or ``stop_token_ids``), and a prompt plus
+``max_tokens`` that does not fit the context window (400, naming the limit and the
+values seen).
+
+With a ``seed``, choice ``i`` of each prompt samples with ``seed + i``, so that the
+``n`` choices differ while the whole response stays reproducible.
 
 Spec: ../shared/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
 "Create chat completion" (``max_completion_tokens``, ``n``).
@@ -11,18 +15,20 @@ Spec: ../shared/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from dataclasses import dataclass
 
 from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import ModelNotFound, RequestError
-from sluicegate.engines.base import Engine, GenerateRequest, SamplingParams
+from sluicegate.engines.base import Engine, GenerateRequest, SamplingParams, Tokenizer
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
 from sluicegate.server.templates import ChatTemplate, encode_prompt
 
 __all__ = [
+    "ChoicePlan",
     "Plan",
     "fit_max_tokens",
     "new_response_id",
@@ -33,33 +39,66 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
+class ChoicePlan:
+    """One choice of a response: its prompt, its sampling, and what it echoes.
+
+    Attributes:
+        prompt_index: which of ``Plan.prompts`` this choice continues.
+        params: sampling for this choice (``seed`` already offset per choice).
+        echo: text sent before the completion (completions ``echo``), else ``""``.
+    """
+
+    prompt_index: int
+    params: SamplingParams
+    echo: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What to ask the engine for, and what every chunk of the answer shares.
 
+    Choices are indexed prompt-major, as the OpenAI API does for a batch of
+    prompts: the ``n`` choices of ``prompts[0]`` first, then those of
+    ``prompts[1]``, and so on; ``header.n`` counts them all.
+
     Attributes:
-        header: id, created, model name, endpoint, ``n`` and ``include_usage``.
-        prompt_token_ids: the prompt, tokenized (tokens, never empty).
-        params: sampling for every choice (``max_tokens`` already fitted).
+        header: id, created, model name, endpoint, ``n`` and usage options.
+        prompts: each prompt, tokenized (tokens, never empty); one for chat.
+        choices: one ``ChoicePlan`` per choice, in index order.
         stops: stop strings (matched on text by the server, not the engine).
         stream: whether to answer with an event stream.
+        include_stop_str_in_output: end the text with the matched stop string.
+        skip_special_tokens: keep control tokens out of the text (the token that
+            ended a choice stays out either way).
+        logprobs: alternatives per token to report (k), or ``None`` for none.
+        continuous_usage: put the usage so far on every chunk.
     """
 
     header: ResponseHeader
-    prompt_token_ids: tuple[int, ...]
-    params: SamplingParams
-    stops: tuple[str, ...]
-    stream: bool
+    prompts: tuple[tuple[int, ...], ...]
+    choices: tuple[ChoicePlan, ...]
+    stops: tuple[str, ...] = ()
+    stream: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None
+    continuous_usage: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of the response: every prompt counted once (tokens)."""
+        return sum(len(p) for p in self.prompts)
 
     @property
     def sequence_ids(self) -> list[str]:
         """Engine request ids, one per choice: ``"<response id>-<index>"``."""
-        return [f"{self.header.id}-{i}" for i in range(self.header.n)]
+        return [f"{self.header.id}-{i}" for i in range(len(self.choices))]
 
     def requests(self) -> list[GenerateRequest]:
         """One ``GenerateRequest`` per choice, in index order."""
         return [
-            GenerateRequest(sid, self.prompt_token_ids, self.params)
-            for sid in self.sequence_ids
+            GenerateRequest(sid, self.prompts[c.prompt_index], c.params)
+            for sid, c in zip(self.sequence_ids, self.choices, strict=True)
         ]
 
 
@@ -94,24 +133,29 @@ def fit_max_tokens(
     default: int | None,
     *,
     prompt_param: str = "messages",
+    max_tokens_param: str = "max_tokens",
 ) -> int:
     """The ``max_tokens`` to generate with, or a 400 when it cannot fit.
 
     Args:
-        prompt_tokens: length of the tokenized prompt (tokens).
+        prompt_tokens: length of the tokenized prompt (tokens; for a batch, the
+            longest prompt).
         requested: the request's ``max_tokens``/``max_completion_tokens``, or
             ``None``.
         context_length: the model's context window (tokens).
         default: ``ServerConfig.default_max_tokens``: used when ``requested`` is
             ``None``, capped by the room left; ``None`` means all the room left.
         prompt_param: the ``param`` named when the prompt alone is too long.
+        max_tokens_param: the ``param`` named when ``requested`` does not fit.
 
     Returns:
         A token count >= 1 with ``prompt_tokens + result <= context_length``.
 
     Raises:
         RequestError: 400 when the prompt leaves no room, or when ``requested``
-            does not fit; the message gives the window and the values seen.
+            does not fit; the message gives the window and the values seen, e.g.
+            "max_tokens is 5000 but the context window is 2048 tokens and the
+            prompt has 12 tokens: at most 2036 fit".
     """
     room = context_length - prompt_tokens
     if room < 1:
@@ -125,9 +169,10 @@ def fit_max_tokens(
         return room if default is None else min(default, room)
     if requested > room:
         raise RequestError(
-            f"max_tokens is {requested} but the context window is {context_length} "
-            f"tokens and the prompt has {prompt_tokens} tokens: at most {room} fit",
-            param="max_tokens",
+            f"{max_tokens_param} is {requested} but the context window is "
+            f"{context_length} tokens and the prompt has {prompt_tokens} tokens: "
+            f"at most {room} fit",
+            param=max_tokens_param,
             code="context_length_exceeded",
         )
     return requested
@@ -144,20 +189,26 @@ def plan_chat(
 
     Raises:
         ModelNotFound: 404, unknown model.
-        RequestError: 400: too many choices, a template error, or a prompt that
-            does not fit (see ``fit_max_tokens``).
+        RequestError: 400: too many choices, a template error, token ids in
+            ``logit_bias`` or ``stop_token_ids`` outside the vocabulary, or a
+            prompt that does not fit (see ``fit_max_tokens``).
     """
     model = resolve_model(request.model, engine, config)
-    _check_n(request.n, config)
-    prompt = template.encode(request.messages)
-    max_tokens = _fit(request.requested_max_tokens, len(prompt), engine, config)
-    return _plan(request, response_id, Endpoint.CHAT, model, prompt, max_tokens)
+    _check_n(request.n, 1, config)
+    prompt = template.encode(
+        request.messages, add_generation_prompt=request.add_generation_prompt
+    )
+    return _plan(request, response_id, engine, config, model, [prompt], [""])
 
 
 def plan_completion(
     request: CompletionRequest, response_id: str, engine: Engine, config: ServerConfig
 ) -> Plan:
-    """Check and tokenize a completions request (string or token-id prompt).
+    """Check and tokenize a completions request (one prompt or a batch).
+
+    Each prompt is a string or token ids; a batch gives ``n`` choices per prompt,
+    prompt-major. With ``echo`` each choice first sends its prompt's text (a
+    token-id prompt is decoded, control tokens left out).
 
     Raises:
         ModelNotFound: 404, unknown model.
@@ -165,77 +216,133 @@ def plan_completion(
             empty prompt, or one that does not fit.
     """
     model = resolve_model(request.model, engine, config)
-    _check_n(request.n, config)
-    if isinstance(request.prompt, str):
-        prompt = encode_prompt(engine.tokenizer, request.prompt)
+    prompts = request.prompts
+    _check_n(request.n, len(prompts), config)
+    tokenizer = engine.tokenizer
+    vocab_size = len(tokenizer.pieces)
+    token_ids: list[list[int]] = []
+    echoes: list[str] = []
+    for i, prompt in enumerate(prompts):
+        param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if isinstance(prompt, str):
+            ids = encode_prompt(tokenizer, prompt)
+            echo = prompt
+        else:
+            ids = _checked_ids(prompt, vocab_size, param, "token ids")
+            echo = _decode(tokenizer, ids)
+        if not ids:
+            raise RequestError(f"The prompt has no tokens ({param})", param=param)
+        token_ids.append(ids)
+        echoes.append(echo if request.echo else "")
+    return _plan(request, response_id, engine, config, model, token_ids, echoes)
+
+
+def _check_n(n: int, prompts: int, config: ServerConfig) -> None:
+    if n * prompts <= config.max_n:
+        return
+    if prompts == 1:
+        message = f"Invalid value for 'n': at most {config.max_n} choices; got {n}"
     else:
-        prompt = _checked_ids(request.prompt, len(engine.tokenizer.pieces))
-    if not prompt:
-        raise RequestError("The prompt has no tokens", param="prompt")
-    requested = request.requested_max_tokens
-    max_tokens = _fit(requested, len(prompt), engine, config, "prompt")
-    return _plan(request, response_id, Endpoint.COMPLETION, model, prompt, max_tokens)
-
-
-def _check_n(n: int, config: ServerConfig) -> None:
-    if n > config.max_n:
-        raise RequestError(
-            f"Invalid value for 'n': at most {config.max_n} choices; got {n}",
-            param="n",
-            code="invalid_value",
+        message = (
+            f"Invalid value for 'n': {prompts} prompts x n={n} is {n * prompts} "
+            f"choices, at most {config.max_n}"
         )
+    raise RequestError(message, param="n", code="invalid_value")
 
 
-def _checked_ids(ids: list[int], vocab_size: int) -> list[int]:
+def _checked_ids(ids: list[int], vocab_size: int, param: str, what: str) -> list[int]:
     bad = next((i for i in ids if not 0 <= i < vocab_size), None)
     if bad is not None:
         raise RequestError(
-            f"Invalid value for 'prompt': token ids must be in [0, {vocab_size}); "
+            f"Invalid value for '{param}': {what} must be in [0, {vocab_size}); "
             f"got {bad}",
-            param="prompt",
+            param=param,
             code="invalid_value",
         )
     return ids
 
 
-def _fit(
-    requested: int | None,
-    prompt_tokens: int,
-    engine: Engine,
-    config: ServerConfig,
-    prompt_param: str = "messages",
-) -> int:
-    return fit_max_tokens(
-        prompt_tokens,
-        requested,
-        engine.model.context_length,
-        config.default_max_tokens,
-        prompt_param=prompt_param,
-    )
+def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
+    special = tokenizer.special_ids
+    pieces = tokenizer.pieces
+    data = b"".join(pieces[i] for i in ids if i not in special)
+    return data.decode("utf-8", errors="replace")
 
 
 def _plan(
     request: ChatCompletionRequest | CompletionRequest,
     response_id: str,
-    endpoint: Endpoint,
+    engine: Engine,
+    config: ServerConfig,
     model: str,
-    prompt: list[int],
-    max_tokens: int,
+    prompts: list[list[int]],
+    echoes: list[str],
 ) -> Plan:
+    chat = isinstance(request, ChatCompletionRequest)
+    max_tokens = fit_max_tokens(
+        max(len(p) for p in prompts),
+        request.requested_max_tokens,
+        engine.model.context_length,
+        config.default_max_tokens,
+        prompt_param="messages" if chat else "prompt",
+        max_tokens_param=request.max_tokens_param,
+    )
+    params = _sampling(request, max_tokens, len(engine.tokenizer.pieces))
+    choices = tuple(
+        ChoicePlan(p, _seeded(params, i), echoes[p])
+        for p in range(len(prompts))
+        for i in range(request.n)
+    )
     header = ResponseHeader(
         id=response_id,
         created=int(time.time()),
         model=model,
-        endpoint=endpoint,
-        n=request.n,
+        endpoint=Endpoint.CHAT if chat else Endpoint.COMPLETION,
+        n=len(choices),
         include_usage=request.include_usage,
     )
-    params = SamplingParams(
+    return Plan(
+        header,
+        tuple(tuple(p) for p in prompts),
+        choices,
+        stops=tuple(request.stop),
+        stream=request.stream,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        skip_special_tokens=request.skip_special_tokens,
+        logprobs=request.top_logprobs_k,
+        continuous_usage=request.continuous_usage,
+    )
+
+
+def _sampling(
+    request: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int,
+    vocab_size: int,
+) -> SamplingParams:
+    bias = request.logit_bias or {}
+    _checked_ids([int(k) for k in bias], vocab_size, "logit_bias", "token ids")
+    stop_ids = request.stop_token_ids
+    _checked_ids(stop_ids, vocab_size, "stop_token_ids", "token ids")
+    return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=max(request.top_k, 0),
+        min_p=request.min_p,
         seed=request.seed,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
+        repetition_penalty=request.repetition_penalty,
+        stop_token_ids=frozenset(stop_ids),
+        ignore_eos=request.ignore_eos,
+        logit_bias=tuple(sorted((int(k), v) for k, v in bias.items())),
+        logprobs=request.top_logprobs_k,
     )
-    return Plan(header, tuple(prompt), params, tuple(request.stop), request.stream)
+
+
+def _seeded(params: SamplingParams, i: int) -> SamplingParams:
+    # Choice i of a prompt samples with seed + i: the choices differ, and choice
+    # 0 matches the same request with n=1.
+    if params.seed is None or i == 0:
+        return params
+    return dataclasses.replace(params, seed=params.seed + i)

@@ -11,11 +11,18 @@ Deliberate divergences from the OpenAI API reference:
   Empty stop strings are refused (one would match before any text).
 - Message ``content`` may be a string or a list of ``{"type": "text"}`` parts
   (joined with ``"\\n"``); images, audio and files are refused.
-- A completions ``prompt`` is a string or one list of token ids; batches (a list
-  of strings or of id lists) are refused until they are supported.
+- Completions ``logprobs`` allows up to ``MAX_TOP_LOGPROBS`` (20) alternatives;
+  OpenAI allows 5. ``echo`` with ``logprobs`` is refused (prompt tokens carry no
+  logprobs here).
 - Parameters that would change the answer in ways not implemented yet (``tools``,
-  ``logprobs``, ``response_format``, ``echo``, ``suffix``, ...) are refused with
-  400 when set to anything but their default, instead of being ignored.
+  ``response_format``, ``suffix``, ``best_of``, ...) are refused with 400 when
+  set to anything but their default, instead of being ignored.
+- Extensions that vLLM accepts are read with vLLM's names and meanings:
+  ``top_k`` (0 or -1 disables), ``min_p``, ``repetition_penalty``,
+  ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
+  ``skip_special_tokens``, ``add_generation_prompt`` (chat) and
+  ``continuous_usage_stats`` (top level or in ``stream_options``; it implies
+  ``include_usage``).
 - Unknown parameters are ignored, and logged once per name.
 
 Spec: OpenAI API reference, "Create chat completion" and "Create completion".
@@ -29,14 +36,18 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
+from typing_extensions import override
 
 from sluicegate.core.errors import RequestError
 
 __all__ = [
+    "MAX_LOGIT_BIAS",
     "MAX_STOP_STRINGS",
+    "MAX_TOP_LOGPROBS",
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "Prompt",
     "StreamOptions",
     "parse_chat_request",
     "parse_completion_request",
@@ -46,6 +57,12 @@ logger = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 16
 """Most stop strings one request may give (OpenAI allows 4)."""
+
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token: chat ``top_logprobs``, completions ``logprobs``."""
+
+MAX_LOGIT_BIAS = 100.0
+"""``logit_bias`` values lie in ``[-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]``."""
 
 _logged_unknown: set[str] = set()
 
@@ -60,30 +77,35 @@ _CHAT_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "tool_choice": lambda v: v is None or v == "none",
     "functions": _not_set,
     "function_call": lambda v: v is None or v == "none",
-    "logprobs": _not_set,
-    "top_logprobs": lambda v: v is None or v == 0,
-    "logit_bias": _not_set,
     "response_format": lambda v: v is None or v == {"type": "text"},
     "audio": _not_set,
     "prediction": _not_set,
     "modalities": lambda v: v is None or v == ["text"],
 }
 _COMPLETION_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "echo": _not_set,
     "suffix": lambda v: v is None or v == "",
-    "logprobs": lambda v: v is None or v == 0,
     "best_of": lambda v: v is None or v == 1,
-    "logit_bias": _not_set,
+}
+# Why each one is refused, appended to the 400's message.
+_UNSUPPORTED_WHY = {
+    "tools": "tool calls come in a later release",
+    "tool_choice": "tool calls come in a later release",
+    "functions": "function calls come in a later release",
+    "function_call": "function calls come in a later release",
+    "response_format": "structured output (JSON mode, JSON schema) is not built",
+    "suffix": "insertion (fill in the middle) is not built",
 }
 
 
 class StreamOptions(BaseModel):
-    """``stream_options``: only ``include_usage`` is read."""
+    """``stream_options``: ``include_usage`` and vLLM's ``continuous_usage_stats``."""
 
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
     include_usage: bool = False
     """Send a last chunk with ``choices: []`` and the ``usage`` of the response."""
+    continuous_usage_stats: bool = False
+    """Also put the usage so far on every chunk (vLLM extension)."""
 
 
 class ChatMessage(BaseModel):
@@ -124,9 +146,19 @@ class _Common(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     seed: int | None = None
+    logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM's sampling extensions.
+    top_k: int = Field(0, ge=-1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0, le=2)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    continuous_usage_stats: bool = False
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -138,10 +170,37 @@ class _Common(BaseModel):
             raise ValueError("stop strings must not be empty")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_in_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (decimal strings); {key!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(
+                    f"the bias of token {key} is {bias!r} but must lie in "
+                    f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+                )
+        return value
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk carries the usage so far (vLLM extension)."""
+        options = self.stream_options
+        return self.continuous_usage_stats or (
+            options is not None and options.continuous_usage_stats
+        )
+
     @property
     def include_usage(self) -> bool:
-        """Whether the stream ends with a usage chunk."""
-        return self.stream_options is not None and self.stream_options.include_usage
+        """Whether the stream ends with a usage chunk (implied by continuous usage)."""
+        options = self.stream_options
+        return self.continuous_usage or (options is not None and options.include_usage)
+
+    @property
+    def top_logprobs_k(self) -> int | None:
+        """Alternatives per token to report, or ``None`` for no logprobs."""
+        return None
 
 
 class ChatCompletionRequest(_Common):
@@ -152,6 +211,9 @@ class ChatCompletionRequest(_Common):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    add_generation_prompt: bool = True
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -160,6 +222,23 @@ class ChatCompletionRequest(_Common):
             return self.max_completion_tokens
         return self.max_tokens
 
+    @property
+    def max_tokens_param(self) -> str:
+        """The name of the parameter that set ``requested_max_tokens``."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return "max_tokens"
+
+    @property
+    @override
+    def top_logprobs_k(self) -> int | None:
+        """``top_logprobs`` (0 when absent) if ``logprobs`` is true, else ``None``."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+Prompt = str | list[int]
+"""One completions prompt: text, or token ids."""
+
 
 class CompletionRequest(_Common):
     """``POST /v1/completions``.
@@ -167,28 +246,58 @@ class CompletionRequest(_Common):
     Spec: OpenAI API reference, "Create completion".
     """
 
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
+    def _prompt_shape(cls, value: Any) -> Any:
         if value == "" or value == []:
             raise ValueError("the prompt is empty")
-        if isinstance(value, str) or (
-            isinstance(value, list) and all(type(i) is int for i in value)
-        ):
+        if isinstance(value, str) or _is_ids(value):
             return value
-        if isinstance(value, list) and all(isinstance(i, str | list) for i in value):
+        if not isinstance(value, list) or not all(
+            isinstance(p, str) or _is_ids(p) for p in value
+        ):
             raise ValueError(
-                "a batch of prompts is not supported yet; send a string or one "
-                "list of token ids per request"
+                "expected a string, a list of token ids, a list of strings or a "
+                "list of lists of token ids"
             )
-        raise ValueError("expected a string or a list of token ids")
+        if len({type(p) for p in value}) > 1:
+            raise ValueError("a batch mixes strings and token id lists")
+        empty = next((i for i, p in enumerate(value) if not p), None)
+        if empty is not None:
+            raise ValueError(f"prompt[{empty}] is empty")
+        return value
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        """The prompts of the batch, in order (one for a single prompt)."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or _is_ids(prompt):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
 
     @property
     def requested_max_tokens(self) -> int | None:
         """``max_tokens`` (tokens), or ``None`` when absent."""
         return self.max_tokens
+
+    @property
+    def max_tokens_param(self) -> str:
+        """Always ``"max_tokens"``."""
+        return "max_tokens"
+
+    @property
+    @override
+    def top_logprobs_k(self) -> int | None:
+        """``logprobs`` (alternatives per token), or ``None``."""
+        return self.logprobs
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(type(i) is int for i in value)
 
 
 _Model = TypeVar("_Model", bound=_Common)
@@ -228,7 +337,8 @@ def _parse(
     for name, is_default in unsupported.items():
         if name in body and not is_default(body[name]):
             raise RequestError(
-                f"The parameter '{name}' is not supported yet; got {body[name]!r}",
+                f"The parameter '{name}' is not supported yet "
+                f"({_UNSUPPORTED_WHY.get(name, 'not built')}); got {body[name]!r}",
                 param=name,
                 code="unsupported_parameter",
             )
@@ -242,7 +352,31 @@ def _parse(
             "stream_options is only allowed when stream is true",
             param="stream_options",
         )
+    _check_combinations(request)
     return request
+
+
+def _check_combinations(request: _Common) -> None:
+    """Refuse parameters that are valid alone but not together."""
+    if (
+        isinstance(request, ChatCompletionRequest)
+        and request.top_logprobs is not None
+        and not request.logprobs
+    ):
+        raise RequestError(
+            "top_logprobs is only allowed when logprobs is true; got "
+            f"top_logprobs={request.top_logprobs!r} and logprobs=False",
+            param="top_logprobs",
+            code="invalid_value",
+        )
+    echo = isinstance(request, CompletionRequest) and request.echo
+    if echo and request.top_logprobs_k is not None:
+        raise RequestError(
+            "echo with logprobs is not supported yet (prompt tokens carry no "
+            f"logprobs here); got echo=True and logprobs={request.top_logprobs_k!r}",
+            param="echo",
+            code="unsupported_parameter",
+        )
 
 
 def _log_unknown(

@@ -19,6 +19,14 @@ Invariants:
       always re-raised.
     - Each response reports its end (``EndState`` and HTTP status) exactly once,
       through ``on_end``, after the engine sequences were aborted or ended.
+    - Slow clients: the generation writes into a ``StreamBuffer`` that never
+      blocks; what piles up while a write waits is coalesced. A buffer over its
+      byte bound, or a write the client has not accepted within
+      ``stuck_timeout_s``, aborts the engine request and closes (``aborted``).
+      The engine and other streams never wait on one client.
+    - Timeouts (first token, total) and the shutdown grace period put one
+      ``Fail`` into the buffer: an in-band error for a stream, a 503/504 JSON
+      error for a non-streaming response.
 
 Spec: ../shared/DESIGN.md, "The wire", "Status first, errors in band" and "Every
 stream ends in exactly one state"; WHATWG HTML, "9.2 Server-sent events".
@@ -29,7 +37,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -45,16 +55,21 @@ from sluicegate.core.chunks import (
 )
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineUnavailable, LocalProtocolError
-from sluicegate.core.events import Delta, End, Fail, Heartbeat
+from sluicegate.core.events import Delta, End, Fail, Heartbeat, StreamEvent
 from sluicegate.core.stream import StreamMachine
-from sluicegate.server.generation import Generation, Outbox
+from sluicegate.server.buffer import LiveStreams, StreamBuffer
+from sluicegate.server.generation import Generation
 
 __all__ = [
     "CLIENT_CLOSED",
+    "FIRST_TOKEN_TIMEOUT",
+    "REQUEST_TIMEOUT",
+    "SERVER_SHUTDOWN",
     "SSE_HEADERS",
     "CompletionResponse",
     "EventStreamResponse",
     "OnEnd",
+    "StreamLimits",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +85,15 @@ SSE_HEADERS: list[tuple[bytes, bytes]] = [
 CLIENT_CLOSED = 499
 """The status recorded when the client left before any status was sent (nginx's
 convention; it never goes on the wire)."""
+
+FIRST_TOKEN_TIMEOUT = "first_token_timeout"
+"""Error code: no token within ``StreamLimits.first_token_timeout_s``."""
+
+REQUEST_TIMEOUT = "request_timeout"
+"""Error code: the response did not end within ``StreamLimits.request_timeout_s``."""
+
+SERVER_SHUTDOWN = "server_shutdown"
+"""Error code: the server's shutdown grace period ran out (see ``shutdown.py``)."""
 
 OnEnd = Callable[[EndState, int], None]
 """Called once when a response ends: its ``EndState`` and the HTTP status sent."""
@@ -112,6 +136,33 @@ async def _send_body(send: Send, body: bytes, *, more_body: bool = True) -> None
     await send({"type": "http.response.body", "body": body, "more_body": more_body})
 
 
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """Time and size limits of one response.
+
+    Attributes:
+        heartbeat_interval_s: seconds of silence before a ``: keep-alive`` comment.
+        first_token_timeout_s: seconds from the start of the response to the
+            first token id; then the ``first_token_timeout`` error (``None``: no
+            limit).
+        request_timeout_s: seconds from the start of the response to its end;
+            then the ``request_timeout`` error (``None``: no limit).
+        max_buffer_bytes: content bytes (UTF-8) that may wait for a slow client;
+            more aborts the stream.
+        stuck_timeout_s: seconds one write may wait for the client to accept
+            bytes; longer aborts the stream.
+        interval_s: after a write with content, seconds before the next one
+            (0: write as soon as events come); what comes meanwhile is coalesced.
+    """
+
+    heartbeat_interval_s: float = 15.0
+    first_token_timeout_s: float | None = None
+    request_timeout_s: float | None = None
+    max_buffer_bytes: int = 1 << 20
+    stuck_timeout_s: float = 30.0
+    interval_s: float = 0.0
+
+
 class EventStreamResponse:
     """An ASGI app that streams one generation as OpenAI chunks over SSE.
 
@@ -119,23 +170,37 @@ class EventStreamResponse:
         generation: already ``start()``-ed, so that a full engine queue was a 503
             before any byte.
         header: what every chunk shares (id, created, model, ``n``, usage option).
-        heartbeat_interval_s: seconds of silence before a ``: keep-alive`` comment.
+        limits: heartbeat interval, timeouts, buffer bound, stuck timeout, pacing.
         on_end: told the end state (finished, errored or aborted) and status 200.
+        live: where the stream's buffer is registered while it runs (the
+            graceful drain puts its shutdown ``Fail`` there).
 
-    Spec: OpenAI API reference, "Create chat completion", ``stream``.
+    A timeout or a shutdown ends the stream with one in-band error event (codes
+    ``first_token_timeout``, ``request_timeout``, ``server_shutdown``), state
+    ``errored``. A full buffer or a write stuck past ``stuck_timeout_s`` aborts
+    the engine request and closes without an error event (the client is not
+    reading it), state ``aborted``.
+
+    Spec: OpenAI API reference, "Create chat completion", ``stream``; issue 5,
+    "Slow consumers" and "Timeouts".
     """
 
     def __init__(
         self,
         generation: Generation,
         header: ResponseHeader,
-        heartbeat_interval_s: float,
+        limits: StreamLimits,
         on_end: OnEnd,
+        live: LiveStreams | None = None,
     ) -> None:
         self._generation = generation
         self._machine = StreamMachine(header)
-        self._heartbeat_interval_s = heartbeat_interval_s
+        self._limits = limits
         self._on_end = on_end
+        self._live = live if live is not None else LiveStreams()
+        # The end whose last frame the client was sent: a disconnect after it
+        # (a client that leaves on the error event) does not make it "aborted".
+        self._sent_end: EndState | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Write the stream until it ends, errs, or the client leaves."""
@@ -162,37 +227,78 @@ class EventStreamResponse:
 
     async def _stream(self, receive: Receive, send: Send) -> EndState:
         async def pump() -> EndState:
-            outbox = Outbox()
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._generation.run, outbox)
-                state = await self._write(outbox, send)
-                tg.cancel_scope.cancel()
-            return state
+            with anyio.CancelScope() as overflow:
+                limit = self._limits.max_buffer_bytes
+                async with _running(self._live, limit, overflow.cancel) as buffer:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._generation.run, buffer)
+                        tg.start_soon(
+                            _enforce_deadlines, self._generation, buffer, self._limits
+                        )
+                        state = await self._write(buffer, send)
+                        tg.cancel_scope.cancel()
+                    return state
+            logger.warning(
+                "stream %s: over %d buffered bytes; aborted",
+                self._machine.header.id,
+                self._limits.max_buffer_bytes,
+            )
+            self._live.aborted_slow += 1
+            return EndState.ABORTED
 
         result = await _race_disconnect(receive, pump)
-        return EndState.ABORTED if isinstance(result, _Gone) else result
+        if isinstance(result, _Gone):
+            return self._sent_end or EndState.ABORTED
+        return result
 
-    async def _write(self, outbox: Outbox, send: Send) -> EndState:
-        """Drain ``outbox`` into frames until the machine ends; heartbeat on silence."""
+    async def _write(self, buffer: StreamBuffer, send: Send) -> EndState:
+        """Drain ``buffer`` into frames until the machine ends; heartbeat on silence."""
         machine = self._machine
-        interval = self._heartbeat_interval_s
+        limits = self._limits
         last_write = anyio.current_time()
         while True:
-            await outbox.wait(last_write + interval - anyio.current_time())
-            events = outbox.drain() or [Heartbeat()]
-            frames: list[bytes] = []
-            for event in events:
-                frames += machine.feed(event)
-                if machine.end_state is not None:
-                    break
+            await buffer.wait(
+                last_write + limits.heartbeat_interval_s - anyio.current_time()
+            )
+            events = buffer.drain() or [Heartbeat()]
+            frames = self._frames(events)
             if frames:
-                try:
-                    await _send_body(send, b"".join(frames))
-                except OSError:  # the connection broke: the client is gone
+                if not await self._send_frames(send, frames):
                     return EndState.ABORTED
+                self._sent_end = machine.end_state
                 last_write = anyio.current_time()
+                if isinstance(events[0], Heartbeat):
+                    self._live.heartbeats_sent += 1
+                elif limits.interval_s > 0 and machine.end_state is None:
+                    await anyio.sleep(limits.interval_s)  # what comes now coalesces
             if machine.end_state is not None:
                 return machine.end_state
+
+    def _frames(self, events: list[StreamEvent]) -> list[bytes]:
+        machine = self._machine
+        frames: list[bytes] = []
+        for event in events:
+            frames += machine.feed(event)
+            if machine.end_state is not None:
+                break
+        return frames
+
+    async def _send_frames(self, send: Send, frames: list[bytes]) -> bool:
+        """Write ``frames``; False when the client is gone or stuck past its limit."""
+        with anyio.move_on_after(self._limits.stuck_timeout_s) as stuck:
+            try:
+                await _send_body(send, b"".join(frames))
+            except OSError:  # the connection broke: the client is gone
+                return False
+        if stuck.cancelled_caught:
+            logger.warning(
+                "stream %s: the client accepted no byte for %g s; aborted",
+                self._machine.header.id,
+                self._limits.stuck_timeout_s,
+            )
+            self._live.aborted_slow += 1
+            return False
+        return True
 
     async def _send_error(self, send: Send) -> EndState:
         # The details stay in the log: they may be internal.
@@ -208,6 +314,37 @@ class EventStreamResponse:
         except OSError:
             return EndState.ABORTED
         return EndState.ERRORED
+
+
+@asynccontextmanager
+async def _running(
+    live: LiveStreams, max_bytes: int, on_overflow: Callable[[], None]
+) -> AsyncIterator[StreamBuffer]:
+    """A fresh buffer, registered in ``live`` while the body runs."""
+    buffer = StreamBuffer(max_bytes, on_overflow)
+    live.open(buffer)
+    try:
+        yield buffer
+    finally:
+        live.close(buffer)
+
+
+async def _enforce_deadlines(
+    generation: Generation, buffer: StreamBuffer, limits: StreamLimits
+) -> None:
+    """Put a timeout ``Fail`` into ``buffer`` when a limit of ``limits`` runs out."""
+    started = anyio.current_time()
+    first, total = limits.first_token_timeout_s, limits.request_timeout_s
+    if first is not None and (total is None or first < total):
+        await anyio.sleep(first)
+        if generation.first_token_at is None:
+            message = f"No token was generated within {first:g} s"
+            buffer.put(Fail(message, code=FIRST_TOKEN_TIMEOUT))
+            return
+    if total is not None:
+        await anyio.sleep_until(started + total)
+        message = f"The request did not complete within {total:g} s"
+        buffer.put(Fail(message, code=REQUEST_TIMEOUT))
 
 
 class CompletionResponse:
@@ -228,11 +365,18 @@ class CompletionResponse:
     """
 
     def __init__(
-        self, generation: Generation, header: ResponseHeader, on_end: OnEnd
+        self,
+        generation: Generation,
+        header: ResponseHeader,
+        on_end: OnEnd,
+        limits: StreamLimits | None = None,
+        live: LiveStreams | None = None,
     ) -> None:
         self._generation = generation
         self._header = header
         self._on_end = on_end
+        self._limits = limits or StreamLimits()
+        self._live = live if live is not None else LiveStreams()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Generate, then send ``chat.completion``/``text_completion`` JSON."""
@@ -258,10 +402,14 @@ class CompletionResponse:
 
     async def _collect(self) -> tuple[list[str], Fail | None]:
         texts = [""] * self._header.n
-        outbox = Outbox()
         end: End | Fail | None = None
-        async with anyio.create_task_group() as tg:
+        # Text is kept until the end anyway: the buffer needs no byte bound.
+        async with (
+            _running(self._live, 2**62, lambda: None) as outbox,
+            anyio.create_task_group() as tg,
+        ):
             tg.start_soon(self._generation.run, outbox)
+            tg.start_soon(_enforce_deadlines, self._generation, outbox, self._limits)
             while end is None:
                 await outbox.wait(math.inf)
                 for event in outbox.drain():
@@ -281,8 +429,16 @@ class CompletionResponse:
         return text_completion(self._header, choices, usage)
 
 
+_STATUS_OF_CODE = {
+    EngineUnavailable.code: 503,
+    SERVER_SHUTDOWN: 503,
+    FIRST_TOKEN_TIMEOUT: 504,
+    REQUEST_TIMEOUT: 504,
+}
+
+
 def _status_of(fail: Fail) -> int:
-    return 503 if fail.code == EngineUnavailable.code else 500
+    return _STATUS_OF_CODE.get(fail.code or "", 500)
 
 
 async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:

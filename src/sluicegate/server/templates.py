@@ -1,11 +1,13 @@
 """Chat messages -> prompt text -> token ids, through a sandboxed Jinja template.
 
-``ChatTemplate`` compiles the model's own template (``tokenizer.chat_template``)
-or, when the model ships none, ``GEMMA3_TEMPLATE``, once per server. Rendering
+``ChatTemplate`` compiles, once per server, the template the operator gave
+(``--chat-template FILE``), else the model's own (``tokenizer.chat_template``),
+else ``GEMMA3_TEMPLATE``. Rendering
 runs in Jinja's ``ImmutableSandboxedEnvironment`` (templates come with model
 files, so they are untrusted code) with ``trim_blocks`` and ``lstrip_blocks`` and
 the variables chat templates expect: ``messages``, ``bos_token``, ``eos_token``,
-``add_generation_prompt`` (always true here) and the ``raise_exception`` helper.
+``add_generation_prompt`` (true unless the request turns it off) and the
+``raise_exception`` helper.
 
 Invariants:
     - The rendered text is tokenized with special tokens parsed, and BOS is added
@@ -71,23 +73,27 @@ class ChatTemplate:
     Args:
         tokenizer: the served model's tokenizer; its ``chat_template`` (or
             ``GEMMA3_TEMPLATE`` when ``None``), ``bos_token`` and ``eos_token``.
+        source: a template that replaces the model's (``--chat-template FILE``).
 
     Raises:
         jinja2.TemplateSyntaxError: the template does not compile (a server
             configuration error, raised at startup).
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, source: str | None = None) -> None:
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, autoescape=False
         )
         env.globals["raise_exception"] = _raise_exception
-        self.source = tokenizer.chat_template or GEMMA3_TEMPLATE
+        self.source = source or tokenizer.chat_template or GEMMA3_TEMPLATE
         self._template = env.from_string(self.source)
         self._tokenizer = tokenizer
 
-    def render(self, messages: Sequence[ChatMessage]) -> str:
-        """The prompt text for ``messages``, ending with the generation prompt.
+    def render(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt text for ``messages``, ending with the generation prompt
+        unless ``add_generation_prompt`` is false.
 
         Raises:
             RequestError: 400 when the template refuses the messages; the message
@@ -96,9 +102,9 @@ class ChatTemplate:
         """
         plain = [_as_template_message(m) for m in messages]
         try:
-            return self._render(plain)
+            return self._render(plain, add_generation_prompt)
         except jinja2.TemplateError as exc:
-            index = self._first_failing(plain)
+            index = self._first_failing(plain, add_generation_prompt)
             raise RequestError(
                 f"The chat template cannot render messages[{index}] "
                 f"(role {plain[index]['role']!r}): {exc}",
@@ -106,28 +112,33 @@ class ChatTemplate:
                 code="invalid_messages",
             ) from exc
 
-    def encode(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def encode(
+        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         """Token ids of the rendered prompt (BOS once, special tokens parsed).
 
         Raises:
             RequestError: see ``render``.
         """
-        return encode_prompt(self._tokenizer, self.render(messages))
+        text = self.render(messages, add_generation_prompt=add_generation_prompt)
+        return encode_prompt(self._tokenizer, text)
 
-    def _render(self, messages: list[dict[str, Any]]) -> str:
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return self._template.render(
             messages=messages,
             bos_token=self._tokenizer.bos_token,
             eos_token=self._tokenizer.eos_token,
-            add_generation_prompt=True,
+            add_generation_prompt=generation_prompt,
         )
 
-    def _first_failing(self, messages: list[dict[str, Any]]) -> int:
+    def _first_failing(
+        self, messages: list[dict[str, Any]], generation_prompt: bool
+    ) -> int:
         # Render ever longer prefixes: the first one that fails ends with the
         # message at fault, whatever the template checks.
         for end in range(1, len(messages)):
             try:
-                self._render(messages[:end])
+                self._render(messages[:end], generation_prompt)
             except jinja2.TemplateError:
                 return end - 1
         return len(messages) - 1

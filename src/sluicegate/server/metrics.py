@@ -1,0 +1,134 @@
+"""``/metrics``: the server's Prometheus metrics, one registry per app.
+
+Per request (observed from its ledger row when it ends): time to first token,
+mean inter-token latency and total latency histograms; requests by end state and
+status; prompt and generated tokens. Read at scrape time: active streams, content
+bytes buffered for slow clients, heartbeats sent, coalesced events and slow-client
+aborts (``LiveStreams``); the engine's queue depth, running sequences, KV cells
+used and total, and its generated, wasted and aborted counters (``EngineStats``).
+
+Deliberate divergence: inter-token latency is per request, ``(end of the last
+token - first token) / (completion tokens - 1)``, not per token, so that a metric
+update costs O(1) per request, not per token.
+
+Spec: issue 5, "Metrics"; Prometheus, "Exposition formats" (text 0.0.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sluicegate.engines.base import Engine
+from sluicegate.server.buffer import LiveStreams
+from sluicegate.server.ledger import LedgerRow
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+"""The ``Content-Type`` of ``Metrics.render()``."""
+
+_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class Metrics:
+    """The metrics of one app.
+
+    Args:
+        engine: read (``stats()``) at every scrape.
+        live: the app's running responses, read at every scrape.
+    """
+
+    def __init__(self, engine: Engine, live: LiveStreams) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self._ttft = Histogram(
+            "sluicegate_time_to_first_token_seconds",
+            "From request receipt to the first token id from the engine",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=reg,
+        )
+        self._itl = Histogram(
+            "sluicegate_inter_token_latency_seconds",
+            "Mean time between a request's tokens",
+            buckets=_TOKEN_BUCKETS_S,
+            registry=reg,
+        )
+        self._latency = Histogram(
+            "sluicegate_request_duration_seconds",
+            "From request receipt to its end, whatever the end",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=reg,
+        )
+        self._requests = Counter(
+            "sluicegate_requests",
+            "Requests by end state and HTTP status",
+            ["end_state", "status"],
+            registry=reg,
+        )
+        self._tokens = Counter(
+            "sluicegate_tokens",
+            "Tokens metered by the server (prompt, generated)",
+            ["kind"],
+            registry=reg,
+        )
+        reg.register(_Snapshot(engine, live))
+
+    def observe(self, row: LedgerRow) -> None:
+        """Count one ended request (its ledger row)."""
+        self._requests.labels(str(row.end_state), str(row.status)).inc()
+        self._latency.observe(max(row.ended_at - row.received_at, 0.0))
+        self._tokens.labels("prompt").inc(row.prompt_tokens)
+        self._tokens.labels("generated").inc(row.completion_tokens)
+        if row.first_token_at is None:
+            return
+        self._ttft.observe(max(row.first_token_at - row.received_at, 0.0))
+        if row.completion_tokens > 1:
+            span = max(row.ended_at - row.first_token_at, 0.0)
+            self._itl.observe(span / (row.completion_tokens - 1))
+
+    def render(self) -> bytes:
+        """The text exposition of every metric (``CONTENT_TYPE``)."""
+        return generate_latest(self.registry)
+
+
+class _Snapshot(Collector):
+    """Gauges and counters read from the engine and the live streams per scrape."""
+
+    def __init__(self, engine: Engine, live: LiveStreams) -> None:
+        self._engine = engine
+        self._live = live
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.stats()
+        live = self._live
+        gauges = {
+            "active_streams": ("Responses now running", len(live)),
+            "stream_buffer_bytes": ("Content bytes waiting", live.pending_bytes),
+            "engine_queue_depth": ("Requests queued", stats.queued),
+            "engine_running": ("Sequences running", stats.running),
+            "kv_cells_used": ("KV cells (tokens) in use", stats.kv_cells_used),
+            "kv_cells_total": ("KV cells (tokens) in all", stats.kv_cells_total),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(f"sluicegate_{name}", doc, value=value)
+        counters = {
+            "heartbeats_sent": ("Keep-alive comments written", live.heartbeats_sent),
+            "coalesced_events": ("Deltas merged into others", live.coalesced_events),
+            "slow_client_aborts": ("Streams aborted: slow client", live.aborted_slow),
+            "engine_generated_tokens": ("Engine tokens", stats.generated_tokens),
+            "engine_wasted_tokens": ("Tokens after an abort", stats.wasted_tokens),
+            "engine_aborted_requests": ("Engine aborts", stats.aborted_requests),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(f"sluicegate_{name}", doc, value=value)

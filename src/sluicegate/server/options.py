@@ -1,0 +1,130 @@
+"""Command-line options of ``sluicegate serve`` for admission, limits, shutdown and
+the ledger, and the ``sluicegate usage`` command.
+
+``cli.py`` calls ``add_serve_options`` on its ``serve`` parser, turns the parsed
+options into ``ServerConfig`` fields with ``config_fields``, runs uvicorn with
+``run_server`` (SIGTERM drains first, see ``shutdown.py``), and adds ``usage`` with
+``add_usage_command``.
+
+Spec: issue 5 ("Admission", "Slow consumers", "Timeouts", "Graceful shutdown",
+"Metering ledger").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+
+from sluicegate.server.admission import ApiKey, Quota, read_keys_file
+
+__all__ = [
+    "add_serve_options",
+    "add_usage_command",
+    "config_fields",
+    "default_ledger_path",
+    "run_server",
+]
+
+
+def default_ledger_path() -> Path:
+    """``<data dir>/ledger.sqlite3`` (``$SLUICEGATE_HOME`` or the user cache)."""
+    from sluicegate.model import data_dir
+
+    return data_dir() / "ledger.sqlite3"
+
+
+def add_serve_options(serve: argparse.ArgumentParser) -> None:
+    """Add the admission, limit and ledger options to the ``serve`` parser."""
+    add = serve.add_argument
+    add("--api-key", action="append", default=[], help="accepted key (repeatable)")
+    add("--api-keys-file", type=Path, help="lines of 'key [model,...]'")
+    add("--requests-per-minute", type=float, help="per-key request quota")
+    add("--tokens-per-minute", type=float, help="per-key prompt+max_tokens quota")
+    add("--first-token-timeout-s", type=float, help="time to first token limit")
+    add("--request-timeout-s", type=float, help="total time limit of a request")
+    add("--stream-buffer-bytes", type=int, default=1024 * 1024)
+    add("--stuck-stream-timeout", type=float, default=30.0, help="seconds")
+    add("--stream-interval-ms", type=float, default=0.0, help="event pacing")
+    add("--ledger", type=Path, help="SQLite ledger file (default: data dir)")
+    add("--no-ledger", action="store_true", help="keep the ledger in memory only")
+
+
+def config_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """``ServerConfig`` keyword arguments from the options ``add_serve_options`` added.
+
+    Raises:
+        SystemExit: the keys file cannot be read or parsed (message names it).
+    """
+    keys = [ApiKey(k) for k in args.api_key]
+    if args.api_keys_file is not None:
+        try:
+            keys += read_keys_file(args.api_keys_file)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"sluicegate: --api-keys-file: {exc}") from exc
+    ledger = None if args.no_ledger else (args.ledger or default_ledger_path())
+    return {
+        "api_keys": tuple(keys),
+        "quota": Quota(args.requests_per_minute, args.tokens_per_minute),
+        "first_token_timeout_s": args.first_token_timeout_s,
+        "request_timeout_s": args.request_timeout_s,
+        "max_stream_buffer_bytes": args.stream_buffer_bytes,
+        "stuck_stream_timeout_s": args.stuck_stream_timeout,
+        "stream_interval_s": args.stream_interval_ms / 1000.0,
+        "ledger_path": ledger,
+    }
+
+
+def run_server(app: Starlette, args: argparse.Namespace) -> None:
+    """Serve ``app`` with uvicorn until a signal; the first SIGTERM drains.
+
+    Running responses get ``args.grace_s`` seconds, then the in-band
+    ``server_shutdown`` error; uvicorn's own shutdown follows.
+    """
+    import uvicorn
+
+    from sluicegate.server.shutdown import DrainingServer
+
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.grace_s + 5.0,
+    )
+    DrainingServer(config, app.state.drain, args.grace_s).run()
+
+
+def add_usage_command(sub: Any) -> None:
+    """Add ``sluicegate usage [--ledger PATH]`` to the subcommands ``sub``."""
+    usage = sub.add_parser("usage", help="ledger totals per API key and end state")
+    usage.add_argument("--ledger", type=Path, help="SQLite ledger file")
+    usage.set_defaults(func=_usage)
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sluicegate.server.ledger import usage_totals
+
+    path: Path = args.ledger or default_ledger_path()
+    if not path.is_file():
+        print(f"sluicegate: no ledger at {path}", file=sys.stderr)
+        return 2
+    table = Table(title=f"usage ({path})")
+    for column in ("key", "end state", "requests", "prompt", "completion"):
+        table.add_column(column, justify="left" if " " in column else "right")
+    for t in usage_totals(path):
+        table.add_row(
+            t.key_id,
+            str(t.end_state),
+            str(t.requests),
+            str(t.prompt_tokens),
+            str(t.completion_tokens),
+        )
+    Console().print(table)
+    return 0

@@ -1,0 +1,198 @@
+"""Admission before the first byte: keys (401/403), quotas (429), draining (503)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from sluicegate.core.endstate import EndState
+from sluicegate.engines.scripted import ScriptedEngine
+from sluicegate.server.admission import (
+    ANONYMOUS,
+    Admission,
+    ApiKey,
+    Forbidden,
+    OverQuota,
+    Quota,
+    TokenBucket,
+    Unauthenticated,
+    key_id_of,
+    read_keys_file,
+)
+from sluicegate.server.app import create_app
+from sluicegate.server.config import ServerConfig
+from sluicegate.server.ledger import Ledger
+
+from .asgi import CHAT, HELLO
+
+pytestmark = pytest.mark.anyio
+
+CHAT_BODY = {"messages": HELLO, "max_tokens": 8}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def test_bucket_refills_continuously_up_to_its_capacity() -> None:
+    bucket = TokenBucket(60, now=0.0)
+    assert bucket.wait_s(60, 0.0) == 0
+    bucket.take(60)
+    assert bucket.wait_s(1, 0.0) == pytest.approx(1.0)
+    assert bucket.wait_s(30, 10.0) == pytest.approx(20.0)
+    assert bucket.level(1000.0) == 60
+    bucket.give(100)
+    assert bucket.level(1000.0) == 60
+
+
+def test_keys_file_lines_give_keys_and_model_lists(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("# comment\n\nsk-a\nsk-b m1,m2\n")
+    keys = read_keys_file(path)
+    assert [(k.secret, k.models) for k in keys] == [
+        ("sk-a", frozenset()),
+        ("sk-b", frozenset({"m1", "m2"})),
+    ]
+    assert keys[0].key_id == key_id_of("sk-a") != "sk-a"
+    assert "sk-a" not in repr(keys[0])
+    path.write_text("sk-a m1 extra\n")
+    with pytest.raises(ValueError, match=r"keys:1: expected"):
+        read_keys_file(path)
+
+
+def test_missing_and_unknown_keys_are_unauthenticated() -> None:
+    admission = Admission([ApiKey("sk-good")])
+    with pytest.raises(Unauthenticated) as missing:
+        admission.authenticate({})
+    assert missing.value.code == "missing_api_key"
+    with pytest.raises(Unauthenticated) as unknown:
+        admission.authenticate(_bearer("sk-bad"))
+    assert unknown.value.code == "invalid_api_key"
+    assert admission.authenticate(_bearer("sk-good")) == ApiKey("sk-good")
+    assert Admission().authenticate({}) is None
+
+
+def test_a_key_limited_to_other_models_is_forbidden() -> None:
+    key = ApiKey("sk", frozenset({"other"}))
+    with pytest.raises(Forbidden):
+        Admission([key]).admit(key, "served", 10)
+
+
+def test_tokens_quota_reserves_and_returns_the_unused_part() -> None:
+    clock = FakeClock()
+    admission = Admission(quota=Quota(tokens_per_minute=100), clock=clock)
+    grant = admission.admit(None, "m", 80)
+    assert grant.key_id == ANONYMOUS
+    with pytest.raises(OverQuota) as over:
+        admission.admit(None, "m", 40)
+    assert over.value.retry_after_s == 12  # 20 missing at 100/60 per second
+    grant.release(30)  # 50 unused tokens come back
+    grant.release(0)  # only once
+    admission.admit(None, "m", 40)
+
+
+def test_requests_quota_refills_with_time() -> None:
+    clock = FakeClock()
+    admission = Admission(quota=Quota(requests_per_minute=2), clock=clock)
+    admission.admit(None, "m", 1)
+    admission.admit(None, "m", 1)
+    with pytest.raises(OverQuota) as over:
+        admission.admit(None, "m", 1)
+    assert over.value.retry_after_s == 30
+    clock.now += 30
+    admission.admit(None, "m", 1)
+
+
+def test_a_request_larger_than_the_tokens_quota_is_refused_outright() -> None:
+    admission = Admission(quota=Quota(tokens_per_minute=10))
+    with pytest.raises(OverQuota) as over:
+        admission.admit(None, "m", 11)
+    assert over.value.code == "tokens_over_quota"
+
+
+def _keyed_app(engine: ScriptedEngine, **config: object) -> Starlette:
+    keys = (ApiKey("sk-all"), ApiKey("sk-other", frozenset({"other-model"})))
+    return create_app(engine, ServerConfig(api_keys=keys, **config))  # type: ignore[arg-type]
+
+
+async def _post(app: Starlette, headers: dict[str, str]) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        return await client.post(CHAT, json=CHAT_BODY, headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "code"),
+    [
+        ({}, 401, "missing_api_key"),
+        (_bearer("sk-wrong"), 401, "invalid_api_key"),
+        ({"authorization": "Basic sk-all"}, 401, "missing_api_key"),
+        (_bearer("sk-other"), 403, "model_access_denied"),
+    ],
+)
+async def test_bad_keys_are_refused_in_openai_shape_before_the_engine(
+    headers: dict[str, str], status: int, code: str
+) -> None:
+    engine = ScriptedEngine(tokens_per_s=5000)
+    app = _keyed_app(engine)
+    response = await _post(app, headers)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code
+    assert "sk-" not in error["message"]
+    assert engine.stats().prompt_tokens == 0
+    ledger: Ledger = app.state.ledger
+    row = ledger.rows[-1]
+    assert (row.end_state, row.status) == (EndState.REJECTED, status)
+    assert "sk-" not in row.key_id
+
+
+async def test_a_good_key_is_served_and_its_id_recorded() -> None:
+    app = _keyed_app(ScriptedEngine(tokens_per_s=5000))
+    response = await _post(app, _bearer("sk-all"))
+    assert response.status_code == 200
+    ledger: Ledger = app.state.ledger
+    assert ledger.rows[-1].key_id == key_id_of("sk-all")
+
+
+async def test_over_quota_is_429_with_retry_after_and_never_reaches_the_engine() -> (
+    None
+):
+    engine = ScriptedEngine(tokens_per_s=5000)
+    app = _keyed_app(engine, quota=Quota(requests_per_minute=1))
+    assert (await _post(app, _bearer("sk-all"))).status_code == 200
+    generated = engine.stats().generated_tokens
+    response = await _post(app, _bearer("sk-all"))
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "60"
+    assert response.json()["error"]["type"] == "rate_limit_error"
+    assert engine.stats().generated_tokens == generated
+    assert engine.stats().finished_requests == 1
+
+
+async def test_a_draining_server_answers_503_and_is_not_ready(app: Starlette) -> None:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.get("/ready")).status_code == 200
+        app.state.drain.draining = True
+        ready = await client.get("/ready")
+        response = await client.post(CHAT, json=CHAT_BODY)
+        health = await client.get("/health")
+    assert (ready.status_code, ready.headers["retry-after"]) == (503, "1")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert json.loads(response.text)["error"]["code"] == "server_shutting_down"
+    assert (health.status_code, health.json()) == (200, {"status": "draining"})
