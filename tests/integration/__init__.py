@@ -1,0 +1,1 @@
+"""Integration tests: real sluicegate servers driven over HTTP."""

@@ -1,0 +1,36 @@
+"""Event streams carry the headers that keep proxies from buffering them (S15)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .wire import collect
+
+pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_stream_headers_are_proxy_safe_and_never_compressed(
+    http: httpx.Client, path: str
+) -> None:
+    """S15: event-stream type, no-cache, no proxy buffering, no length, no gzip.
+
+    The case asks for 256 tokens; headers do not depend on the length, so 16 keep
+    the test fast.
+    """
+    payload = (
+        {"messages": [{"role": "user", "content": "Write a long story."}]}
+        if path.endswith("chat/completions")
+        else {"prompt": "Write a long story."}
+    )
+    recorded, _ = collect(
+        http, path, {**payload, "max_tokens": 16}, {"Accept-Encoding": "gzip"}
+    )
+    headers = recorded.headers
+
+    assert headers["content-type"].split(";")[0].strip() == "text/event-stream"
+    assert "no-cache" in headers["cache-control"]
+    assert headers["x-accel-buffering"] == "no"
+    assert "content-length" not in headers
+    assert "content-encoding" not in headers  # and the raw bytes parsed as SSE

@@ -1,0 +1,108 @@
+"""Stop strings on the real model: held back while they may match, never leaked.
+
+Each test runs the request streamed, the same request with ``stream: false``, and the
+request without ``stop`` (greedy, so the model writes the same tokens): the streamed
+text must be that unstopped text cut before the earliest stop string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from .wire import (
+    assert_deltas_not_cumulative,
+    collect,
+    complete,
+    response_text,
+    stop_reference,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
+
+COMPLETIONS = "/v1/completions"
+
+
+def unstopped_text(http: httpx.Client, payload: dict[str, Any]) -> str:
+    """What the model writes for ``payload`` when no stop string is set."""
+    without_stop = {k: v for k, v in payload.items() if k != "stop"}
+    return response_text(complete(http, COMPLETIONS, without_stop))
+
+
+def test_stop_string_is_held_back_and_never_leaks(http: httpx.Client) -> None:
+    """S01: a stop string spread over several tokens never reaches the client."""
+    stop = "DEFGHIJ"
+    payload = {
+        "prompt": "Here is the English alphabet: ABC",
+        "stop": [stop],
+        "temperature": 0,
+        "max_tokens": 32,
+    }
+    recorded, choices = collect(http, COMPLETIONS, payload)
+    body = complete(http, COMPLETIONS, payload)
+    unstopped = unstopped_text(http, payload)
+    text = choices[0].text
+
+    assert text == response_text(body)
+    assert choices[0].finish_reason == body["choices"][0]["finish_reason"]
+    assert text == stop_reference(unstopped, [stop]), unstopped
+    assert stop not in recorded.body.decode("utf-8")
+    if stop in unstopped:
+        assert choices[0].finish_reason == "stop"
+        leaked = [stop[:n] for n in range(1, len(stop)) if text.endswith(stop[:n])]
+        assert not leaked, (text, unstopped)
+
+
+def test_several_stop_strings_end_at_the_earliest_without_repeats(
+    http: httpx.Client,
+) -> None:
+    """S02: with several stop strings the text ends at the first that matches."""
+    stops = ["\n", "Alice:"]
+    payload = {
+        "prompt": "Alice: Hi, Bob!\nBob: Hi,",
+        "stop": stops,
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    _, choices = collect(http, COMPLETIONS, payload)
+    body = complete(http, COMPLETIONS, payload)
+    unstopped = unstopped_text(http, payload)
+    text = choices[0].text
+
+    assert text == response_text(body)
+    assert_deltas_not_cumulative(choices[0].deltas, response_text(body))
+    assert text == stop_reference(unstopped, stops), unstopped
+    assert all(stop not in text for stop in stops)
+    assert choices[0].finish_reason == body["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize("max_tokens", [2, 3])
+def test_held_back_tail_is_flushed_before_the_finish_chunk(
+    http: httpx.Client, max_tokens: int
+) -> None:
+    """S03: text held back as a possible stop prefix is sent when generation ends.
+
+    The default model writes ``?``, ``\\n``, ``Alice`` here: with the case's
+    ``max_tokens`` 3 the stop string matches (empty text, ``stop``); with 2 the
+    held-back ``?\\n`` must be flushed at the length finish. ``collect`` checks
+    that no text follows the finish chunk.
+    """
+    stop = "?\nAlice"
+    payload = {
+        "prompt": "Alice: Ask me any question.\nBob: What color is the sky on Mars",
+        "stop": [stop],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    _, choices = collect(http, COMPLETIONS, payload)
+    body = complete(http, COMPLETIONS, payload)
+    unstopped = unstopped_text(http, payload)
+    text = choices[0].text
+
+    assert text == response_text(body)
+    assert text == stop_reference(unstopped, [stop]), unstopped
+    if stop not in unstopped:
+        assert text == unstopped
+        assert choices[0].finish_reason in ("length", "stop")
