@@ -55,8 +55,18 @@ def _build_engine(args: argparse.Namespace) -> Engine:
     if args.engine == "scripted":
         from sluicegate.engines.scripted import ScriptedEngine, parse_faults
 
+        script = None
+        if args.scripted_text is not None:
+            try:
+                script = args.scripted_text.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SystemExit(f"sluicegate: --scripted-text: {exc}") from exc
         return ScriptedEngine(
-            tokens_per_s=args.scripted_rate, **parse_faults(args.fault or [])
+            script,
+            tokens_per_s=args.scripted_rate,
+            max_running=args.scripted_max_running,
+            max_queued=args.scripted_max_queued,
+            **parse_faults(args.fault or []),
         )
     from sluicegate.engines.llamacpp import LlamaCppEngine
     from sluicegate.model import DEFAULT_MODEL_ID
@@ -131,7 +141,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--n-ctx", type=int, default=8192, help="KV cells (tokens)")
     serve.add_argument("--parallel", type=int, default=4, help="sequences per step")
     serve.add_argument(
-        "--step-tokens", type=int, default=256, help="token budget of one decode step"
+        "--step-tokens",
+        type=int,
+        default=128,
+        help="token budget of one decode step (bounds abort latency during prefill)",
     )
     serve.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
     serve.add_argument(
@@ -148,6 +161,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--scripted-rate", type=float, default=50.0, help="scripted tokens/s"
+    )
+    serve.add_argument(
+        "--scripted-text",
+        type=Path,
+        metavar="FILE",
+        help="what the scripted engine says (default: a short built-in text)",
+    )
+    serve.add_argument(
+        "--scripted-max-running",
+        type=int,
+        default=8,
+        help="scripted sequences decoded at once",
+    )
+    serve.add_argument(
+        "--scripted-max-queued",
+        type=int,
+        default=32,
+        help="scripted sequences that may wait",
     )
     serve.add_argument(
         "--fault",

@@ -85,6 +85,37 @@ def test_incomplete_character_at_flush_becomes_one_replacement_character() -> No
     assert detok.flush() == "\ufffd"
 
 
+def test_incomplete_tail_is_dropped_at_flush_when_asked() -> None:
+    detok = IncrementalDetokenizer(TOY, drop_incomplete_tail=True)
+    assert detok.feed([1, 6]) == "Caf"
+    assert detok.pending_bytes == b"\xe2\x82"
+    assert detok.flush() == ""
+    assert detok.pending_bytes == b""
+
+
+def test_dropping_the_tail_still_replaces_bytes_that_cannot_complete() -> None:
+    detok = IncrementalDetokenizer(TOY, drop_incomplete_tail=True)
+    assert detok.feed([6, 1]) == "\ufffdCaf"  # E2 82 then "C": cannot complete
+    assert detok.flush() == ""
+
+
+@given(
+    st.lists(st.integers(0, len(TOY) - 1), max_size=30),
+    st.lists(st.integers(0, 30), max_size=5),
+)
+def test_dropping_the_tail_changes_only_a_trailing_replacement(
+    ids: list[int], cuts: list[int]
+) -> None:
+    keep = IncrementalDetokenizer(TOY)
+    drop = IncrementalDetokenizer(TOY, drop_incomplete_tail=True)
+    out_keep = "".join(keep.feed(part) for part in split_at(ids, cuts))
+    out_drop = "".join(drop.feed(part) for part in split_at(ids, cuts))
+    assert out_keep == out_drop
+    tail = keep.flush()
+    assert tail in ("", "\ufffd")
+    assert drop.flush() == ""
+
+
 def test_sequence_that_cannot_complete_becomes_replacement_at_once() -> None:
     detok = IncrementalDetokenizer(TOY)
     assert detok.feed([6]) == ""

@@ -246,3 +246,13 @@ async def test_a_configured_chat_template_replaces_the_models() -> None:
     )
     prompt = TOKENIZER.decode(script.requests[0].prompt_token_ids)
     assert prompt == "[user] Hi\n[assistant] Yo\n"
+
+
+async def test_null_parameters_mean_not_given() -> None:
+    script = Recorder()
+    nulls = dict.fromkeys(
+        ["n", "presence_penalty", "logprobs", "top_logprobs", "stop", "seed", "user"]
+    )
+    payload = await _post(_app(script), CHAT, {"messages": HELLO, **nulls})
+    assert payload["choices"][0]["logprobs"] is None
+    assert script.params == [SamplingParams(max_tokens=script.params[0].max_tokens)]

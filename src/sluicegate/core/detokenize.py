@@ -47,15 +47,28 @@ class IncrementalDetokenizer:
             kept by reference, not copied.
         skip_ids: token ids whose pieces are never decoded (BOS, EOS, end of
             turn, other control tokens).
+        drop_incomplete_tail: what ``flush()`` does with the first bytes of a
+            character that the sequence ended in the middle of (``max_tokens``
+            cut a byte-fallback character short): ``False`` returns U+FFFD, as
+            a full decode does; ``True`` returns nothing, so that no content
+            carries U+FFFD for a character the model never finished. Bytes that
+            can never complete still become U+FFFD at once either way.
+
+    Spec: ../shared/cases/streaming-cases.json, case S17 (``drop_incomplete_tail``).
     """
 
-    __slots__ = ("_closed", "_pending", "_pieces", "_skip_ids")
+    __slots__ = ("_closed", "_drop_tail", "_pending", "_pieces", "_skip_ids")
 
     def __init__(
-        self, pieces: Sequence[bytes], skip_ids: frozenset[int] = frozenset()
+        self,
+        pieces: Sequence[bytes],
+        skip_ids: frozenset[int] = frozenset(),
+        *,
+        drop_incomplete_tail: bool = False,
     ) -> None:
         self._pieces = pieces
         self._skip_ids = skip_ids
+        self._drop_tail = drop_incomplete_tail
         # The bytes of an incomplete character. What codecs' incremental UTF-8
         # decoder keeps in its buffer, kept here to call the C decoder directly:
         # its Python wrapper cost more than the decoding, once per token.
@@ -113,7 +126,8 @@ class IncrementalDetokenizer:
         """Return the rest and end the object.
 
         Returns:
-            ``""``, or U+FFFD for an incomplete character left at the end.
+            ``""``, or, for an incomplete character left at the end, U+FFFD
+            (``""`` with ``drop_incomplete_tail``).
 
         Raises:
             LocalProtocolError: called twice.
@@ -121,8 +135,10 @@ class IncrementalDetokenizer:
         if self._closed:
             raise LocalProtocolError("IncrementalDetokenizer.flush() called twice")
         self._closed = True
-        text, _ = utf_8_decode(self._pending, "replace", True)
-        self._pending = b""
+        pending, self._pending = self._pending, b""
+        if self._drop_tail:
+            return ""
+        text, _ = utf_8_decode(pending, "replace", True)
         return text
 
 

@@ -127,7 +127,8 @@ class LogprobAligner(Generic[_T]):
         Returns:
             The released text up to the end of the last token it covers whole,
             with the tokens up to that one; ``AlignedStep("")`` when no token is
-            covered whole yet.
+            covered whole yet, or when the covered tokens add no text (control
+            tokens wait for the next text, or are dropped at ``flush``).
 
         Raises:
             LocalProtocolError: after ``flush()``, or ``end`` smaller than the

@@ -131,7 +131,7 @@ class LlamaCppEngine:
         model_id: str | None = None,
         n_ctx: int = 8192,
         n_parallel: int = 4,
-        step_tokens: int = 256,
+        step_tokens: int = 128,
         n_threads: int | None = None,
         queue_limit: int = 64,
     ) -> None:

@@ -35,7 +35,6 @@ Spec: ../shared/DESIGN.md, "Engine protocol".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import math
@@ -186,6 +185,7 @@ class ScriptedEngine:
             raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s!r}")
         self._tokenizer = tokenizer or ScriptedTokenizer()
         self._script = f"{DEFAULT_TEXT}<end_of_turn>" if script is None else script
+        self._text_ids: tuple[int, ...] | None = None
         self._model = ModelInfo(model_id, context_length, created=1_700_000_000)
         self._step_s = 1.0 / tokens_per_s
         self._prefill_delay_s = prefill_delay_s
@@ -295,9 +295,7 @@ class ScriptedEngine:
     def _script_for(self, request: GenerateRequest) -> Iterator[int]:
         script = self._script
         if isinstance(script, str):
-            ids: Iterable[int] = self._tokenizer.encode(
-                script, add_special=False, parse_special=True
-            )
+            ids: Iterable[int] = self._encoded_text(script)
         elif callable(script):
             ids = script(request)
         else:
@@ -305,6 +303,15 @@ class ScriptedEngine:
         if self._never_finishes:
             return _endless(ids)
         return iter(ids)
+
+    def _encoded_text(self, text: str) -> tuple[int, ...]:
+        # Encoded once: the toy tokenizer is pure Python and a long script would
+        # otherwise cost more per request than serving its tokens.
+        if self._text_ids is None:
+            self._text_ids = tuple(
+                self._tokenizer.encode(text, add_special=False, parse_special=True)
+            )
+        return self._text_ids
 
     def _start(self, seq: _Sequence) -> None:
         seq.phase = _Phase.RUNNING
@@ -397,10 +404,17 @@ class ScriptedEngine:
             seq.wake.clear()
             if delay_s <= 0:
                 await asyncio.sleep(0)
+            elif math.isinf(delay_s):
+                await seq.wake.wait()
             else:
-                timeout = None if math.isinf(delay_s) else delay_s
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(seq.wake.wait(), timeout)
+                # A timer that sets ``wake``: ``wait_for`` would wrap every step
+                # of every sequence in a task of its own (Python 3.11).
+                loop = asyncio.get_running_loop()
+                timer = loop.call_later(delay_s, seq.wake.set)
+                try:
+                    await seq.wake.wait()
+                finally:
+                    timer.cancel()
         return seq.abort_requested
 
     async def _outputs(self, seq: _Sequence) -> AsyncIterator[EngineOutput]:

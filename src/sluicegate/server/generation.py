@@ -212,7 +212,9 @@ class Generation:
             plan.stops, include_stop_str_in_output=plan.include_stop_str_in_output
         )
         aligner = None if plan.logprobs is None else LogprobAligner[TokenLogprob]()
-        detokenizer = IncrementalDetokenizer(tokenizer.pieces, skip)
+        detokenizer = IncrementalDetokenizer(
+            tokenizer.pieces, skip, drop_incomplete_tail=True
+        )
         decoder = ChoiceDecoder(detokenizer, stops)
         return _Choice(
             index, sequence_id, decoder, detokenizer, choice_plan.echo, aligner
@@ -251,6 +253,8 @@ class Generation:
             self._put(choice, outbox, step.text, None)
             return step
         logprobs = output.logprobs or ()
+        if len(logprobs) != len(output.token_ids):
+            raise EngineError(f"expected one logprob per token id; got {output!r}")
         step = ChoiceStep("")
         for token_id, logprob in zip(output.token_ids, logprobs, strict=True):
             step = decoder.feed((token_id,))

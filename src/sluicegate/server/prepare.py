@@ -16,10 +16,12 @@ Spec: ../shared/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import secrets
 import time
 from dataclasses import dataclass
 
+from sluicegate import __version__
 from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import ModelNotFound, RequestError
 from sluicegate.engines.base import Engine, GenerateRequest, SamplingParams, Tokenizer
@@ -35,6 +37,7 @@ __all__ = [
     "plan_chat",
     "plan_completion",
     "resolve_model",
+    "system_fingerprint",
 ]
 
 
@@ -106,6 +109,19 @@ def new_response_id(endpoint: Endpoint) -> str:
     """A fresh response id: ``chatcmpl-<24 hex>`` or ``cmpl-<24 hex>``."""
     prefix = "chatcmpl" if endpoint is Endpoint.CHAT else "cmpl"
     return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def system_fingerprint(model: str) -> str:
+    """``fp_`` and 12 hex digits naming this server version and ``model``.
+
+    The same on every chunk and response of one server build serving one model,
+    so clients can tell when the backend changed (what the field is for).
+
+    Spec: OpenAI API reference, "The chat completion object",
+    ``system_fingerprint``.
+    """
+    digest = hashlib.sha256(f"sluicegate {__version__} {model}".encode())
+    return f"fp_{digest.hexdigest()[:12]}"
 
 
 def resolve_model(requested: str | None, engine: Engine, config: ServerConfig) -> str:
@@ -300,6 +316,7 @@ def _plan(
         endpoint=Endpoint.CHAT if chat else Endpoint.COMPLETION,
         n=len(choices),
         include_usage=request.include_usage,
+        system_fingerprint=system_fingerprint(model),
     )
     return Plan(
         header,

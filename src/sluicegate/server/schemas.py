@@ -23,6 +23,7 @@ Deliberate divergences from the OpenAI API reference:
   ``skip_special_tokens``, ``add_generation_prompt`` (chat) and
   ``continuous_usage_stats`` (top level or in ``stream_options``; it implies
   ``include_usage``).
+- ``null`` for any parameter means "not given" (its default applies).
 - Unknown parameters are ignored, and logged once per name.
 
 Spec: OpenAI API reference, "Create chat completion" and "Create completion".
@@ -344,7 +345,8 @@ def _parse(
             )
     _log_unknown(model, body, unsupported)
     try:
-        request = model.model_validate(dict(body))
+        # ``null`` means "not given", as the reference API reads it.
+        request = model.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as exc:
         raise _request_error(exc.errors()[0]) from exc
     if request.stream_options is not None and not request.stream:

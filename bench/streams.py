@@ -1,0 +1,576 @@
+"""Many concurrent streams against one server core: sluicegate vs a common baseline.
+
+Starts two servers, each pinned to CPU 0 with ``taskset``, both running the
+scripted engine at ``--rate`` tokens/s per stream on the same ASCII script:
+
+- ``sluicegate``: ``sluicegate serve --engine scripted``;
+- ``baseline``: ``bench/baseline_server.py`` (Starlette + sse-starlette + a pydantic
+  chunk per token, naive per-token re-decode).
+
+For each N in ``--n``, a load process pinned to CPU 1 (this file with
+``--load``) opens N streaming chat requests over raw asyncio sockets, their starts
+spread uniformly over ``--ramp-s`` seconds (a real server's streams do not tick in
+phase), each asking for ``rate x duration`` tokens. The client parses no JSON: it
+counts content events in whole HTTP chunks and stamps their arrival time, so it is
+cheap enough not to be the bottleneck (its own CPU share is reported).
+
+Reported per server and N:
+
+- delivered tokens/s: content events that arrived while every stream was running
+  (from the end of the ramp to the end of the first stream), per second;
+- added inter-token latency p50/p99 (ms): each gap between two content events of
+  a stream minus the engine's own step ``1/rate``;
+- schedule lag p99 (ms): how late the k-th event is against ``first + k/rate``
+  (includes the engine's timer drift, which both servers share);
+- time to first token p50/p99 (ms), from sending the request;
+- server CPU (share of one core over the load) and CPU us per token, peak RSS
+  (MiB, sampled ``VmRSS``);
+- streams finished, truncated (closed without ``[DONE]``; errored and rejected
+  ones counted here too) and timed out (not over ``ramp + 2 x duration + 10`` s
+  after the load started: the client gave up on them).
+
+Then the ratio sluicegate/baseline for delivered tokens/s and p99 added latency.
+Prints a table and writes ``bench/results/streams.json``, with the load average.
+Not a test: nothing here asserts a timing.
+
+Run: ``.venv/bin/python bench/streams.py [--n 100 500 1000 2000] [--duration-s 10]
+[--quick] [--profile FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "streams.json"
+PYTHON = sys.executable
+
+# ASCII only, so every token is one content event (no UTF-8 held back).
+SENTENCE = " The quick brown fox streams tokens correctly, once upon a time."
+
+CONTENT = b'"content":"'
+EMPTY_CONTENT = b'"content":""'
+DONE = b"data: [DONE]"
+ERROR = b'data: {"error"'
+COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+# A chunk of the chunked body whose data ends in a newline: every event before it
+# is whole (each server writes whole events per chunk).
+CHUNK_END = b"\n\r\n"
+
+
+# ---------------------------------------------------------------- load process
+
+
+@dataclass
+class LoadStats:
+    """What the load process measured over all its streams."""
+
+    rate: float
+    window: tuple[float, float]
+    gaps_ms: array.array[float] = field(default_factory=lambda: array.array("d"))
+    lags_ms: array.array[float] = field(default_factory=lambda: array.array("d"))
+    ttft_ms: list[float] = field(default_factory=list)
+    in_window: int = 0
+    events: int = 0
+    completion_tokens: int = 0
+    finished: int = 0
+    truncated: int = 0
+    timed_out: int = 0
+    errored: int = 0
+    rejected: int = 0
+
+
+class _Stream(asyncio.Protocol):
+    """One streaming request; counts content events as whole chunks arrive."""
+
+    def __init__(self, stats: LoadStats, request: bytes, done: asyncio.Future[None]):
+        self.stats = stats
+        self.request = request
+        self.done = done
+        self.buffer = b""
+        self.sent_at = 0.0
+        self.first = 0.0
+        self.last = 0.0
+        self.count = 0
+        self.status_checked = False
+        self.ended = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        self.sent_at = time.perf_counter()
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        buffer = self.buffer + data
+        cut = buffer.rfind(CHUNK_END)
+        if cut < 0:
+            self.buffer = buffer
+            return
+        whole, self.buffer = buffer[: cut + 3], buffer[cut + 3 :]
+        stats = self.stats
+        if not self.status_checked:
+            self.status_checked = True
+            if not whole.startswith(b"HTTP/1.1 200"):
+                stats.rejected += 1
+                self._end()
+                return
+        events = whole.count(CONTENT) - whole.count(EMPTY_CONTENT)
+        if events:
+            step_ms = 1000.0 / stats.rate
+            if self.count == 0:
+                self.first = now
+                stats.ttft_ms.append((now - self.sent_at) * 1000.0)
+            else:
+                stats.gaps_ms.append((now - self.last) * 1000.0 - step_ms)
+            for k in range(self.count, self.count + events):
+                stats.lags_ms.append((now - self.first) * 1000.0 - k * step_ms)
+            stats.gaps_ms.extend([-step_ms] * (events - 1))  # arrived together
+            self.count += events
+            self.last = now
+            stats.events += events
+            if stats.window[0] <= now < stats.window[1]:
+                stats.in_window += events
+        if ERROR in whole:
+            stats.errored += 1
+            self._end()
+        elif DONE in whole:
+            found = COMPLETION_TOKENS.search(whole)
+            stats.completion_tokens += int(found[1]) if found else self.count
+            stats.finished += 1
+            self._end()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.ended:
+            self.stats.truncated += 1
+            self.ended = True
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _end(self) -> None:
+        self.ended = True
+        self.transport.close()
+
+
+def _request(port: int, tokens: int) -> bytes:
+    body = json.dumps(
+        {
+            "model": "scripted",
+            "messages": [{"role": "user", "content": "Tell me a story."}],
+            "stream": True,
+            "max_tokens": tokens,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Accept: text/event-stream\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _one(
+    stats: LoadStats, port: int, request: bytes, delay_s: float, deadline: float
+) -> None:
+    await asyncio.sleep(delay_s)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    try:
+        transport, protocol = await loop.create_connection(
+            lambda: _Stream(stats, request, done), "127.0.0.1", port
+        )
+    except OSError:
+        stats.rejected += 1
+        return
+    transport.get_extra_info("socket").setsockopt(
+        socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
+    )
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done, max(deadline - time.perf_counter(), 0.0))
+    if not protocol.ended:  # not over by the deadline: the client gives up
+        protocol.ended = True
+        stats.timed_out += 1
+        transport.abort()
+
+
+async def _load(
+    port: int, n: int, rate: float, duration_s: float, ramp_s: float
+) -> LoadStats:
+    start = time.perf_counter()
+    window = (start + ramp_s + 0.5, start + duration_s)
+    stats = LoadStats(rate, window)
+    request = _request(port, max(int(rate * duration_s), 1))
+    deadline = start + ramp_s + 2 * duration_s + 10.0
+    rng = random.Random(n)
+    await asyncio.gather(
+        *(
+            _one(stats, port, request, rng.uniform(0, ramp_s), deadline)
+            for _ in range(n)
+        )
+    )
+    return stats
+
+
+def _run_load(args: argparse.Namespace) -> int:
+    """The ``--load`` process: run one load, print its measurements as JSON."""
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    cpu0 = time.process_time()
+    wall0 = time.perf_counter()
+    stats = asyncio.run(
+        _load(args.port, args.streams, args.rate, args.duration_s, args.ramp_s)
+    )
+    window_s = stats.window[1] - stats.window[0]
+    print(
+        json.dumps(
+            {
+                "tokens_per_s": stats.in_window / window_s if window_s > 0 else 0.0,
+                "events": stats.events,
+                "completion_tokens": stats.completion_tokens,
+                "itl_added_ms": _percentiles(stats.gaps_ms),
+                "schedule_lag_ms": _percentiles(stats.lags_ms),
+                "ttft_ms": _percentiles(stats.ttft_ms),
+                "finished": stats.finished,
+                "truncated": stats.truncated,
+                "timed_out": stats.timed_out,
+                "errored": stats.errored,
+                "rejected": stats.rejected,
+                "load_cpu_share": (time.process_time() - cpu0)
+                / (time.perf_counter() - wall0),
+            }
+        )
+    )
+    return 0
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if len(values) < 2:
+        only = values[0] if values else None
+        return {"p50": only, "p99": only, "max": only}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": cuts[49], "p99": cuts[98], "max": max(values)}
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
+    if kind == "sluicegate":
+        return [
+            PYTHON,
+            "-m",
+            "sluicegate",
+            "serve",
+            "--engine=scripted",
+            f"--port={port}",
+            f"--scripted-rate={rate}",
+            f"--scripted-text={text}",
+            "--scripted-max-running=100000",
+            "--scripted-max-queued=100000",
+            "--no-ledger",
+            "--log-level=warning",
+        ]
+    return [
+        PYTHON,
+        str(ROOT / "bench" / "baseline_server.py"),
+        f"--port={port}",
+        f"--rate={rate}",
+        f"--text={text}",
+        "--max-running=100000",
+    ]
+
+
+@contextlib.contextmanager
+def _server(kind: str, rate: float, text: Path, cpu: str) -> Iterator[tuple[int, int]]:
+    """A server pinned to ``cpu``; yields (pid, port) once ``/health`` answers."""
+    port = _free_port()
+    command = ["taskset", "-c", cpu, *_server_command(kind, port, rate, text)]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT
+    )
+    try:
+        for _ in range(200):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{kind} server exited with {proc.returncode}")
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"{kind} server did not answer /health")
+        yield proc.pid, port
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class _RssSampler(threading.Thread):
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_mib = _rss_mib(pid)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            with contextlib.suppress(OSError):
+                self.peak_mib = max(self.peak_mib, _rss_mib(self.pid))
+
+
+def _measure(
+    kind: str,
+    pid: int,
+    port: int,
+    n: int,
+    args: argparse.Namespace,
+    profile: Path | None,
+) -> dict[str, Any]:
+    command = [
+        "taskset",
+        "-c",
+        args.load_cpu,
+        PYTHON,
+        __file__,
+        "--load",
+        f"--port={port}",
+        f"--streams={n}",
+        f"--rate={args.rate}",
+        f"--duration-s={args.duration_s}",
+        f"--ramp-s={args.ramp_s}",
+    ]
+    sampler = _RssSampler(pid)
+    sampler.start()
+    spy = None
+    if profile is not None:
+        spy = subprocess.Popen(
+            [
+                str(Path(PYTHON).parent / "py-spy"),
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(max(int(args.duration_s - args.ramp_s), 1)),
+                "--format",
+                "raw",
+                "-o",
+                str(profile),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    cpu0, wall0 = _cpu_s(pid), time.perf_counter()
+    load = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
+    cpu_s, wall_s = _cpu_s(pid) - cpu0, time.perf_counter() - wall0
+    sampler.stop.set()
+    sampler.join()
+    if spy is not None:
+        spy.wait()
+    result: dict[str, Any] = json.loads(load.stdout)
+    tokens = max(result["events"], 1)
+    return {
+        "server": kind,
+        "n": n,
+        **result,
+        "server_cpu_share": cpu_s / wall_s,
+        "server_cpu_us_per_token": cpu_s / tokens * 1e6,
+        "server_rss_mib": sampler.peak_mib,
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="streams: one server core, scripted engine")
+    for column in (
+        "server",
+        "N",
+        "tok/s",
+        "ITL+ p50",
+        "ITL+ p99",
+        "lag p99",
+        "TTFT p50",
+        "TTFT p99",
+        "CPU",
+        "us/tok",
+        "RSS MiB",
+        "fin",
+        "trunc",
+        "timeout",
+        "load CPU",
+    ):
+        table.add_column(column, justify="left" if column == "server" else "right")
+    for row in rows:
+        table.add_row(
+            row["server"],
+            str(row["n"]),
+            f"{row['tokens_per_s']:.0f}",
+            _ms(row["itl_added_ms"]["p50"]),
+            _ms(row["itl_added_ms"]["p99"]),
+            _ms(row["schedule_lag_ms"]["p99"]),
+            _ms(row["ttft_ms"]["p50"]),
+            _ms(row["ttft_ms"]["p99"]),
+            f"{row['server_cpu_share']:.0%}",
+            f"{row['server_cpu_us_per_token']:.0f}",
+            f"{row['server_rss_mib']:.0f}",
+            str(row["finished"]),
+            str(row["truncated"] + row["errored"] + row["rejected"]),
+            str(row["timed_out"]),
+            f"{row['load_cpu_share']:.0%}",
+        )
+    console = Console(width=160)
+    console.print(table)
+    for r in ratios:
+        console.print(
+            f"N={r['n']}: sluicegate/baseline tokens/s x{r['tokens_per_s']:.2f}, "
+            f"baseline/sluicegate ITL+ p99 x{r['itl_added_p99']:.2f}, "
+            f"baseline/sluicegate CPU us/token x{r['cpu_us_per_token']:.2f}"
+        )
+
+
+def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by = {(r["server"], r["n"]): r for r in rows}
+    out = []
+    for (kind, n), ours in by.items():
+        base = by.get(("baseline", n))
+        if kind != "sluicegate" or base is None:
+            continue
+        p99_ours = ours["itl_added_ms"]["p99"] or 0.0
+        p99_base = base["itl_added_ms"]["p99"] or 0.0
+        out.append(
+            {
+                "n": n,
+                "tokens_per_s": ours["tokens_per_s"] / max(base["tokens_per_s"], 1e-9),
+                "itl_added_p99": p99_base / max(p99_ours, 1e-3),
+                "cpu_us_per_token": base["server_cpu_us_per_token"]
+                / max(ours["server_cpu_us_per_token"], 1e-9),
+            }
+        )
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--n", type=int, nargs="+", default=[100, 500, 1000, 2000], help="streams")
+    add("--rate", type=float, default=20.0, help="engine tokens/s per stream")
+    add("--duration-s", type=float, default=10.0, help="length of each stream")
+    add("--ramp-s", type=float, default=2.0, help="stream starts spread over this")
+    add("--servers", nargs="+", default=["sluicegate", "baseline"])
+    add("--server-cpu", default="0", help="taskset CPU list of the servers")
+    add("--load-cpu", default="1", help="taskset CPU list of the load process")
+    add("--quick", action="store_true", help="tiny N and duration (CI smoke)")
+    add("--json", type=Path, default=RESULTS, help="where to write the results")
+    add("--profile", type=Path, help="py-spy raw profile of sluicegate, largest N")
+    add("--load", action="store_true", help=argparse.SUPPRESS)
+    add("--port", type=int, help=argparse.SUPPRESS)
+    add("--streams", type=int, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (or, with ``--load``, one load process)."""
+    args = _parser().parse_args(argv)
+    if args.load:
+        return _run_load(args)
+    if args.quick:
+        args.n, args.duration_s, args.ramp_s = [4, 16], 1.5, 0.2
+    cpus = os.cpu_count() or 1
+    if cpus < 2:
+        args.server_cpu = args.load_cpu = "0"
+    load_before = os.getloadavg()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "script.txt"
+        # Each sentence is more than 10 tokens: enough sentences for every token.
+        repeats = int(args.rate * args.duration_s) // 10 + 1
+        text.write_text(SENTENCE * repeats, encoding="utf-8")
+        with contextlib.ExitStack() as stack:
+            servers = {
+                kind: stack.enter_context(
+                    _server(kind, args.rate, text, args.server_cpu)
+                )
+                for kind in args.servers
+            }
+            for n in args.n:
+                for kind, (pid, port) in servers.items():
+                    profile = None
+                    if args.profile and kind == "sluicegate" and n == max(args.n):
+                        profile = args.profile
+                    rows.append(_measure(kind, pid, port, n, args, profile))
+    ratios = _ratios(rows)
+    report = {
+        "benchmark": "streams",
+        "rate_tokens_per_s": args.rate,
+        "duration_s": args.duration_s,
+        "ramp_s": args.ramp_s,
+        "server_cpu": args.server_cpu,
+        "load_cpu": args.load_cpu,
+        "cpus": cpus,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "rows": rows,
+        "ratios": ratios,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    _print(rows, ratios)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

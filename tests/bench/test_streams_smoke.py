@@ -1,0 +1,66 @@
+"""Smoke run of ``bench/streams.py`` with tiny sizes: it runs, reports; no timings."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+ROW_KEYS = {
+    "server",
+    "n",
+    "tokens_per_s",
+    "events",
+    "completion_tokens",
+    "itl_added_ms",
+    "schedule_lag_ms",
+    "ttft_ms",
+    "finished",
+    "truncated",
+    "timed_out",
+    "errored",
+    "rejected",
+    "load_cpu_share",
+    "server_cpu_share",
+    "server_cpu_us_per_token",
+    "server_rss_mib",
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+def test_streams_bench_quick_run_reports_both_servers_at_every_n(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("sse_starlette", reason="the baseline server needs it")
+    spec = importlib.util.spec_from_file_location("bench_streams", BENCH / "streams.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    out = tmp_path / "streams.json"
+
+    assert module.main(["--quick", "--json", str(out)]) == 0
+
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "streams"
+    assert {"rate_tokens_per_s", "loadavg_before", "loadavg_after", "cpus"} <= set(
+        report
+    )
+    runs = {(row["server"], row["n"]) for row in report["rows"]}
+    assert runs == {(s, n) for s in ("sluicegate", "baseline") for n in (4, 16)}
+    for row in report["rows"]:
+        assert set(row) == ROW_KEYS
+        assert set(row["itl_added_ms"]) == {"p50", "p99", "max"}
+        assert row["finished"] + row["truncated"] + row["timed_out"] > 0
+    assert {r["n"] for r in report["ratios"]} == {4, 16}
+    assert {"tokens_per_s", "itl_added_p99", "cpu_us_per_token"} <= set(
+        report["ratios"][0]
+    )
