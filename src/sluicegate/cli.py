@@ -183,7 +183,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--fault",
         action="append",
-        help="scripted engine fault, e.g. error-after:3, prefill-delay:2, stall:5:3",
+        help=(
+            "scripted engine fault, e.g. error-after:3, error-rate:0.1:3 (a seeded "
+            "share of requests; seed:N), prefill-delay:2, stall:5:3"
+        ),
     )
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -411,3 +412,42 @@ def test_parse_faults_reads_the_cli_specs() -> None:
 def test_parse_faults_refuses_bad_specs(spec: str) -> None:
     with pytest.raises(ValueError, match=f"got {spec!r}"):
         parse_faults([spec])
+
+
+def test_parse_faults_reads_a_seeded_error_rate() -> None:
+    specs = ["error-rate:0.25:4", "seed:7"]
+    assert parse_faults(specs) == {"fail_rate": 0.25, "fail_at_step": 4, "seed": 7}
+    assert parse_faults([*specs, "error-after:2"]) == {"fail_at_step": 2, "seed": 7}
+
+
+@pytest.mark.parametrize("spec", ["error-rate:0.5", "error-rate:1.5:3", "seed:x"])
+def test_parse_faults_refuses_bad_error_rates(spec: str) -> None:
+    with pytest.raises(ValueError, match=f"got {spec!r}"):
+        parse_faults([spec])
+
+
+async def _ends(engine: ScriptedEngine, request_id: str) -> str:
+    """How one sequence of ``engine`` ends: ``failed`` or ``finished``."""
+    request = GenerateRequest(request_id, (5, 6), SamplingParams(max_tokens=8))
+    try:
+        async for _ in engine.generate(request):
+            pass
+    except EngineError:
+        return "failed"
+    return "finished"
+
+
+@pytest.mark.anyio
+async def test_error_rate_fails_a_seeded_share_of_sequences_at_its_step() -> None:
+    """The same seed fails the same submissions; others run to their end."""
+    runs = []
+    for _ in range(2):
+        engine = ScriptedEngine(
+            fail_at_step=2, fail_rate=0.3, seed=11, tokens_per_s=math.inf
+        )
+        runs.append([await _ends(engine, f"r{i}") for i in range(200)])
+        assert engine.stats().failed_requests == runs[-1].count("failed")
+        assert engine.stats().kv_cells_used == 0
+        await engine.aclose()
+    assert runs[0] == runs[1]
+    assert 30 <= runs[0].count("failed") <= 90, runs[0].count("failed")

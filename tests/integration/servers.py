@@ -6,6 +6,7 @@ report (see ``conftest.py``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -106,3 +108,17 @@ class ServerProcess:
 
 StartServer = Callable[..., ServerProcess]
 """The ``start_server`` fixture: ``start_server(name, *serve_args)``."""
+
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def load_bench(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The module ``bench/<name>.py`` (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module

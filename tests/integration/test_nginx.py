@@ -7,57 +7,35 @@ in ``test_headers.py``). Measured with nginx 1.22: to a client that keeps up, ng
 passed events one by one even when told to ignore that header, so this test guards
 the end-to-end property, not the header's effect.
 
-nginx comes from Debian (``scripts/install-system-deps``); it runs in the
-foreground as one process, with a generated config and every path in a temp dir.
+nginx comes from Debian (``scripts/install-system-deps``); see ``nginx.py``.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
+from .nginx import running_nginx
 from .servers import ServerProcess, free_port
 from .wire import collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 
-NGINX = Path("/usr/sbin/nginx")
-START_TIMEOUT_S = 10.0
-STOP_TIMEOUT_S = 5.0
-
-CONFIG = """\
-daemon off;
-master_process off;
-pid {root}/nginx.pid;
-error_log {root}/error.log info;
-events {{
-    worker_connections 64;
+SERVER_BLOCK = """\
+upstream sluicegate {{
+    server 127.0.0.1:{upstream_port};
+    keepalive 4;
 }}
-http {{
-    access_log off;
-    client_body_temp_path {root}/client_body;
-    proxy_temp_path {root}/proxy;
-    fastcgi_temp_path {root}/fastcgi;
-    uwsgi_temp_path {root}/uwsgi;
-    scgi_temp_path {root}/scgi;
-    upstream sluicegate {{
-        server 127.0.0.1:{upstream_port};
-        keepalive 4;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://sluicegate;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_read_timeout 120s;
-        }}
+server {{
+    listen 127.0.0.1:{port};
+    location / {{
+        proxy_pass http://sluicegate;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_read_timeout 120s;
     }}
 }}
 """
@@ -68,60 +46,12 @@ def nginx_url(
     llama_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """nginx on a free port in front of the llama.cpp server."""
-    if not NGINX.exists():
-        pytest.fail(f"{NGINX} is missing: run scripts/install-system-deps")
     root = tmp_path_factory.mktemp("nginx")
     port = free_port()
-    config = root / "nginx.conf"
-    config.write_text(
-        CONFIG.format(root=root, port=port, upstream_port=llama_server.port)
-    )
-    log_path = root / "nginx.out"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                str(NGINX),
-                "-p",
-                str(root),
-                "-e",
-                str(root / "error.log"),
-                "-c",
-                str(config),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    block = SERVER_BLOCK.format(port=port, upstream_port=llama_server.port)
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_nginx(process, url, root)
+    with running_nginx(root, [block], [f"{url}/health"]):
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def wait_for_nginx(process: subprocess.Popen[bytes], url: str, root: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    with httpx.Client(base_url=url, timeout=5) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                break
-            try:
-                if client.get("/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-    logs = "\n".join(
-        p.read_text(errors="replace")
-        for p in (root / "nginx.out", root / "error.log")
-        if p.exists()
-    )
-    pytest.fail(f"nginx did not proxy /health within {START_TIMEOUT_S} s:\n{logs}")
 
 
 def test_events_pass_through_nginx_as_they_are_written(nginx_url: str) -> None:

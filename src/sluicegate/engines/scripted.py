@@ -5,7 +5,8 @@ sequence replays a script of token ids (a fixed list, text, or a function of the
 request) at a fixed rate. It keeps the accounting a real engine keeps (queue,
 running batch, KV cells, generated and wasted tokens) and can inject the faults a
 streaming front end must survive: a long prefill, a stall at one step, an error at
-one step, and a sequence that never finishes.
+one step (in every sequence, or in a seeded random share of them), and a sequence
+that never finishes.
 
 ``ScriptedTokenizer`` (from ``scripted_vocab``) is its toy byte-piece vocabulary.
 
@@ -38,6 +39,7 @@ import asyncio
 import itertools
 import logging
 import math
+import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +77,8 @@ class Faults(TypedDict, total=False):
     stall_at_step: int
     stall_s: float
     fail_at_step: int
+    fail_rate: float
+    seed: int
     never_finishes: bool
 
 
@@ -83,8 +87,10 @@ def parse_faults(specs: Iterable[str]) -> Faults:
 
     Args:
         specs: each one of ``error-after:N`` (fail at decode step N, after N
-            steps were delivered), ``prefill-delay:S`` (S seconds before the
-            first token), ``stall:K:S`` (S more seconds before decode step K) and
+            steps were delivered), ``error-rate:P:N`` (the same, in a share P of
+            the sequences, drawn from a random generator seeded with ``seed:X``,
+            0 by default), ``prefill-delay:S`` (S seconds before the first token),
+            ``stall:K:S`` (S more seconds before decode step K) and
             ``never-finishes``. Steps count from 0; seconds may be fractional.
 
     Returns:
@@ -99,6 +105,15 @@ def parse_faults(specs: Iterable[str]) -> Faults:
         try:
             if name == "error-after" and len(args) == 1:
                 faults["fail_at_step"] = int(args[0])
+                faults.pop("fail_rate", None)  # every sequence
+            elif name == "error-rate" and len(args) == 2:
+                rate = float(args[0])
+                if not 0.0 <= rate <= 1.0:
+                    raise ValueError("the share is not in [0, 1]")
+                faults["fail_rate"] = rate
+                faults["fail_at_step"] = int(args[1])
+            elif name == "seed" and len(args) == 1:
+                faults["seed"] = int(args[0])
             elif name == "prefill-delay" and len(args) == 1:
                 faults["prefill_delay_s"] = float(args[0])
             elif name == "stall" and len(args) == 2:
@@ -110,8 +125,8 @@ def parse_faults(specs: Iterable[str]) -> Faults:
                 raise ValueError("unknown fault")
         except ValueError as exc:
             raise ValueError(
-                "expected error-after:N, prefill-delay:S, stall:K:S or "
-                f"never-finishes; got {spec!r}"
+                "expected error-after:N, error-rate:P:N, seed:X, prefill-delay:S, "
+                f"stall:K:S or never-finishes; got {spec!r}"
             ) from exc
     return faults
 
@@ -133,6 +148,7 @@ class _Sequence:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     phase: _Phase = _Phase.QUEUED
     generated: int = 0
+    fail_at_step: int | None = None
     abort_requested: bool = False
     ended: bool = False  # a terminal item is in ``outputs``
 
@@ -156,6 +172,9 @@ class ScriptedEngine:
         stall_s: length of that stall, in seconds.
         fail_at_step: 0-based decode step at which the sequence fails: the iterator
             raises ``EngineError`` after delivering the earlier steps.
+        fail_rate: the share of sequences that fail at ``fail_at_step``; each
+            sequence draws from a ``random.Random(seed)`` when it is submitted.
+        seed: seeds that draw (the same submissions fail on every run).
         never_finishes: cycle the script forever, ignoring stop tokens,
             ``max_tokens`` and the context window.
         max_running: sequences decoded at once (the batch); later ones queue.
@@ -176,6 +195,8 @@ class ScriptedEngine:
         stall_at_step: int | None = None,
         stall_s: float = 0.0,
         fail_at_step: int | None = None,
+        fail_rate: float = 1.0,
+        seed: int = 0,
         never_finishes: bool = False,
         max_running: int = 8,
         max_queued: int = 32,
@@ -191,6 +212,8 @@ class ScriptedEngine:
         self._prefill_delay_s = prefill_delay_s
         self._stall = (stall_at_step, stall_s)
         self._fail_at_step = fail_at_step
+        self._fail_rate = fail_rate
+        self._rng = random.Random(seed)
         self._never_finishes = never_finishes
         self._max_running = max_running
         self._max_queued = max_queued
@@ -240,6 +263,10 @@ class ScriptedEngine:
                 f"limit {self._max_queued}"
             )
         seq = _Sequence(request, self._script_for(request))
+        if self._fail_at_step is not None and (
+            self._fail_rate >= 1.0 or self._rng.random() < self._fail_rate
+        ):
+            seq.fail_at_step = self._fail_at_step
         self._live[request.request_id] = seq
         if not full:
             self._start(seq)
@@ -352,10 +379,16 @@ class ScriptedEngine:
 
     async def _decode(self, seq: _Sequence) -> None:
         stall_at, stall_s = self._stall
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         for step in itertools.count():
             delay = self._step_s + (stall_s if step == stall_at else 0.0)
-            aborted = await self._pause(seq, delay)
-            if not aborted and step == self._fail_at_step:
+            # An absolute schedule, at most one step behind: a loop whose timers
+            # round to whole milliseconds (uvloop, under uvicorn) fires a 0.5 ms
+            # timer at once, and per-step delays would then ignore the rate.
+            due = max(due, loop.time() - self._step_s) + delay
+            aborted = await self._pause(seq, due - loop.time())
+            if not aborted and step == seq.fail_at_step:
                 self._counts["failed"] += 1
                 self._end(seq, EngineError(f"scripted fault: failed at step {step}"))
                 return
