@@ -487,7 +487,9 @@ def test_client_that_stops_reading_keeps_memory_bounded_and_is_aborted(
         rate=2000.0,
         n=4,
         stuck_timeout_s=3.0,
-        buffer_bytes=256 * 1024,
+        # room for ~8 s of tokens (text plus buffer.EVENT_COST_BYTES each), so
+        # that the stuck timeout, not the overflow, ends this stream
+        buffer_bytes=8 * 1024 * 1024,
         give_up_s=45.0,
     )
 

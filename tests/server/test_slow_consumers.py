@@ -23,7 +23,13 @@ from sluicegate.core.events import (
 )
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.server.app import create_app
-from sluicegate.server.buffer import LiveStreams, StreamBuffer, coalesce, join_deltas
+from sluicegate.server.buffer import (
+    EVENT_COST_BYTES,
+    LiveStreams,
+    StreamBuffer,
+    coalesce,
+    join_deltas,
+)
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 
@@ -91,12 +97,14 @@ def test_coalesce_joins_each_choices_deltas_and_keeps_order() -> None:
 
 async def test_buffer_counts_utf8_bytes_and_reports_overflow_once() -> None:
     calls: list[int] = []
-    buffer = StreamBuffer(8, lambda: calls.append(1))
-    buffer.put(Delta(0, "日本"))  # 6 bytes
-    assert (buffer.pending_bytes, calls) == (6, [])
+    cost = EVENT_COST_BYTES
+    buffer = StreamBuffer(8 + 3 * cost, lambda: calls.append(1))
+    buffer.put(Delta(0, "日本"))  # 6 bytes of text
+    assert (buffer.pending_bytes, calls) == (6 + cost, [])
     buffer.put(Delta(0, "語"))
+    assert (buffer.pending_bytes, calls) == (9 + 2 * cost, [])
     buffer.put(Delta(0, "x"))
-    assert (buffer.pending_bytes, calls) == (10, [1])
+    assert (buffer.pending_bytes, calls) == (10 + 3 * cost, [1])
     assert buffer.drain() == [Delta(0, "日本語x")]
     assert (buffer.pending_bytes, buffer.coalesced) == (0, 2)
     live = LiveStreams()

@@ -30,7 +30,7 @@ from typing import Any
 from sluicegate.core.events import Delta, Finish, StreamEvent
 from sluicegate.server.generation import Outbox
 
-__all__ = ["LiveStreams", "StreamBuffer", "coalesce", "join_deltas"]
+__all__ = ["EVENT_COST_BYTES", "LiveStreams", "StreamBuffer", "coalesce", "join_deltas"]
 
 
 def join_deltas(first: Delta, second: Delta) -> Delta:
@@ -86,19 +86,30 @@ def coalesce(events: list[StreamEvent]) -> tuple[list[StreamEvent], int]:
     return out, merged
 
 
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+EVENT_COST_BYTES = 128
+"""What one queued event costs beyond its text (the ``Delta`` object, the string
+header, the deque slot), counted toward ``max_bytes`` so that the limit bounds the
+memory a stuck stream holds, not only its text: a client that stops reading while
+the engine makes one-byte tokens would otherwise hold about 30x the limit."""
+
+
+def _cost(event: Delta) -> int:
+    text = event.text
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+    return size + EVENT_COST_BYTES
 
 
 class StreamBuffer(Outbox):
     """An ``Outbox`` bounded in bytes whose ``drain`` coalesces deltas.
 
     Args:
-        max_bytes: content bytes (UTF-8) that may wait for the client (>= 1).
+        max_bytes: bytes that may wait for the client (>= 1): the UTF-8 content
+            plus ``EVENT_COST_BYTES`` per queued delta.
         on_overflow: called once, from ``put``, when more than ``max_bytes`` wait.
 
     Attributes:
-        pending_bytes: content bytes put since the last ``drain``.
+        pending_bytes: bytes (content plus per-event cost) put since the last
+            ``drain``.
         coalesced: deltas merged into others so far.
         overflowed: whether ``on_overflow`` was called.
     """
@@ -118,7 +129,7 @@ class StreamBuffer(Outbox):
     def put(self, event: StreamEvent) -> None:
         """Queue ``event``; past ``max_bytes`` of content, report the overflow once."""
         if isinstance(event, Delta):
-            self.pending_bytes += _utf8_len(event.text)
+            self.pending_bytes += _cost(event)
             if self.pending_bytes > self.max_bytes and not self.overflowed:
                 self.overflowed = True
                 if self._on_overflow is not None:

@@ -41,7 +41,8 @@ class ServerConfig:
             ``first_token_timeout`` error; ``None``: no limit.
         request_timeout_s: seconds for a whole response before the in-band
             ``request_timeout`` error; ``None``: no limit.
-        max_stream_buffer_bytes: content bytes that may wait for one slow
+        max_stream_buffer_bytes: bytes (content plus a fixed cost per queued
+            event, see ``buffer.EVENT_COST_BYTES``) that may wait for one slow
             client; more aborts its stream.
         stuck_stream_timeout_s: seconds a client may accept no byte before its
             stream is aborted.

@@ -114,7 +114,10 @@ class _Snapshot(Collector):
         live = self._live
         gauges = {
             "active_streams": ("Responses now running", len(live)),
-            "stream_buffer_bytes": ("Content bytes waiting", live.pending_bytes),
+            "stream_buffer_bytes": (
+                "Bytes waiting for slow clients (content plus per-event cost)",
+                live.pending_bytes,
+            ),
             "engine_queue_depth": ("Requests queued", stats.queued),
             "engine_running": ("Sequences running", stats.running),
             "kv_cells_used": ("KV cells (tokens) in use", stats.kv_cells_used),
