@@ -8,11 +8,12 @@ Shapes of a streamed response (``ResponseHeader`` holds what every chunk of one
 response shares):
 
 - every choice in a chunk has ``index``, its content (``delta`` for chat, ``text``
-  for completions), ``logprobs: null`` and ``finish_reason`` (``null`` until the
-  choice's last chunk);
+  for completions), ``logprobs`` (``null`` unless asked for) and
+  ``finish_reason`` (``null`` until the choice's last chunk);
 - with ``include_usage`` every chunk carries ``"usage": null`` except the final
   usage chunk, which has ``"choices": []`` and the usage object; without it no
-  chunk has a ``usage`` key.
+  chunk has a ``usage`` key. With ``continuous_usage`` every chunk carries the
+  usage so far.
 
 ``dumps`` is the one JSON encoder of the core.
 
@@ -30,6 +31,11 @@ from typing import Any
 import orjson
 
 from sluicegate.core.events import FinishReason, Usage
+from sluicegate.core.logprobs import (
+    LogprobToken,
+    chat_logprobs,
+    completion_logprobs,
+)
 
 __all__ = [
     "Endpoint",
@@ -64,6 +70,10 @@ class ResponseHeader:
         n: number of choices (>= 1).
         include_usage: ``stream_options.include_usage`` of the request.
         system_fingerprint: sent on every chunk when not ``None``.
+        continuous_usage: every chunk carries the usage so far (vLLM's
+            ``continuous_usage_stats``), the role chunks included.
+        prompt_tokens: the prompt tokens of the response (tokens), for the usage
+            of the role chunks when ``continuous_usage`` is set.
     """
 
     id: str
@@ -73,6 +83,8 @@ class ResponseHeader:
     n: int = 1
     include_usage: bool = False
     system_fingerprint: str | None = None
+    continuous_usage: bool = False
+    prompt_tokens: int = 0
 
 
 def dumps(obj: Any) -> bytes:
@@ -102,11 +114,16 @@ def _head(header: ResponseHeader, object_: str) -> dict[str, Any]:
 
 
 def _chunk(
-    header: ResponseHeader, object_: str, choice: dict[str, Any]
+    header: ResponseHeader,
+    object_: str,
+    choice: dict[str, Any],
+    usage: Usage | None = None,
 ) -> dict[str, Any]:
     chunk = _head(header, object_)
     chunk["choices"] = [choice]
-    if header.include_usage:
+    if usage is not None:
+        chunk["usage"] = usage_dict(usage)
+    elif header.include_usage:
         chunk["usage"] = None
     return chunk
 
@@ -116,6 +133,9 @@ def chat_chunk(
     index: int,
     delta: Mapping[str, Any],
     finish_reason: FinishReason | None = None,
+    *,
+    logprobs: Sequence[LogprobToken] | None = None,
+    usage: Usage | None = None,
 ) -> dict[str, Any]:
     """A ``chat.completion.chunk`` with one choice.
 
@@ -126,6 +146,10 @@ def chat_chunk(
         delta: ``{"role": "assistant"}``, ``{"content": text}`` or ``{}`` (on the
             finish chunk). Copied into the result.
         finish_reason: ``None`` until the choice's last chunk.
+        logprobs: the tokens of ``delta``'s content, sent as ``{"content": [...]}``
+            (see ``chat_logprobs``); ``None`` sends ``"logprobs": null``.
+        usage: the usage so far (``continuous_usage``); ``None`` sends
+            ``"usage": null`` when ``include_usage``, else no ``usage`` key.
 
     Spec: OpenAI API reference, "The chat completion chunk object".
     """
@@ -135,9 +159,10 @@ def chat_chunk(
         {
             "index": index,
             "delta": dict(delta),
-            "logprobs": None,
+            "logprobs": None if logprobs is None else chat_logprobs(logprobs),
             "finish_reason": finish_reason,
         },
+        usage,
     )
 
 
@@ -146,6 +171,9 @@ def completion_chunk(
     index: int,
     text: str,
     finish_reason: FinishReason | None = None,
+    *,
+    logprobs: Sequence[LogprobToken] | None = None,
+    usage: Usage | None = None,
 ) -> dict[str, Any]:
     """A streamed ``text_completion`` object with one choice.
 
@@ -155,6 +183,9 @@ def completion_chunk(
         index: the choice index (0 <= index < n).
         text: the new text (``""`` on the finish chunk).
         finish_reason: ``None`` until the choice's last chunk.
+        logprobs: the tokens of ``text`` (see ``completion_logprobs``); ``None``
+            sends ``"logprobs": null``.
+        usage: as for ``chat_chunk``.
 
     Spec: OpenAI API reference, "Completions", "The completion object".
     """
@@ -164,9 +195,10 @@ def completion_chunk(
         {
             "index": index,
             "text": text,
-            "logprobs": None,
+            "logprobs": None if logprobs is None else completion_logprobs(logprobs),
             "finish_reason": finish_reason,
         },
+        usage,
     )
 
 
@@ -197,6 +229,7 @@ def chat_completion(
     header: ResponseHeader,
     choices: Sequence[tuple[str, FinishReason | None]],
     usage: Usage,
+    logprobs: Sequence[Sequence[LogprobToken] | None] | None = None,
 ) -> dict[str, Any]:
     """A non-streamed ``chat.completion`` response.
 
@@ -205,22 +238,27 @@ def chat_completion(
             ``include_usage`` are not used).
         choices: ``(content, finish_reason)`` of each choice, in index order.
         usage: token counts of the whole response.
+        logprobs: each choice's tokens (``None`` for a choice, or for all, sends
+            ``logprobs: null``).
 
     Returns:
         ``choices`` as ``[{index, message: {role: "assistant", content},
-        logprobs: null, finish_reason}]``, then ``usage``.
+        logprobs, finish_reason}]``, then ``usage``.
 
     Spec: OpenAI API reference, "The chat completion object".
     """
     response = _head(header, "chat.completion")
+    tokens = logprobs or [None] * len(choices)
     response["choices"] = [
         {
             "index": index,
             "message": {"role": "assistant", "content": content},
-            "logprobs": None,
+            "logprobs": None if lp is None else chat_logprobs(lp),
             "finish_reason": finish_reason,
         }
-        for index, (content, finish_reason) in enumerate(choices)
+        for index, ((content, finish_reason), lp) in enumerate(
+            zip(choices, tokens, strict=True)
+        )
     ]
     response["usage"] = usage_dict(usage)
     return response
@@ -230,6 +268,7 @@ def text_completion(
     header: ResponseHeader,
     choices: Sequence[tuple[str, FinishReason | None]],
     usage: Usage,
+    logprobs: Sequence[Sequence[LogprobToken] | None] | None = None,
 ) -> dict[str, Any]:
     """A non-streamed ``text_completion`` response.
 
@@ -238,17 +277,24 @@ def text_completion(
             ``include_usage`` are not used).
         choices: ``(text, finish_reason)`` of each choice, in index order.
         usage: token counts of the whole response.
+        logprobs: as for ``chat_completion``.
 
     Returns:
-        ``choices`` as ``[{index, text, logprobs: null, finish_reason}]``, then
+        ``choices`` as ``[{index, text, logprobs, finish_reason}]``, then
         ``usage``.
 
     Spec: OpenAI API reference, "The completion object".
     """
     response = _head(header, Endpoint.COMPLETION.value)
+    tokens = logprobs or [None] * len(choices)
     response["choices"] = [
-        {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
-        for index, (text, reason) in enumerate(choices)
+        {
+            "index": index,
+            "text": text,
+            "logprobs": None if lp is None else completion_logprobs(lp),
+            "finish_reason": reason,
+        }
+        for index, ((text, reason), lp) in enumerate(zip(choices, tokens, strict=True))
     ]
     response["usage"] = usage_dict(usage)
     return response

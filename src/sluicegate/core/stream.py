@@ -56,6 +56,7 @@ from sluicegate.core.events import (
     FinishReason,
     Heartbeat,
     StreamEvent,
+    Usage,
 )
 from sluicegate.core.sse import DONE, encode_comment, encode_event
 
@@ -171,10 +172,15 @@ class StreamMachine:
         """
         next_state = self._next_state(Start())
         frames: list[bytes] = []
-        if self._header.endpoint is Endpoint.CHAT:
+        header = self._header
+        if header.endpoint is Endpoint.CHAT:
+            usage = None
+            if header.continuous_usage:
+                usage = Usage(header.prompt_tokens, 0)
+            role = {"role": "assistant"}
             frames = [
-                _frame(chat_chunk(self._header, index, {"role": "assistant"}))
-                for index in range(self._header.n)
+                _frame(chat_chunk(header, index, role, usage=usage))
+                for index in range(header.n)
             ]
         self._state = next_state
         return frames
@@ -188,7 +194,8 @@ class StreamMachine:
                 error after the first byte) or ``Heartbeat``.
 
         Returns:
-            ``Delta``: one content chunk, or ``[]`` for empty text. ``Finish``: that
+            ``Delta``: one content chunk (with the event's logprobs and usage,
+            when set), or ``[]`` for empty text. ``Finish``: that
             choice's chunk with ``finish_reason`` (chat ``delta: {}``, completions
             ``text: ""``). ``End``: the usage chunk if ``include_usage``, then
             ``data: [DONE]``. ``Fail``: one ``data: {"error": {...}}`` event and no
@@ -241,17 +248,26 @@ class StreamMachine:
         header = self._header
         chat = header.endpoint is Endpoint.CHAT
         match event:
-            case Delta(index=index, text=text):
+            case Delta(index=index, text=text, logprobs=logprobs, usage=usage):
                 # Only deltas that the prebuilt frames in ``feed`` do not cover.
                 if not text:
                     return []
                 if chat:
-                    return [_frame(chat_chunk(header, index, {"content": text}))]
-                return [_frame(completion_chunk(header, index, text))]
-            case Finish(index=index, finish_reason=reason):
+                    delta = {"content": text}
+                    chunk = chat_chunk(
+                        header, index, delta, logprobs=logprobs, usage=usage
+                    )
+                else:
+                    chunk = completion_chunk(
+                        header, index, text, logprobs=logprobs, usage=usage
+                    )
+                return [_frame(chunk)]
+            case Finish(index=index, finish_reason=reason, usage=usage):
                 if chat:
-                    return [_frame(chat_chunk(header, index, {}, reason))]
-                return [_frame(completion_chunk(header, index, "", reason))]
+                    return [_frame(chat_chunk(header, index, {}, reason, usage=usage))]
+                return [
+                    _frame(completion_chunk(header, index, "", reason, usage=usage))
+                ]
             case End(usage=usage):
                 if header.include_usage:
                     return [_frame(usage_chunk(header, usage)), DONE]

@@ -317,6 +317,8 @@ def _plan(
         n=len(choices),
         include_usage=request.include_usage,
         system_fingerprint=system_fingerprint(model),
+        continuous_usage=request.continuous_usage,
+        prompt_tokens=sum(len(p) for p in prompts),
     )
     return Plan(
         header,

@@ -423,10 +423,10 @@ class CompletionResponse:
 
     def _payload(self, texts: list[str]) -> dict[str, Any]:
         choices = list(zip(texts, self._generation.finish_reasons, strict=True))
-        usage = self._generation.usage
+        usage, logprobs = self._generation.usage, self._generation.logprobs
         if self._header.endpoint is Endpoint.CHAT:
-            return chat_completion(self._header, choices, usage)
-        return text_completion(self._header, choices, usage)
+            return chat_completion(self._header, choices, usage, logprobs)
+        return text_completion(self._header, choices, usage, logprobs)
 
 
 _STATUS_OF_CODE = {
