@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 
@@ -102,7 +102,6 @@ class _Choice:
     finish_reason: FinishReason | None = None
     engine_done: bool = False  # the engine ended this sequence: no abort needed
     released_chars: int = 0  # text the decoder has released (chars)
-    logprobs: list[LogprobToken] = field(default_factory=list)
 
 
 class Generation:
@@ -136,12 +135,9 @@ class Generation:
         return tuple(c.finish_reason for c in self._choices)
 
     @property
-    def logprobs(self) -> tuple[tuple[LogprobToken, ...] | None, ...]:
-        """Each choice's logprob tokens sent so far, by index; ``None`` entries
-        when the request asked for no logprobs."""
-        if self._plan.logprobs is None:
-            return (None,) * len(self._choices)
-        return tuple(tuple(c.logprobs) for c in self._choices)
+    def wants_logprobs(self) -> bool:
+        """Whether the request asked for logprobs (each ``Delta`` then has them)."""
+        return self._plan.logprobs is not None
 
     def start(self) -> None:
         """Submit every choice to the engine, before any byte is sent.
@@ -289,7 +285,6 @@ class Generation:
             logprobs = tuple(
                 self._describe(logprob, offset + start) for logprob, start in tokens
             )
-            choice.logprobs.extend(logprobs)
         usage = self._usage_so_far()
         outbox.put(Delta(choice.index, text, logprobs, usage))
 

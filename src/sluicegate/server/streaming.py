@@ -56,6 +56,7 @@ from sluicegate.core.chunks import (
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineUnavailable, LocalProtocolError
 from sluicegate.core.events import Delta, End, Fail, Heartbeat, StreamEvent
+from sluicegate.core.logprobs import LogprobToken
 from sluicegate.core.stream import StreamMachine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.generation import Generation
@@ -387,9 +388,9 @@ class CompletionResponse:
             if isinstance(result, _Gone):
                 state, status = EndState.ABORTED, CLIENT_CLOSED
                 return
-            texts, fail = result
+            collected, fail = result
             if fail is None:
-                state, status, body = EndState.FINISHED, 200, self._payload(texts)
+                state, status, body = EndState.FINISHED, 200, self._payload(collected)
             else:
                 state, status = EndState.ERRORED, _status_of(fail)
                 body = error_payload(fail.message, fail.type, None, fail.code)
@@ -400,8 +401,8 @@ class CompletionResponse:
             self._generation.abort_unfinished()
             self._on_end(state, status)
 
-    async def _collect(self) -> tuple[list[str], Fail | None]:
-        texts = [""] * self._header.n
+    async def _collect(self) -> tuple[_Collected, Fail | None]:
+        collected = _Collected(self._header.n)
         end: End | Fail | None = None
         # Text is kept until the end anyway: the buffer needs no byte bound.
         async with (
@@ -414,19 +415,38 @@ class CompletionResponse:
                 await outbox.wait(math.inf)
                 for event in outbox.drain():
                     if isinstance(event, Delta):
-                        texts[event.index] += event.text
+                        collected.add(event)
                     elif isinstance(event, End | Fail):
                         end = event
                         break
             tg.cancel_scope.cancel()
-        return texts, end if isinstance(end, Fail) else None
+        return collected, end if isinstance(end, Fail) else None
 
-    def _payload(self, texts: list[str]) -> dict[str, Any]:
+    def _payload(self, collected: _Collected) -> dict[str, Any]:
+        texts = ["".join(parts) for parts in collected.texts]
         choices = list(zip(texts, self._generation.finish_reasons, strict=True))
-        usage, logprobs = self._generation.usage, self._generation.logprobs
+        usage = self._generation.usage
+        logprobs = (
+            tuple(tuple(tokens) for tokens in collected.logprobs)
+            if self._generation.wants_logprobs
+            else (None,) * self._header.n
+        )
         if self._header.endpoint is Endpoint.CHAT:
             return chat_completion(self._header, choices, usage, logprobs)
         return text_completion(self._header, choices, usage, logprobs)
+
+
+class _Collected:
+    """The deltas of a non-streamed response, per choice: text parts, logprobs."""
+
+    def __init__(self, n: int) -> None:
+        self.texts: list[list[str]] = [[] for _ in range(n)]
+        self.logprobs: list[list[LogprobToken]] = [[] for _ in range(n)]
+
+    def add(self, delta: Delta) -> None:
+        self.texts[delta.index].append(delta.text)
+        if delta.logprobs:
+            self.logprobs[delta.index].extend(delta.logprobs)
 
 
 _STATUS_OF_CODE = {
