@@ -162,7 +162,8 @@ async def test_held_back_tail_is_flushed_before_a_length_finish() -> None:
 
 
 async def test_heartbeat_comments_flow_during_a_long_prefill() -> None:
-    engine = ScriptedEngine(prefill_delay_s=0.3)
+    # 12 intervals of silence; at least 3 heartbeats leaves room for a busy CI.
+    engine = ScriptedEngine(prefill_delay_s=0.6)
     app = create_app(engine, ServerConfig(heartbeat_interval_s=0.05))
     ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
     before_content = ex.body.split(b'"content"')[0]
