@@ -10,8 +10,9 @@ tokens/s (all streams together) and time to first token for:
 - ``peer``: the ``llama-cpp-python[server]`` server on the same GGUF file, installed
   in ``bench/.peer-venv`` by ``bench/peer-venv.sh`` (skipped with ``--no-peer``).
 
-Prints a table and writes ``bench/results/engine.json``. Not a test: nothing here
-asserts a timing.
+Each system gets one warm-up request (the bare loop one warm-up prefill) before
+timing. Prints a table and writes ``bench/results/engine.json``. Not a test:
+nothing here asserts a timing.
 
 Run: ``.venv/bin/python bench/engine.py [--max-tokens 64] [--no-peer]``
 """
@@ -92,6 +93,11 @@ def bare_loop(model: Path, batch: int, max_tokens: int, threads: int) -> Row:
             lb.seq_id[i][0], lb.logits[i] = seq, int(logits)
         lb.n_tokens = len(entries)
 
+    # Warm-up, as the servers get one request before timing: the first decode
+    # of a context allocates its compute buffers.
+    fill([(t, p, 0, p == len(prompt) - 1) for p, t in enumerate(prompt)])
+    llama.llama_decode(ctx, lb)
+    llama.llama_memory_seq_rm(llama.llama_get_memory(ctx), -1, -1, -1)
     start = time.perf_counter()
     last = []
     ttfts = []
@@ -243,6 +249,7 @@ def main() -> int:
     ours += ["--threads", str(args.threads)]
     proc = _start(ours, url, "/health", logs / "sluicegate.log")
     try:
+        asyncio.run(http_run("warm-up", url, "default", 1, 4))
         for c in levels:
             console.print(f"sluicegate over HTTP, concurrency {c}")
             rows.append(
@@ -262,6 +269,7 @@ def main() -> int:
         peer += ["--n_threads", str(args.threads), "--model_alias", "default"]
         proc = _start(peer, url, "/v1/models", logs / "peer.log")
         try:
+            asyncio.run(http_run("warm-up", url, "default", 1, 4))
             for c in levels:
                 console.print(f"llama-cpp-python server, concurrency {c}")
                 rows.append(
