@@ -60,8 +60,15 @@ class Row:
     truncated: int
 
 
-def bare_loop(model: Path, batch: int, max_tokens: int, threads: int) -> Row:
-    """The ceiling: B sequences, one token each per llama_decode, greedy."""
+def bare_loop(
+    model: Path, batch: int, max_tokens: int, threads: int, n_ctx: int, n_seq: int
+) -> Row:
+    """The ceiling: B sequences, one token each per llama_decode, greedy.
+
+    The context has the server's shape (``n_ctx`` unified KV cells for ``n_seq``
+    sequences): attention runs over the cells of the cache, so a smaller cache
+    would make the ceiling faster than any server configured for 16 streams.
+    """
     import llama_cpp as llama
 
     from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, quiet_logs
@@ -72,9 +79,9 @@ def bare_loop(model: Path, batch: int, max_tokens: int, threads: int) -> Row:
     vocab = LlamaTokenizer(mdl)
     prompt = vocab.encode(PROMPT, add_special=True, parse_special=False)
     cparams = llama.llama_context_default_params()
-    cparams.n_ctx = batch * (len(prompt) + max_tokens) + 64
+    cparams.n_ctx = n_ctx
     cparams.n_batch = cparams.n_ubatch = max(256, batch)
-    cparams.n_seq_max = batch
+    cparams.n_seq_max = n_seq
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.kv_unified = True
     ctx = llama.llama_init_from_model(mdl, cparams)
@@ -240,7 +247,7 @@ def main() -> int:
 
     for c in levels:
         console.print(f"bare loop, batch {c}")
-        rows.append(bare_loop(model, c, args.max_tokens, args.threads))
+        rows.append(bare_loop(model, c, args.max_tokens, args.threads, n_ctx, top))
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
