@@ -62,6 +62,9 @@ COMMON: dict[str, st.SearchStrategy[Any]] = {
     "include_stop_str_in_output": st.booleans(),
     "skip_special_tokens": st.booleans(),
     "user": st.text(max_size=5),
+    "presence_penalty": st.floats(-3, 3),
+    "frequency_penalty": st.floats(-3, 3),
+    "continuous_usage_stats": st.booleans(),
 }
 CHAT_FIELDS = {
     **COMMON,
@@ -79,6 +82,7 @@ CHAT_FIELDS = {
     "max_completion_tokens": st.integers(-1, 5000),
     "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
     "tools": st.sampled_from([[], [{"type": "function"}]]),
+    "add_generation_prompt": st.booleans(),
 }
 COMPLETION_FIELDS = {
     **COMMON,
@@ -147,3 +151,21 @@ def test_random_bodies_never_get_a_server_error(
         _check(anyio.run(_post, path, body))
 
     run()
+
+
+@pytest.mark.anyio
+async def test_the_fuzzer_draws_every_field_of_the_served_openapi_schema() -> None:
+    """The bodies above cover what ``GET /openapi.json`` says each endpoint takes."""
+    engine = ScriptedEngine()
+    app = create_app(engine, ServerConfig())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        response = await client.get("/openapi.json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    for path, fields in ((CHAT, CHAT_FIELDS), (COMPLETIONS, COMPLETION_FIELDS)):
+        schema = paths[path]["post"]["requestBody"]["content"]["application/json"]
+        served = set(schema["schema"]["properties"])
+        drawn = {*fields, "stream"}  # _bodies always draws ``stream``
+        assert served <= drawn, sorted(served - drawn)
+        assert REQUIRED[path] in schema["schema"]["required"]

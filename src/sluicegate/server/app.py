@@ -65,6 +65,7 @@ from sluicegate.server.config import ServerConfig
 from sluicegate.server.generation import Generation
 from sluicegate.server.ledger import Ledger, LedgerRow
 from sluicegate.server.metrics import CONTENT_TYPE, Metrics
+from sluicegate.server.openapi import openapi_document
 from sluicegate.server.prepare import (
     Plan,
     new_response_id,
@@ -127,6 +128,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
             Route("/ready", routes.ready, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
             Route("/engine/stats", routes.engine_stats, methods=["GET"]),
+            Route("/openapi.json", routes.openapi, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
@@ -151,6 +153,7 @@ class _Routes:
         self.live = LiveStreams()
         self.drain = Drain(self.live)
         self.metrics_ = Metrics(engine, self.live)
+        self._openapi = openapi_document()
         self.limits = StreamLimits(
             heartbeat_interval_s=config.heartbeat_interval_s,
             first_token_timeout_s=config.first_token_timeout_s,
@@ -176,6 +179,9 @@ class _Routes:
             "context_length": model.context_length,
         }
         return _json({"object": "list", "data": [card]})
+
+    async def openapi(self, request: Request) -> Response:
+        return _json(self._openapi)
 
     async def health(self, request: Request) -> Response:
         return _json({"status": "draining" if self.drain.draining else "ok"})
