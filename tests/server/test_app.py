@@ -96,7 +96,12 @@ def test_fit_max_tokens_refuses_what_cannot_fit() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"heartbeat_interval_s": 0.0}, {"max_body_bytes": 0}, {"max_n": 0}],
+    [
+        {"heartbeat_interval_s": 0.0},
+        {"max_body_bytes": 0},
+        {"max_n": 0},
+        {"default_max_tokens": 0},
+    ],
 )
 def test_config_refuses_nonsense(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):

@@ -80,6 +80,11 @@ class ServerConfig:
             )
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n!r}")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ValueError(
+                f"default_max_tokens must be >= 1 or None, got "
+                f"{self.default_max_tokens!r}"
+            )
         for name in ("first_token_timeout_s", "request_timeout_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -49,6 +49,13 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     add("--stream-buffer-bytes", type=int, default=1024 * 1024)
     add("--stuck-stream-timeout", type=float, default=30.0, help="seconds")
     add("--stream-interval-ms", type=float, default=0.0, help="event pacing")
+    add(
+        "--default-max-tokens",
+        type=int,
+        default=1024,
+        help="max_tokens of a request that sets none (0: all the context leaves);"
+        " the engine reserves prompt + max_tokens KV cells per request",
+    )
     add("--ledger", type=Path, help="SQLite ledger file (default: data dir)")
     add("--no-ledger", action="store_true", help="keep the ledger in memory only")
 
@@ -75,6 +82,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "stuck_stream_timeout_s": args.stuck_stream_timeout,
         "stream_interval_s": args.stream_interval_ms / 1000.0,
         "ledger_path": ledger,
+        "default_max_tokens": args.default_max_tokens or None,
     }
 
 
