@@ -20,6 +20,12 @@ one is dropped before the next step and its cells are removed from llama.cpp's
 memory (``llama_memory_seq_rm``). Tokens sampled in a step that was already
 running when the abort came are counted as waste.
 
+Deliberate divergence from the house rule that ``except Exception`` lives only in
+the server's outermost stream frame and the CLI: the worker thread catches any
+exception of one step, fails only the sequences of that batch with an
+``EngineError`` and keeps serving, because an escaped exception would end the
+thread and leave every other request waiting forever.
+
 Spec: ../shared/DESIGN.md, "Engine protocol".
 """
 
