@@ -87,9 +87,7 @@ class _Sequence:
     last_token: int = -1
     sampler: Any = None
     abort_requested: bool = False
-    in_flight: bool = False  # part of the batch being decoded right now
     reserved_cells: int = 0
-    tokens: list[int] = field(default_factory=list)
 
     @property
     def kv_cells(self) -> int:
@@ -402,8 +400,6 @@ class LlamaCppEngine:
             last = seq.n_prompt_done + len(chunk) == len(prompt)
             plan.append((seq, chunk, seq.n_prompt_done, last))
             budget -= len(chunk)
-        for seq, _, _, _ in plan:
-            seq.in_flight = True
         return plan
 
     def _step(
@@ -443,7 +439,6 @@ class LlamaCppEngine:
             self._counters.step_time_s += elapsed
             self._counters.last_step_tokens = n
             for seq, tokens, _, _ in plan:
-                seq.in_flight = False
                 if seq.phase is _Phase.PREFILL:
                     seq.n_prompt_done += len(tokens)
                     self._counters.prompt_tokens += len(tokens)
@@ -492,7 +487,6 @@ class LlamaCppEngine:
         error = exc if isinstance(exc, EngineError) else EngineError(repr(exc))
         with self._lock:
             for seq, _, _, _ in plan:
-                seq.in_flight = False
                 if seq.phase is _Phase.DONE:
                     continue
                 self._release(seq)
