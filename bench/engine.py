@@ -241,6 +241,36 @@ def _start(cmd: list[str], url: str, health: str, log: Path) -> subprocess.Popen
     return proc
 
 
+def _measure_server(
+    system: str,
+    label: str,
+    cmd: list[str],
+    port: int,
+    health: str,
+    logs: Path,
+    levels: list[int],
+    args: argparse.Namespace,
+) -> list[Row]:
+    """Start one server, warm it up, measure every concurrency, stop it."""
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(cmd, url, health, logs / f"{system}.log")
+    rows = []
+    try:
+        asyncio.run(http_run("warm-up", url, "default", 1, 4))
+        for c in levels:
+            Console().print(f"{label}, concurrency {c}")
+            rows.append(
+                _median(
+                    asyncio.run(http_run(system, url, "default", c, args.max_tokens))
+                    for _ in range(args.repeats)
+                )
+            )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,2,4,8,16")
@@ -270,51 +300,30 @@ def main() -> int:
         )
 
     port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     ours = [sys.executable, "-m", "sluicegate", "serve", "--port", str(port)]
     ours += ["--parallel", str(top), "--n-ctx", str(n_ctx), "--log-level", "warning"]
     ours += ["--threads", str(args.threads)]
-    proc = _start(ours, url, "/health", logs / "sluicegate.log")
-    try:
-        asyncio.run(http_run("warm-up", url, "default", 1, 4))
-        for c in levels:
-            console.print(f"sluicegate over HTTP, concurrency {c}")
-            rows.append(
-                _median(
-                    asyncio.run(
-                        http_run("sluicegate", url, "default", c, args.max_tokens)
-                    )
-                    for _ in range(args.repeats)
-                )
-            )
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    rows += _measure_server(
+        "sluicegate", "sluicegate over HTTP", ours, port, "/health", logs, levels, args
+    )
 
     if not args.no_peer:
         if not PEER_PYTHON.exists():
             subprocess.run(["bash", str(ROOT / "bench" / "peer-venv.sh")], check=True)
         port = _free_port()
-        url = f"http://127.0.0.1:{port}"
         peer = [str(PEER_PYTHON), "-m", "llama_cpp.server", "--model", str(model)]
         peer += ["--port", str(port), "--n_ctx", str(n_ctx)]
         peer += ["--n_threads", str(args.threads), "--model_alias", "default"]
-        proc = _start(peer, url, "/v1/models", logs / "peer.log")
-        try:
-            asyncio.run(http_run("warm-up", url, "default", 1, 4))
-            for c in levels:
-                console.print(f"llama-cpp-python server, concurrency {c}")
-                rows.append(
-                    _median(
-                        asyncio.run(
-                            http_run("peer", url, "default", c, args.max_tokens)
-                        )
-                        for _ in range(args.repeats)
-                    )
-                )
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        rows += _measure_server(
+            "peer",
+            "llama-cpp-python server",
+            peer,
+            port,
+            "/v1/models",
+            logs,
+            levels,
+            args,
+        )
 
     table = Table(title=f"output tokens/s, {args.max_tokens} tokens per stream")
     for col in ["system", "streams", "tok/s", "TTFT p50 s", "TTFT max s", "truncated"]:
