@@ -3,19 +3,25 @@
 ``StreamMachine`` builds a content frame from prebuilt bytes around the JSON of
 the text; these tests rebuild every frame the straightforward way (the full chunk
 dict from ``chunks``, ``dumps``, ``encode_event``) and compare bytes. The
-detokenizer's ASCII path, the stop matcher's no-stop-can-start path and the
-decoder's one-token path are checked against their general paths.
+detokenizer's ASCII path and its table of piece texts, the stop matcher's
+no-stop-can-start path and the decoder's one-token path are checked against their
+general paths, on toy pieces and on real vocabularies. ``Delta`` and
+``ChoiceStep`` write their own ``__init__``; it must match the generated one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sluicegate.core import choice as choice_module
 from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.chunks import (
     Endpoint,
@@ -25,12 +31,14 @@ from sluicegate.core.chunks import (
     dumps,
     usage_chunk,
 )
-from sluicegate.core.detokenize import IncrementalDetokenizer
+from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
+from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
 from sluicegate.core.sse import DONE, SSEDecoder, encode_event
 from sluicegate.core.stops import StopMatcher
 from sluicegate.core.stream import StreamMachine
 from tests.core.strategies import tricky_text
+from tests.core.toys import SP_PIECES, SP_SPECIAL, sp_decode
 
 # Text a JSON encoder must escape or keep: quotes, backslashes, control
 # characters, line and paragraph separators, emoji; and the marker the machine
@@ -208,9 +216,214 @@ def test_decoder_steps_of_any_size_agree_with_one_token_steps(
     assert decode(steps) == decode([[i] for i in ids])
 
 
+@given(st.lists(st.integers(0, len(SP_PIECES) - 1), max_size=20))
+def test_windowed_decoder_one_token_steps_agree_with_one_whole_step(
+    ids: list[int],
+) -> None:
+    def decoder() -> ChoiceDecoder:
+        detokenizer = WindowedDetokenizer(sp_decode, SP_SPECIAL)
+        return ChoiceDecoder(detokenizer, StopMatcher(["o!", "\ufffd"]))
+
+    one_by_one, whole = decoder(), decoder()
+    steps = [one_by_one.feed([token_id]) for token_id in ids]
+    steps.append(one_by_one.flush())
+    text = "".join(step.text for step in steps)
+    reason = next((s.finish_reason for s in steps if s.finish_reason), None)
+    step, tail = whole.feed(ids), whole.flush()
+    assert (text, reason) == (
+        step.text + tail.text,
+        step.finish_reason or tail.finish_reason,
+    )
+    assert one_by_one.completion_tokens == whole.completion_tokens
+
+
+def test_steps_are_shared_by_text_in_a_bounded_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(choice_module, "_TEXT_STEPS", {"": choice_module._NOTHING})
+    monkeypatch.setattr(choice_module, "_MAX_TEXT_STEPS", 3)
+    long_text = "x" * (choice_module._MAX_SHARED_CHARS + 1)
+    pieces = [b"a", b"b", b"c", long_text.encode()]
+    decoder = ChoiceDecoder(IncrementalDetokenizer(pieces), StopMatcher([]))
+    for token_id in [0, 1, 2, 0, 3, 3, 1]:
+        step = decoder.feed([token_id])
+        assert step == ChoiceStep(pieces[token_id].decode())
+        assert len(choice_module._TEXT_STEPS) <= 3
+        assert choice_module._TEXT_STEPS[""] is choice_module._NOTHING
+        assert long_text not in choice_module._TEXT_STEPS
+    other = ChoiceDecoder(IncrementalDetokenizer(pieces), StopMatcher([]))
+    assert other.feed([1]) is step
+
+
 def test_a_step_without_text_is_the_shared_empty_step() -> None:
     decoder = ChoiceDecoder(IncrementalDetokenizer(PIECES), StopMatcher(["<x"]))
     assert decoder.feed([2]) == ChoiceStep("")  # half a character
     assert decoder.feed([3]) == ChoiceStep("é")
     assert decoder.feed([9]) == ChoiceStep("")  # "<" held back
     assert decoder.feed([0]) == ChoiceStep("<a")
+
+
+@given(
+    st.lists(st.integers(0, len(PIECES) - 1), max_size=30),
+    st.sets(st.integers(0, len(PIECES) - 1), max_size=2).map(frozenset),
+)
+def test_one_token_feeds_from_the_table_agree_with_plain_feeds(
+    ids: list[int], skip: frozenset[int]
+) -> None:
+    # Twice: the second time round the ids' texts come from the shared table,
+    # filled by detokenizers with other skip ids.
+    for skip_ids in (skip, SKIP, skip):
+        fast = IncrementalDetokenizer(PIECES, skip_ids)
+        plain = IncrementalDetokenizer(PIECES, skip_ids)
+        for token_id in ids:
+            assert fast._feed_one(token_id) == plain.feed((token_id,))
+            assert fast.pending_bytes == plain.pending_bytes
+        assert fast.flush() == plain.flush()
+
+
+def test_one_token_feed_checks_like_feed() -> None:
+    detokenizer = IncrementalDetokenizer(PIECES)
+    assert detokenizer._feed_one(0) == "a"
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        detokenizer._feed_one(len(PIECES))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        detokenizer._feed_one(-1)
+    detokenizer.flush()
+    with pytest.raises(LocalProtocolError):
+        detokenizer._feed_one(0)  # its text is in the table by now
+
+
+def test_vocabularies_share_a_few_text_tables() -> None:
+    vocabularies = [[b"a", f"{i}".encode()] for i in range(20)]
+    for pieces in vocabularies:
+        assert IncrementalDetokenizer(pieces)._feed_one(1) == pieces[1].decode()
+    first, last = vocabularies[0], vocabularies[-1]
+    assert IncrementalDetokenizer(last)._texts is IncrementalDetokenizer(last)._texts
+    assert IncrementalDetokenizer(first)._texts == {}  # evicted, then made anew
+
+
+# -- on real vocabularies ---------------------------------------------------------
+
+REAL_VOCAB = settings(
+    max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None
+)
+STOPS = ["\n\n", "</", "é.", ", and"]
+
+
+def real_ids(
+    data: st.DataObject, pieces: Sequence[bytes], text_ids: list[int]
+) -> list[int]:
+    """Random ids, lone high bytes (split characters) and runs of real text."""
+    byte_ids = [i for i, p in enumerate(pieces) if len(p) == 1 and p[0] >= 0x80]
+    runs = data.draw(
+        st.lists(
+            st.one_of(
+                st.lists(st.integers(0, len(pieces) - 1), max_size=3),
+                st.lists(st.sampled_from(byte_ids), max_size=3),
+                st.integers(0, len(text_ids)).map(lambda i: text_ids[i : i + 12]),
+            ),
+            max_size=5,
+        )
+    )
+    return [token for run in runs for token in run]
+
+
+def check_one_token_paths(
+    pieces: Sequence[bytes], special: frozenset[int], ids: list[int]
+) -> None:
+    """Detokenizer and decoder, one id at a time, against their plain paths."""
+    for skip in (special, frozenset()):
+        fast = IncrementalDetokenizer(pieces, skip)
+        plain = IncrementalDetokenizer(pieces, skip)
+        for token_id in ids:
+            assert fast._feed_one(token_id) == plain.feed((token_id,))
+            assert fast.pending_bytes == plain.pending_bytes
+        assert fast.flush() == plain.flush()
+
+    def decoder() -> ChoiceDecoder:
+        return ChoiceDecoder(
+            IncrementalDetokenizer(pieces, special), StopMatcher(STOPS)
+        )
+
+    one_by_one, whole = decoder(), decoder()
+    steps = [one_by_one.feed((token_id,)) for token_id in ids]
+    steps.append(one_by_one.flush())
+    text = "".join(step.text for step in steps)
+    reason = next((s.finish_reason for s in steps if s.finish_reason), None)
+    # The reference: decode everything, then cut at the first stop string.
+    full = b"".join(pieces[i] for i in ids if i not in special)
+    matcher = StopMatcher(STOPS)
+    cut = matcher.feed(full.decode("utf-8", "replace"))
+    expected = cut.text if cut.stop else cut.text + matcher.flush()
+    assert (text, reason) == (expected, FinishReason.STOP if cut.stop else None)
+    step, tail = whole.feed(ids), whole.flush()
+    assert (step.text + tail.text, step.finish_reason or tail.finish_reason) == (
+        text,
+        reason,
+    )
+    assert one_by_one.completion_tokens == whole.completion_tokens
+
+
+@REAL_VOCAB
+@given(data=st.data())
+def test_one_token_paths_agree_with_plain_paths_on_gemma(
+    gemma_tokenizer: Any, data: st.DataObject
+) -> None:
+    pieces: Sequence[bytes] = gemma_tokenizer.pieces
+    text_ids = gemma_tokenizer.encode(
+        "Café, and 日本語 </b> 🤖👩‍💻 é.\n\n" * 2,
+        add_special=False,
+        parse_special=False,
+    )
+    ids = real_ids(data, pieces, text_ids)
+    check_one_token_paths(pieces, gemma_tokenizer.special_ids, ids)
+
+
+@REAL_VOCAB
+@given(data=st.data())
+def test_one_token_paths_agree_with_plain_paths_on_tekken(
+    tekken: Any, data: st.DataObject
+) -> None:
+    text_ids = tekken.encode("Café, and 日本語 </b> 🤖👩‍💻 é.\n\n" * 2)
+    ids = real_ids(data, tekken.pieces, text_ids)
+    check_one_token_paths(tekken.pieces, tekken.special_ids, ids)
+
+
+# -- values with their own __init__ --------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [Delta, ChoiceStep])
+def test_own_init_takes_the_fields_in_order_with_their_defaults(
+    cls: type[Delta] | type[ChoiceStep],
+) -> None:
+    fields = [
+        (
+            f.name,
+            inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default,
+        )
+        for f in dataclasses.fields(cls)
+    ]
+    parameters = inspect.signature(cls).parameters.values()
+    assert [(p.name, p.default) for p in parameters] == fields
+    assert cls.__match_args__ == tuple(name for name, _ in fields)
+
+
+def test_own_init_values_stay_frozen_dataclasses() -> None:
+    usage = Usage(1, 2)
+    delta = Delta(1, "a", usage=usage)
+    assert (delta.index, delta.text, delta.logprobs, delta.usage) == (
+        1,
+        "a",
+        None,
+        usage,
+    )
+    assert delta == Delta(index=1, text="a", logprobs=None, usage=usage)
+    assert hash(delta) == hash(Delta(1, "a", None, usage))
+    assert dataclasses.replace(delta, text="b") == Delta(1, "b", usage=usage)
+    assert repr(Delta(0, "x")) == "Delta(index=0, text='x', logprobs=None, usage=None)"
+    step = ChoiceStep("a", FinishReason.STOP)
+    assert step == ChoiceStep(text="a", finish_reason=FinishReason.STOP)
+    assert ChoiceStep("a").finish_reason is None
+    for value, name in ((delta, "text"), (step, "finish_reason")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, None)

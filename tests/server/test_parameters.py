@@ -214,7 +214,10 @@ async def test_echo_streams_the_prompt_first_once_per_choice(n: int) -> None:
     for payload in ex.payloads():
         for choice in payload["choices"]:
             firsts.setdefault(choice["index"], choice["text"])
-    assert firsts == dict.fromkeys(range(n), "Say: ")
+    # The first chunk of a choice holds the prompt (tokens the engine made
+    # before the writer ran may be coalesced into it); the text has it once.
+    assert all(text.startswith("Say: ") for text in firsts.values())
+    assert sorted(firsts) == list(range(n))
     assert _texts(ex) == dict.fromkeys(range(n), "Say: Hello")
     whole = await _post(app, COMPLETIONS, {**body, "stream": False})
     assert [c["text"] for c in whole["choices"]] == ["Say: Hello"] * n

@@ -28,15 +28,42 @@ from sluicegate.core.stops import StopMatcher
 __all__ = ["ChoiceDecoder", "ChoiceStep"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ChoiceStep:
     """Text safe to emit now, and ``FinishReason.STOP`` when a stop string matched."""
 
     text: str
     finish_reason: FinishReason | None = None
 
+    def __init__(self, text: str, finish_reason: FinishReason | None = None) -> None:
+        # On the per-token path (texts not shared yet). The generated __init__ of a
+        # frozen dataclass calls object.__setattr__ per field; the slots' own
+        # setters cost a third less.
+        _set_text(self, text)
+        _set_finish_reason(self, finish_reason)
 
+
+_set_text = vars(ChoiceStep)["text"].__set__
+_set_finish_reason = vars(ChoiceStep)["finish_reason"].__set__
 _NOTHING = ChoiceStep("")
+
+# ``ChoiceStep(text)`` by text, for short texts: a token's text is mostly one piece
+# of the vocabulary, so a few thousand texts come back again and again, in every
+# choice and response. Sharing their (immutable) steps saves building one per
+# token. Cleared when full: bounded, and it follows what is being generated.
+_TEXT_STEPS: dict[str, ChoiceStep] = {"": _NOTHING}
+_MAX_TEXT_STEPS = 8192
+_MAX_SHARED_CHARS = 32
+
+
+def _new_text_step(text: str) -> ChoiceStep:
+    step = ChoiceStep(text)
+    if len(text) <= _MAX_SHARED_CHARS:
+        if len(_TEXT_STEPS) >= _MAX_TEXT_STEPS:
+            _TEXT_STEPS.clear()
+            _TEXT_STEPS[""] = _NOTHING
+        _TEXT_STEPS[text] = step
+    return step
 
 
 class ChoiceDecoder:
@@ -107,9 +134,13 @@ class ChoiceDecoder:
         detokenizer = self._detokenizer
         ids = tuple(token_ids)
         # ``_release`` is ``StopMatcher.feed`` without its checks and its
-        # ``StopStep`` (it sets ``_stop`` on a match): no allocation per token on
-        # the hottest path of a server.
-        if len(ids) == 1 or not stops.stops:
+        # ``StopStep`` (it sets ``_stop`` on a match), ``_feed_one`` is
+        # ``feed((token_id,))`` from a table of piece texts, and the step is a
+        # shared one: no allocation per token on the hottest path of a server.
+        if len(ids) == 1:
+            text = stops._release(detokenizer._feed_one(ids[0]))
+            self._completion_tokens += 1
+        elif not stops._stops:
             # The count cannot end inside the step: take its text in one piece.
             text = stops._release(detokenizer.feed(ids))
             self._completion_tokens += len(ids)
@@ -123,7 +154,8 @@ class ChoiceDecoder:
         if stops._stop is not None:
             self._stopped = True
             return ChoiceStep(text, FinishReason.STOP)
-        return ChoiceStep(text) if text else _NOTHING
+        step = _TEXT_STEPS.get(text)
+        return step if step is not None else _new_text_step(text)
 
     def flush(self) -> ChoiceStep:
         """End of the choice: the detokenizer's tail through the stop matcher, then

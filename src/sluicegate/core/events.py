@@ -91,7 +91,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Delta:
     """New text for choice ``index`` (already detokenized and stop-checked).
 
@@ -109,6 +109,26 @@ class Delta:
     text: str
     logprobs: tuple[LogprobToken, ...] | None = None
     usage: Usage | None = None
+
+    def __init__(
+        self,
+        index: int,
+        text: str,
+        logprobs: tuple[LogprobToken, ...] | None = None,
+        usage: Usage | None = None,
+    ) -> None:
+        # One per token. The generated __init__ of a frozen dataclass calls
+        # object.__setattr__ per field; the slots' own setters cost a third less.
+        _set_index(self, index)
+        _set_text(self, text)
+        _set_logprobs(self, logprobs)
+        _set_usage(self, usage)
+
+
+_set_index = vars(Delta)["index"].__set__
+_set_text = vars(Delta)["text"].__set__
+_set_logprobs = vars(Delta)["logprobs"].__set__
+_set_usage = vars(Delta)["usage"].__set__
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,13 @@ _END_STATES: Mapping[StreamState, EndState] = {
     StreamState.ERRORED: EndState.ERRORED,
 }
 
+# The state where a ``Delta`` is legal, which it stays in: the per-token path in
+# ``StreamMachine.feed`` checks it by identity instead of hashing the pair.
+(_DELTA_STATE,) = {
+    state
+    for (state, kind), new in TRANSITIONS.items()
+    if kind is Delta and new is state
+}
 _HEARTBEAT = encode_comment()
 _CHOICE_EVENTS = (Delta, Finish)
 # Stands for a content chunk's text while its frame is split; no JSON key equals
@@ -136,9 +143,10 @@ class StreamMachine:
         self._header = header
         self._state = StreamState.NEW
         self._finish_reasons: list[FinishReason | None] = [None] * header.n
-        # Per choice, its content frame before and after the JSON of the text: a
-        # content chunk then costs one encode of its text, not of the whole chunk.
-        self._text_frames = [_split_text_frame(header, i) for i in range(header.n)]
+        # Per open choice, its content frame before and after the JSON of the text:
+        # a content chunk then costs one encode of its text, not of the whole
+        # chunk. A choice leaves on its ``Finish``.
+        self._text_frames = {i: _split_text_frame(header, i) for i in range(header.n)}
 
     @property
     def header(self) -> ResponseHeader:
@@ -207,18 +215,26 @@ class StreamMachine:
             TypeError: ``Delta`` text JSON cannot encode (a lone surrogate);
                 nothing changes.
         """
-        next_state = self._next_state(event)
-        if isinstance(event, Delta) and event.logprobs is None and event.usage is None:
+        if (
+            type(event) is Delta
+            and self._state is _DELTA_STATE
+            and event.logprobs is None
+            and event.usage is None
+        ):
             # Once per token: the text's JSON between the choice's prebuilt bytes
-            # (text-only deltas; ``_frames`` builds the others whole).
-            self._state = next_state
-            if not event.text:
-                return []
-            before, after = self._text_frames[event.index]
-            return [before + dumps(event.text) + after]
+            # (text-only deltas of an open choice; ``_next_state`` raises for a
+            # closed or unknown one and ``_frames`` builds the others whole).
+            text_frame = self._text_frames.get(event.index)
+            if text_frame is not None:
+                if not event.text:
+                    return []
+                before, after = text_frame
+                return [before + dumps(event.text) + after]
+        next_state = self._next_state(event)
         frames = self._frames(event)
         if isinstance(event, Finish):
             self._finish_reasons[event.index] = event.finish_reason
+            del self._text_frames[event.index]
             if None not in self._finish_reasons:
                 next_state = StreamState.AWAITING_END
         self._state = next_state

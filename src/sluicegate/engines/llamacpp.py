@@ -6,9 +6,10 @@ every decoding sequence plus a chunk of the prompt of sequences still in prefill
 streams for more than one step). Sequences join and leave between steps.
 
 Threading: the worker thread owns the llama.cpp context; the event loop only
-touches plain Python state under ``_lock``. Outputs reach each request's
-``asyncio.Queue`` through ``loop.call_soon_threadsafe``, so the worker never waits
-on a consumer. ctypes releases the GIL during ``llama_decode``.
+touches plain Python state under ``_lock``. The outputs of one step reach their
+requests' ``SequenceOutputs`` through one ``loop.call_soon_threadsafe`` for the
+whole batch (one wake-up of the event loop per step, not per sequence), so the
+worker never waits on a consumer. ctypes releases the GIL during ``llama_decode``.
 
 Capacity: ``n_parallel`` sequences at once and ``n_ctx`` KV cells shared by all of
 them (a unified KV cache). A request is admitted (FIFO) when its prompt plus its
@@ -38,7 +39,6 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -56,6 +56,7 @@ from sluicegate.engines.base import (
     SamplingParams,
 )
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab, quiet_logs
+from sluicegate.engines.outputs import SequenceOutputs
 
 __all__ = ["LlamaCppEngine", "load_vocab"]
 
@@ -72,14 +73,16 @@ class _Phase(Enum):
     DONE = "done"
 
 
-_ABORTED = object()  # queue sentinel: the request was aborted; end the iterator
+_ABORTED = None  # delivered when the request was aborted: its outputs end
+
+_Item = EngineOutput | EngineError | None
 
 
 @dataclass(eq=False, slots=True)
 class _Sequence:
     request: GenerateRequest
     loop: asyncio.AbstractEventLoop
-    outputs: asyncio.Queue[Any]
+    outputs: SequenceOutputs
     phase: _Phase = _Phase.QUEUED
     seq_id: int = -1
     n_prompt_done: int = 0  # prompt tokens already in the KV cache
@@ -95,10 +98,16 @@ class _Sequence:
         token but the latest, which is fed back at the next step."""
         return self.n_prompt_done + max(self.n_generated - 1, 0)
 
-    def deliver(self, item: Any) -> None:
-        # A closed consumer loop raises RuntimeError: nobody is left to tell.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+
+def _deliver(items: list[tuple[_Sequence, _Item]]) -> None:
+    """On the event loop: hand each item to its sequence's outputs, in order."""
+    for seq, item in items:
+        if item is None:
+            seq.outputs.end()
+        elif isinstance(item, EngineError):
+            seq.outputs.fail(item)
+        else:
+            seq.outputs.push(item)
 
 
 @dataclass(slots=True)
@@ -185,6 +194,7 @@ class LlamaCppEngine:
         self._free_seq_ids = list(range(n_parallel - 1, -1, -1))
         self._reserved = 0
         self._leaked_cells = 0
+        self._pending: list[tuple[_Sequence, _Item]] = []  # see _emit/_flush
         self._counters = _Counters()
         self._closed = False
         self._fault: BaseException | None = None  # for tests: fail the next step
@@ -205,13 +215,13 @@ class LlamaCppEngine:
         """The model's vocabulary."""
         return self._tokenizer
 
-    def generate(self, request: GenerateRequest) -> AsyncGenerator[EngineOutput, None]:
-        """Queue ``request`` now; the iterator yields one ``EngineOutput`` per step.
+    def generate(self, request: GenerateRequest) -> SequenceOutputs:
+        """Queue ``request`` now; its outputs hold one ``EngineOutput`` per step.
 
         Admission errors are raised by this call, before any output, so that a
-        server can still answer with a status code. The iterator ends after the
-        output that carries ``finish_reason``, or without one when the request
-        was aborted. Closing the iterator early aborts the request.
+        server can still answer with a status code. The outputs end after the
+        one that carries ``finish_reason``, or without one when the request was
+        aborted. Closing them early aborts the request.
 
         Raises:
             EngineUnavailable: the queue is full or the engine is closed.
@@ -219,27 +229,7 @@ class LlamaCppEngine:
                 can never fit in the KV cells, or the request id is running.
             EngineError: from the iterator, when a decode step failed.
         """
-        return self._outputs(self._submit(request))
-
-    async def _outputs(self, seq: _Sequence) -> AsyncGenerator[EngineOutput, None]:
-        finished = False
-        try:
-            while True:
-                item = await seq.outputs.get()
-                if item is _ABORTED:
-                    finished = True
-                    return
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                assert isinstance(item, EngineOutput)
-                finished = item.finish_reason is not None
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort(seq.request.request_id)
+        return self._submit(request).outputs
 
     def abort(self, request_id: str) -> None:
         """Stop ``request_id`` before the next step and free its KV cells.
@@ -257,8 +247,9 @@ class LlamaCppEngine:
                 self._forget(seq)
                 self._counters.aborted += 1
                 self._counters.aborted_ids.append(request_id)
-                seq.deliver(_ABORTED)
+                self._emit(seq, _ABORTED)
             self._lock.notify_all()
+        self._flush()
 
     def stats(self) -> EngineStats:
         """Queue depth, running sequences, KV cells used/total, token counters."""
@@ -316,7 +307,9 @@ class LlamaCppEngine:
             )
         if not request.prompt_token_ids:
             raise RequestError("the prompt has no tokens", param="prompt")
-        seq = _Sequence(request, asyncio.get_running_loop(), asyncio.Queue())
+        request_id = request.request_id
+        outputs = SequenceOutputs(lambda: self.abort(request_id))
+        seq = _Sequence(request, asyncio.get_running_loop(), outputs)
         with self._lock:
             if self._closed:
                 raise EngineUnavailable("the engine is shutting down")
@@ -349,26 +342,29 @@ class LlamaCppEngine:
                 self._admit()
                 plan = self._plan_step()
                 fault, self._fault = self._fault, None
+            self._flush()
             if plan:
                 self._step(plan, fault)
+                self._flush()
 
     def _drop_all(self) -> None:
         for seq in list(self._running.values()):
             self._release(seq)
             self._counters.aborted += 1
-            seq.deliver(_ABORTED)
+            self._emit(seq, _ABORTED)
         for seq in self._waiting:
             self._forget(seq)
-            seq.deliver(_ABORTED)
+            self._emit(seq, _ABORTED)
         self._waiting.clear()
         self._refresh_kv_cells()
+        self._flush()
 
     def _reap_aborted(self) -> None:
         for seq in [s for s in self._running.values() if s.abort_requested]:
             self._release(seq)
             self._counters.aborted += 1
             self._counters.aborted_ids.append(seq.request.request_id)
-            seq.deliver(_ABORTED)
+            self._emit(seq, _ABORTED)
         self._refresh_kv_cells()
 
     def _admit(self) -> None:
@@ -473,8 +469,8 @@ class LlamaCppEngine:
             reason = FinishReason.STOP
         elif seq.n_generated >= params.max_tokens:
             reason = FinishReason.LENGTH
-        seq.deliver(
-            EngineOutput((token,), reason, None if logprob is None else (logprob,))
+        self._emit(
+            seq, EngineOutput((token,), reason, None if logprob is None else (logprob,))
         )
         if reason is not None:
             self._release(seq)
@@ -491,8 +487,26 @@ class LlamaCppEngine:
                     continue
                 self._release(seq)
                 self._counters.failed += 1
-                seq.deliver(error)
+                self._emit(seq, error)
             self._refresh_kv_cells()
+
+    def _emit(self, seq: _Sequence, item: _Item) -> None:
+        """Queue ``item`` for ``seq``'s consumer (under ``_lock``); see ``_flush``."""
+        self._pending.append((seq, item))
+
+    def _flush(self) -> None:
+        """Send what ``_emit`` queued: one loop callback per event loop."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        if not pending:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, _Item]]] = {}
+        for seq, item in pending:
+            by_loop.setdefault(seq.loop, []).append((seq, item))
+        for loop, items in by_loop.items():
+            # A closed consumer loop raises RuntimeError: nobody is left to tell.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_deliver, items)
 
     def _release(self, seq: _Sequence) -> None:
         """Remove a running sequence: free its KV cells, sampler and slot."""

@@ -11,15 +11,15 @@ that never finishes.
 ``ScriptedTokenizer`` (from ``scripted_vocab``) is its toy byte-piece vocabulary.
 
 Invariants:
-    - Each sequence runs in its own asyncio task and writes into an unbounded
-      per-sequence buffer: the engine never waits on a consumer and never blocks
-      the event loop.
+    - Each sequence is a chain of event-loop timers (no task) that pushes into
+      its ``SequenceOutputs``: the engine never waits on a consumer and never
+      blocks the event loop.
     - KV cells used = prompt + generated tokens of the running sequences; they are
       freed when a sequence finishes, is aborted or fails.
-    - ``abort()`` takes effect at the next step. A decode step in flight when the
-      abort arrives still completes: its token counts as generated *and* wasted and
-      is never delivered. An abort during the queue wait or the prefill delay stops
-      the sequence at once, before any token.
+    - ``abort()`` takes effect at once. The decode step that was due next still
+      runs, as a step in flight would: its token counts as generated *and* wasted
+      and is never delivered. An abort during the queue wait or the prefill delay
+      stops the sequence before any token.
 
 Sampling parameters other than ``max_tokens``, ``stop_token_ids`` and
 ``ignore_eos`` do not change the script (a script function may read them); with
@@ -36,19 +36,22 @@ Spec: ../shared/DESIGN.md, "Engine protocol".
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
 import itertools
 import logging
 import math
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import TypedDict
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, FinishReason, TokenLogprob
 from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo
+from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
 
 __all__ = [
@@ -137,20 +140,19 @@ class _Phase(Enum):
     DONE = "done"
 
 
-_Item = EngineOutput | EngineError | None  # None: the sequence ends without output
-
-
 @dataclass(eq=False, slots=True)
 class _Sequence:
     request: GenerateRequest
     script: Iterator[int]
-    outputs: asyncio.Queue[_Item] = field(default_factory=asyncio.Queue)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    outputs: SequenceOutputs
     phase: _Phase = _Phase.QUEUED
+    decoding: bool = False  # past the prefill delay
+    step: int = 0  # the next decode step (0-based)
+    due: float = 0.0  # loop time (seconds) the next step is due
+    wake: int = 0  # bumped to void the sequence's entry in the clock
     generated: int = 0
     fail_at_step: int | None = None
     abort_requested: bool = False
-    ended: bool = False  # a terminal item is in ``outputs``
 
 
 class ScriptedEngine:
@@ -220,13 +222,13 @@ class ScriptedEngine:
         self._kv_total = kv_cells_total or context_length * max_running
         self._live: dict[str, _Sequence] = {}
         self._waiting: deque[_Sequence] = deque()
-        self._tasks: set[asyncio.Task[None]] = set()
         self._aborted_ids: deque[str] = deque(maxlen=1024)
         self._counts = dict.fromkeys(
             ("prompt", "generated", "wasted", "finished", "aborted", "failed"), 0
         )
         self._running = 0
         self._closed = False
+        self._clock: _Clock | None = None
 
     @property
     def model(self) -> ModelInfo:
@@ -241,9 +243,12 @@ class ScriptedEngine:
     def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
         """Queue ``request``; its outputs arrive one decode step at a time.
 
+        The iterator is a ``SequenceOutputs`` (a listener may take its items);
+        the annotation is the protocol's, so that subclasses may wrap it.
+
         Must be called with a running asyncio loop. The sequence starts at once
-        (whether or not the iterator is read); closing the iterator early aborts it.
-        After ``abort()`` the iterator ends without yielding anything more.
+        (whether or not its outputs are read); closing them early aborts it.
+        After ``abort()`` they end without anything more.
 
         Raises:
             EngineUnavailable: at once, when the engine is closed or the queue full.
@@ -252,8 +257,9 @@ class ScriptedEngine:
         """
         if self._closed:
             raise EngineUnavailable("the engine is closed")
-        if request.request_id in self._live:
-            raise EngineError(f"request id {request.request_id!r} is already running")
+        request_id = request.request_id
+        if request_id in self._live:
+            raise EngineError(f"request id {request_id!r} is already running")
         if not request.prompt_token_ids:
             raise EngineError("the prompt has no tokens")
         full = self._running >= self._max_running
@@ -262,25 +268,29 @@ class ScriptedEngine:
                 f"the queue is full: {len(self._waiting)} requests wait, "
                 f"limit {self._max_queued}"
             )
-        seq = _Sequence(request, self._script_for(request))
+        loop = asyncio.get_running_loop()
+        if self._clock is None or self._clock.loop is not loop:
+            self._clock = _Clock(loop)
+        outputs = SequenceOutputs(lambda: self.abort(request_id))
+        seq = _Sequence(request, self._script_for(request), outputs)
         if self._fail_at_step is not None and (
             self._fail_rate >= 1.0 or self._rng.random() < self._fail_rate
         ):
             seq.fail_at_step = self._fail_at_step
-        self._live[request.request_id] = seq
+        self._live[request_id] = seq
         if not full:
             self._start(seq)
         else:
             self._waiting.append(seq)
-        task = asyncio.get_running_loop().create_task(self._run(seq))
-        self._tasks.add(task)
-        task.add_done_callback(self._forget_task)
-        return self._outputs(seq)
+        return outputs
 
     def abort(self, request_id: str) -> None:
-        """Stop ``request_id`` at the next step and free its KV cells.
+        """Stop ``request_id`` now and free its KV cells.
 
-        Idempotent; a no-op for unknown or already finished ids. Never blocks.
+        A decoding sequence's step that was due next still runs, as a step in
+        flight would: its token counts as generated and wasted, and is never
+        delivered. Idempotent; a no-op for unknown or already finished ids. Never
+        blocks.
         """
         seq = self._live.get(request_id)
         if seq is None or seq.abort_requested:
@@ -290,7 +300,10 @@ class ScriptedEngine:
         self._aborted_ids.append(request_id)
         if seq.phase is _Phase.QUEUED:
             self._waiting.remove(seq)
-        seq.wake.set()
+        elif seq.decoding:
+            with contextlib.suppress(Exception):  # a script bug: nothing to waste
+                self._step(seq, aborted=True)
+        self._release(seq)
 
     def stats(self) -> EngineStats:
         """A snapshot: queue, running batch, KV cells, token and request counters."""
@@ -312,12 +325,10 @@ class ScriptedEngine:
         )
 
     async def aclose(self) -> None:
-        """Abort every sequence and wait for their tasks; ``generate`` then fails."""
+        """Abort every sequence; ``generate`` then fails."""
         self._closed = True
         for request_id in list(self._live):
             self.abort(request_id)
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _script_for(self, request: GenerateRequest) -> Iterator[int]:
         script = self._script
@@ -340,75 +351,87 @@ class ScriptedEngine:
             )
         return self._text_ids
 
+    # -- the schedule: a chain of clock callbacks per sequence, no task -------
+    #
+    # Each sequence is a chain of callbacks (prefill delay, then one per decode
+    # step) on the engine's ``_Clock`` rather than a task: with thousands of
+    # streams a task per sequence cost a future, a task step and an Event per
+    # token, and a loop timer per step cost more than the step itself.
+
     def _start(self, seq: _Sequence) -> None:
         seq.phase = _Phase.RUNNING
         self._running += 1
         self._counts["prompt"] += len(seq.request.prompt_token_ids)
-        seq.wake.set()
+        if self._prefill_delay_s > 0:
+            clock = self._clock
+            assert clock is not None, "generate() makes the clock"
+            clock.at(clock.loop.time() + self._prefill_delay_s, seq, self._decode)
+        else:
+            self._decode(seq)
+
+    def _decode(self, seq: _Sequence) -> None:
+        """The prefill is over: schedule the first decode step."""
+        seq.decoding = True
+        assert self._clock is not None, "generate() makes the clock"
+        seq.due = self._clock.loop.time()
+        self._schedule(seq)
+
+    def _schedule(self, seq: _Sequence) -> None:
+        stall_at, stall_s = self._stall
+        delay = self._step_s + (stall_s if seq.step == stall_at else 0.0)
+        clock = self._clock
+        assert clock is not None, "generate() makes the clock"
+        # An absolute schedule, at most one step behind: a loop whose timers
+        # round to whole milliseconds (uvloop, under uvicorn) fires a 0.5 ms
+        # timer at once, and per-step delays would then ignore the rate.
+        seq.due = max(seq.due, clock.loop.time() - self._step_s) + delay
+        clock.at(seq.due, seq, self._tick)
+
+    def _tick(self, seq: _Sequence) -> None:
+        """One decode step of ``seq``, delivered; then the next one scheduled."""
+        if seq.step == seq.fail_at_step:
+            self._counts["failed"] += 1
+            self._fail(seq, EngineError(f"scripted fault: failed at step {seq.step}"))
+            return
+        try:
+            output = self._step(seq, aborted=False)
+        except Exception:  # a script's bug fails its sequence, never the loop
+            logger.exception("scripted sequence %s failed", seq.request.request_id)
+            self._fail(
+                seq, EngineError("the scripted sequence failed: its script raised")
+            )
+            return
+        assert output is not None, "only an aborted step has no output"
+        seq.step += 1
+        seq.outputs.push(output)  # a listener may abort the sequence right here
+        if output.finish_reason is not None:
+            self._counts["finished"] += 1
+            self._release(seq)
+        elif seq.phase is _Phase.RUNNING:
+            self._schedule(seq)
+
+    def _fail(self, seq: _Sequence, error: EngineError) -> None:
+        seq.outputs.fail(error)
+        self._release(seq)
 
     def _release(self, seq: _Sequence) -> None:
+        seq.wake += 1  # its pending clock entry, if any, is void
         was_running = seq.phase is _Phase.RUNNING
         self._running -= was_running
         seq.phase = _Phase.DONE
         self._live.pop(seq.request.request_id, None)
-        if not seq.ended:
-            seq.ended = True
-            seq.outputs.put_nowait(None)
-        if was_running and self._waiting:
+        seq.outputs.end()  # a no-op when the sequence already ended
+        if was_running and self._waiting and not self._closed:
             self._start(self._waiting.popleft())
-
-    def _forget_task(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("scripted sequence task failed", exc_info=task.exception())
-
-    async def _run(self, seq: _Sequence) -> None:
-        try:
-            while seq.phase is _Phase.QUEUED and not seq.abort_requested:
-                seq.wake.clear()
-                await seq.wake.wait()
-            if await self._pause(seq, self._prefill_delay_s):
-                return
-            await self._decode(seq)
-        finally:
-            if not seq.ended and not seq.abort_requested:
-                # Only reached when this task itself failed: never leave a
-                # consumer waiting on a sequence that will not end.
-                self._end(seq, EngineError("the scripted sequence task failed"))
-            self._release(seq)
-
-    async def _decode(self, seq: _Sequence) -> None:
-        stall_at, stall_s = self._stall
-        loop = asyncio.get_running_loop()
-        due = loop.time()
-        for step in itertools.count():
-            delay = self._step_s + (stall_s if step == stall_at else 0.0)
-            # An absolute schedule, at most one step behind: a loop whose timers
-            # round to whole milliseconds (uvloop, under uvicorn) fires a 0.5 ms
-            # timer at once, and per-step delays would then ignore the rate.
-            due = max(due, loop.time() - self._step_s) + delay
-            aborted = await self._pause(seq, due - loop.time())
-            if not aborted and step == seq.fail_at_step:
-                self._counts["failed"] += 1
-                self._end(seq, EngineError(f"scripted fault: failed at step {step}"))
-                return
-            output = self._step(seq, aborted)
-            if output is None:
-                return
-            seq.outputs.put_nowait(output)
-            if output.finish_reason is not None:
-                self._counts["finished"] += 1
-                seq.ended = True
-                return
 
     def _step(self, seq: _Sequence, aborted: bool) -> EngineOutput | None:
         """One decode step; ``None`` when an abort ended the sequence."""
         params = seq.request.params
         token = next(seq.script, None)
-        stops = params.stop_token_ids
-        if not params.ignore_eos:
-            stops |= self._tokenizer.stop_ids
-        if token is None or (token in stops and not self._never_finishes):
+        stops = token in params.stop_token_ids or (
+            not params.ignore_eos and token in self._tokenizer.stop_ids
+        )
+        if token is None or (stops and not self._never_finishes):
             return None if aborted else EngineOutput((), FinishReason.STOP)
         seq.generated += 1
         self._counts["generated"] += 1
@@ -426,43 +449,60 @@ class ScriptedEngine:
         vocab_size = len(self._tokenizer.pieces)
         return EngineOutput((token,), reason, (scripted_logprob(token, k, vocab_size),))
 
-    def _end(self, seq: _Sequence, item: _Item) -> None:
-        seq.ended = True
-        seq.outputs.put_nowait(item)
 
-    @staticmethod
-    async def _pause(seq: _Sequence, delay_s: float) -> bool:
-        """Wait ``delay_s`` seconds unless aborted first; True when aborted."""
-        if not seq.abort_requested:
-            seq.wake.clear()
-            if delay_s <= 0:
-                await asyncio.sleep(0)
-            elif math.isinf(delay_s):
-                await seq.wake.wait()
-            else:
-                # A timer that sets ``wake``: ``wait_for`` would wrap every step
-                # of every sequence in a task of its own (Python 3.11).
-                loop = asyncio.get_running_loop()
-                timer = loop.call_later(delay_s, seq.wake.set)
-                try:
-                    await seq.wake.wait()
-                finally:
-                    timer.cancel()
-        return seq.abort_requested
+class _Clock:
+    """Callbacks due at loop times, for many sequences, on one loop timer.
 
-    async def _outputs(self, seq: _Sequence) -> AsyncIterator[EngineOutput]:
+    A heap of ``(due, order, wake, sequence, callback)``; the loop timer is armed
+    for the earliest entry only. An entry whose ``wake`` no longer matches its
+    sequence's was voided (abort) and is skipped. Entries due within half a
+    millisecond of now run together: the loop's own timers are no finer (uvloop
+    rounds to whole milliseconds). An entry added while the clock fires waits for
+    the next loop iteration, so a zero delay still yields to the loop.
+    """
+
+    _SLACK_S = 0.0005
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        """The loop whose timer drives this clock (asked once, not per token:
+        ``get_running_loop()`` is a ``getpid`` system call in CPython 3.11)."""
+        self._heap: list[tuple[float, int, int, _Sequence, Callable[[_Sequence], None]]]
+        self._heap = []
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = math.inf
+        self._firing = False
+
+    def at(
+        self, due: float, seq: _Sequence, callback: Callable[[_Sequence], None]
+    ) -> None:
+        """Call ``callback(seq)`` at loop time ``due`` (seconds), unless voided."""
+        heapq.heappush(self._heap, (due, next(self._order), seq.wake, seq, callback))
+        if due < self._timer_due and not self._firing:
+            self._arm(due)
+
+    def _arm(self, due: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_due = due
+        self._timer = self.loop.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._timer_due = None, math.inf
+        heap = self._heap
+        horizon = self.loop.time() + self._SLACK_S
+        added = next(self._order)  # entries from this order on are added now
+        self._firing = True
         try:
-            while not seq.abort_requested:
-                item = await seq.outputs.get()
-                if item is None or seq.abort_requested:
-                    return
-                if isinstance(item, EngineError):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
+            while heap and heap[0][0] <= horizon and heap[0][1] < added:
+                _, _, wake, seq, callback = heapq.heappop(heap)
+                if wake == seq.wake:
+                    callback(seq)  # may add entries, due now or later
         finally:
-            self.abort(seq.request.request_id)
+            self._firing = False
+            if heap:
+                self._arm(heap[0][0])
 
 
 def scripted_logprob(token_id: int, k: int, vocab_size: int) -> TokenLogprob:

@@ -22,7 +22,6 @@ Spec: ../shared/DESIGN.md, "Slow consumers"; issue 5, "Slow consumers".
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -136,28 +135,13 @@ class StreamBuffer(Outbox):
                     self._on_overflow()
         super().put(event)
 
-    async def wait(self, timeout_s: float) -> None:
-        """Return when an event is queued, or after ``timeout_s`` seconds.
-
-        Same contract as ``Outbox.wait``, with one timer callback instead of a
-        cancel scope per wait: with thousands of streams the writer waits once per
-        token, and anyio's ``move_on_after`` was the largest cost of that wait in
-        a py-spy profile (``bench/streams.py``). The server runs on asyncio.
-        """
-        if self._events or timeout_s <= 0:
-            return
-        wake = self._wake
-        timer = asyncio.get_running_loop().call_later(timeout_s, wake.set)
-        try:
-            await wake.wait()
-        finally:
-            timer.cancel()
-
     def drain(self) -> list[StreamEvent]:
         """Every queued event, deltas coalesced per choice (``[]`` when none)."""
-        events, merged = coalesce(super().drain())
+        events = super().drain()
         self.pending_bytes = 0
-        self.coalesced += merged
+        if len(events) > 1:  # a client that keeps up takes one event at a time
+            events, merged = coalesce(events)
+            self.coalesced += merged
         return events
 
 

@@ -1,11 +1,13 @@
 """One response's engine sequences, read into an outbox of stream events.
 
-``Generation`` starts one engine sequence per choice and reads each one in its own
-task, as fast as the engine produces: every step goes through that choice's
-``ChoiceDecoder`` and comes out as ``Delta``/``Finish`` events in an ``Outbox``.
-Whoever writes to the client drains the outbox at its own pace, so the engine never
-waits on a client. No HTTP here: ``streaming.py`` races the writers against the
-client's disconnect.
+``Generation`` starts one engine sequence per choice and reads each one as fast as
+the engine produces: every step goes through that choice's ``ChoiceDecoder`` and
+comes out as ``Delta``/``Finish`` events in an ``Outbox``. An engine that returns
+``SequenceOutputs`` is listened to: each step is decoded in the engine's own
+callback, with no task in between (a task per choice reads any other async
+iterator). Whoever writes to the client drains the outbox at its own
+pace, so the engine never waits on a client. No HTTP here: ``streaming.py`` races
+the writers against the client's disconnect.
 
 Invariants:
     - Per choice, in order: ``Delta`` events, then exactly one ``Finish``; text
@@ -17,7 +19,8 @@ Invariants:
     - When every choice has finished, one ``End`` carries the usage: each prompt
       once, completion tokens summed over choices. With continuous usage, every
       ``Delta`` and ``Finish`` also carries the usage so far.
-    - An engine failure becomes one ``Fail`` event and no ``End``.
+    - An engine failure becomes one ``Fail`` event and no ``End``; so does a
+      bug met while decoding a step (``internal_error``, traceback logged).
     - A stop string aborts that engine sequence at once; ``abort_unfinished()``
       aborts every sequence the engine has not ended (disconnect, error, cancel).
 
@@ -26,12 +29,14 @@ Spec: ../shared/DESIGN.md, "Engine protocol" and "Stop strings".
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-
-import anyio
 
 from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.detokenize import IncrementalDetokenizer
@@ -55,39 +60,72 @@ from sluicegate.core.logprobs import (
 )
 from sluicegate.core.stops import StopMatcher
 from sluicegate.engines.base import Engine
+from sluicegate.engines.outputs import OutputItem, SequenceOutputs
 from sluicegate.server.prepare import Plan
 
-__all__ = ["Generation", "Outbox"]
+__all__ = ["INTERNAL_ERROR_MESSAGE", "Generation", "Outbox"]
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_ERROR_MESSAGE = "The server failed while streaming this response"
+"""The in-band error of a bug: the details stay in the server's log."""
 
 
 class Outbox:
     """Events from the choice readers to one writer; ``put`` never blocks.
 
-    Deliberate divergence: unbounded for now (the bounded, coalescing buffer for
-    slow clients comes later).
+    Unbounded: ``StreamBuffer`` (``buffer.py``) is the bounded, coalescing one
+    that streams use. asyncio only: it runs once per token per stream, and a bare
+    future is the cheapest wake-up there is.
     """
 
     def __init__(self) -> None:
         self._events: deque[StreamEvent] = deque()
-        self._wake = anyio.Event()
+        self._waiter: asyncio.Future[None] | None = None
+        # Asked once, not per wait: get_running_loop() is a getpid system call
+        # in CPython 3.11, and the writer waits once per token.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def put(self, event: StreamEvent) -> None:
         """Queue ``event`` and wake the writer."""
         self._events.append(event)
-        self._wake.set()
+        self.poke()
+
+    def poke(self) -> None:
+        """Wake the writer, whether or not anything is queued."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def drain(self) -> list[StreamEvent]:
         """Every queued event, oldest first (``[]`` when none)."""
         events = list(self._events)
         self._events.clear()
-        self._wake = anyio.Event()
         return events
 
-    async def wait(self, timeout_s: float) -> None:
-        """Return when an event is queued, or after ``timeout_s`` seconds."""
-        if not self._events:
-            with anyio.move_on_after(max(timeout_s, 0.0)):
-                await self._wake.wait()
+    async def wait(self, timeout_s: float = math.inf) -> None:
+        """Return when an event is queued, ``poke()`` is called, or after
+        ``timeout_s`` seconds (``math.inf``: no time limit)."""
+        if self._events or timeout_s <= 0:
+            return
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None
+        if timeout_s != math.inf:
+            timer = loop.call_later(timeout_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 @dataclass(eq=False, slots=True)
@@ -101,6 +139,7 @@ class _Choice:
     outputs: AsyncIterator[EngineOutput] | None = None
     finish_reason: FinishReason | None = None
     engine_done: bool = False  # the engine ended this sequence: no abort needed
+    read_done: bool = False  # nothing more is read from this choice
     released_chars: int = 0  # text the decoder has released (chars)
 
 
@@ -122,6 +161,9 @@ class Generation:
         ]
         self.first_token_at: float | None = None
         """Unix time (seconds) the first token id arrived, or ``None``."""
+        self._outbox = Outbox()  # where attach() puts events
+        self._unread = 0  # choices still read
+        self._readers: list[asyncio.Task[None]] = []  # for plain async iterators
 
     @property
     def usage(self) -> Usage:
@@ -155,17 +197,39 @@ class Generation:
             if any(c.outputs is None for c in self._choices):
                 self.abort_unfinished()
 
-    async def run(self, outbox: Outbox) -> None:
-        """Read every choice into ``outbox``; then ``End`` if all of them finished.
+    def attach(self, outbox: Outbox) -> None:
+        """Read every choice into ``outbox`` from now on, without blocking.
 
-        Cancellation (the client left) stops the readers; call
-        ``abort_unfinished()`` afterwards.
+        Each choice's events go to ``outbox`` as the engine produces them; when
+        the last choice has finished, one ``End`` follows. An engine failure is a
+        ``Fail``; so is a bug met while decoding a step (logged with its
+        traceback, then ``internal_error``). Call ``detach()`` when the response
+        ends, then ``abort_unfinished()``.
         """
-        async with anyio.create_task_group() as tg:
-            for choice in self._choices:
-                tg.start_soon(self._read, choice, outbox)
-        if all(c.finish_reason is not None for c in self._choices):
-            outbox.put(End(self.usage))
+        assert self._unread == 0, "attach() once"
+        self._outbox = outbox
+        self._unread = len(self._choices)
+        for choice in self._choices:
+            outputs = choice.outputs
+            assert outputs is not None, "start() before attach()"
+            if choice.echo:
+                self._put(choice, outbox, choice.echo, None)
+            if isinstance(outputs, SequenceOutputs):
+                outputs.listen(functools.partial(self._on_item, choice))
+            else:
+                reader = asyncio.get_running_loop().create_task(
+                    self._read(choice, outputs)
+                )
+                self._readers.append(reader)
+
+    def detach(self) -> None:
+        """Stop reading: nothing more goes to the outbox. Safe to call repeatedly."""
+        for reader in self._readers:
+            reader.cancel()  # each closes its iterator as it ends
+        for choice in self._choices:
+            choice.read_done = True
+            if isinstance(choice.outputs, SequenceOutputs):
+                choice.outputs.close()
 
     def abort_unfinished(self) -> None:
         """Abort every sequence the engine has not ended; safe to call repeatedly."""
@@ -174,25 +238,64 @@ class Generation:
                 choice.engine_done = True
                 self._engine.abort(choice.sequence_id)
 
-    async def _read(self, choice: _Choice, outbox: Outbox) -> None:
-        outputs = choice.outputs
-        assert outputs is not None, "start() before run()"
-        if choice.echo:
-            self._put(choice, outbox, choice.echo, None)
+    async def _read(
+        self, choice: _Choice, outputs: AsyncIterator[EngineOutput]
+    ) -> None:
+        """Feed an engine's plain async iterator to ``_on_item`` (no listener)."""
         try:
             async for output in outputs:
-                if output.token_ids and self.first_token_at is None:
-                    self.first_token_at = time.time()
-                if self._take(choice, output, outbox):
+                self._on_item(choice, output)
+                if choice.read_done:
                     return
-            choice.engine_done = True
-            outbox.put(Fail("The engine ended a sequence without a finish reason"))
+            self._on_item(choice, None)
+        except EngineError as exc:
+            self._on_item(choice, exc)
+        except Exception:  # the reader task's outermost frame: a bug
+            self._fail_internal(choice)
+        finally:
+            await asyncio.shield(_aclose(outputs))
+
+    def _on_item(self, choice: _Choice, item: OutputItem) -> None:
+        """One item of a choice's engine sequence, decoded into the outbox.
+
+        The outermost frame of the engine's callback: a bug here must not reach
+        the engine's loop, so it becomes this response's ``internal_error``.
+        """
+        if choice.read_done:
+            return  # after our own abort (a stop string), or a failure
+        outbox = self._outbox
+        try:
+            if isinstance(item, EngineOutput):
+                if item.token_ids and self.first_token_at is None:
+                    self.first_token_at = time.time()
+                if not self._take(choice, item, outbox):
+                    return
+            elif item is None:
+                choice.engine_done = True
+                outbox.put(Fail("The engine ended a sequence without a finish reason"))
+            else:
+                raise item
         except EngineError as exc:
             choice.engine_done = True
             outbox.put(Fail(str(exc) or type(exc).__name__, code=exc.code))
-        finally:
-            with anyio.CancelScope(shield=True):
-                await _aclose(outputs)
+        except Exception:  # see the docstring: log it, fail this response
+            self._fail_internal(choice)
+            return
+        self._read_one(choice)
+
+    def _fail_internal(self, choice: _Choice) -> None:
+        logger.exception("reading sequence %s failed", choice.sequence_id)
+        self._outbox.put(Fail(INTERNAL_ERROR_MESSAGE, code="internal_error"))
+        self._read_one(choice)
+
+    def _read_one(self, choice: _Choice) -> None:
+        """``choice`` is read to its end; after the last one, ``End``."""
+        choice.read_done = True
+        self._unread -= 1
+        if self._unread == 0 and all(
+            c.finish_reason is not None for c in self._choices
+        ):
+            self._outbox.put(End(self.usage))
 
     def _new_choice(self, index: int, sequence_id: str) -> _Choice:
         plan, tokenizer = self._plan, self._engine.tokenizer

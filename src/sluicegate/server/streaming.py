@@ -34,11 +34,11 @@ stream ends in exactly one state"; WHATWG HTML, "9.2 Server-sent events".
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
-import math
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -59,7 +59,7 @@ from sluicegate.core.events import Delta, End, Fail, Heartbeat, StreamEvent
 from sluicegate.core.logprobs import LogprobToken
 from sluicegate.core.stream import StreamMachine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
-from sluicegate.server.generation import Generation
+from sluicegate.server.generation import Generation, Outbox
 
 __all__ = [
     "CLIENT_CLOSED",
@@ -212,7 +212,7 @@ class EventStreamResponse:
             )
             await _send_body(send, b"".join(self._machine.start()))
             state = await self._stream(receive, send)
-        except anyio.get_cancelled_exc_class():
+        except asyncio.CancelledError:
             raise
         except OSError:
             state = EndState.ABORTED  # the connection broke before the stream began
@@ -227,79 +227,98 @@ class EventStreamResponse:
                 await _send_body(send, b"", more_body=False)
 
     async def _stream(self, receive: Receive, send: Send) -> EndState:
-        async def pump() -> EndState:
-            with anyio.CancelScope() as overflow:
-                limit = self._limits.max_buffer_bytes
-                async with _running(self._live, limit, overflow.cancel) as buffer:
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._generation.run, buffer)
-                        tg.start_soon(
-                            _enforce_deadlines, self._generation, buffer, self._limits
-                        )
-                        state = await self._write(buffer, send)
-                        tg.cancel_scope.cancel()
-                    return state
-            logger.warning(
-                "stream %s: over %d buffered bytes; aborted",
-                self._machine.header.id,
-                self._limits.max_buffer_bytes,
-            )
-            self._live.aborted_slow += 1
-            return EndState.ABORTED
+        """Attach the generation to a buffer and write it; stop when told to.
 
-        result = await _race_disconnect(receive, pump)
-        if isinstance(result, _Gone):
+        The request's own task writes. One more task watches ``receive()`` for
+        the disconnect; it, the buffer's overflow, the stuck-write check and the
+        deadlines stop the writer by cancelling this task with a reason (the
+        ``asyncio.timeout`` pattern: ``uncancel()`` tells our cancellation from
+        anyone else's, which is re-raised).
+        """
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None, "an ASGI app runs in a task"
+        stop = _Stop(task)
+        limit = self._limits.max_buffer_bytes
+        overflow = functools.partial(stop, f"over {limit} buffered bytes")
+        buffer = StreamBuffer(limit, overflow)
+        self._live.open(buffer)
+        watcher = loop.create_task(_watch_disconnect(receive, stop))
+        deadlines = _arm_deadlines(self._generation, buffer, self._limits)
+        try:
+            self._generation.attach(buffer)
+            return await self._write(buffer, send, stop)
+        except asyncio.CancelledError:
+            if stop.reason is None or task.uncancel() > 0:
+                raise
+        finally:
+            stop.disarm()
+            watcher.cancel()
+            for timer in deadlines:
+                timer.cancel()
+            self._generation.detach()
+            self._live.close(buffer)
+        if stop.reason == _CLIENT_GONE:
             return self._sent_end or EndState.ABORTED
-        return result
+        logger.warning("stream %s: %s; aborted", self._machine.header.id, stop.reason)
+        self._live.aborted_slow += 1
+        return EndState.ABORTED
 
-    async def _write(self, buffer: StreamBuffer, send: Send) -> EndState:
-        """Drain ``buffer`` into frames until the machine ends; heartbeat on silence."""
+    async def _write(self, buffer: StreamBuffer, send: Send, stop: _Stop) -> EndState:
+        """Drain ``buffer`` into frames until the machine ends; heartbeat on silence.
+
+        Runs once per token per stream, so it holds no per-write timer: one
+        ``_WriteWatch`` timer per stream checks for silence and stuck writes.
+        """
         machine = self._machine
         limits = self._limits
-        last_write = anyio.current_time()
-        while True:
-            await buffer.wait(
-                last_write + limits.heartbeat_interval_s - anyio.current_time()
-            )
-            events = buffer.drain() or [Heartbeat()]
-            frames = self._frames(events)
-            if frames:
-                if not await self._send_frames(send, frames):
-                    return EndState.ABORTED
-                self._sent_end = machine.end_state
-                last_write = anyio.current_time()
-                if isinstance(events[0], Heartbeat):
-                    self._live.heartbeats_sent += 1
-                elif limits.interval_s > 0 and machine.end_state is None:
-                    await anyio.sleep(limits.interval_s)  # what comes now coalesces
-            if machine.end_state is not None:
-                return machine.end_state
+        stuck = functools.partial(
+            stop, f"the client accepted no byte for {limits.stuck_timeout_s:g} s"
+        )
+        watch = _WriteWatch(limits, buffer.poke, stuck)
+        try:
+            while True:
+                await buffer.wait()
+                events = buffer.drain()
+                if not events:
+                    if not watch.silent:
+                        continue  # a poke that came early
+                    events = [_HEARTBEAT]
+                frames = self._frames(events)
+                if frames:
+                    watch.writing()
+                    body = b"".join(frames)
+                    try:
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": body,
+                                "more_body": True,
+                            }
+                        )
+                    except OSError:  # the connection broke: the client is gone
+                        return EndState.ABORTED
+                    watch.wrote()
+                    self._sent_end = machine.end_state
+                    if events[0] is _HEARTBEAT:
+                        self._live.heartbeats_sent += 1
+                    elif limits.interval_s > 0 and machine.end_state is None:
+                        await asyncio.sleep(limits.interval_s)  # what comes coalesces
+                if machine.end_state is not None:
+                    return machine.end_state
+        finally:
+            watch.cancel()
 
     def _frames(self, events: list[StreamEvent]) -> list[bytes]:
         machine = self._machine
+        if len(events) == 1:
+            return machine.feed(events[0])
         frames: list[bytes] = []
         for event in events:
             frames += machine.feed(event)
             if machine.end_state is not None:
                 break
         return frames
-
-    async def _send_frames(self, send: Send, frames: list[bytes]) -> bool:
-        """Write ``frames``; False when the client is gone or stuck past its limit."""
-        with anyio.move_on_after(self._limits.stuck_timeout_s) as stuck:
-            try:
-                await _send_body(send, b"".join(frames))
-            except OSError:  # the connection broke: the client is gone
-                return False
-        if stuck.cancelled_caught:
-            logger.warning(
-                "stream %s: the client accepted no byte for %g s; aborted",
-                self._machine.header.id,
-                self._limits.stuck_timeout_s,
-            )
-            self._live.aborted_slow += 1
-            return False
-        return True
 
     async def _send_error(self, send: Send) -> EndState:
         # The details stay in the log: they may be internal.
@@ -317,35 +336,141 @@ class EventStreamResponse:
         return EndState.ERRORED
 
 
-@asynccontextmanager
-async def _running(
-    live: LiveStreams, max_bytes: int, on_overflow: Callable[[], None]
-) -> AsyncIterator[StreamBuffer]:
-    """A fresh buffer, registered in ``live`` while the body runs."""
-    buffer = StreamBuffer(max_bytes, on_overflow)
-    live.open(buffer)
-    try:
-        yield buffer
-    finally:
-        live.close(buffer)
+_HEARTBEAT = Heartbeat()
 
 
-async def _enforce_deadlines(
-    generation: Generation, buffer: StreamBuffer, limits: StreamLimits
-) -> None:
-    """Put a timeout ``Fail`` into ``buffer`` when a limit of ``limits`` runs out."""
-    started = anyio.current_time()
+class _WriteWatch:
+    """One stream's heartbeat and stuck-write timer: one loop timer, re-armed.
+
+    The writer calls ``writing()`` before each write and ``wrote()`` after it (two
+    clock reads, no timer per write). The timer pokes the writer when nothing was
+    written for ``heartbeat_interval_s``, and calls ``on_stuck`` when a write has
+    waited for the client for ``stuck_timeout_s``; it checks at least every
+    quarter of ``stuck_timeout_s``, so a stuck write is caught within 1.25 x that
+    limit.
+    """
+
+    __slots__ = (
+        "_heartbeat_s",
+        "_loop",
+        "_on_stuck",
+        "_poke",
+        "_stuck_s",
+        "_timer",
+        "last_write",
+        "write_started",
+    )
+
+    def __init__(
+        self,
+        limits: StreamLimits,
+        poke: Callable[[], None],
+        on_stuck: Callable[[], None],
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._heartbeat_s = limits.heartbeat_interval_s
+        self._stuck_s = limits.stuck_timeout_s
+        self._poke = poke
+        self._on_stuck = on_stuck
+        self.last_write = self._loop.time()
+        self.write_started: float | None = None
+        self._timer = self._loop.call_at(self._due(self.last_write), self._check)
+
+    @property
+    def silent(self) -> bool:
+        """Whether nothing was written for ``heartbeat_interval_s``."""
+        return self._loop.time() - self.last_write >= self._heartbeat_s
+
+    def writing(self) -> None:
+        """A write starts now."""
+        self.write_started = self._loop.time()
+
+    def wrote(self) -> None:
+        """The write ended: the client accepted the bytes."""
+        self.last_write = self._loop.time()
+        self.write_started = None
+
+    def cancel(self) -> None:
+        """Stop the timer (the stream ended)."""
+        self._timer.cancel()
+
+    def _due(self, now: float) -> float:
+        if self.write_started is not None:
+            return self.write_started + self._stuck_s
+        return min(self.last_write + self._heartbeat_s, now + self._stuck_s / 4)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        started = self.write_started
+        if started is not None and now - started >= self._stuck_s:
+            self._on_stuck()
+            return
+        if started is None and now - self.last_write >= self._heartbeat_s:
+            self._poke()
+            due = now + self._heartbeat_s
+        else:
+            due = self._due(now)
+        self._timer = self._loop.call_at(due, self._check)
+
+
+_CLIENT_GONE = "the client disconnected"
+
+
+class _Stop:
+    """Stops a response's task once, for a reason (see ``EventStreamResponse``).
+
+    ``disarm()`` before the task leaves the code that handles the cancellation:
+    a later call is then ignored instead of cancelling whatever the task does
+    next.
+    """
+
+    __slots__ = ("_task", "reason")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self._task: asyncio.Task[Any] | None = task
+        self.reason: str | None = None
+
+    def __call__(self, reason: str) -> None:
+        if self.reason is None and self._task is not None:
+            self.reason = reason
+            self._task.cancel()
+
+    def disarm(self) -> None:
+        """Ignore every later call."""
+        self._task = None
+
+
+async def _watch_disconnect(receive: Receive, stop: Callable[[str], None]) -> None:
+    """Call ``stop(_CLIENT_GONE)`` when the client disconnects."""
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            stop(_CLIENT_GONE)
+            return
+
+
+def _arm_deadlines(
+    generation: Generation, outbox: Outbox, limits: StreamLimits
+) -> list[asyncio.TimerHandle]:
+    """Timers that put a timeout ``Fail`` into ``outbox`` when a limit runs out."""
+    loop = asyncio.get_running_loop()
     first, total = limits.first_token_timeout_s, limits.request_timeout_s
-    if first is not None and (total is None or first < total):
-        await anyio.sleep(first)
+    timers = []
+
+    def first_token_due() -> None:
         if generation.first_token_at is None:
             message = f"No token was generated within {first:g} s"
-            buffer.put(Fail(message, code=FIRST_TOKEN_TIMEOUT))
-            return
-    if total is not None:
-        await anyio.sleep_until(started + total)
+            outbox.put(Fail(message, code=FIRST_TOKEN_TIMEOUT))
+
+    def request_due() -> None:
         message = f"The request did not complete within {total:g} s"
-        buffer.put(Fail(message, code=REQUEST_TIMEOUT))
+        outbox.put(Fail(message, code=REQUEST_TIMEOUT))
+
+    if first is not None and (total is None or first < total):
+        timers.append(loop.call_later(first, first_token_due))
+    if total is not None:
+        timers.append(loop.call_later(total, request_due))
+    return timers
 
 
 class CompletionResponse:
@@ -405,21 +530,25 @@ class CompletionResponse:
         collected = _Collected(self._header.n)
         end: End | Fail | None = None
         # Text is kept until the end anyway: the buffer needs no byte bound.
-        async with (
-            _running(self._live, 2**62, lambda: None) as outbox,
-            anyio.create_task_group() as tg,
-        ):
-            tg.start_soon(self._generation.run, outbox)
-            tg.start_soon(_enforce_deadlines, self._generation, outbox, self._limits)
+        # It is registered in ``live`` so that the graceful drain reaches it.
+        outbox = StreamBuffer(2**62)
+        self._live.open(outbox)
+        deadlines = _arm_deadlines(self._generation, outbox, self._limits)
+        try:
+            self._generation.attach(outbox)
             while end is None:
-                await outbox.wait(math.inf)
+                await outbox.wait()
                 for event in outbox.drain():
                     if isinstance(event, Delta):
                         collected.add(event)
                     elif isinstance(event, End | Fail):
                         end = event
                         break
-            tg.cancel_scope.cancel()
+        finally:
+            for timer in deadlines:
+                timer.cancel()
+            self._generation.detach()
+            self._live.close(outbox)
         return collected, end if isinstance(end, Fail) else None
 
     def _payload(self, collected: _Collected) -> dict[str, Any]:

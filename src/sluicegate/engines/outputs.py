@@ -1,0 +1,184 @@
+"""The output channel of one engine sequence: iterate it, or listen to it.
+
+An engine hands each ``generate()`` caller a ``SequenceOutputs``. The engine side
+calls ``push`` (one ``EngineOutput`` per decode step), ``fail`` (an
+``EngineError``) or ``end`` (the sequence stopped without a finish reason: it was
+aborted), always on the event loop's thread. The consumer side either iterates it
+(``async for``, the ``Engine`` protocol's plain contract) or calls ``listen`` once:
+each later item is then handed to the listener synchronously from ``push``, with
+no task switch and no queue. A server with thousands of streams pays one task
+wake-up per token less that way (see ``bench/streams.py``).
+
+Invariants:
+    - Items reach the consumer in push order; nothing follows the output that
+      carries a ``finish_reason``, a ``fail`` or an ``end``.
+    - A listener is never re-entered: what the engine pushes while the listener
+      runs (it may abort its own sequence) is handed over after it returns.
+    - ``push``/``fail``/``end`` never block and never raise because of the
+      consumer: an exception from a listener is logged, the sequence is aborted
+      and the listener is dropped.
+    - ``close()`` (or ``aclose()``, or leaving an ``async for`` early) before the
+      sequence ended calls the engine's abort callback once; items pushed later
+      are dropped.
+
+Spec: ../shared/DESIGN.md, "Engine protocol".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from sluicegate.core.errors import EngineError
+from sluicegate.core.events import EngineOutput
+
+__all__ = ["OutputItem", "OutputListener", "SequenceOutputs"]
+
+logger = logging.getLogger(__name__)
+
+OutputItem = EngineOutput | EngineError | None
+"""What a listener is handed: an output, the sequence's failure, or ``None`` when
+the sequence ended without a finish reason (it was aborted)."""
+
+OutputListener = Callable[[OutputItem], None]
+"""Called synchronously, on the event loop, once per item."""
+
+
+class SequenceOutputs:
+    """The outputs of one engine sequence; an ``AsyncIterator[EngineOutput]``.
+
+    Args:
+        on_close: called once when the consumer closes the channel before the
+            sequence ended (the engine aborts the sequence there).
+
+    Iteration raises ``EngineError`` for a failed sequence and stops after the
+    output that carries ``finish_reason``, or at ``end()``.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_delivering",
+        "_done",
+        "_items",
+        "_listener",
+        "_on_close",
+        "_waiter",
+    )
+
+    def __init__(self, on_close: Callable[[], None]) -> None:
+        self._on_close = on_close
+        self._items: deque[OutputItem] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._listener: OutputListener | None = None
+        self._done = False  # the engine delivered its last item
+        self._closed = False  # the consumer is gone
+        self._delivering = False  # the listener is running
+
+    # -- engine side ---------------------------------------------------------
+
+    def push(self, output: EngineOutput) -> None:
+        """Deliver one decode step; its ``finish_reason`` ends the sequence."""
+        self._deliver(output, output.finish_reason is not None)
+
+    def fail(self, error: EngineError) -> None:
+        """End the sequence with ``error``."""
+        self._deliver(error, True)
+
+    def end(self) -> None:
+        """End the sequence without a finish reason (it was aborted)."""
+        self._deliver(None, True)
+
+    @property
+    def done(self) -> bool:
+        """Whether the engine delivered its last item (finish, failure or end)."""
+        return self._done
+
+    # -- consumer side -------------------------------------------------------
+
+    def listen(self, listener: OutputListener) -> None:
+        """Hand every item to ``listener`` from now on, queued ones first.
+
+        Raises:
+            RuntimeError: the channel is already being listened to or closed.
+        """
+        if self._listener is not None or self._closed:
+            raise RuntimeError("expected an open channel that nobody listens to")
+        self._listener = listener
+        self._drain_to(listener)
+
+    def close(self) -> None:
+        """Stop consuming: drop later items; abort the sequence if it is running."""
+        if self._closed:
+            return
+        self._closed = True
+        self._listener = None
+        self._items.clear()
+        if not self._done:
+            self._on_close()
+
+    async def aclose(self) -> None:
+        """``close()``, as the async iterator protocol spells it."""
+        self.close()
+
+    def __aiter__(self) -> SequenceOutputs:
+        return self
+
+    async def __anext__(self) -> EngineOutput:
+        while not self._items:
+            if self._closed or (self._done and not self._items):
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._items.popleft()
+        if item is None:
+            self._closed = True
+            raise StopAsyncIteration
+        if isinstance(item, EngineError):
+            self._closed = True
+            raise item
+        return item
+
+    # -- internals -----------------------------------------------------------
+
+    def _deliver(self, item: OutputItem, last: bool) -> None:
+        if self._done or self._closed:
+            return
+        self._done = last
+        listener = self._listener
+        if listener is not None and not self._delivering and not self._items:
+            self._delivering = True
+            try:
+                self._call(listener, item)
+            finally:
+                self._delivering = False
+            self._drain_to(listener)
+            return
+        self._items.append(item)
+        if listener is not None:
+            if not self._delivering:
+                self._drain_to(listener)
+            return
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _drain_to(self, listener: OutputListener) -> None:
+        """Hand queued items to ``listener`` while it is still the listener."""
+        self._delivering = True
+        try:
+            while self._items and self._listener is listener:
+                self._call(listener, self._items.popleft())
+        finally:
+            self._delivering = False
+
+    def _call(self, listener: OutputListener, item: OutputItem) -> None:
+        try:
+            listener(item)
+        except Exception:  # a consumer's bug must not stop the engine's loop
+            logger.exception("a sequence's output listener failed; aborting it")
+            self.close()
