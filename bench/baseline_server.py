@@ -120,16 +120,19 @@ def create_app(engine: ScriptedEngine) -> Starlette:
             ids: list[int] = []
             sent = ""
             finish: str | None = None
-            async for output in outputs:
-                ids.extend(output.token_ids)
-                text = naive_decode(pieces, ids, 4)
-                if not text.endswith("\ufffd") and len(text) > len(sent):
-                    delta, sent = text[len(sent) :], text
-                    yield chunk(
-                        [StreamChoice(index=0, delta=ChoiceDelta(content=delta))]
-                    )
-                if output.finish_reason is not None:
-                    finish = str(output.finish_reason)
+            try:
+                async for output in outputs:
+                    ids.extend(output.token_ids)
+                    text = naive_decode(pieces, ids, 4)
+                    if not text.endswith("\ufffd") and len(text) > len(sent):
+                        delta, sent = text[len(sent) :], text
+                        yield chunk(
+                            [StreamChoice(index=0, delta=ChoiceDelta(content=delta))]
+                        )
+                    if output.finish_reason is not None:
+                        finish = str(output.finish_reason)
+            finally:  # a client that left (or any end) frees the sequence
+                engine.abort(request_id)
             yield chunk(
                 [StreamChoice(index=0, delta=ChoiceDelta(), finish_reason=finish)]
             )

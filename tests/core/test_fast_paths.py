@@ -33,7 +33,14 @@ from sluicegate.core.chunks import (
 )
 from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
+from sluicegate.core.events import (
+    Delta,
+    End,
+    EngineOutput,
+    Finish,
+    FinishReason,
+    Usage,
+)
 from sluicegate.core.sse import DONE, SSEDecoder, encode_event
 from sluicegate.core.stops import StopMatcher
 from sluicegate.core.stream import StreamMachine
@@ -392,9 +399,9 @@ def test_one_token_paths_agree_with_plain_paths_on_tekken(
 # -- values with their own __init__ --------------------------------------------------
 
 
-@pytest.mark.parametrize("cls", [Delta, ChoiceStep])
+@pytest.mark.parametrize("cls", [Delta, ChoiceStep, EngineOutput])
 def test_own_init_takes_the_fields_in_order_with_their_defaults(
-    cls: type[Delta] | type[ChoiceStep],
+    cls: type[Delta] | type[ChoiceStep] | type[EngineOutput],
 ) -> None:
     fields = [
         (
@@ -423,6 +430,15 @@ def test_own_init_values_stay_frozen_dataclasses() -> None:
     assert repr(Delta(0, "x")) == "Delta(index=0, text='x', logprobs=None, usage=None)"
     step = ChoiceStep("a", FinishReason.STOP)
     assert step == ChoiceStep(text="a", finish_reason=FinishReason.STOP)
+    output = EngineOutput((7,), FinishReason.LENGTH)
+    assert output == EngineOutput(token_ids=(7,), finish_reason=FinishReason.LENGTH)
+    assert (output.token_ids, output.finish_reason, output.logprobs) == (
+        (7,),
+        FinishReason.LENGTH,
+        None,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        output.token_ids = ()  # type: ignore[misc]
     assert ChoiceStep("a").finish_reason is None
     for value, name in ((delta, "text"), (step, "finish_reason")):
         with pytest.raises(dataclasses.FrozenInstanceError):

@@ -1,7 +1,8 @@
-"""ScriptedEngine and ScriptedTokenizer: scripts, limits, faults and accounting."""
+"""ScriptedEngine, ScriptedTokenizer and the clock: scripts, limits, faults, timing."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import time
@@ -14,7 +15,14 @@ import pytest
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, FinishReason
 from sluicegate.engines.base import Engine, GenerateRequest, SamplingParams
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine, parse_faults
+from sluicegate.engines.outputs import OutputItem, SequenceOutputs
+from sluicegate.engines.scripted import (
+    DEFAULT_TEXT,
+    ScriptedEngine,
+    _Clock,
+    _Sequence,
+    parse_faults,
+)
 from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
 
 TOKENIZER = ScriptedTokenizer()
@@ -451,3 +459,117 @@ async def test_error_rate_fails_a_seeded_share_of_sequences_at_its_step() -> Non
         await engine.aclose()
     assert runs[0] == runs[1]
     assert 30 <= runs[0].count("failed") <= 90, runs[0].count("failed")
+
+
+# --- the clock ---------------------------------------------------------------
+
+
+def _sequence(request_id: str) -> _Sequence:
+    return _Sequence(_request(request_id), iter(()), SequenceOutputs(lambda: None))
+
+
+@pytest.mark.anyio
+async def test_clock_calls_back_in_due_order_and_never_before_due() -> None:
+    loop = asyncio.get_running_loop()
+    clock = _Clock(loop)
+    calls: list[tuple[str, float]] = []
+    start = loop.time()
+    delays_s = {"c": 0.03, "a": 0.01, "b": 0.02, "b2": 0.02}
+    for name, delay_s in delays_s.items():
+        clock.at(
+            start + delay_s,
+            _sequence(name),
+            lambda seq: calls.append((seq.request.request_id, loop.time())),
+        )
+    await _wait_until(lambda: len(calls) == 4)
+    assert [name for name, _ in calls] == ["a", "b", "b2", "c"]  # ties: as added
+    assert all(at >= start + delays_s[name] - 0.001 for name, at in calls)
+
+
+@pytest.mark.anyio
+async def test_clock_entries_added_while_it_fires_wait_for_the_next_iteration() -> None:
+    # A callback that re-adds itself due now must not spin inside one firing:
+    # a task that only yields (sleep(0)) runs between any two of its calls.
+    loop = asyncio.get_running_loop()
+    clock = _Clock(loop)
+    ticks = 0
+    seen: list[int] = []
+
+    def again(seq: _Sequence) -> None:
+        seen.append(ticks)
+        if len(seen) < 50:
+            clock.at(loop.time(), seq, again)
+
+    clock.at(loop.time(), _sequence("s"), again)
+    for _ in range(500):
+        if len(seen) == 50:
+            break
+        ticks += 1
+        await asyncio.sleep(0)
+    assert len(seen) == 50
+    assert all(a < b for a, b in itertools.pairwise(seen)), seen
+
+
+@pytest.mark.anyio
+async def test_an_endless_sequence_at_an_unbounded_rate_lets_other_tasks_run() -> None:
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=math.inf)
+    outputs = engine.generate(_request())
+    assert isinstance(outputs, SequenceOutputs)
+    ticks = 0
+    seen: list[int] = []
+
+    def listener(item: OutputItem) -> None:
+        if isinstance(item, EngineOutput):
+            seen.append(ticks)
+            if len(seen) == 200:
+                engine.abort("r")
+
+    outputs.listen(listener)
+    for _ in range(2000):
+        if len(seen) == 200:
+            break
+        ticks += 1
+        await asyncio.sleep(0)
+    assert len(seen) == 200
+    assert all(a < b for a, b in itertools.pairwise(seen)), seen
+    assert engine.stats().running == 0
+
+
+@pytest.mark.anyio
+async def test_clock_skips_voided_entries_and_still_runs_the_later_ones() -> None:
+    loop = asyncio.get_running_loop()
+    clock = _Clock(loop)
+    calls: list[str] = []
+    start = loop.time()
+    sequences = {name: _sequence(name) for name in "abcd"}
+    for delay_s, name in enumerate("abcd", start=1):
+        clock.at(
+            start + delay_s * 0.005,
+            sequences[name],
+            lambda seq: calls.append(seq.request.request_id),
+        )
+    sequences["a"].wake += 1  # the earliest entry: the timer is armed for it
+    sequences["c"].wake += 1
+    await _wait_until(lambda: "d" in calls)
+    assert calls == ["b", "d"]
+
+
+@pytest.mark.anyio
+async def test_an_earlier_entry_added_later_rearms_the_clock_for_its_time() -> None:
+    loop = asyncio.get_running_loop()
+    clock = _Clock(loop)
+    calls: list[tuple[str, float]] = []
+
+    def record(seq: _Sequence) -> None:
+        calls.append((seq.request.request_id, loop.time()))
+
+    start = loop.time()
+    clock.at(start + 0.25, _sequence("late"), record)
+    clock.at(start + 0.01, _sequence("early"), record)
+    await _wait_until(lambda: len(calls) == 1)
+    [(name, at)] = calls
+    assert name == "early"
+    assert at < start + 0.2  # not held back until the later entry's time
+    await _wait_until(lambda: len(calls) == 2)
+    assert calls[1][0] == "late"
+    assert calls[1][1] >= start + 0.25 - 0.001

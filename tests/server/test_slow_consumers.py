@@ -181,3 +181,52 @@ async def test_stream_interval_paces_events_but_not_the_first_token() -> None:
     assert "".join(ex.contents()) == DEFAULT_TEXT
     assert 2 <= len(ex.contents()) <= 5
     assert ex.done_count() == 1
+
+
+async def test_a_deadline_after_the_end_piled_up_behind_a_slow_client_is_dropped() -> (
+    None
+):
+    # The engine finishes while the client is behind; the request timeout then
+    # puts its Fail after the End. One drain holds [Delta, Finish, End, Fail]:
+    # the stream ends at the End, with [DONE] and no error event.
+    engine = ScriptedEngine(tokens_per_s=2000)
+    app = create_app(engine, ServerConfig(request_timeout_s=0.1))
+    ex = StalledExchange(app, STREAM, open_for=2)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ex.run)
+            await ex.wait_for(lambda: engine.stats().finished_requests == 1)
+            await anyio.sleep(0.15)  # past the request timeout
+            assert ex.blocked
+            ex.gate.set()
+    assert "".join(ex.contents()) == DEFAULT_TEXT
+    assert not [p for p in ex.payloads() if "error" in p]
+    assert ex.events()[-1].data == "[DONE]"
+    assert ex.done_count() == 1
+    assert _row(app)[0] is EndState.FINISHED
+
+
+async def test_a_deadline_before_the_end_piled_up_behind_a_slow_client_ends_it() -> (
+    None
+):
+    # The request timeout comes while the client is behind, and the engine's
+    # finish after it: one drain holds [Delta, Fail, Delta, Finish, End]; the
+    # stream ends at the Fail, with nothing after the error event.
+    engine = ScriptedEngine(tokens_per_s=100)  # 22 steps: ~0.22 s
+    app = create_app(engine, ServerConfig(request_timeout_s=0.1))
+    ex = StalledExchange(app, STREAM, open_for=2)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ex.run)
+            await ex.wait_for(lambda: engine.stats().finished_requests == 1)
+            assert ex.blocked
+            ex.gate.set()
+    payloads = ex.payloads()
+    assert [p for p in payloads if "error" in p] == [payloads[-1]]
+    assert payloads[-1]["error"]["code"] == "request_timeout"
+    text = "".join(ex.contents())
+    assert DEFAULT_TEXT.startswith(text)
+    assert len(text) < len(DEFAULT_TEXT)
+    assert not any(c["finish_reason"] for p in payloads for c in p.get("choices", []))
+    assert ex.done_count() == 0
+    assert _row(app)[0] is EndState.ERRORED

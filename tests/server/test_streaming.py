@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import anyio
 import pytest
 from starlette.applications import Starlette
+from starlette.types import Message
 
+from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.endstate import EndState
-from sluicegate.core.events import EngineOutput, FinishReason
+from sluicegate.core.errors import EngineError
+from sluicegate.core.events import Delta, EngineOutput, FinishReason
+from sluicegate.core.sse import DONE
 from sluicegate.engines.base import GenerateRequest, SamplingParams
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.server.app import create_app
+from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 
@@ -189,6 +195,32 @@ async def test_heartbeat_comments_flow_during_the_queue_wait() -> None:
     assert [o async for o in hog] == []
 
 
+async def test_wake_ups_with_nothing_to_write_send_nothing() -> None:
+    # A poke before the heartbeat is due, and a delta without text (which the
+    # machine turns into no frame), must not reach the client as a body message.
+    engine = ScriptedEngine(prefill_delay_s=0.2)
+    app = create_app(engine, ServerConfig(heartbeat_interval_s=10))
+    live: LiveStreams = app.state.live
+    ex = Exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ex.run)
+            await ex.wait_for(lambda: bool(ex.body) and len(live) == 1)
+            sent = len(ex.messages)
+            [buffer] = live.buffers
+            for _ in range(3):
+                buffer.poke()
+                await anyio.sleep(0.005)
+            buffer.put(Delta(0, ""))
+            await anyio.sleep(0.005)
+            assert engine.stats().generated_tokens == 0  # still in the prefill
+            assert len(ex.messages) == sent
+    assert b"keep-alive" not in ex.body
+    assert live.heartbeats_sent == 0
+    assert "".join(ex.contents()) == DEFAULT_TEXT
+    assert ex.done_count() == 1
+
+
 async def test_engine_error_after_first_token_is_one_error_event_without_done() -> None:
     engine = ScriptedEngine(fail_at_step=1)
     app = create_app(engine, ServerConfig())
@@ -273,3 +305,155 @@ async def test_a_connection_broken_before_the_first_frame_aborts() -> None:
     assert ex.body == b""
     assert _ledger(app).rows[-1].end_state is EndState.ABORTED
     assert len(engine.stats().aborted_ids) == 1
+
+
+class _EngineErrorEngine(ScriptedEngine):
+    """Plain async iterators that raise ``EngineError`` where the finish was."""
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+        outputs = super().generate(request)
+
+        async def failing() -> AsyncIterator[EngineOutput]:
+            async for output in outputs:
+                if output.finish_reason is not None:
+                    raise EngineError("the model went away")
+                yield output
+
+        return failing()
+
+
+async def test_engine_error_from_a_plain_async_iterator_is_one_error_event() -> None:
+    engine = _EngineErrorEngine([20, 21, 22])
+    app = create_app(engine, ServerConfig())
+    ex = await exchange(app, COMPLETIONS, {"prompt": "Hi", "stream": True})
+    payloads = ex.payloads()
+    assert [p for p in payloads if "error" in p] == [payloads[-1]]
+    assert payloads[-1]["error"]["message"] == "the model went away"
+    assert payloads[-1]["error"]["code"] == "engine_error"
+    assert len(ex.contents()) == 3
+    assert _finish_reasons(payloads) == []
+    assert ex.done_count() == 0
+    assert ex.completed
+    assert _ledger(app).rows[-1].end_state is EndState.ERRORED
+
+
+async def test_a_bug_while_decoding_a_step_is_one_internal_error_then_serves_on(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The step is decoded in the engine's own callback (a listener): the bug
+    # must end this response, not the engine's clock or the next request.
+    feed = ChoiceDecoder.feed
+    calls = 0
+
+    def buggy_feed(self: ChoiceDecoder, token_ids: Iterable[int]) -> ChoiceStep:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("secret decoder detail")
+        return feed(self, token_ids)
+
+    monkeypatch.setattr(ChoiceDecoder, "feed", buggy_feed)
+    engine = ScriptedEngine(tokens_per_s=1000)
+    app = create_app(engine, ServerConfig())
+    ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    payloads = ex.payloads()
+    assert [p for p in payloads if "error" in p] == [payloads[-1]]
+    error = payloads[-1]["error"]
+    assert error["code"] == "internal_error"
+    assert "secret" not in error["message"]
+    assert len(ex.contents()) == 2
+    assert ex.done_count() == 0
+    assert ex.completed
+    assert _ledger(app).rows[-1].end_state is EndState.ERRORED
+    logged = [r for r in caplog.records if r.exc_info is not None]
+    assert [r.name for r in logged] == ["sluicegate.server.generation"]
+    assert logged[0].exc_info is not None
+    assert "secret decoder detail" in str(logged[0].exc_info[1])
+    assert f"{payloads[0]['id']}-0" in engine.stats().aborted_ids
+    assert engine.stats().kv_cells_used == 0
+
+    monkeypatch.undo()
+    again = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    assert "".join(again.contents()) == DEFAULT_TEXT
+    assert again.done_count() == 1
+    assert _ledger(app).rows[-1].end_state is EndState.FINISHED
+
+
+class _FaultySendExchange(Exchange):
+    """``send`` raises ``errors`` in turn, from the first body that ``when`` picks."""
+
+    def __init__(
+        self,
+        app: Starlette,
+        when: Callable[[bytes], bool],
+        errors: list[Exception],
+    ) -> None:
+        super().__init__(app, CHAT, {"messages": HELLO, "stream": True})
+        self._when = when
+        self._errors = errors
+        self._failing = False
+
+    async def _send(self, message: Message) -> None:
+        if message["type"] == "http.response.body" and self._errors:
+            self._failing = self._failing or self._when(message.get("body", b""))
+            if self._failing:
+                raise self._errors.pop(0)
+        await super()._send(message)
+
+
+def _has_content(body: bytes) -> bool:
+    return b'"content"' in body
+
+
+async def test_a_bug_while_writing_is_logged_then_one_internal_error_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = ScriptedEngine(never_finishes=True)
+    app = create_app(engine, ServerConfig())
+    ex = _FaultySendExchange(app, _has_content, [RuntimeError("secret send bug")])
+    with anyio.fail_after(5):
+        await ex.run()
+    payloads = ex.payloads()
+    assert payloads[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert [p for p in payloads if "error" in p] == [payloads[-1]]
+    assert payloads[-1]["error"]["code"] == "internal_error"
+    assert "secret" not in payloads[-1]["error"]["message"]
+    assert ex.done_count() == 0
+    assert ex.completed
+    assert _ledger(app).rows[-1].end_state is EndState.ERRORED
+    logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.name for r in logged] == ["sluicegate.server.streaming"]
+    assert "secret send bug" in caplog.text
+    assert engine.stats().running == 0
+    assert engine.stats().kv_cells_used == 0
+
+
+async def test_a_bug_while_writing_then_a_broken_connection_aborts() -> None:
+    engine = ScriptedEngine(never_finishes=True)
+    app = create_app(engine, ServerConfig())
+    errors: list[Exception] = [RuntimeError("send bug"), OSError("reset by peer")]
+    ex = _FaultySendExchange(app, _has_content, errors)
+    with anyio.fail_after(5):
+        await ex.run()
+    assert not [p for p in ex.payloads() if "error" in p]
+    assert not ex.completed  # nothing more is written to a broken connection
+    assert _ledger(app).rows[-1].end_state is EndState.ABORTED
+    assert engine.stats().running == 0
+
+
+async def test_a_bug_while_writing_the_last_frames_adds_no_frame_after_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The machine has ended: an error event may not follow [DONE].
+    engine = ScriptedEngine()
+    app = create_app(engine, ServerConfig())
+    ex = _FaultySendExchange(app, lambda body: DONE in body, [RuntimeError("bug")])
+    with anyio.fail_after(5):
+        await ex.run()
+    assert not [p for p in ex.payloads() if "error" in p]
+    assert ex.done_count() == 0  # the send that carried it raised
+    assert ex.completed
+    assert "stream chatcmpl-" in caplog.text
+    assert engine.stats().kv_cells_used == 0
+    # Neither [DONE] nor an error event went out: not "finished".
+    assert _ledger(app).rows[-1].end_state is EndState.ERRORED

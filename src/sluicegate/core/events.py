@@ -57,7 +57,7 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class EngineOutput:
     """One decode step of one sequence, as an engine reports it.
 
@@ -76,6 +76,23 @@ class EngineOutput:
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
+
+    def __init__(
+        self,
+        token_ids: tuple[int, ...],
+        finish_reason: FinishReason | None = None,
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+    ) -> None:
+        # One per token per sequence, built by the engine: the slots' own setters
+        # instead of the generated object.__setattr__ per field (as ``Delta``).
+        _set_token_ids(self, token_ids)
+        _set_finish_reason(self, finish_reason)
+        _set_output_logprobs(self, logprobs)
+
+
+_set_token_ids = vars(EngineOutput)["token_ids"].__set__
+_set_finish_reason = vars(EngineOutput)["finish_reason"].__set__
+_set_output_logprobs = vars(EngineOutput)["logprobs"].__set__
 
 
 @dataclass(frozen=True, slots=True)

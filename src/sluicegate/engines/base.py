@@ -6,6 +6,8 @@ An engine serves ``GenerateRequest``s. ``generate()`` returns an async iterator 
 ``abort()`` is synchronous, idempotent and never blocks: it removes the request from
 the queue, from prefill or from the running batch at the next step, and frees its KV
 cells. The engine never waits on a consumer: outputs go into per-request buffers.
+An engine may return a ``SequenceOutputs`` (``outputs.py``) as that iterator; the
+server then takes each output in the engine's own callback instead of a task.
 
 Spec: ../shared/DESIGN.md, "Engine protocol".
 """

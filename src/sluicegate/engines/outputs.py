@@ -17,9 +17,10 @@ Invariants:
     - ``push``/``fail``/``end`` never block and never raise because of the
       consumer: an exception from a listener is logged, the sequence is aborted
       and the listener is dropped.
-    - ``close()`` (or ``aclose()``, or leaving an ``async for`` early) before the
-      sequence ended calls the engine's abort callback once; items pushed later
-      are dropped.
+    - ``close()`` (or ``aclose()``) before the sequence ended calls the engine's
+      abort callback once; items pushed later are dropped, and a consumer waiting
+      in ``__anext__`` stops. Unlike an async generator, it is not closed by the
+      garbage collector: a consumer that leaves an ``async for`` early closes it.
 
 Spec: ../shared/DESIGN.md, "Engine protocol".
 """
@@ -115,6 +116,9 @@ class SequenceOutputs:
         self._closed = True
         self._listener = None
         self._items.clear()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)  # a waiting __anext__ sees the close and stops
         if not self._done:
             self._on_close()
 

@@ -328,7 +328,9 @@ class EventStreamResponse:
         try:
             frames = self._machine.feed(fail)
         except LocalProtocolError:
-            return self._machine.end_state or EndState.ERRORED
+            # The machine had ended: the end is what the client was sent, if its
+            # last frames went out; else it saw neither [DONE] nor an error.
+            return self._sent_end or EndState.ERRORED
         try:
             await _send_body(send, b"".join(frames))
         except OSError:
