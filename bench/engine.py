@@ -11,9 +11,11 @@ tokens/s (all streams together) and time to first token for:
   in ``bench/.peer-venv`` by ``bench/peer-venv.sh`` (skipped with ``--no-peer``).
 
 Each system gets one warm-up request (the bare loop one warm-up prefill) before
-timing; each cell is run ``--repeats`` times (default 3) and the median run is
-shown. Prints a table and writes ``bench/results/engine.json``. Not a test:
-nothing here asserts a timing.
+timing; each cell is run ``--repeats`` times (default 5) and the median run is
+shown. The bare loop and sluicegate take turns, run by run, at each concurrency
+(this VM's speed drifts by about 10% over minutes), and their ratio is the median
+of those paired runs' ratios. Prints a table and writes
+``bench/results/engine.json``. Not a test: nothing here asserts a timing.
 
 Run: ``.venv/bin/python bench/engine.py [--max-tokens 64] [--no-peer]``
 """
@@ -36,6 +38,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import h11
 import httpx
 from rich.console import Console
 from rich.table import Table
@@ -142,33 +145,50 @@ def bare_loop(
 
 
 async def _one_stream(
-    client: httpx.AsyncClient, url: str, model: str, max_tokens: int
+    port: int, model: str, max_tokens: int
 ) -> tuple[int, float, bool]:
-    """(completion tokens, time to first token in s, finished cleanly)."""
-    body = {
-        "model": model,
-        "prompt": PROMPT,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    """(completion tokens, time to first token in s, finished cleanly).
+
+    The load client shares the 2 cores with the server, and every microsecond it
+    takes per event is one the server's llama.cpp threads lose: while streaming
+    it only keeps the bytes (raw asyncio, no HTTP parser) and looks for the
+    first non-empty text. The response is parsed (h11, then SSE) after it ended,
+    outside the timed work of the server.
+
+    Raises:
+        RuntimeError: the status was not 200.
+    """
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": PROMPT,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Accept: text/event-stream\r\nConnection: close\r\n\r\n"
+    ).encode()
     start = time.perf_counter()
     ttft = float("nan")
     received: list[bytes] = []
-    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
-        resp.raise_for_status()
-        # The load client shares the 2 cores with the server: while streaming it
-        # only keeps the bytes and looks for the first non-empty text; events are
-        # decoded after the stream ended, outside the timed work of the server.
-        async for raw in resp.aiter_bytes():
-            received.append(raw)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + body)
+        while data := await reader.read(65536):
+            received.append(data)
             if ttft != ttft and _FIRST_TEXT.search(b"".join(received)):
                 ttft = time.perf_counter() - start
+    finally:
+        writer.close()
     chunks = 0
     usage_tokens: int | None = None
     done = False
-    for event in SSEDecoder().feed(b"".join(received)):
+    for event in SSEDecoder().feed(_response_body(b"".join(received))):
         if event.data == "[DONE]":
             done = True
             continue
@@ -179,19 +199,39 @@ async def _one_stream(
     return (usage_tokens if usage_tokens is not None else chunks), ttft, done
 
 
+def _response_body(raw: bytes) -> bytes:
+    """The body of one raw HTTP/1.1 response (chunked or not), parsed by h11.
+
+    Raises:
+        RuntimeError: the status was not 200.
+    """
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="POST", target="/", headers=[("Host", "x")]))
+    conn.receive_data(raw)
+    conn.receive_data(b"")  # the server closed the connection
+    parts: list[bytes] = []
+    while True:
+        event = conn.next_event()
+        if isinstance(event, h11.Response) and event.status_code != 200:
+            raise RuntimeError(f"status {event.status_code}")
+        if isinstance(event, h11.Data):
+            parts.append(bytes(event.data))
+        if event is h11.NEED_DATA or isinstance(event, h11.EndOfMessage):
+            return b"".join(parts)
+        if isinstance(event, h11.ConnectionClosed):
+            return b"".join(parts)
+
+
 async def http_run(
-    system: str, url: str, model: str, concurrency: int, max_tokens: int
+    system: str, port: int, model: str, concurrency: int, max_tokens: int
 ) -> Row:
     """C concurrent streaming completions against an OpenAI-compatible server."""
-    limits = httpx.Limits(max_connections=concurrency + 4)
-    timeout = httpx.Timeout(600.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        start = time.perf_counter()
-        results = await asyncio.gather(
-            *(_one_stream(client, url, model, max_tokens) for _ in range(concurrency)),
-            return_exceptions=True,
-        )
-        wall = time.perf_counter() - start
+    start = time.perf_counter()
+    results = await asyncio.gather(
+        *(_one_stream(port, model, max_tokens) for _ in range(concurrency)),
+        return_exceptions=True,
+    )
+    wall = time.perf_counter() - start
     ok = [r for r in results if isinstance(r, tuple)]
     tokens = sum(r[0] for r in ok)
     ttfts = [r[1] for r in ok if r[1] == r[1]] or [float("nan")]
@@ -256,12 +296,12 @@ def _measure_server(
     proc = _start(cmd, url, health, logs / f"{system}.log")
     rows = []
     try:
-        asyncio.run(http_run("warm-up", url, "default", 1, 4))
+        asyncio.run(http_run("warm-up", port, "default", 1, 4))
         for c in levels:
             Console().print(f"{label}, concurrency {c}")
             rows.append(
                 _median(
-                    asyncio.run(http_run(system, url, "default", c, args.max_tokens))
+                    asyncio.run(http_run(system, port, "default", c, args.max_tokens))
                     for _ in range(args.repeats)
                 )
             )
@@ -271,12 +311,56 @@ def _measure_server(
     return rows
 
 
+def _measure_paired(
+    model: Path,
+    cmd: list[str],
+    port: int,
+    logs: Path,
+    levels: list[int],
+    args: argparse.Namespace,
+    n_ctx: int,
+) -> tuple[list[Row], list[Row], dict[int, float]]:
+    """The bare loop and sluicegate, run after run in turn at each concurrency.
+
+    This VM's speed drifts by about 10% over minutes: two medians taken minutes
+    apart compare the drift as much as the systems. Run back to back, repeat
+    after repeat, the two share it, and the median of the paired ratios
+    (sluicegate / bare, returned per concurrency) is much steadier.
+    """
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(cmd, url, "/health", logs / "sluicegate.log")
+    top = max(levels)
+    bare_rows: list[Row] = []
+    our_rows: list[Row] = []
+    ratios: dict[int, float] = {}
+    try:
+        asyncio.run(http_run("warm-up", port, "default", 1, 4))
+        for c in levels:
+            Console().print(f"bare loop and sluicegate over HTTP, concurrency {c}")
+            pairs = []
+            for _ in range(args.repeats):
+                bare = bare_loop(model, c, args.max_tokens, args.threads, n_ctx, top)
+                ours = asyncio.run(
+                    http_run("sluicegate", port, "default", c, args.max_tokens)
+                )
+                pairs.append((bare, ours))
+            bare_rows.append(_median(b for b, _ in pairs))
+            our_rows.append(_median(o for _, o in pairs))
+            ratios[c] = statistics.median(
+                o.tokens_per_s / b.tokens_per_s for b, o in pairs
+            )
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return bare_rows, our_rows, ratios
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument(
-        "--repeats", type=int, default=3, help="runs per cell; the median is shown"
+        "--repeats", type=int, default=5, help="runs per cell; the median is shown"
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--no-peer", action="store_true")
@@ -290,22 +374,14 @@ def main() -> int:
     console = Console()
     logs = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
 
-    for c in levels:
-        console.print(f"bare loop, batch {c}")
-        rows.append(
-            _median(
-                bare_loop(model, c, args.max_tokens, args.threads, n_ctx, top)
-                for _ in range(args.repeats)
-            )
-        )
-
     port = _free_port()
     ours = [sys.executable, "-m", "sluicegate", "serve", "--port", str(port)]
     ours += ["--parallel", str(top), "--n-ctx", str(n_ctx), "--log-level", "warning"]
     ours += ["--threads", str(args.threads)]
-    rows += _measure_server(
-        "sluicegate", "sluicegate over HTTP", ours, port, "/health", logs, levels, args
+    bare_rows, our_rows, ratios = _measure_paired(
+        model, ours, port, logs, levels, args, n_ctx
     )
+    rows += bare_rows + our_rows
 
     if not args.no_peer:
         if not PEER_PYTHON.exists():
@@ -338,6 +414,10 @@ def main() -> int:
             str(r.truncated),
         )
     console.print(table)
+    console.print(
+        "sluicegate / bare loop, median of the paired runs: "
+        + ", ".join(f"{c} streams {r:.0%}" for c, r in ratios.items())
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
@@ -345,6 +425,7 @@ def main() -> int:
         "threads": args.threads,
         "repeats": args.repeats,
         "rows": [asdict(r) for r in rows],
+        "sluicegate_vs_bare": {str(c): r for c, r in ratios.items()},
     }
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {args.json} (server logs in {logs})")
