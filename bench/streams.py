@@ -33,7 +33,7 @@ Then the ratio sluicegate/baseline for delivered tokens/s and p99 added latency.
 Prints a table and writes ``bench/results/streams.json``, with the load average.
 Not a test: nothing here asserts a timing.
 
-Run: ``.venv/bin/python bench/streams.py [--n 100 500 1000 2000] [--duration-s 10]
+Run: ``.venv/bin/python bench/streams.py [--n 100 500 1000 1500 2000] [--duration-s 10]
 [--quick] [--profile FILE]``
 """
 
@@ -504,7 +504,9 @@ def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("--n", type=int, nargs="+", default=[100, 500, 1000, 2000], help="streams")
+    add(
+        "--n", type=int, nargs="+", default=[100, 500, 1000, 1500, 2000], help="streams"
+    )
     add("--rate", type=float, default=20.0, help="engine tokens/s per stream")
     add("--duration-s", type=float, default=10.0, help="length of each stream")
     add("--ramp-s", type=float, default=2.0, help="stream starts spread over this")
