@@ -548,8 +548,8 @@ async def test_clock_skips_voided_entries_and_still_runs_the_later_ones() -> Non
             sequences[name],
             lambda seq: calls.append(seq.request.request_id),
         )
-    sequences["a"].wake += 1  # the earliest entry: the timer is armed for it
-    sequences["c"].wake += 1
+    clock.void(sequences["a"])  # the earliest entry: the timer is armed for it
+    clock.void(sequences["c"])
     await _wait_until(lambda: "d" in calls)
     assert calls == ["b", "d"]
 
@@ -573,3 +573,52 @@ async def test_an_earlier_entry_added_later_rearms_the_clock_for_its_time() -> N
     await _wait_until(lambda: len(calls) == 2)
     assert calls[1][0] == "late"
     assert calls[1][1] >= start + 0.25 - 0.001
+
+
+@pytest.mark.anyio
+async def test_clock_drops_void_entries_once_they_are_most_of_the_heap() -> None:
+    # Aborted sequences must not stay in the heap (with their prompts) until
+    # their long prefill delay would have ended.
+    loop = asyncio.get_running_loop()
+    clock = _Clock(loop)
+    sequences = [_sequence(f"s{i}") for i in range(200)]
+    for seq in sequences:
+        clock.at(loop.time() + 30, seq, lambda seq: None)
+    for seq in sequences[:150]:
+        clock.void(seq)
+    assert len(clock._heap) <= 100
+    assert {entry[3] for entry in clock._heap} >= set(sequences[150:])
+
+
+@pytest.mark.anyio
+async def test_aborted_requests_during_a_long_prefill_leave_the_clock() -> None:
+    engine = ScriptedEngine(prefill_delay_s=30, max_running=1000, max_queued=0)
+    for i in range(200):
+        engine.generate(_request(f"r{i}"))
+    for i in range(200):
+        engine.abort(f"r{i}")
+    assert engine._clock is not None
+    assert len(engine._clock._heap) <= 64
+    assert engine.stats().kv_cells_used == 0
+
+
+@pytest.mark.anyio
+async def test_an_abort_while_the_last_output_is_delivered_is_no_abort() -> None:
+    # A stop string that completes on the final (max_tokens) token: the server
+    # aborts from inside the listener, but the sequence had already finished.
+    engine = ScriptedEngine([20] * 10, tokens_per_s=10_000)
+    outputs = engine.generate(_request(max_tokens=4))
+    assert isinstance(outputs, SequenceOutputs)
+    seen: list[OutputItem] = []
+
+    def listener(item: OutputItem) -> None:
+        seen.append(item)
+        if isinstance(item, EngineOutput) and item.finish_reason is not None:
+            engine.abort("r")
+
+    outputs.listen(listener)
+    await _wait_until(lambda: engine.stats().finished_requests == 1)
+    stats = engine.stats()
+    assert (stats.aborted_requests, stats.aborted_ids) == (0, ())
+    assert (stats.generated_tokens, stats.wasted_tokens) == (4, 0)
+    assert stats.running == 0

@@ -495,18 +495,24 @@ class LlamaCppEngine:
         self._pending.append((seq, item))
 
     def _flush(self) -> None:
-        """Send what ``_emit`` queued: one loop callback per event loop."""
+        """Send what ``_emit`` queued: one loop callback per event loop.
+
+        Scheduled under ``_lock`` (``call_soon_threadsafe`` never blocks): the
+        worker and an ``abort()`` on the loop both flush, and a batch taken by
+        one must reach the loop before a later step's batch taken by the other.
+        """
         with self._lock:
             pending, self._pending = self._pending, []
-        if not pending:
-            return
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, _Item]]] = {}
-        for seq, item in pending:
-            by_loop.setdefault(seq.loop, []).append((seq, item))
-        for loop, items in by_loop.items():
-            # A closed consumer loop raises RuntimeError: nobody is left to tell.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_deliver, items)
+            if not pending:
+                return
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, _Item]]]
+            by_loop = {}
+            for seq, item in pending:
+                by_loop.setdefault(seq.loop, []).append((seq, item))
+            for loop, items in by_loop.items():
+                # A closed consumer loop raises RuntimeError: nobody is left.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_deliver, items)
 
     def _release(self, seq: _Sequence) -> None:
         """Remove a running sequence: free its KV cells, sampler and slot."""

@@ -150,6 +150,7 @@ class _Sequence:
     step: int = 0  # the next decode step (0-based)
     due: float = 0.0  # loop time (seconds) the next step is due
     wake: int = 0  # bumped to void the sequence's entry in the clock
+    pending: bool = False  # the sequence has a live entry in the clock
     generated: int = 0
     fail_at_step: int | None = None
     abort_requested: bool = False
@@ -293,7 +294,9 @@ class ScriptedEngine:
         blocks.
         """
         seq = self._live.get(request_id)
-        if seq is None or seq.abort_requested:
+        # ``done``: its last output (or failure) is being delivered right now
+        # (a stop string matched on the final token): it ended, nothing to abort.
+        if seq is None or seq.abort_requested or seq.outputs.done:
             return
         seq.abort_requested = True
         self._counts["aborted"] += 1
@@ -415,7 +418,9 @@ class ScriptedEngine:
         self._release(seq)
 
     def _release(self, seq: _Sequence) -> None:
-        seq.wake += 1  # its pending clock entry, if any, is void
+        if seq.pending:  # its clock entry is void
+            assert self._clock is not None, "a pending entry has a clock"
+            self._clock.void(seq)
         was_running = seq.phase is _Phase.RUNNING
         self._running -= was_running
         seq.phase = _Phase.DONE
@@ -473,14 +478,36 @@ class _Clock:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = math.inf
         self._firing = False
+        self._voided = 0  # voided entries still in the heap
 
     def at(
         self, due: float, seq: _Sequence, callback: Callable[[_Sequence], None]
     ) -> None:
-        """Call ``callback(seq)`` at loop time ``due`` (seconds), unless voided."""
+        """Call ``callback(seq)`` at loop time ``due`` (seconds), unless voided.
+
+        A sequence has one entry at most: ``at`` again only once it ran.
+        """
+        assert not seq.pending, "one clock entry per sequence"
+        seq.pending = True
         heapq.heappush(self._heap, (due, next(self._order), seq.wake, seq, callback))
         if due < self._timer_due and not self._firing:
             self._arm(due)
+
+    def void(self, seq: _Sequence) -> None:
+        """Drop ``seq``'s entry: it will not run. When voided entries are most of
+        the heap (many aborts during long prefill delays), the heap is rebuilt
+        without them, so that it holds no aborted request for long."""
+        seq.wake += 1
+        seq.pending = False
+        self._voided += 1
+        if not self._firing:
+            self._compact()
+
+    def _compact(self) -> None:
+        if self._voided > 64 and 2 * self._voided > len(self._heap):
+            self._heap = [e for e in self._heap if e[2] == e[3].wake]
+            heapq.heapify(self._heap)
+            self._voided = 0
 
     def _arm(self, due: float) -> None:
         if self._timer is not None:
@@ -497,12 +524,16 @@ class _Clock:
         try:
             while heap and heap[0][0] <= horizon and heap[0][1] < added:
                 _, _, wake, seq, callback = heapq.heappop(heap)
-                if wake == seq.wake:
-                    callback(seq)  # may add entries, due now or later
+                if wake != seq.wake:
+                    self._voided -= 1
+                    continue
+                seq.pending = False
+                callback(seq)  # may add entries, due now or later
         finally:
             self._firing = False
-            if heap:
-                self._arm(heap[0][0])
+            self._compact()
+            if self._heap:
+                self._arm(self._heap[0][0])
 
 
 def scripted_logprob(token_id: int, k: int, vocab_size: int) -> TokenLogprob:

@@ -340,6 +340,11 @@ class EventStreamResponse:
 
 _HEARTBEAT = Heartbeat()
 
+_CLOCK_SLACK_S = 0.001
+"""uvloop's clock counts whole milliseconds: a timer due at t may read t - 1 ms
+when it fires. Comparisons allow that much, and no timer is armed in the past
+(it would fire again at once until the clock ticks)."""
+
 
 class _WriteWatch:
     """One stream's heartbeat and stuck-write timer: one loop timer, re-armed.
@@ -381,7 +386,7 @@ class _WriteWatch:
     @property
     def silent(self) -> bool:
         """Whether nothing was written for ``heartbeat_interval_s``."""
-        return self._loop.time() - self.last_write >= self._heartbeat_s
+        return self._loop.time() - self.last_write >= self._heartbeat_s - _CLOCK_SLACK_S
 
     def writing(self) -> None:
         """A write starts now."""
@@ -398,8 +403,10 @@ class _WriteWatch:
 
     def _due(self, now: float) -> float:
         if self.write_started is not None:
-            return self.write_started + self._stuck_s
-        return min(self.last_write + self._heartbeat_s, now + self._stuck_s / 4)
+            due = self.write_started + self._stuck_s
+        else:
+            due = min(self.last_write + self._heartbeat_s, now + self._stuck_s / 4)
+        return max(due, now + _CLOCK_SLACK_S)  # never in the past: no spinning
 
     def _check(self) -> None:
         now = self._loop.time()
@@ -407,9 +414,13 @@ class _WriteWatch:
         if started is not None and now - started >= self._stuck_s:
             self._on_stuck()
             return
-        if started is None and now - self.last_write >= self._heartbeat_s:
+        if (
+            started is None
+            and now - self.last_write >= self._heartbeat_s - _CLOCK_SLACK_S
+        ):
             self._poke()
-            due = now + self._heartbeat_s
+            # The heartbeat's own write may get stuck: check it in time.
+            due = now + min(self._heartbeat_s, self._stuck_s / 4)
         else:
             due = self._due(now)
         self._timer = self._loop.call_at(due, self._check)

@@ -1,0 +1,105 @@
+"""The per-stream heartbeat and stuck-write timer (``_WriteWatch``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from sluicegate.server.streaming import StreamLimits, _WriteWatch
+
+pytestmark = pytest.mark.anyio
+
+
+async def _wait_until(condition: Callable[[], bool], timeout_s: float = 2.0) -> None:
+    with anyio.fail_after(timeout_s):
+        while True:
+            if condition():
+                return
+            await anyio.sleep(0.001)
+
+
+def _silent(watch: _WriteWatch) -> bool:
+    return watch.silent
+
+
+async def test_it_pokes_the_writer_after_each_silence() -> None:
+    loop = asyncio.get_running_loop()
+    pokes: list[float] = []
+    limits = StreamLimits(heartbeat_interval_s=0.05, stuck_timeout_s=30)
+    start = loop.time()
+    watch = _WriteWatch(limits, lambda: pokes.append(loop.time()), lambda: None)
+    try:
+        await _wait_until(lambda: len(pokes) == 1)
+        assert pokes[0] - start >= 0.05 - 0.002
+        assert _silent(watch)
+        watch.writing()
+        watch.wrote()  # the heartbeat went out
+        assert not _silent(watch)
+        await _wait_until(lambda: len(pokes) == 2)
+        assert pokes[1] - pokes[0] >= 0.05 - 0.002
+    finally:
+        watch.cancel()
+
+
+async def test_a_write_stuck_right_after_a_heartbeat_is_caught_within_its_limit() -> (
+    None
+):
+    # The heartbeat interval is longer than the stuck limit: the heartbeat's own
+    # write must still be checked within 1.25 x the stuck limit, not one
+    # heartbeat interval later.
+    loop = asyncio.get_running_loop()
+    poked = asyncio.Event()
+    stuck_at: list[float] = []
+    limits = StreamLimits(heartbeat_interval_s=0.3, stuck_timeout_s=0.08)
+    watch = _WriteWatch(limits, poked.set, lambda: stuck_at.append(loop.time()))
+    try:
+        await asyncio.wait_for(poked.wait(), 2)
+        watch.writing()  # ... and the client accepts nothing
+        started = loop.time()
+        await _wait_until(lambda: bool(stuck_at))
+        assert 0.08 - 0.002 <= stuck_at[0] - started < 0.08 * 1.25 + 0.05
+    finally:
+        watch.cancel()
+
+
+async def test_a_write_that_ends_in_time_is_not_stuck() -> None:
+    stuck: list[bool] = []
+    limits = StreamLimits(heartbeat_interval_s=0.02, stuck_timeout_s=0.06)
+    watch = _WriteWatch(limits, lambda: None, lambda: stuck.append(True))
+    try:
+        for _ in range(5):
+            watch.writing()
+            await asyncio.sleep(0.03)  # half the limit
+            watch.wrote()
+        await asyncio.sleep(0.1)
+        assert stuck == []
+    finally:
+        watch.cancel()
+
+
+def test_the_timer_does_not_spin_on_a_clock_of_whole_milliseconds() -> None:
+    # uvloop's clock counts milliseconds: a timer due at t can read t - 1 ms when
+    # it fires. A check that re-armed itself "now" would run on every loop
+    # iteration until the clock ticked.
+    uvloop = pytest.importorskip("uvloop")
+    checks = 0
+
+    class Counting(_WriteWatch):
+        def _check(self) -> None:
+            nonlocal checks
+            checks += 1
+            super()._check()
+
+    async def main() -> None:
+        limits = StreamLimits(heartbeat_interval_s=0.02, stuck_timeout_s=30)
+        heartbeats: list[Counting] = []
+        watch = Counting(limits, lambda: heartbeats[0].wrote(), lambda: None)
+        heartbeats.append(watch)
+        await asyncio.sleep(0.3)
+        watch.cancel()
+
+    uvloop.run(main())
+    assert 10 <= checks < 40  # about 15 heartbeats in 0.3 s
