@@ -11,7 +11,7 @@ tokens/s (all streams together) and time to first token for:
   in ``bench/.peer-venv`` by ``bench/peer-venv.sh`` (skipped with ``--no-peer``).
 
 Each system gets one warm-up request (the bare loop one warm-up prefill) before
-timing; each cell is run ``--repeats`` times (default 5) and the median run is
+timing; each cell is run ``--repeats`` times (default 9) and the median run is
 shown. The bare loop and sluicegate take turns, run by run, at each concurrency
 (this VM's speed drifts by about 10% over minutes), and their ratio is the median
 of those paired runs' ratios. Prints a table and writes
@@ -360,7 +360,7 @@ def main() -> int:
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument(
-        "--repeats", type=int, default=5, help="runs per cell; the median is shown"
+        "--repeats", type=int, default=9, help="runs per cell; the median is shown"
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--no-peer", action="store_true")
