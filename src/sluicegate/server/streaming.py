@@ -2,10 +2,12 @@
 
 This is the only module that watches for ``http.disconnect``. ``EventStreamResponse``
 writes an SSE stream; ``CompletionResponse`` waits for the whole answer and writes
-one JSON body. In both, one task reads the engine (``Generation.run``), one writes,
-and one awaits ``receive()``: when the client disconnects, the task group is
-cancelled and every engine sequence still running is aborted, whether the request
-is queued, in prefill or decoding.
+one JSON body. In both, ``Generation.attach`` decodes the engine's outputs into a
+buffer as they come, the request's own task drains it, and one more task awaits
+``receive()``: when the client disconnects, the request's task is stopped (for a
+stream: cancelled with a reason, see ``_Stop``; for a JSON answer: its anyio
+task group) and every engine sequence still running is aborted, whether the
+request is queued, in prefill or decoding.
 
 Invariants:
     - The stream's headers go out at once: ``200``, ``text/event-stream``,
