@@ -23,7 +23,7 @@ chunk object", "The completion object" and "Error codes".
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -247,21 +247,14 @@ def chat_completion(
 
     Spec: OpenAI API reference, "The chat completion object".
     """
-    response = _head(header, "chat.completion")
-    tokens = logprobs or [None] * len(choices)
-    response["choices"] = [
-        {
-            "index": index,
-            "message": {"role": "assistant", "content": content},
-            "logprobs": None if lp is None else chat_logprobs(lp),
-            "finish_reason": finish_reason,
-        }
-        for index, ((content, finish_reason), lp) in enumerate(
-            zip(choices, tokens, strict=True)
-        )
-    ]
-    response["usage"] = usage_dict(usage)
-    return response
+    return _whole_response(
+        _head(header, "chat.completion"),
+        choices,
+        usage,
+        logprobs,
+        lambda content: {"message": {"role": "assistant", "content": content}},
+        chat_logprobs,
+    )
 
 
 def text_completion(
@@ -285,13 +278,33 @@ def text_completion(
 
     Spec: OpenAI API reference, "The completion object".
     """
-    response = _head(header, Endpoint.COMPLETION.value)
+    return _whole_response(
+        _head(header, Endpoint.COMPLETION.value),
+        choices,
+        usage,
+        logprobs,
+        lambda text: {"text": text},
+        completion_logprobs,
+    )
+
+
+def _whole_response(
+    response: dict[str, Any],
+    choices: Sequence[tuple[str, FinishReason | None]],
+    usage: Usage,
+    logprobs: Sequence[Sequence[LogprobToken] | None] | None,
+    text_fields: Callable[[str], dict[str, Any]],
+    format_logprobs: Callable[[Sequence[LogprobToken]], dict[str, Any]],
+) -> dict[str, Any]:
+    """``response`` (its head) with ``choices`` and ``usage``: what the two
+    non-streamed objects share; ``text_fields`` and ``format_logprobs`` are
+    what differs (``message`` or ``text``, and the logprobs' shape)."""
     tokens = logprobs or [None] * len(choices)
     response["choices"] = [
         {
             "index": index,
-            "text": text,
-            "logprobs": None if lp is None else completion_logprobs(lp),
+            **text_fields(text),
+            "logprobs": None if lp is None else format_logprobs(lp),
             "finish_reason": reason,
         }
         for index, ((text, reason), lp) in enumerate(zip(choices, tokens, strict=True))

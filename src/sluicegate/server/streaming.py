@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -244,22 +244,16 @@ class EventStreamResponse:
         limit = self._limits.max_buffer_bytes
         overflow = functools.partial(stop, f"over {limit} buffered bytes")
         buffer = StreamBuffer(limit, overflow)
-        self._live.open(buffer)
         watcher = loop.create_task(_watch_disconnect(receive, stop))
-        deadlines = _arm_deadlines(self._generation, buffer, self._limits)
         try:
-            self._generation.attach(buffer)
-            return await self._write(buffer, send, stop)
+            with _attached(self._generation, buffer, self._live, self._limits):
+                return await self._write(buffer, send, stop)
         except asyncio.CancelledError:
             if stop.reason is None or task.uncancel() > 0:
                 raise
         finally:
             stop.disarm()
             watcher.cancel()
-            for timer in deadlines:
-                timer.cancel()
-            self._generation.detach()
-            self._live.close(buffer)
         if stop.reason == _CLIENT_GONE:
             return self._sent_end or EndState.ABORTED
         logger.warning("stream %s: %s; aborted", self._machine.header.id, stop.reason)
@@ -464,6 +458,28 @@ async def _watch_disconnect(receive: Receive, stop: Callable[[str], None]) -> No
             return
 
 
+@contextlib.contextmanager
+def _attached(
+    generation: Generation,
+    buffer: StreamBuffer,
+    live: LiveStreams,
+    limits: StreamLimits,
+) -> Iterator[None]:
+    """For the body: ``buffer`` registered in ``live`` (the graceful drain puts
+    its ``Fail`` there), the deadlines of ``limits`` armed on it, and
+    ``generation`` attached to it; all undone after, whatever ends the body."""
+    live.open(buffer)
+    deadlines = _arm_deadlines(generation, buffer, limits)
+    try:
+        generation.attach(buffer)
+        yield
+    finally:
+        for timer in deadlines:
+            timer.cancel()
+        generation.detach()
+        live.close(buffer)
+
+
 def _arm_deadlines(
     generation: Generation, outbox: Outbox, limits: StreamLimits
 ) -> list[asyncio.TimerHandle]:
@@ -545,12 +561,8 @@ class CompletionResponse:
         collected = _Collected(self._header.n)
         end: End | Fail | None = None
         # Text is kept until the end anyway: the buffer needs no byte bound.
-        # It is registered in ``live`` so that the graceful drain reaches it.
         outbox = StreamBuffer(2**62)
-        self._live.open(outbox)
-        deadlines = _arm_deadlines(self._generation, outbox, self._limits)
-        try:
-            self._generation.attach(outbox)
+        with _attached(self._generation, outbox, self._live, self._limits):
             while end is None:
                 await outbox.wait()
                 for event in outbox.drain():
@@ -559,11 +571,6 @@ class CompletionResponse:
                     elif isinstance(event, End | Fail):
                         end = event
                         break
-        finally:
-            for timer in deadlines:
-                timer.cancel()
-            self._generation.detach()
-            self._live.close(outbox)
         return collected, end if isinstance(end, Fail) else None
 
     def _payload(self, collected: _Collected) -> dict[str, Any]:
