@@ -6,11 +6,12 @@ import asyncio
 import itertools
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
 import pytest
+from tests.polling import wait_until
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, FinishReason
@@ -48,14 +49,6 @@ def _ids(text: str) -> list[int]:
 
 async def _collect(outputs: AsyncIterator[EngineOutput]) -> list[EngineOutput]:
     return [output async for output in outputs]
-
-
-async def _wait_until(condition: Callable[[], bool], timeout_s: float = 2.0) -> None:
-    with anyio.fail_after(timeout_s):
-        while True:
-            if condition():
-                return
-            await anyio.sleep(0.001)
 
 
 # --- tokenizer ---------------------------------------------------------------
@@ -180,7 +173,7 @@ async def test_rate_paces_the_steps() -> None:
 async def test_engine_generates_without_a_reader() -> None:
     engine = ScriptedEngine([20] * 5, tokens_per_s=10_000)
     outputs = engine.generate(_request())
-    await _wait_until(lambda: engine.stats().finished_requests == 1)
+    await wait_until(lambda: engine.stats().finished_requests == 1)
     assert engine.stats().generated_tokens == 5
     assert len(await _collect(outputs)) == 6
 
@@ -202,7 +195,7 @@ async def test_kv_cells_are_prompt_plus_generated_of_running_sequences() -> None
         if seen == 3:
             break
     engine.abort("r")
-    await _wait_until(lambda: engine.stats().running == 0)
+    await wait_until(lambda: engine.stats().running == 0)
     stats = engine.stats()
     assert stats.kv_cells_used == 0
     assert stats.prompt_tokens == len(PROMPT)
@@ -217,7 +210,7 @@ async def test_abort_mid_stream_stops_generation_and_counts_waste() -> None:
     assert len(first.token_ids) == 1
     engine.abort("r")
     assert await _collect(outputs) == []
-    await _wait_until(lambda: engine.stats().running == 0)
+    await wait_until(lambda: engine.stats().running == 0)
     stats = engine.stats()
     assert stats.kv_cells_used == 0
     assert stats.aborted_requests == 1
@@ -237,7 +230,7 @@ async def test_abort_during_prefill_frees_the_prompt_before_any_token() -> None:
     engine.abort("r")
     with anyio.fail_after(1):
         assert await _collect(outputs) == []
-    await _wait_until(lambda: engine.stats().kv_cells_used == 0, timeout_s=1)
+    await wait_until(lambda: engine.stats().kv_cells_used == 0, timeout_s=1)
     stats = engine.stats()
     assert stats.generated_tokens == 0
     assert stats.wasted_tokens == 0
@@ -347,7 +340,7 @@ async def test_never_finishes_ignores_max_tokens_and_stop_tokens() -> None:
     assert all(o.finish_reason is None for o in received)
     assert [o.token_ids[0] for o in received[:2]] == [20, TOKENIZER.eos_id]
     engine.abort("r")
-    await _wait_until(lambda: engine.stats().running == 0)
+    await wait_until(lambda: engine.stats().running == 0)
 
 
 @pytest.mark.anyio
@@ -400,7 +393,7 @@ async def test_a_crashing_script_fails_the_sequence_instead_of_hanging(
     assert await anext(outputs) == EngineOutput((20,))
     with anyio.fail_after(1), pytest.raises(EngineError, match="script raised"):
         await anext(outputs)
-    await _wait_until(lambda: "script bug" in caplog.text)  # logged
+    await wait_until(lambda: "script bug" in caplog.text)  # logged
     assert engine.stats().kv_cells_used == 0
 
 
@@ -481,7 +474,7 @@ async def test_clock_calls_back_in_due_order_and_never_before_due() -> None:
             _sequence(name),
             lambda seq: calls.append((seq.request.request_id, loop.time())),
         )
-    await _wait_until(lambda: len(calls) == 4)
+    await wait_until(lambda: len(calls) == 4)
     assert [name for name, _ in calls] == ["a", "b", "b2", "c"]  # ties: as added
     assert all(at >= start + delays_s[name] - 0.001 for name, at in calls)
 
@@ -550,7 +543,7 @@ async def test_clock_skips_voided_entries_and_still_runs_the_later_ones() -> Non
         )
     clock.void(sequences["a"])  # the earliest entry: the timer is armed for it
     clock.void(sequences["c"])
-    await _wait_until(lambda: "d" in calls)
+    await wait_until(lambda: "d" in calls)
     assert calls == ["b", "d"]
 
 
@@ -566,11 +559,11 @@ async def test_an_earlier_entry_added_later_rearms_the_clock_for_its_time() -> N
     start = loop.time()
     clock.at(start + 0.25, _sequence("late"), record)
     clock.at(start + 0.01, _sequence("early"), record)
-    await _wait_until(lambda: len(calls) == 1)
+    await wait_until(lambda: len(calls) == 1)
     [(name, at)] = calls
     assert name == "early"
     assert at < start + 0.2  # not held back until the later entry's time
-    await _wait_until(lambda: len(calls) == 2)
+    await wait_until(lambda: len(calls) == 2)
     assert calls[1][0] == "late"
     assert calls[1][1] >= start + 0.25 - 0.001
 
@@ -617,7 +610,7 @@ async def test_an_abort_while_the_last_output_is_delivered_is_no_abort() -> None
             engine.abort("r")
 
     outputs.listen(listener)
-    await _wait_until(lambda: engine.stats().finished_requests == 1)
+    await wait_until(lambda: engine.stats().finished_requests == 1)
     stats = engine.stats()
     assert (stats.aborted_requests, stats.aborted_ids) == (0, ())
     assert (stats.generated_tokens, stats.wasted_tokens) == (4, 0)

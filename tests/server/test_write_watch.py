@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
-import anyio
 import pytest
 
 from sluicegate.server.streaming import StreamLimits, _WriteWatch
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.anyio
-
-
-async def _wait_until(condition: Callable[[], bool], timeout_s: float = 2.0) -> None:
-    with anyio.fail_after(timeout_s):
-        while True:
-            if condition():
-                return
-            await anyio.sleep(0.001)
 
 
 def _silent(watch: _WriteWatch) -> bool:
@@ -32,13 +23,13 @@ async def test_it_pokes_the_writer_after_each_silence() -> None:
     start = loop.time()
     watch = _WriteWatch(limits, lambda: pokes.append(loop.time()), lambda: None)
     try:
-        await _wait_until(lambda: len(pokes) == 1)
+        await wait_until(lambda: len(pokes) == 1)
         assert pokes[0] - start >= 0.05 - 0.002
         assert _silent(watch)
         watch.writing()
         watch.wrote()  # the heartbeat went out
         assert not _silent(watch)
-        await _wait_until(lambda: len(pokes) == 2)
+        await wait_until(lambda: len(pokes) == 2)
         assert pokes[1] - pokes[0] >= 0.05 - 0.002
     finally:
         watch.cancel()
@@ -59,7 +50,7 @@ async def test_a_write_stuck_right_after_a_heartbeat_is_caught_within_its_limit(
         await asyncio.wait_for(poked.wait(), 2)
         watch.writing()  # ... and the client accepts nothing
         started = loop.time()
-        await _wait_until(lambda: bool(stuck_at))
+        await wait_until(lambda: bool(stuck_at))
         assert 0.08 - 0.002 <= stuck_at[0] - started < 0.08 * 1.25 + 0.05
     finally:
         watch.cancel()
