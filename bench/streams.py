@@ -301,6 +301,8 @@ def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
             "--no-ledger",
             "--log-level=warning",
         ]
+    if kind == "raw":
+        return [PYTHON, str(ROOT / "bench" / "raw_server.py"), f"--port={port}", f"--rate={rate}"]
     return [
         PYTHON,
         str(ROOT / "bench" / "baseline_server.py"),

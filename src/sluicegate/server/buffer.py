@@ -124,9 +124,24 @@ class StreamBuffer(Outbox):
         self.coalesced = 0
         self.overflowed = False
         self._on_overflow = on_overflow
+        self.direct: Callable[[StreamEvent], None] | None = None
+        """Takes an event in place of the queue while the writer waits in
+        ``wait()`` with nothing queued (it then writes the event itself, and
+        ``poke()``-s the writer if the writer has more to do). The writer sets
+        it; ``None``: every event is queued."""
 
     def put(self, event: StreamEvent) -> None:
-        """Queue ``event``; past ``max_bytes`` of content, report the overflow once."""
+        """Queue ``event``; past ``max_bytes`` of content, report the overflow once.
+
+        With ``direct`` set, an event that comes while the writer waits and
+        nothing is queued goes to ``direct`` instead, at once (see ``direct``).
+        """
+        direct = self.direct
+        if direct is not None and not self._events:
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                direct(event)
+                return
         if isinstance(event, Delta):
             self.pending_bytes += _cost(event)
             if self.pending_bytes > self.max_bytes and not self.overflowed:

@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -265,6 +265,10 @@ class EventStreamResponse:
 
         Runs once per token per stream, so it holds no per-write timer: one
         ``_WriteWatch`` timer per stream checks for silence and stuck writes.
+        Without pacing, an event that comes while this task waits with nothing
+        queued is written by ``_EagerWrites`` in the producer's own callback (no
+        wake-up of this task per token); this task takes over whatever that
+        cannot finish at once.
         """
         machine = self._machine
         limits = self._limits
@@ -272,9 +276,18 @@ class EventStreamResponse:
             stop, f"the client accepted no byte for {limits.stuck_timeout_s:g} s"
         )
         watch = _WriteWatch(limits, buffer.poke, stuck)
+        eager = None
+        if limits.interval_s <= 0:
+            eager = _EagerWrites(machine, send, watch, buffer.poke, self._end_sent)
+            buffer.direct = eager
         try:
             while True:
                 await buffer.wait()
+                if eager is not None and not await eager.settle():
+                    return EndState.ABORTED
+                ended = machine.end_state
+                if ended is not None:  # its last frames went out eagerly
+                    return ended
                 events = buffer.drain()
                 if not events:
                     if not watch.silent:
@@ -303,7 +316,13 @@ class EventStreamResponse:
                 if machine.end_state is not None:
                     return machine.end_state
         finally:
+            buffer.direct = None
+            if eager is not None:
+                eager.close()
             watch.cancel()
+
+    def _end_sent(self, state: EndState) -> None:
+        self._sent_end = state
 
     def _frames(self, events: list[StreamEvent]) -> list[bytes]:
         machine = self._machine
@@ -420,6 +439,144 @@ class _WriteWatch:
         else:
             due = self._due(now)
         self._timer = self._loop.call_at(due, self._check)
+
+
+class _EagerWrites:
+    """Writes a stream's events from the producer's callback while its task waits.
+
+    ``StreamBuffer.direct``: called with an event when the stream's task waits
+    with nothing queued. The event goes through the ``StreamMachine`` and the
+    ASGI ``send`` coroutine is driven by hand (``send(None)``). A server's
+    ``send`` finishes without suspending unless the socket is behind
+    (uvicorn: its write buffer is over the high-water mark); then the started
+    coroutine is handed to the task, which finishes it in ``settle()`` before
+    anything else is written. A failure (the socket broke, a bug) is kept for
+    the task too, and so is the machine's end: the task is poked in each case,
+    so nothing here raises into the producer.
+
+    This is the work the task would do per token, minus waking it: a future,
+    a loop callback and a task step per token per stream (the same idea as
+    Python 3.12's eager tasks, for one call).
+    """
+
+    __slots__ = (
+        "_end_sent",
+        "_machine",
+        "_poke",
+        "_send",
+        "_watch",
+        "failure",
+        "pending",
+    )
+
+    def __init__(
+        self,
+        machine: StreamMachine,
+        send: Send,
+        watch: _WriteWatch,
+        poke: Callable[[], None],
+        end_sent: Callable[[EndState], None],
+    ) -> None:
+        self._machine = machine
+        self._send = send
+        self._watch = watch
+        self._poke = poke
+        self._end_sent = end_sent  # told when the machine's last frames went out
+        self.pending: _Resume | None = None
+        self.failure: Exception | None = None
+
+    def __call__(self, event: StreamEvent) -> None:
+        machine = self._machine
+        try:
+            frames = machine.feed(event)
+            if frames:
+                body = frames[0] if len(frames) == 1 else b"".join(frames)
+                self._watch.writing()
+                steps = self._send(
+                    {"type": "http.response.body", "body": body, "more_body": True}
+                ).__await__()
+                try:
+                    waiting_on = steps.send(None)
+                except StopIteration:
+                    self._watch.wrote()
+                    if machine.end_state is not None:
+                        self._end_sent(machine.end_state)
+                else:  # the socket is behind: the task finishes this write
+                    self.pending = _Resume(steps, waiting_on)
+                    self._poke()
+                    return
+        except Exception as exc:  # see the class docstring: the task raises it
+            self.failure = exc
+            self._poke()
+            return
+        if machine.end_state is not None:
+            self._poke()
+
+    async def settle(self) -> bool:
+        """In the task: finish a handed-over write, raise a kept failure.
+
+        Returns False when the connection broke (the client is gone).
+
+        Raises:
+            Exception: a bug met in ``__call__``, re-raised here.
+        """
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            try:
+                await pending
+            except OSError:
+                return False
+            self._watch.wrote()
+            if self._machine.end_state is not None:
+                self._end_sent(self._machine.end_state)
+        failure, self.failure = self.failure, None
+        if isinstance(failure, OSError):
+            return False
+        if failure is not None:
+            raise failure
+        return True
+
+    def close(self) -> None:
+        """Drop a handed-over write the task did not finish (it was stopped)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.close()
+
+
+class _Resume:
+    """Awaits the rest of an awaitable that was started by hand and suspended.
+
+    ``steps`` is the awaitable's ``__await__()`` iterator, ``waiting_on`` what it
+    yielded (the future it waits for); the awaiting task waits for that, then
+    goes on driving ``steps``, forwarding what the task sends or throws
+    (cancellation included) as ``await`` does.
+    """
+
+    __slots__ = ("_coro", "_waiting_on")
+
+    def __init__(self, steps: Generator[Any, Any, Any], waiting_on: Any) -> None:
+        self._coro = steps
+        self._waiting_on = waiting_on
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, waiting_on = self._coro, self._waiting_on
+        while True:
+            try:
+                sent = yield waiting_on
+            except BaseException as exc:  # forwarded, as ``await`` would
+                try:
+                    waiting_on = coro.throw(exc)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waiting_on = coro.send(sent)
+                except StopIteration:
+                    return
+
+    def close(self) -> None:
+        """Close the awaitable without finishing it."""
+        self._coro.close()
 
 
 _CLIENT_GONE = "the client disconnected"
