@@ -3,12 +3,12 @@
 One uvloop process, no HTTP framework, no JSON parsing or encoding, no engine:
 each connection's request is read up to its ``Content-Length``, ``max_tokens`` is
 found with a regular expression, and then one loop timer per stream writes one
-prebuilt SSE frame (a ``chat.completion.chunk`` with one word of content, in one
-HTTP chunk) every ``1/rate`` seconds, then a usage chunk, ``data: [DONE]`` and
-the last chunk. It keeps the same wire shape and schedule as the scripted engine
-behind ``sluicegate serve``, so what it costs per token on a core is what the
-machine charges for the write and the event loop alone: no Python server here can
-do a token for less.
+prebuilt SSE frame (a ``chat.completion.chunk`` with one word of content, the
+same fields and size as sluicegate's, in one HTTP chunk) every ``1/rate``
+seconds, then a usage chunk, ``data: [DONE]`` and the last chunk. It keeps the
+wire shape and schedule of the scripted engine behind ``sluicegate serve``, so
+what it costs per token on a core is what the machine charges for the write and
+the event loop alone: no Python server here does a token for less.
 
 Not a server to use: no validation, no errors, no abort. Serves
 ``POST /v1/chat/completions`` (streaming, whatever the body says besides
@@ -49,20 +49,23 @@ def _event(payload: dict[str, object]) -> bytes:
 def _frames(words: int) -> tuple[bytes, list[bytes]]:
     """(the role frame, one content frame per word), each one HTTP chunk."""
     base = {
-        "id": "chatcmpl-raw",
+        "id": "chatcmpl-" + "0" * 24,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": "scripted",
+        "system_fingerprint": "fp_" + "0" * 12,
     }
 
     def chunk(delta: dict[str, str]) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": None}
-        return _chunk(_event({**base, "choices": [choice]}))
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return _chunk(_event({**base, "choices": [choice], "usage": None}))
 
     sentence = " The quick brown fox streams tokens correctly, once upon a time."
     pieces = sentence.split(" ")[1:]
     role = chunk({"role": "assistant", "content": ""})
-    return role, [chunk({"content": " " + pieces[i % len(pieces)]}) for i in range(words)]
+    return role, [
+        chunk({"content": " " + pieces[i % len(pieces)]}) for i in range(words)
+    ]
 
 
 class _Stream(asyncio.Protocol):

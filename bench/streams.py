@@ -302,7 +302,12 @@ def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
             "--log-level=warning",
         ]
     if kind == "raw":
-        return [PYTHON, str(ROOT / "bench" / "raw_server.py"), f"--port={port}", f"--rate={rate}"]
+        return [
+            PYTHON,
+            str(ROOT / "bench" / "raw_server.py"),
+            f"--port={port}",
+            f"--rate={rate}",
+        ]
     return [
         PYTHON,
         str(ROOT / "bench" / "baseline_server.py"),
@@ -400,6 +405,8 @@ def _measure(
                 str(pid),
                 "--duration",
                 str(max(int(args.duration_s - args.ramp_s), 1)),
+                "--rate",
+                "250",
                 "--format",
                 "raw",
                 "-o",

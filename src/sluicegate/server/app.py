@@ -24,7 +24,9 @@ asked (503 when its queue is full). 429 and 503 carry ``Retry-After``.
 Every error before the first byte uses the OpenAI error shape, unknown paths (404)
 and wrong methods (405) included. Every request is recorded once in
 ``app.state.ledger``. No middleware is installed: in particular no GZip, which
-would buffer event streams. The engine is closed when the app shuts down.
+would buffer event streams; event-stream bodies skip any middleware added inside
+the app (``streaming.BODY_SEND``), so wrap the app from outside. The engine is
+closed when the app shuts down.
 
 Spec: OpenAI API reference, "Chat", "Completions", "Models" and "Error codes";
 ../shared/DESIGN.md, "Status first, errors in band".
@@ -75,6 +77,7 @@ from sluicegate.server.prepare import (
 from sluicegate.server.schemas import parse_chat_request, parse_completion_request
 from sluicegate.server.shutdown import Drain
 from sluicegate.server.streaming import (
+    BODY_SEND,
     CLIENT_CLOSED,
     CompletionResponse,
     EventStreamResponse,
@@ -119,7 +122,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
             stats.queued,
         )
 
-    app = Starlette(
+    app = _App(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
@@ -139,6 +142,15 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
     app.state.live = routes.live
     app.state.drain = routes.drain
     return app
+
+
+class _App(Starlette):
+    """Starlette, with the server's own ``send`` in each HTTP scope (``BODY_SEND``)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[BODY_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 class _Routes:
@@ -216,7 +228,8 @@ class _Routes:
         self, request: Request, endpoint: Endpoint, planner: _Planner
     ) -> ASGIApp:
         """Everything up to the first byte; then the streaming or JSON response."""
-        meter = _Meter(self.ledger, new_response_id(endpoint), request.url.path)
+        # scope["path"], not request.url.path: that builds a URL per request.
+        meter = _Meter(self.ledger, new_response_id(endpoint), request.scope["path"])
         meter.metrics = self.metrics_
         try:
             generation = await self._admit(request, planner, meter)

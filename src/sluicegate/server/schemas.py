@@ -66,6 +66,7 @@ MAX_LOGIT_BIAS = 100.0
 """``logit_bias`` values lie in ``[-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]``."""
 
 _logged_unknown: set[str] = set()
+_field_names: dict[type[BaseModel], frozenset[str]] = {}  # asked once per model
 
 
 def _not_set(value: Any) -> bool:
@@ -386,7 +387,10 @@ def _log_unknown(
     body: Mapping[str, Any],
     known_unsupported: Mapping[str, object],
 ) -> None:
-    for name in body.keys() - model.model_fields.keys() - known_unsupported.keys():
+    known = _field_names.get(model)
+    if known is None:
+        known = _field_names[model] = frozenset(model.model_fields)
+    for name in body.keys() - known - known_unsupported.keys():
         if name not in _logged_unknown:
             _logged_unknown.add(name)
             logger.info("ignoring unknown request parameter %r", name)

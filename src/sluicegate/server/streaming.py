@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Generator, Iterator
@@ -64,6 +65,7 @@ from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.generation import Generation, Outbox
 
 __all__ = [
+    "BODY_SEND",
     "CLIENT_CLOSED",
     "FIRST_TOKEN_TIMEOUT",
     "REQUEST_TIMEOUT",
@@ -100,6 +102,17 @@ SERVER_SHUTDOWN = "server_shutdown"
 
 OnEnd = Callable[[EndState, int], None]
 """Called once when a response ends: its ``EndState`` and the HTTP status sent."""
+
+BODY_SEND = "sluicegate.body_send"
+"""Scope key: the server's own ``send``, put there by the app before any wrapper.
+
+An event stream sends its body frames with it, and only its start through the
+``send`` it was called with: Starlette's exception middlewares wrap ``send`` to
+learn whether a response started, which two coroutine frames per token would
+tell them again and again. A stream never lets an exception out (see
+``EventStreamResponse``), so they have nothing to do after the start.
+Middleware added inside the app does not see stream bodies; wrap the app from
+outside instead."""
 
 _T = TypeVar("_T")
 
@@ -208,8 +221,9 @@ class EventStreamResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Write the stream until it ends, errs, or the client leaves."""
         state = EndState.ABORTED
+        start, send = send, scope.get(BODY_SEND, send)
         try:
-            await send(
+            await start(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
             )
             await _send_body(send, b"".join(self._machine.start()))
@@ -456,10 +470,18 @@ class _EagerWrites:
 
     This is the work the task would do per token, minus waking it: a future,
     a loop callback and a task step per token per stream (the same idea as
-    Python 3.12's eager tasks, for one call).
+    Python 3.12's eager tasks, for one call). Every step of a hand-driven
+    ``send`` runs in one copy of the task's context, taken here: a wrapper
+    around ``send`` that sets and resets a context variable (tracing does) sees
+    its own request's values, and resets in the context it set in, even when
+    the task finishes the write. What it cannot have is a current task: a
+    ``send`` that needs one (an anyio cancel scope around it) fails its stream
+    with ``internal_error``; pacing (``interval_s > 0``) writes from the task
+    only. uvicorn's ``send`` needs none.
     """
 
     __slots__ = (
+        "_context",
         "_end_sent",
         "_machine",
         "_poke",
@@ -482,8 +504,9 @@ class _EagerWrites:
         self._watch = watch
         self._poke = poke
         self._end_sent = end_sent  # told when the machine's last frames went out
+        self._context = contextvars.copy_context()
         self.pending: _Resume | None = None
-        self.failure: Exception | None = None
+        self.failure: Exception | asyncio.CancelledError | None = None
 
     def __call__(self, event: StreamEvent) -> None:
         machine = self._machine
@@ -496,16 +519,16 @@ class _EagerWrites:
                     {"type": "http.response.body", "body": body, "more_body": True}
                 ).__await__()
                 try:
-                    waiting_on = steps.send(None)
+                    waiting_on = self._context.run(steps.send, None)
                 except StopIteration:
                     self._watch.wrote()
                     if machine.end_state is not None:
                         self._end_sent(machine.end_state)
                 else:  # the socket is behind: the task finishes this write
-                    self.pending = _Resume(steps, waiting_on)
+                    self.pending = _Resume(steps, waiting_on, self._context)
                     self._poke()
                     return
-        except Exception as exc:  # see the class docstring: the task raises it
+        except (Exception, asyncio.CancelledError) as exc:  # the task raises it
             self.failure = exc
             self._poke()
             return
@@ -548,29 +571,35 @@ class _Resume:
 
     ``steps`` is the awaitable's ``__await__()`` iterator, ``waiting_on`` what it
     yielded (the future it waits for); the awaiting task waits for that, then
-    goes on driving ``steps``, forwarding what the task sends or throws
-    (cancellation included) as ``await`` does.
+    goes on driving ``steps`` in ``context`` (where it started), forwarding
+    what the task sends or throws (cancellation included) as ``await`` does.
     """
 
-    __slots__ = ("_coro", "_waiting_on")
+    __slots__ = ("_context", "_coro", "_waiting_on")
 
-    def __init__(self, steps: Generator[Any, Any, Any], waiting_on: Any) -> None:
+    def __init__(
+        self,
+        steps: Generator[Any, Any, Any],
+        waiting_on: Any,
+        context: contextvars.Context,
+    ) -> None:
         self._coro = steps
         self._waiting_on = waiting_on
+        self._context = context
 
     def __await__(self) -> Generator[Any, Any, None]:
-        coro, waiting_on = self._coro, self._waiting_on
+        coro, waiting_on, run = self._coro, self._waiting_on, self._context.run
         while True:
             try:
                 sent = yield waiting_on
             except BaseException as exc:  # forwarded, as ``await`` would
                 try:
-                    waiting_on = coro.throw(exc)
+                    waiting_on = run(coro.throw, exc)
                 except StopIteration:
                     return
             else:
                 try:
-                    waiting_on = coro.send(sent)
+                    waiting_on = run(coro.send, sent)
                 except StopIteration:
                     return
 
