@@ -81,7 +81,28 @@ class SequenceOutputs:
 
     def push(self, output: EngineOutput) -> None:
         """Deliver one decode step; its ``finish_reason`` ends the sequence."""
-        self._deliver(output, output.finish_reason is not None)
+        listener = self._listener
+        if (
+            listener is None
+            or self._delivering
+            or self._items
+            or self._done
+            or output.finish_reason is not None
+        ):
+            self._deliver(output, output.finish_reason is not None)
+            return
+        # Once per token: ``_deliver``'s common case (an idle listener, nothing
+        # queued, not the last item), without its two calls.
+        self._delivering = True
+        try:
+            listener(output)
+        except Exception:  # as in _call
+            logger.exception("a sequence's output listener failed; aborting it")
+            self.close()
+        finally:
+            self._delivering = False
+        if self._items:  # pushed again from inside the listener
+            self._drain_to(listener)
 
     def fail(self, error: EngineError) -> None:
         """End the sequence with ``error``."""

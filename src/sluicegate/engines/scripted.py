@@ -154,6 +154,8 @@ class _Sequence:
     generated: int = 0
     fail_at_step: int | None = None
     abort_requested: bool = False
+    stop_ids: frozenset[int] = frozenset()  # ids that end it (as the params say)
+    most_generated: int = 0  # max_tokens, or fewer when the context fills first
 
 
 class ScriptedEngine:
@@ -274,6 +276,12 @@ class ScriptedEngine:
             self._clock = _Clock(loop)
         outputs = SequenceOutputs(lambda: self.abort(request_id))
         seq = _Sequence(request, self._script_for(request), outputs)
+        params = request.params
+        seq.stop_ids = params.stop_token_ids
+        if not params.ignore_eos:
+            seq.stop_ids = seq.stop_ids | self._tokenizer.stop_ids
+        room = self._model.context_length - len(request.prompt_token_ids)
+        seq.most_generated = min(params.max_tokens, room)
         if self._fail_at_step is not None and (
             self._fail_rate >= 1.0 or self._rng.random() < self._fail_rate
         ):
@@ -431,24 +439,17 @@ class ScriptedEngine:
 
     def _step(self, seq: _Sequence, aborted: bool) -> EngineOutput | None:
         """One decode step; ``None`` when an abort ended the sequence."""
-        params = seq.request.params
         token = next(seq.script, None)
-        stops = token in params.stop_token_ids or (
-            not params.ignore_eos and token in self._tokenizer.stop_ids
-        )
-        if token is None or (stops and not self._never_finishes):
+        if token is None or (token in seq.stop_ids and not self._never_finishes):
             return None if aborted else EngineOutput((), FinishReason.STOP)
         seq.generated += 1
         self._counts["generated"] += 1
         if aborted:
             self._counts["wasted"] += 1
             return None
-        full = (
-            seq.generated >= params.max_tokens
-            or _cells(seq) >= self._model.context_length
-        )
+        full = seq.generated >= seq.most_generated  # max_tokens, or the context
         reason = FinishReason.LENGTH if full and not self._never_finishes else None
-        k = params.logprobs
+        k = seq.request.params.logprobs
         if k is None:
             return EngineOutput((token,), reason)
         vocab_size = len(self._tokenizer.pieces)

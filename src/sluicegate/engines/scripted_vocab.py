@@ -47,6 +47,8 @@ class ScriptedTokenizer:
     bos_id = 0
     eos_id = 1
     end_of_turn_id = 3
+    _STOP_IDS = frozenset({eos_id, end_of_turn_id})
+    _SPECIAL_IDS = frozenset(range(BYTES_START))
 
     def __init__(self, chat_template: str | None = None) -> None:
         self._pieces = (*_SPECIALS, *(bytes([b]) for b in range(256)), *_WORDS)
@@ -64,12 +66,12 @@ class ScriptedTokenizer:
     @property
     def special_ids(self) -> frozenset[int]:
         """The four control tokens; they never go into content."""
-        return frozenset(range(BYTES_START))
+        return self._SPECIAL_IDS
 
     @property
     def stop_ids(self) -> frozenset[int]:
         """``<eos>`` and ``<end_of_turn>``."""
-        return frozenset({self.eos_id, self.end_of_turn_id})
+        return self._STOP_IDS
 
     @property
     def chat_template(self) -> str | None:

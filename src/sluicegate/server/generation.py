@@ -161,6 +161,7 @@ class Generation:
         ]
         self.first_token_at: float | None = None
         """Unix time (seconds) the first token id arrived, or ``None``."""
+        self._continuous_usage = plan.continuous_usage  # read once per token
         self._outbox = Outbox()  # where attach() puts events
         self._unread = 0  # choices still read
         self._readers: list[asyncio.Task[None]] = []  # for plain async iterators
@@ -268,7 +269,15 @@ class Generation:
             if isinstance(item, EngineOutput):
                 if item.token_ids and self.first_token_at is None:
                     self.first_token_at = time.time()
-                if not self._take(choice, item, outbox):
+                if choice.aligner is None:
+                    # Once per token: the decoder, then the text (no logprobs).
+                    step = choice.decoder.feed(item.token_ids)
+                    if step.text:
+                        usage = self.usage if self._continuous_usage else None
+                        outbox.put(Delta(choice.index, step.text, None, usage))
+                else:
+                    step = self._feed_with_logprobs(choice, item, outbox)
+                if not self._finish(choice, item, step, outbox):
                     return
             elif item is None:
                 choice.engine_done = True
@@ -319,9 +328,11 @@ class Generation:
             index, sequence_id, decoder, detokenizer, choice_plan.echo, aligner
         )
 
-    def _take(self, choice: _Choice, output: EngineOutput, outbox: Outbox) -> bool:
-        """Feed one step; True when the choice has finished."""
-        step = self._feed(choice, output, outbox)
+    def _finish(
+        self, choice: _Choice, output: EngineOutput, step: ChoiceStep, outbox: Outbox
+    ) -> bool:
+        """After a step was fed: True, with the choice's ``Finish`` out, when the
+        step ended it (a stop string, or the engine's finish reason)."""
         reason = step.finish_reason
         if reason is not None:
             # A stop string matched: stop the engine now, drop what follows.
@@ -342,15 +353,12 @@ class Generation:
         outbox.put(Finish(choice.index, reason, self._usage_so_far()))
         return True
 
-    def _feed(
+    def _feed_with_logprobs(
         self, choice: _Choice, output: EngineOutput, outbox: Outbox
     ) -> ChoiceStep:
-        """The step's tokens through the decoder (and the aligner, with logprobs)."""
+        """The step's tokens one by one through the decoder and the aligner."""
         decoder, aligner = choice.decoder, choice.aligner
-        if aligner is None:
-            step = decoder.feed(output.token_ids)
-            self._put(choice, outbox, step.text, None)
-            return step
+        assert aligner is not None, "a choice with logprobs has an aligner"
         logprobs = output.logprobs or ()
         if len(logprobs) != len(output.token_ids):
             raise EngineError(f"expected one logprob per token id; got {output!r}")
@@ -401,7 +409,7 @@ class Generation:
         return LogprobToken(token, data, logprob.logprob, text_offset, top)
 
     def _usage_so_far(self) -> Usage | None:
-        return self.usage if self._plan.continuous_usage else None
+        return self.usage if self._continuous_usage else None
 
 
 async def _aclose(outputs: AsyncIterator[EngineOutput]) -> None:

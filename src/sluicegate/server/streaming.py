@@ -41,8 +41,9 @@ import contextlib
 import contextvars
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from dataclasses import dataclass
+from types import CoroutineType
 from typing import Any, TypeVar
 
 import anyio
@@ -514,10 +515,14 @@ class _EagerWrites:
             frames = machine.feed(event)
             if frames:
                 body = frames[0] if len(frames) == 1 else b"".join(frames)
-                self._watch.writing()
-                steps = self._send(
+                sending = self._send(
                     {"type": "http.response.body", "body": body, "more_body": True}
-                ).__await__()
+                )
+                steps: _Steps = (
+                    sending  # a coroutine has send() and throw() itself
+                    if isinstance(sending, CoroutineType)
+                    else sending.__await__()
+                )
                 try:
                     waiting_on = self._context.run(steps.send, None)
                 except StopIteration:
@@ -525,6 +530,7 @@ class _EagerWrites:
                     if machine.end_state is not None:
                         self._end_sent(machine.end_state)
                 else:  # the socket is behind: the task finishes this write
+                    self._watch.writing()
                     self.pending = _Resume(steps, waiting_on, self._context)
                     self._poke()
                     return
@@ -566,6 +572,10 @@ class _EagerWrites:
             pending.close()
 
 
+_Steps = Coroutine[Any, Any, Any] | Generator[Any, Any, Any]
+"""An awaitable's steps: a coroutine, or what ``__await__()`` returns."""
+
+
 class _Resume:
     """Awaits the rest of an awaitable that was started by hand and suspended.
 
@@ -579,7 +589,7 @@ class _Resume:
 
     def __init__(
         self,
-        steps: Generator[Any, Any, Any],
+        steps: _Steps,
         waiting_on: Any,
         context: contextvars.Context,
     ) -> None:
