@@ -527,8 +527,6 @@ class _EagerWrites:
                     waiting_on = self._context.run(steps.send, None)
                 except StopIteration:
                     self._watch.wrote()
-                    if machine.end_state is not None:
-                        self._end_sent(machine.end_state)
                 else:  # the socket is behind: the task finishes this write
                     self._watch.writing()
                     self.pending = _Resume(steps, waiting_on, self._context)
@@ -538,8 +536,11 @@ class _EagerWrites:
             self.failure = exc
             self._poke()
             return
-        if machine.end_state is not None:
-            self._poke()
+        if type(event) is not Delta:  # only an End or a Fail ends the machine
+            ended = machine.end_state
+            if ended is not None:
+                self._end_sent(ended)  # its last frames went out
+                self._poke()
 
     async def settle(self) -> bool:
         """In the task: finish a handed-over write, raise a kept failure.
