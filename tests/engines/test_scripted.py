@@ -80,6 +80,13 @@ def test_special_text_is_parsed_only_when_asked() -> None:
     assert TOKENIZER.decode(parsed) == "user\nHi"
 
 
+def test_encode_takes_the_longest_piece_and_finds_specials_after_any_text() -> None:
+    ids = TOKENIZER.encode("Hello<<eos> The", add_special=False, parse_special=True)
+    pieces = [TOKENIZER.pieces[i] for i in ids]
+    assert pieces == [b"Hello", b"<", b"<eos>", b" The"]
+    assert ids[2] == TOKENIZER.eos_id
+
+
 def test_add_special_prepends_bos() -> None:
     assert TOKENIZER.encode("Hi", add_special=True, parse_special=False) == [
         TOKENIZER.bos_id,

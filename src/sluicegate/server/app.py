@@ -281,6 +281,19 @@ class _Routes:
 class _Meter:
     """What the ledger row of one request needs, gathered as the request goes."""
 
+    __slots__ = (
+        "generation",
+        "grant",
+        "key_id",
+        "ledger",
+        "metrics",
+        "path",
+        "plan",
+        "received_at",
+        "recorded",
+        "response_id",
+    )
+
     def __init__(self, ledger: Ledger, response_id: str, path: str) -> None:
         self.ledger = ledger
         self.response_id = response_id

@@ -314,8 +314,12 @@ class Generation:
         # tokens do when skip_special_tokens is false (vLLM's meaning).
         ending = params.stop_token_ids
         if not params.ignore_eos:
-            ending |= tokenizer.stop_ids
-        skip = ending | (tokenizer.special_ids if plan.skip_special_tokens else ending)
+            ending = ending | tokenizer.stop_ids if ending else tokenizer.stop_ids
+        special = tokenizer.special_ids
+        if not plan.skip_special_tokens:
+            skip = ending
+        else:  # no copy of a large control-token set (Gemma 3 has 6,250)
+            skip = special if ending <= special else ending | special
         stops = StopMatcher(
             plan.stops, include_stop_str_in_output=plan.include_stop_str_in_output
         )

@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sluicegate.core.endstate import EndState
 from sluicegate.engines.base import Engine
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.ledger import LedgerRow
@@ -83,13 +84,27 @@ class Metrics:
             registry=reg,
         )
         reg.register(_Snapshot(engine, live))
+        # labels() locks, formats its values and looks the child up on every
+        # call; the children are kept here once made. They are still made on
+        # first use, as before, so a scrape shows none before its first request.
+        self._requests_by: dict[tuple[EndState, int], Counter] = {}
+        self._tokens_by: tuple[Counter, Counter] | None = None  # prompt, generated
 
     def observe(self, row: LedgerRow) -> None:
         """Count one ended request (its ledger row)."""
-        self._requests.labels(str(row.end_state), str(row.status)).inc()
+        key = (row.end_state, row.status)
+        requests = self._requests_by.get(key)
+        if requests is None:
+            requests = self._requests.labels(str(row.end_state), str(row.status))
+            self._requests_by[key] = requests
+        requests.inc()
         self._latency.observe(max(row.ended_at - row.received_at, 0.0))
-        self._tokens.labels("prompt").inc(row.prompt_tokens)
-        self._tokens.labels("generated").inc(row.completion_tokens)
+        if self._tokens_by is None:
+            labels = self._tokens.labels
+            self._tokens_by = (labels("prompt"), labels("generated"))
+        prompt, generated = self._tokens_by
+        prompt.inc(row.prompt_tokens)
+        generated.inc(row.completion_tokens)
         if row.first_token_at is None:
             return
         self._ttft.observe(max(row.first_token_at - row.received_at, 0.0))

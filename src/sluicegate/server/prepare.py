@@ -16,6 +16,7 @@ Spec: ../shared/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import secrets
 import time
@@ -111,6 +112,7 @@ def new_response_id(endpoint: Endpoint) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
+@functools.lru_cache(maxsize=16)  # one served model: hashed once, not per request
 def system_fingerprint(model: str) -> str:
     """``fp_`` and 12 hex digits naming this server version and ``model``.
 
@@ -267,15 +269,14 @@ def _check_n(n: int, prompts: int, config: ServerConfig) -> None:
 
 
 def _checked_ids(ids: list[int], vocab_size: int, param: str, what: str) -> list[int]:
-    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
-    if bad is not None:
-        raise RequestError(
-            f"Invalid value for '{param}': {what} must be in [0, {vocab_size}); "
-            f"got {bad}",
-            param=param,
-            code="invalid_value",
-        )
-    return ids
+    if not ids or (min(ids) >= 0 and max(ids) < vocab_size):  # in C, most requests
+        return ids
+    bad = next(i for i in ids if not 0 <= i < vocab_size)
+    raise RequestError(
+        f"Invalid value for '{param}': {what} must be in [0, {vocab_size}); got {bad}",
+        param=param,
+        code="invalid_value",
+    )
 
 
 def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:

@@ -39,21 +39,23 @@ from sluicegate.server.schemas import ChatMessage
 __all__ = ["GEMMA3_TEMPLATE", "ChatTemplate", "encode_prompt"]
 
 GEMMA3_TEMPLATE = """\
-{#- Gemma 3 turns. A leading system message joins the first user turn. -#}
+{#- Gemma 3 turns. A leading system message joins the first user turn.
+    Messages are dicts: m["role"] reads them directly, where m.role would first
+    fail as an attribute in the sandbox. -#}
 {{- bos_token -}}
-{%- if messages and messages[0].role == "system" -%}
-  {%- set preamble = messages[0].content ~ "\\n\\n" -%}
+{%- if messages and messages[0]["role"] == "system" -%}
+  {%- set preamble = messages[0]["content"] ~ "\\n\\n" -%}
   {%- set turns = messages[1:] -%}
 {%- else -%}
   {%- set preamble = "" -%}
   {%- set turns = messages -%}
 {%- endif -%}
 {%- for message in turns -%}
-  {%- if message.role == "system" -%}
+  {%- if message["role"] == "system" -%}
     {{- raise_exception("a system message is only allowed as the first message") -}}
   {%- endif -%}
-  {%- set speaker = "model" if message.role == "assistant" else message.role -%}
-  {%- set text = (preamble if loop.first else "") ~ message.content | trim -%}
+  {%- set speaker = "model" if message["role"] == "assistant" else message["role"] -%}
+  {%- set text = (preamble if loop.first else "") ~ message["content"] | trim -%}
   {{- "<start_of_turn>" ~ speaker ~ "\\n" ~ text ~ "<end_of_turn>\\n" -}}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
@@ -87,7 +89,15 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         self.source = source or tokenizer.chat_template or GEMMA3_TEMPLATE
         self._template = env.from_string(self.source)
+        # Every render copies the template's globals into its context, twice; as
+        # the ChainMap from_string() makes (template over environment) that cost
+        # about 5 us a request. The environment is this object's own and never
+        # changes after this line, so a flat copy holds the same names and values.
+        self._template.globals = dict(self._template.globals)
         self._tokenizer = tokenizer
+        # Read once: a tokenizer may decode them from its vocabulary on each read.
+        self._bos_token = tokenizer.bos_token
+        self._eos_token = tokenizer.eos_token
 
     def render(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
@@ -121,13 +131,13 @@ class ChatTemplate:
             RequestError: see ``render``.
         """
         text = self.render(messages, add_generation_prompt=add_generation_prompt)
-        return encode_prompt(self._tokenizer, text)
+        return _encode(self._tokenizer, text, self._bos_token)
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return self._template.render(
             messages=messages,
-            bos_token=self._tokenizer.bos_token,
-            eos_token=self._tokenizer.eos_token,
+            bos_token=self._bos_token,
+            eos_token=self._eos_token,
             add_generation_prompt=generation_prompt,
         )
 
@@ -151,7 +161,10 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
     with ``tokenizer.bos_token``. An empty ``text`` gives just what the tokenizer
     adds (possibly nothing).
     """
-    bos = tokenizer.bos_token
+    return _encode(tokenizer, text, tokenizer.bos_token)
+
+
+def _encode(tokenizer: Tokenizer, text: str, bos: str) -> list[int]:
     add_special = not (bos and text.startswith(bos))
     return tokenizer.encode(text, add_special=add_special, parse_special=True)
 
