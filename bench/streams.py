@@ -5,7 +5,10 @@ scripted engine at ``--rate`` tokens/s per stream on the same ASCII script:
 
 - ``sluicegate``: ``sluicegate serve --engine scripted``;
 - ``baseline``: ``bench/baseline_server.py`` (Starlette + sse-starlette + a pydantic
-  chunk per token, naive per-token re-decode).
+  chunk per token, naive per-token re-decode);
+- ``raw``: ``bench/raw_server.py``, the floor: uvloop writing a prebuilt frame per
+  token on the same schedule, no framework, JSON or engine (what this machine
+  charges for the write and the loop alone).
 
 For each N in ``--n``, a load process pinned to CPU 1 (this file with
 ``--load``) opens N streaming chat requests over raw asyncio sockets, their starts
@@ -29,7 +32,8 @@ Reported per server and N:
   ones counted here too) and timed out (not over ``ramp + 2 x duration + 10`` s
   after the load started: the client gave up on them).
 
-Then the ratio sluicegate/baseline for delivered tokens/s and p99 added latency.
+Then the ratio sluicegate/baseline for delivered tokens/s, p99 added latency and
+CPU per token, and sluicegate's CPU per token over the floor's.
 Prints a table and writes ``bench/results/streams.json``, with the load average.
 Not a test: nothing here asserts a timing.
 
@@ -482,10 +486,12 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
     console = Console(width=160)
     console.print(table)
     for r in ratios:
+        over_raw = r["cpu_us_per_token_over_raw"]
         console.print(
             f"N={r['n']}: sluicegate/baseline tokens/s x{r['tokens_per_s']:.2f}, "
             f"baseline/sluicegate ITL+ p99 x{r['itl_added_p99']:.2f}, "
             f"baseline/sluicegate CPU us/token x{r['cpu_us_per_token']:.2f}"
+            + ("" if over_raw is None else f", sluicegate/raw CPU x{over_raw:.2f}")
         )
 
 
@@ -496,6 +502,7 @@ def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         base = by.get(("baseline", n))
         if kind != "sluicegate" or base is None:
             continue
+        raw = by.get(("raw", n))
         p99_ours = ours["itl_added_ms"]["p99"] or 0.0
         p99_base = base["itl_added_ms"]["p99"] or 0.0
         out.append(
@@ -505,6 +512,10 @@ def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "itl_added_p99": p99_base / max(p99_ours, 1e-3),
                 "cpu_us_per_token": base["server_cpu_us_per_token"]
                 / max(ours["server_cpu_us_per_token"], 1e-9),
+                "cpu_us_per_token_over_raw": None
+                if raw is None
+                else ours["server_cpu_us_per_token"]
+                / max(raw["server_cpu_us_per_token"], 1e-9),
             }
         )
     return out
@@ -519,7 +530,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--rate", type=float, default=20.0, help="engine tokens/s per stream")
     add("--duration-s", type=float, default=10.0, help="length of each stream")
     add("--ramp-s", type=float, default=2.0, help="stream starts spread over this")
-    add("--servers", nargs="+", default=["sluicegate", "baseline"])
+    add("--servers", nargs="+", default=["sluicegate", "baseline", "raw"])
     add("--server-cpu", default="0", help="taskset CPU list of the servers")
     add("--load-cpu", default="1", help="taskset CPU list of the load process")
     add("--quick", action="store_true", help="tiny N and duration (CI smoke)")

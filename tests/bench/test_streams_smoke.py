@@ -35,7 +35,7 @@ ROW_KEYS = {
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
-def test_streams_bench_quick_run_reports_both_servers_at_every_n(
+def test_streams_bench_quick_run_reports_every_server_at_every_n(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("sse_starlette", reason="the baseline server needs it")
@@ -55,12 +55,20 @@ def test_streams_bench_quick_run_reports_both_servers_at_every_n(
         report
     )
     runs = {(row["server"], row["n"]) for row in report["rows"]}
-    assert runs == {(s, n) for s in ("sluicegate", "baseline") for n in (4, 16)}
+    servers = ("sluicegate", "baseline", "raw")
+    assert runs == {(s, n) for s in servers for n in (4, 16)}
     for row in report["rows"]:
         assert set(row) == ROW_KEYS
         assert set(row["itl_added_ms"]) == {"p50", "p99", "max"}
         assert row["finished"] + row["truncated"] + row["timed_out"] > 0
     assert {r["n"] for r in report["ratios"]} == {4, 16}
-    assert {"tokens_per_s", "itl_added_p99", "cpu_us_per_token"} <= set(
-        report["ratios"][0]
-    )
+    assert {
+        "tokens_per_s",
+        "itl_added_p99",
+        "cpu_us_per_token",
+        "cpu_us_per_token_over_raw",
+    } <= set(report["ratios"][0])
+    for row in report["rows"]:
+        if row["server"] == "raw":  # the floor serves whole streams too
+            assert row["finished"] > 0
+            assert row["truncated"] + row["errored"] + row["rejected"] == 0
