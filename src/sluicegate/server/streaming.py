@@ -3,11 +3,13 @@
 This is the only module that watches for ``http.disconnect``. ``EventStreamResponse``
 writes an SSE stream; ``CompletionResponse`` waits for the whole answer and writes
 one JSON body. In both, ``Generation.attach`` decodes the engine's outputs into a
-buffer as they come, the request's own task drains it, and one more task awaits
-``receive()``: when the client disconnects, the request's task is stopped (for a
-stream: cancelled with a reason, see ``_Stop``; for a JSON answer: its anyio
-task group) and every engine sequence still running is aborted, whether the
-request is queued, in prefill or decoding.
+buffer as they come, the request's own task drains it (for a stream, while that
+task waits with nothing queued, the engine's callback writes the event itself:
+``_EagerWrites``), and one more task awaits ``receive()``: when the client
+disconnects, the request's task is stopped (for a stream: cancelled with a
+reason, see ``_Stop``; for a JSON answer: its anyio task group) and every engine
+sequence still running is aborted, whether the request is queued, in prefill
+or decoding.
 
 Invariants:
     - The stream's headers go out at once: ``200``, ``text/event-stream``,
