@@ -418,3 +418,49 @@ async def test_a_send_that_raises_cancelled_eagerly_fails_its_stream_only() -> N
     second = SpyExchange(app)
     await _run(second)
     _assert_complete(second)
+
+
+async def test_a_handed_over_write_is_closed_in_its_request_context(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The socket is behind on an eager write and the client leaves before the
+    # task takes the write over: closing it runs the wrapper's ``finally`` (a
+    # ContextVar reset) in the context the write started in, so the stream ends
+    # aborted, not errored, and leaves no timer behind.
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=2000)
+    app = create_app(engine, ServerConfig())
+    bodies = 0
+    blocked = asyncio.Event()
+
+    async def traced_app(scope: Any, receive: Any, send: Any) -> None:
+        SPAN.set("request")
+
+        async def traced_send(message: Message) -> None:
+            nonlocal bodies
+            token = SPAN.set("write")
+            try:
+                if message["type"] == "http.response.body":
+                    bodies += 1
+                    if bodies == 4:  # an eager write (the role chunk was 1)
+                        ex.leave()
+                        blocked.set()
+                        await asyncio.Event().wait()  # the socket never drains
+                if blocked.is_set():
+                    return  # gone: uvicorn's send drops the message, silently
+                await send(message)
+            finally:
+                SPAN.reset(token)  # ValueError in any other context
+
+        await app(scope, receive, traced_send)
+
+    ex = Exchange(app, CHAT, STREAM)
+    ex.app = traced_app
+    with caplog.at_level(logging.ERROR), anyio.fail_after(5):
+        await ex.run()
+    assert blocked.is_set()
+    assert [r.getMessage() for r in caplog.records] == []
+    assert _end_state(app) is EndState.ABORTED
+    loop = asyncio.get_running_loop()
+    scheduled = getattr(loop, "_scheduled", [])  # asyncio's own loop only
+    assert not [h for h in scheduled if "_WriteWatch" in repr(h)]
+    assert engine.stats().running == 0

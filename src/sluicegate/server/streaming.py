@@ -334,9 +334,9 @@ class EventStreamResponse:
                     return machine.end_state
         finally:
             buffer.direct = None
+            watch.cancel()
             if eager is not None:
                 eager.close()
-            watch.cancel()
 
     def _end_sent(self, state: EndState) -> None:
         self._sent_end = state
@@ -617,8 +617,9 @@ class _Resume:
                     return
 
     def close(self) -> None:
-        """Close the awaitable without finishing it."""
-        self._coro.close()
+        """Close the awaitable without finishing it (its ``finally`` blocks run in
+        its context, as its other steps did)."""
+        self._context.run(self._coro.close)
 
 
 _CLIENT_GONE = "the client disconnected"
