@@ -617,9 +617,25 @@ class _Resume:
                     return
 
     def close(self) -> None:
-        """Close the awaitable without finishing it (its ``finally`` blocks run in
-        its context, as its other steps did)."""
-        self._context.run(self._coro.close)
+        """End the awaitable without finishing it, as a cancelled task would.
+
+        ``CancelledError`` is thrown into it, in its context (so its ``finally``
+        blocks may reset context variables and even await once more); if it
+        waits again, it is closed. Nothing it raises escapes: the write is
+        abandoned either way.
+        """
+        run, coro = self._context.run, self._coro
+        try:
+            run(coro.throw, asyncio.CancelledError())
+        except (StopIteration, asyncio.CancelledError):
+            return
+        except Exception:  # its own failure while unwinding: nothing to add
+            logger.debug("an abandoned write raised while unwinding", exc_info=True)
+            return
+        try:  # it waits again: it cannot be finished without a task
+            run(coro.close)
+        except Exception:  # e.g. it ignored GeneratorExit
+            logger.debug("an abandoned write did not close", exc_info=True)
 
 
 _CLIENT_GONE = "the client disconnected"
