@@ -550,7 +550,8 @@ class _EagerWrites:
         Returns False when the connection broke (the client is gone).
 
         Raises:
-            Exception: a bug met in ``__call__``, re-raised here.
+            Exception: a bug met in ``__call__``, re-raised here (so is a
+                ``CancelledError`` that ``send`` raised there).
         """
         pending, self.pending = self.pending, None
         if pending is not None:
@@ -582,10 +583,11 @@ _Steps = Coroutine[Any, Any, Any] | Generator[Any, Any, Any]
 class _Resume:
     """Awaits the rest of an awaitable that was started by hand and suspended.
 
-    ``steps`` is the awaitable's ``__await__()`` iterator, ``waiting_on`` what it
-    yielded (the future it waits for); the awaiting task waits for that, then
-    goes on driving ``steps`` in ``context`` (where it started), forwarding
-    what the task sends or throws (cancellation included) as ``await`` does.
+    ``steps`` is the awaitable's steps (a coroutine, or its ``__await__()``
+    iterator), ``waiting_on`` what it yielded (the future it waits for); the
+    awaiting task waits for that, then goes on driving ``steps`` in ``context``
+    (where it started), forwarding what the task sends or throws (cancellation
+    included) as ``await`` does.
     """
 
     __slots__ = ("_context", "_coro", "_waiting_on")
