@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 import pytest
 from starlette.applications import Starlette
+
+from sluicegate.server.metrics import LOOP_LAG_INTERVAL_S, LoopLag
+from tests.polling import wait_until
 
 from .asgi import CHAT, HELLO
 
@@ -43,3 +49,39 @@ async def test_metrics_count_requests_tokens_and_read_the_engine(
     assert _value(text, "sluicegate_engine_queue_depth") == 0
     for name in ("heartbeats_sent", "coalesced_events", "engine_wasted_tokens"):
         assert _value(text, f"sluicegate_{name}_total") >= 0
+
+
+async def test_loop_lag_reports_how_late_a_blocked_loop_ran_its_timer() -> None:
+    loop = asyncio.get_running_loop()
+    lags: list[float] = []
+    lag = LoopLag(loop, lags.append, interval_s=0.02)
+    try:
+        await wait_until(lambda: len(lags) >= 1)
+        before = len(lags)
+        loop.call_soon(time.sleep, 0.15)  # a callback that holds the loop
+        await wait_until(lambda: len(lags) >= before + 2)
+    finally:
+        lag.stop()
+    # The timer was due at most 0.02 s after the block began: it ran that late.
+    assert max(lags[before:]) >= 0.15 - 0.02 - 0.002
+    taken = len(lags)
+    await asyncio.sleep(0.05)
+    assert len(lags) == taken  # stopped: no more samples
+
+
+def test_loop_lag_needs_a_positive_interval() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="interval_s"):
+            LoopLag(loop, lambda lag: None, interval_s=0)
+    finally:
+        loop.close()
+
+
+async def test_the_app_samples_its_loop_lag_while_it_runs(app: Starlette) -> None:
+    async with app.router.lifespan_context(app):
+        await asyncio.sleep(LOOP_LAG_INTERVAL_S * 1.5)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            text = (await c.get("/metrics")).text
+    assert _value(text, "sluicegate_event_loop_lag_seconds_count") >= 1

@@ -111,7 +111,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        loop_lag = routes.metrics_.watch_loop()
         yield
+        loop_lag.stop()
         await engine.aclose()
         routes.ledger.close()
         stats = engine.stats()

@@ -7,6 +7,11 @@ bytes buffered for slow clients, heartbeats sent, coalesced events and slow-clie
 aborts (``LiveStreams``); the engine's queue depth, running sequences, KV cells
 used and total, and its generated, wasted and aborted counters (``EngineStats``).
 
+Sampled while the app runs (``Metrics.watch_loop``): how late the event loop runs
+a timer, ``sluicegate_event_loop_lag_seconds``. One core runs every stream's
+per-token work, so this is where a saturated front end shows first (streams'
+inter-token latency rises with it), before any engine metric moves.
+
 Deliberate divergence: inter-token latency is per request, ``(end of the last
 token - first token) / (completion tokens - 1)``, not per token, so that a metric
 update costs O(1) per request, not per token.
@@ -16,7 +21,8 @@ Spec: issue 5, "Metrics"; Prometheus, "Exposition formats" (text 0.0.4).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -33,13 +39,17 @@ from sluicegate.engines.base import Engine
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.ledger import LedgerRow
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "LOOP_LAG_INTERVAL_S", "LoopLag", "Metrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 """The ``Content-Type`` of ``Metrics.render()``."""
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKEN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_LAG_BUCKETS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+LOOP_LAG_INTERVAL_S = 0.25
+"""Seconds between two event-loop lag samples (four a second: one timer, no task)."""
 
 
 class Metrics:
@@ -83,6 +93,13 @@ class Metrics:
             ["kind"],
             registry=reg,
         )
+        self._loop_lag = Histogram(
+            "sluicegate_event_loop_lag_seconds",
+            "How late the event loop ran a timer (sampled every "
+            f"{LOOP_LAG_INTERVAL_S:g} s): the front end's own saturation",
+            buckets=_LAG_BUCKETS_S,
+            registry=reg,
+        )
         reg.register(_Snapshot(engine, live))
         # labels() locks, formats its values and looks the child up on every
         # call; the children are kept here once made. They are still made on
@@ -112,9 +129,54 @@ class Metrics:
             span = max(row.ended_at - row.first_token_at, 0.0)
             self._itl.observe(span / (row.completion_tokens - 1))
 
+    def watch_loop(self, interval_s: float = LOOP_LAG_INTERVAL_S) -> LoopLag:
+        """Start sampling the running loop's lag; ``stop()`` the result to end.
+
+        Raises:
+            RuntimeError: no running event loop.
+        """
+        return LoopLag(asyncio.get_running_loop(), self._loop_lag.observe, interval_s)
+
     def render(self) -> bytes:
         """The text exposition of every metric (``CONTENT_TYPE``)."""
         return generate_latest(self.registry)
+
+
+class LoopLag:
+    """A loop timer due every ``interval_s`` seconds that reports how late it ran.
+
+    Each time it runs, ``observe`` gets its lateness in seconds (the loop time
+    it ran at minus the time it was due, at least 0; uvloop's clock counts whole
+    milliseconds, so about 1 ms reads as noise), then it is due again
+    ``interval_s`` later. A loop that is busy with other callbacks, or blocked,
+    runs it late by that much.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        observe: Callable[[float], None],
+        interval_s: float,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self._loop = loop
+        self._observe = observe
+        self._interval_s = interval_s
+        self._due = loop.time() + interval_s
+        self._timer: asyncio.TimerHandle | None = loop.call_at(self._due, self._run)
+
+    def _run(self) -> None:
+        now = self._loop.time()
+        self._observe(max(now - self._due, 0.0))
+        self._due = now + self._interval_s
+        self._timer = self._loop.call_at(self._due, self._run)
+
+    def stop(self) -> None:
+        """No more samples."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class _Snapshot(Collector):
