@@ -277,8 +277,9 @@ class Generation:
                         outbox.put(Delta(choice.index, step.text, None, usage))
                 else:
                     step = self._feed_with_logprobs(choice, item, outbox)
-                if not self._finish(choice, item, step, outbox):
-                    return
+                if step.finish_reason is None and item.finish_reason is None:
+                    return  # the choice goes on (most steps)
+                self._finish(choice, item, step, outbox)
             elif item is None:
                 choice.engine_done = True
                 outbox.put(Fail("The engine ended a sequence without a finish reason"))
@@ -334,16 +335,17 @@ class Generation:
 
     def _finish(
         self, choice: _Choice, output: EngineOutput, step: ChoiceStep, outbox: Outbox
-    ) -> bool:
-        """After a step was fed: True, with the choice's ``Finish`` out, when the
-        step ended it (a stop string, or the engine's finish reason)."""
+    ) -> None:
+        """The step ended the choice (a stop string, or the engine's finish
+        reason): abort or flush as that needs, then the choice's ``Finish``."""
         reason = step.finish_reason
         if reason is not None:
             # A stop string matched: stop the engine now, drop what follows.
             self._engine.abort(choice.sequence_id)
             choice.engine_done = True
             self._flush_aligner(choice, "", outbox)
-        elif output.finish_reason is not None:
+        else:
+            assert output.finish_reason is not None, "called for a finished step"
             choice.engine_done = True
             tail = choice.decoder.flush()
             if choice.aligner is None:
@@ -351,11 +353,8 @@ class Generation:
             else:
                 self._flush_aligner(choice, tail.text, outbox)
             reason = tail.finish_reason or output.finish_reason
-        else:
-            return False
         choice.finish_reason = reason
         outbox.put(Finish(choice.index, reason, self._usage_so_far()))
-        return True
 
     def _feed_with_logprobs(
         self, choice: _Choice, output: EngineOutput, outbox: Outbox

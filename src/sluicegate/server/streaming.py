@@ -489,6 +489,7 @@ class _EagerWrites:
         "_machine",
         "_poke",
         "_send",
+        "_time",
         "_watch",
         "failure",
         "pending",
@@ -508,6 +509,7 @@ class _EagerWrites:
         self._poke = poke
         self._end_sent = end_sent  # told when the machine's last frames went out
         self._context = contextvars.copy_context()
+        self._time = asyncio.get_running_loop().time
         self.pending: _Resume | None = None
         self.failure: Exception | asyncio.CancelledError | None = None
 
@@ -528,7 +530,9 @@ class _EagerWrites:
                 try:
                     waiting_on = self._context.run(steps.send, None)
                 except StopIteration:
-                    self._watch.wrote()
+                    # _watch.wrote(), inline: no write of the task is in
+                    # flight while it waits, so write_started is None already.
+                    self._watch.last_write = self._time()
                 else:  # the socket is behind: the task finishes this write
                     self._watch.writing()
                     self.pending = _Resume(steps, waiting_on, self._context)
