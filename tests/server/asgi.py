@@ -147,6 +147,15 @@ class Exchange:
         """Each event's JSON, ``[DONE]`` left out."""
         return [json.loads(e.data) for e in self.events() if e.data != "[DONE]"]
 
+    def only_error(self) -> dict[str, Any]:
+        """The ``error`` object of the stream's one error event, which must be its
+        last event (the in-band error contract: one error event, then nothing)."""
+        payloads = self.payloads()
+        assert [p for p in payloads if "error" in p] == payloads[-1:], payloads
+        assert "error" in payloads[-1], payloads
+        error: dict[str, Any] = payloads[-1]["error"]
+        return error
+
     def contents(self) -> list[str]:
         """The content (chat) or text (completions) of each non-empty delta."""
         texts = []

@@ -226,11 +226,9 @@ async def test_engine_error_after_first_token_is_one_error_event_without_done() 
     app = create_app(engine, ServerConfig())
     ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
     payloads = ex.payloads()
-    errors = [p for p in payloads if "error" in p]
-    assert len(errors) == 1
-    assert payloads[-1] is errors[0]
-    assert errors[0]["error"]["message"]
-    assert errors[0]["error"]["code"] == "engine_error"
+    error = ex.only_error()
+    assert error["message"]
+    assert error["code"] == "engine_error"
     assert ex.contents() == ["Hello"]
     assert _finish_reasons(payloads) == []
     assert ex.done_count() == 0
@@ -262,8 +260,7 @@ async def test_unexpected_exception_is_one_generic_error_event(
     app = create_app(engine, ServerConfig())
     ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
     payloads = ex.payloads()
-    assert [p for p in payloads if "error" in p] == [payloads[-1]]
-    error = payloads[-1]["error"]
+    error = ex.only_error()
     assert error["code"] == "internal_error"
     assert "secret" not in error["message"]
     assert ex.done_count() == 0
@@ -327,9 +324,9 @@ async def test_engine_error_from_a_plain_async_iterator_is_one_error_event() -> 
     app = create_app(engine, ServerConfig())
     ex = await exchange(app, COMPLETIONS, {"prompt": "Hi", "stream": True})
     payloads = ex.payloads()
-    assert [p for p in payloads if "error" in p] == [payloads[-1]]
-    assert payloads[-1]["error"]["message"] == "the model went away"
-    assert payloads[-1]["error"]["code"] == "engine_error"
+    error = ex.only_error()
+    assert error["message"] == "the model went away"
+    assert error["code"] == "engine_error"
     assert len(ex.contents()) == 3
     assert _finish_reasons(payloads) == []
     assert ex.done_count() == 0
@@ -357,8 +354,7 @@ async def test_a_bug_while_decoding_a_step_is_one_internal_error_then_serves_on(
     app = create_app(engine, ServerConfig())
     ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
     payloads = ex.payloads()
-    assert [p for p in payloads if "error" in p] == [payloads[-1]]
-    error = payloads[-1]["error"]
+    error = ex.only_error()
     assert error["code"] == "internal_error"
     assert "secret" not in error["message"]
     assert len(ex.contents()) == 2
@@ -415,9 +411,9 @@ async def test_a_bug_while_writing_is_logged_then_one_internal_error_event(
         await ex.run()
     payloads = ex.payloads()
     assert payloads[0]["choices"][0]["delta"] == {"role": "assistant"}
-    assert [p for p in payloads if "error" in p] == [payloads[-1]]
-    assert payloads[-1]["error"]["code"] == "internal_error"
-    assert "secret" not in payloads[-1]["error"]["message"]
+    error = ex.only_error()
+    assert error["code"] == "internal_error"
+    assert "secret" not in error["message"]
     assert ex.done_count() == 0
     assert ex.completed
     assert _ledger(app).rows[-1].end_state is EndState.ERRORED
