@@ -563,9 +563,7 @@ class _EagerWrites:
                 await pending
             except OSError:
                 return False
-            self._watch.wrote()
-            if self._machine.end_state is not None:
-                self._end_sent(self._machine.end_state)
+            self._watch.wrote()  # an end it wrote: the writer returns it next
         failure, self.failure = self.failure, None
         if isinstance(failure, OSError):
             return False
