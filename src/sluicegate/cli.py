@@ -1,11 +1,14 @@
-"""The ``sluicegate`` command: ``serve``, ``model`` and ``demo``.
+"""The ``sluicegate`` command: ``serve``, ``model``, ``doctor``, ``demo`` and more.
 
-Exit codes: 0 success, 1 an unexpected error (logged), 2 a usage error.
+Exit codes: 0 success, 1 an unexpected error (logged), 2 a usage error; ``doctor``
+exits 3 when the llama.cpp build crashed on this CPU; ``serve`` exits 1 when its
+engine stopped serving (its worker died).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import logging
 import sys
@@ -116,8 +119,11 @@ def _serve(args: argparse.Namespace) -> int:
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
     log.info("serving %s on http://%s:%d", engine.model.id, args.host, args.port)
-    run_server(app, args)
-    return 0
+    # A fault in native code (llama.cpp) kills the process before Python can
+    # log: print the thread stacks and the signal on stderr first.
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
+    return run_server(app, args)
 
 
 def _chat_template(arg: str | None) -> str | None:
@@ -132,6 +138,12 @@ def _chat_template(arg: str | None) -> str | None:
 def _model(args: argparse.Namespace) -> int:
     print(_model_path(None))
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from sluicegate.doctor import diagnose
+
+    return diagnose(_model_path(args.model), sys.stdout, args.stamp)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -214,6 +226,19 @@ def _parser() -> argparse.ArgumentParser:
 
     model = sub.add_parser("model", help="assemble the default model; print its path")
     model.set_defaults(func=_model)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="check that llama.cpp runs on this CPU (a generation in a child process)",
+    )
+    doctor.add_argument("--model", help="a GGUF file (default: Gemma 3 270M Q4_K_M)")
+    doctor.add_argument(
+        "--stamp",
+        type=Path,
+        metavar="PATH",
+        help="skip when PATH records a pass on this CPU and build; record a pass",
+    )
+    doctor.set_defaults(func=_doctor)
 
     demo = sub.add_parser(
         "demo", help="the toy 12-token example through the real core, step by step"

@@ -50,9 +50,11 @@ def read_until(fd: int, marker: bytes, seen: bytearray, after: int = 0) -> None:
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_chat_in_a_pty_streams_and_ctrl_c_aborts_the_request(tmp_path: Path) -> None:
-    with serve(
-        ["--engine", "scripted", "--scripted-rate", "20"], tmp_path / "s.log"
-    ) as url:
+    # The answer never finishes, so Ctrl-C lands mid-stream however slowly this
+    # machine runs the chat (the default script would end after about a second).
+    args = ["--engine", "scripted", "--scripted-rate", "20"]
+    args += ["--fault", "never-finishes"]
+    with serve(args, tmp_path / "s.log") as url:
         pid, fd = pty.fork()
         if pid == 0:  # the child: the chat, on the pseudo-terminal
             os.execv(sys.executable, [sys.executable, "-m", "sluicegate", "chat",

@@ -16,6 +16,7 @@ from sluicegate.core.errors import (
     StreamClosed,
     StreamConsumed,
     StreamError,
+    bounded_repr,
 )
 
 
@@ -72,3 +73,59 @@ def test_stream_misuse_errors_build_their_own_message() -> None:
     assert isinstance(StreamConsumed(), StreamError)
     assert "consumed" in str(StreamConsumed())
     assert "closed" in str(StreamClosed())
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"5": 150},
+        [[5], []],
+        "it's",
+        (1,),
+        (1, 2),
+        (),
+        [],
+        {},
+        None,
+        True,
+        1.5,
+        -(10**40),
+        {"a": [1, {"b": (2, "c")}]},
+    ],
+)
+def test_bounded_repr_of_a_small_value_is_its_repr(value: object) -> None:
+    assert bounded_repr(value) == repr(value)
+
+
+def test_bounded_repr_cuts_nesting_at_max_depth() -> None:
+    nested: list[object] = []
+    deep: dict[str, object] = {}
+    for _ in range(5000):  # deeper than repr() can recurse
+        nested = [nested]
+        deep = {"a": deep}
+    assert bounded_repr(nested, max_depth=2) == "[[[...]]]"
+    assert bounded_repr(deep, max_depth=1) == "{'a': {...}}"
+    assert bounded_repr(((1,),), max_depth=1) == "((...),)"
+    assert bounded_repr([[], {}], max_depth=1) == "[[], {}]"  # empty ones show
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "x" * 1_000_000,
+        ["x" * 1000] * 1000,
+        list(range(100_000)),
+        {str(i): i for i in range(100_000)},
+        {"k" * 1000: 1},
+    ],
+)
+def test_bounded_repr_of_a_long_value_is_cut_to_max_chars(value: object) -> None:
+    text = bounded_repr(value, max_chars=50)
+    assert len(text) == 50
+    assert text.endswith("...")
+    assert repr(value).startswith(text[:-3])
+
+
+def test_bounded_repr_names_an_integer_too_long_to_print() -> None:
+    assert bounded_repr(10**5000) == "<an integer of 16610 bits>"  # int() refuses it
+    assert bounded_repr([1, 10**5000], max_chars=30) == "[1, <an integer of 16610 bi..."

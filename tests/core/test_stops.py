@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+import tracemalloc
+from array import array
 from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluicegate.core import stops as stops_module
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.stops import StopMatcher, StopStep
+from sluicegate.core.stops import StopMatcher, StopPattern, StopStep, compile_stops
 
 from .strategies import every_split, split_at
 
@@ -225,3 +230,183 @@ def test_include_stop_str_in_output_appends_exactly_the_stop(
     before, stop = reference_truncation(text, stops)
     got = run(StopMatcher(stops, include_stop_str_in_output=True), list(text))
     assert got == (before + (stop or ""), stop)
+
+
+# Deep automata: few letters, long stops sharing prefixes (failure chains, branches).
+deep_stops = st.lists(st.text(st.sampled_from("ab"), max_size=12), max_size=6)
+
+
+@settings(max_examples=400)
+@given(
+    text=st.text(st.sampled_from("abc"), max_size=60),
+    stops=deep_stops,
+    data=st.data(),
+)
+def test_long_overlapping_stops_give_the_reference_truncation(
+    text: str, stops: list[str], data: st.DataObject
+) -> None:
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
+    assert run(StopMatcher(stops), split_at(text, cuts)) == reference_truncation(
+        text, stops
+    )
+    assert StopPattern(stops).states <= 1 + sum(map(len, set(stops)))
+
+
+@settings(max_examples=300)
+@given(
+    stops=st.one_of(stop_lists, deep_stops),
+    choices=st.lists(
+        st.tuples(
+            st.text(st.sampled_from("ab#\né"), max_size=30),
+            st.lists(st.integers(0, 30), max_size=8),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_choices_sharing_one_pattern_each_give_the_reference_truncation(
+    stops: list[str], choices: list[tuple[str, list[int], bool]]
+) -> None:
+    # One compiled pattern, as the server shares it across the choices of a
+    # request; the choices' feeds are interleaved, one part of each in turn.
+    pattern = StopPattern(stops)
+    matchers = [
+        StopMatcher(pattern, include_stop_str_in_output=include)
+        for _, _, include in choices
+    ]
+    parts = [split_at(text, cuts) for text, cuts, _ in choices]
+    out = ["" for _ in choices]
+    ended: list[str | None] = [None for _ in choices]
+    for step in range(max(map(len, parts))):
+        for i, matcher in enumerate(matchers):
+            if step < len(parts[i]) and not matcher.finished:
+                result = matcher.feed(parts[i][step])
+                out[i] += result.text
+                ended[i] = result.stop
+    for i, (matcher, (text, _, include)) in enumerate(
+        zip(matchers, choices, strict=True)
+    ):
+        if not matcher.finished:
+            out[i] += matcher.flush()
+        before, stop = reference_truncation(text, stops)
+        assert (out[i], ended[i]) == (before + (stop or "") * include, stop)
+        assert matcher.pattern is pattern
+
+
+class CountingReads:
+    """A failure table that counts how often the matcher follows a link."""
+
+    def __init__(self, table: array[int]) -> None:
+        self.table = table
+        self.reads = 0
+
+    def __getitem__(self, node: int) -> int:
+        self.reads += 1
+        return self.table[node]
+
+
+def counted(stops: Sequence[str], monkeypatch: pytest.MonkeyPatch) -> CountingReads:
+    pattern = StopPattern(stops)
+    counter = CountingReads(pattern._fail)
+    monkeypatch.setattr(pattern, "_fail", counter)
+    return counter
+
+
+@settings(max_examples=200)
+@given(
+    text=st.text(st.sampled_from("abc"), max_size=80),
+    stops=deep_stops,
+    data=st.data(),
+)
+def test_links_followed_never_outnumber_the_characters_fed(
+    text: str, stops: list[str], data: st.DataObject
+) -> None:
+    # Each link goes at least one character shallower, each character at most one
+    # deeper: feeding is amortized linear, whatever the stops and the split.
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        pattern = StopPattern(stops)
+        counter = CountingReads(pattern._fail)
+        monkeypatch.setattr(pattern, "_fail", counter)
+        run(StopMatcher(pattern), split_at(text, cuts))
+    assert counter.reads <= len(text)
+
+
+def test_a_token_that_breaks_a_long_held_prefix_costs_its_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held_chars = 40_000
+    stop = "a" * held_chars + "b"
+    pattern = StopPattern([stop])
+    counter = CountingReads(pattern._fail)
+    monkeypatch.setattr(pattern, "_fail", counter)
+    matcher = StopMatcher(pattern)
+    for _ in range(held_chars):
+        assert matcher.feed("a") == StopStep("")
+    assert counter.reads == 0  # growing the held prefix follows no link
+    assert len(matcher.held) == held_chars
+    assert matcher.feed("c") == StopStep("a" * held_chars + "c")
+    assert counter.reads <= held_chars  # not held_chars**2 / 2
+    assert matcher.held == ""
+    assert matcher.feed("a" * held_chars + "b") == StopStep("", stop)
+
+
+def test_setup_memory_is_linear_in_the_stop_length() -> None:
+    # Every prefix of the stop, as a set of strings, would take length**2 / 2
+    # bytes (32 MB here); the automaton takes about ten bytes per character.
+    length = 8_000
+    tracemalloc.start()
+    try:
+        pattern = StopPattern(["ab" * (length // 2), "ba" * (length // 4)])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * (length + length // 2) + 64 * 1024
+    assert pattern.states == 1 + length + length // 2
+
+
+def test_a_million_character_stop_compiles_in_a_few_times_its_size() -> None:
+    # In a child with its address space capped at 1 GiB: quadratic set-up would
+    # end in MemoryError there, not take this machine's memory.
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from sluicegate.core.stops import StopMatcher\n"
+        "stop = 'ab' * 500_000\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "matcher = StopMatcher([stop])\n"
+        "grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+        "step = matcher.feed(stop[:-1] + 'x' + stop)\n"
+        "assert step.stop == stop and len(step.text) == len(stop), step.stop\n"
+        "print(grown * 1024)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) < 16 * 1_000_000  # bytes, for 1 MB of stop string
+
+
+def test_compile_stops_shares_patterns_of_short_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stops_module, "_PATTERNS", {})
+    monkeypatch.setattr(stops_module, "_MAX_PATTERNS", 2)
+    first = compile_stops(["END", "\n\n"])
+    assert compile_stops(("END", "\n\n")) is first
+    assert StopMatcher(["END", "\n\n"]).pattern is first
+    long_stop = "x" * (stops_module._MAX_SHARED_CHARS + 1)
+    assert compile_stops([long_stop]) is not compile_stops([long_stop])
+    assert compile_stops([long_stop]).stops == (long_stop,)
+    compile_stops(["a"])
+    compile_stops(["b"])  # full: the table starts again
+    assert len(stops_module._PATTERNS) <= 2
+    assert compile_stops(["END", "\n\n"]) is not first
+
+
+def test_pattern_lists_its_stops_longest_first_and_counts_its_states() -> None:
+    pattern = StopPattern(["ab", "", "abc", "b", "ab"])
+    assert pattern.stops == ("abc", "ab", "b")
+    assert pattern.states == 5  # root, "a", "ab", "abc", "b"
+    assert StopPattern([]).states == 1

@@ -36,8 +36,11 @@ def engine() -> Iterator[LlamaCppEngine]:
 def request(
     engine: LlamaCppEngine, rid: str, text: str = PROMPT, **params: object
 ) -> GenerateRequest:
+    """Greedy, 8 tokens, past end tokens: the tests count tokens, and whether (and
+    where) the model would end its answer is its own choice, not theirs."""
     ids = engine.tokenizer.encode(text, add_special=True, parse_special=False)
-    sampling = SamplingParams(**{"max_tokens": 8, "temperature": 0.0, **params})  # type: ignore[arg-type]
+    defaults = {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    sampling = SamplingParams(**{**defaults, **params})  # type: ignore[arg-type]
     return GenerateRequest(rid, tuple(ids), sampling)
 
 
@@ -53,7 +56,12 @@ async def poll(predicate: Callable[[], bool], limit_s: float) -> None:
         await asyncio.sleep(0.005)
 
 
-async def wait_idle(engine: LlamaCppEngine, limit_s: float = 5.0) -> EngineStats:
+# Liveness deadlines only: an engine step takes tens of ms here, but seconds on a
+# machine whose cores are shared with other work.
+LIVENESS_S = 30.0
+
+
+async def wait_idle(engine: LlamaCppEngine, limit_s: float = LIVENESS_S) -> EngineStats:
     await poll(lambda: engine.stats().running == engine.stats().queued == 0, limit_s)
     return engine.stats()
 
@@ -76,13 +84,17 @@ async def test_stop_token_id_ends_the_sequence_and_is_the_last_token(
     engine: LlamaCppEngine,
 ) -> None:
     greedy = await collect(engine.generate(request(engine, "stop-ref")))
-    third = greedy[2].token_ids[0]
+    ids = [t for o in greedy for t in o.token_ids]
+    # The last token that had not come before: the sequence must end right there
+    # (a token the model wrote earlier too would end it sooner).
+    at = max(i for i, t in enumerate(ids) if t not in ids[:i])
+    stop = frozenset({ids[at]})
     outs = await collect(
-        engine.generate(request(engine, "stop-id", stop_token_ids=frozenset({third})))
+        engine.generate(request(engine, "stop-id", stop_token_ids=stop))
     )
     assert outs[-1].finish_reason is FinishReason.STOP
-    assert outs[-1].token_ids == (third,)
-    assert len(outs) == 3
+    assert outs[-1].token_ids == (ids[at],)
+    assert [t for o in outs for t in o.token_ids] == ids[: at + 1]
 
 
 async def test_abort_while_decoding_frees_cells_at_the_next_step(
@@ -107,7 +119,7 @@ async def test_abort_during_prefill_stops_after_the_current_chunk(
     long_prompt = "lighthouse keeper " * 600  # about 1,200 tokens: ten 128-token steps
     req = request(engine, "abort-prefill", text=long_prompt, max_tokens=4)
     task = asyncio.ensure_future(collect(engine.generate(req)))
-    await poll(lambda: engine.stats().kv_cells_used > 0, limit_s=5.0)
+    await poll(lambda: engine.stats().kv_cells_used > 0, limit_s=LIVENESS_S)
     assert 0 < engine.stats().kv_cells_used < len(req.prompt_token_ids)
     prompt_before = engine.stats().prompt_tokens
     engine.abort("abort-prefill")
@@ -130,13 +142,17 @@ async def test_leaving_the_iterator_early_aborts_the_request(
 
 
 async def test_two_sequences_decode_in_the_same_steps(engine: LlamaCppEngine) -> None:
-    alone = await collect(engine.generate(request(engine, "solo")))
+    # Not compared with a lone run's tokens: llama.cpp's arithmetic depends on the
+    # batch, so a batched greedy sequence may part ways with the lone one. The
+    # step counter shows the batching: alone, each would take 8 steps.
+    before = engine.stats().steps
     together = await asyncio.gather(
         collect(engine.generate(request(engine, "pair-a"))),
         collect(engine.generate(request(engine, "pair-b", text="Once upon a time"))),
     )
-    assert [o.token_ids for o in together[0]][:3] == [o.token_ids for o in alone][:3]
+    assert [sum(len(o.token_ids) for o in outs) for outs in together] == [8, 8]
     assert all(o[-1].finish_reason is FinishReason.LENGTH for o in together)
+    assert engine.stats().steps - before < 16
     assert (await wait_idle(engine)).kv_cells_used == 0
 
 
@@ -226,12 +242,19 @@ async def test_stats_count_steps_and_their_time(engine: LlamaCppEngine) -> None:
 async def test_random_generate_and_abort_churn_leaves_no_cells_held(
     engine: LlamaCppEngine,
 ) -> None:
-    """A seeded run of 40 random starts, aborts and early exits on the real model."""
+    """A seeded run of 40 random starts, aborts and early exits on the real model.
+
+    How many requests finish depends on the machine's speed (a slow one refuses
+    more starts with a full queue, and is still running more of them when an
+    abort comes), so no count is asserted: every request that no abort named
+    must finish, and every other one must finish or be aborted.
+    """
     import random
 
     rng = random.Random(20261129)
     tasks: dict[str, asyncio.Task[list[EngineOutput]]] = {}
     refused: list[str] = []
+    named: set[str] = set()
     for op in range(40):
         kind = rng.choice(["start", "start", "abort", "sleep"])
         if kind == "start":
@@ -244,16 +267,16 @@ async def test_random_generate_and_abort_churn_leaves_no_cells_held(
                 continue
             tasks[rid] = asyncio.ensure_future(collect(outputs))
         elif kind == "abort" and tasks:
-            engine.abort(rng.choice(sorted(tasks)))
+            named.add(rid := rng.choice(sorted(tasks)))
+            engine.abort(rid)
         else:
             await asyncio.sleep(rng.uniform(0, 0.05))
     results = await asyncio.gather(*tasks.values())
-    finished = [r for r in results if r and r[-1].finish_reason]
-    assert len(finished) >= 5
     stats = await wait_idle(engine)
     assert stats.kv_cells_used == 0
     assert stats.running == 0
     assert stats.queued == 0
     for rid, outs in zip(tasks, results, strict=True):
         if not outs or outs[-1].finish_reason is None:
+            assert rid in named, f"{rid} ended without a finish, and no abort named it"
             assert rid in stats.aborted_ids, f"{rid} ended without finish or abort"

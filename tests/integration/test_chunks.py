@@ -7,7 +7,14 @@ from typing import Any
 import httpx
 import pytest
 
-from .wire import check_chunks, collect, complete, record_stream, stream_chunks
+from .wire import (
+    NO_END_TOKENS,
+    check_chunks,
+    collect,
+    complete,
+    record_stream,
+    stream_chunks,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 
@@ -73,10 +80,15 @@ def test_finish_reason_is_null_except_once_per_choice(http: httpx.Client) -> Non
 
 
 def test_length_finish_is_the_last_choice_chunk(http: httpx.Client) -> None:
-    """S08: max_tokens reached: the last chunk with choices says length."""
+    """S08: max_tokens reached: the last chunk with choices says length.
+
+    The case samples (no temperature, no seed); the end tokens are banned so that
+    no draw ends the answer before ``max_tokens``.
+    """
     payload = {
         "messages": [{"role": "user", "content": "Count from 1 to 50."}],
         "max_tokens": 5,
+        "logit_bias": NO_END_TOKENS,
     }
     recorded, choices = collect(http, CHAT, payload)
     with_choices = [c for c in stream_chunks(recorded) if c["choices"]]
@@ -93,12 +105,14 @@ def test_tiny_max_tokens_streams_every_token(
     """S09: max_tokens 1, 2 and 3: the generated text is sent, then length.
 
     Greedy decoding (not in the case's request) keeps the first tokens the same on
-    every run; the story prompt makes an end token among them unlikely.
+    every run; the end tokens are banned (the case allows one, with no text), so
+    that every token is text whatever the machine's model prefers.
     """
     payload = {
         "messages": [{"role": "user", "content": "Write me a story about a fox."}],
         "max_tokens": max_tokens,
         "temperature": 0,
+        "logit_bias": NO_END_TOKENS,
         "stream_options": {"include_usage": True},
     }
     recorded, choices = collect(http, CHAT, payload)
@@ -110,8 +124,16 @@ def test_tiny_max_tokens_streams_every_token(
 
 
 def test_done_is_sent_once_after_both_choices_finish(http: httpx.Client) -> None:
-    """S10: n=2 gives both indices one finish each, then a single [DONE]."""
-    payload = {"prompt": "Once upon a time", "n": 2, "max_tokens": 16}
+    """S10: n=2 gives both indices one finish each, then a single [DONE].
+
+    The choices are sampled; with the end tokens banned neither can end empty.
+    """
+    payload = {
+        "prompt": "Once upon a time",
+        "n": 2,
+        "max_tokens": 16,
+        "logit_bias": NO_END_TOKENS,
+    }
     recorded, choices = collect(http, "/v1/completions", payload)
 
     assert recorded.events.count("[DONE]") == 1

@@ -20,7 +20,7 @@ import pytest
 
 from .nginx import running_nginx
 from .servers import ServerProcess, free_port
-from .wire import collect
+from .wire import NO_END_TOKENS, collect
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 
@@ -35,6 +35,9 @@ server {{
         proxy_pass http://sluicegate;
         proxy_http_version 1.1;
         proxy_set_header Connection "";
+        # As the shipped config does: a keyless server checks Host, and without
+        # this nginx would send the upstream's name ("sluicegate").
+        proxy_set_header Host $host;
         proxy_read_timeout 120s;
     }}
 }}
@@ -60,12 +63,15 @@ def test_events_pass_through_nginx_as_they_are_written(nginx_url: str) -> None:
     Two checks, neither a timing threshold on the server: the first content event
     arrives in the first half of the stream's lifetime (not at the end), and the
     content events arrive over many separate socket reads (not in buffer-sized
-    bursts, where one read would carry dozens of events).
+    bursts, where one read would carry dozens of events). The end tokens are
+    banned, so that the answer runs to ``max_tokens`` whatever this machine's
+    model would rather write.
     """
     payload = {
         "messages": [{"role": "user", "content": "Write a long story."}],
         "max_tokens": 96,
         "temperature": 0,
+        "logit_bias": NO_END_TOKENS,
     }
     with httpx.Client(base_url=nginx_url, timeout=60) as client:
         recorded, choices = collect(client, "/v1/chat/completions", payload)

@@ -25,6 +25,11 @@ import httpx
 DONE = "[DONE]"
 SSE_CONTENT_TYPE = "text/event-stream"
 FINISH_REASONS = frozenset({"stop", "length"})
+NO_END_TOKENS = {"1": -100, "106": -100, "212": -100}
+"""``logit_bias`` that bans the default model's end tokens (Gemma 3's ``<eos>``,
+``<end_of_turn>`` and ``</s>``). A test that needs an answer to run to
+``max_tokens`` says so with it, instead of trusting the model to go on: where a
+greedy model stops differs per machine, and where a sampled one stops per draw."""
 
 
 class SSEReader:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
+from sluicegate.core.errors import RequestError
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server.admission import (
     ANONYMOUS,
@@ -27,7 +29,7 @@ from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 
-from .asgi import CHAT, HELLO
+from .asgi import CHAT, HELLO, Exchange
 
 pytestmark = pytest.mark.anyio
 
@@ -117,9 +119,34 @@ def test_requests_quota_refills_with_time() -> None:
 
 def test_a_request_larger_than_the_tokens_quota_is_refused_outright() -> None:
     admission = Admission(quota=Quota(tokens_per_minute=10))
-    with pytest.raises(OverQuota) as over:
+    with pytest.raises(RequestError) as never:
         admission.admit(None, "m", 11)
-    assert over.value.code == "tokens_over_quota"
+    assert (never.value.status, never.value.param) == (400, "max_tokens")
+    assert never.value.code == "tokens_over_quota"
+    admission.admit(None, "m", 10)  # nothing was taken by the refusal
+
+
+def test_more_choices_than_the_engine_can_queue_are_refused_outright() -> None:
+    admission = Admission(quota=Quota(requests_per_minute=1), submit_limit=2)
+    with pytest.raises(RequestError) as never:
+        admission.admit(None, "m", 1, sequences=3)
+    assert (never.value.status, never.value.param) == (400, "n")
+    assert never.value.code == "n_over_capacity"
+    admission.admit(None, "m", 1, sequences=2)  # the request unit was not spent
+
+
+def test_a_refund_gives_back_the_request_and_its_tokens_once() -> None:
+    clock = FakeClock()
+    quota = Quota(requests_per_minute=1, tokens_per_minute=100)
+    admission = Admission(quota=quota, clock=clock)
+    grant = admission.admit(None, "m", 100)
+    grant.refund()
+    grant.refund()
+    grant.release(0)  # settled already: nothing more comes back
+    again = admission.admit(None, "m", 100)
+    with pytest.raises(OverQuota):
+        admission.admit(None, "m", 1)
+    again.release(100)
 
 
 def _keyed_app(engine: ScriptedEngine, **config: object) -> Starlette:
@@ -155,6 +182,9 @@ async def test_bad_keys_are_refused_in_openai_shape_before_the_engine(
     assert "sk-" not in error["message"]
     assert engine.stats().prompt_tokens == 0
     ledger: Ledger = app.state.ledger
+    if status == 401:  # refused before routing: counted, no row (test_access.py)
+        assert ledger.rows == []
+        return
     row = ledger.rows[-1]
     assert (row.end_state, row.status) == (EndState.REJECTED, status)
     assert "sk-" not in row.key_id
@@ -196,3 +226,55 @@ async def test_a_draining_server_answers_503_and_is_not_ready(app: Starlette) ->
     assert response.headers["retry-after"] == "1"
     assert json.loads(response.text)["error"]["code"] == "server_shutting_down"
     assert (health.status_code, health.json()) == (200, {"status": "draining"})
+
+
+async def _chat(app: Starlette, body: dict[str, object]) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        return await client.post(CHAT, json=body)
+
+
+async def test_n_above_what_the_engine_queues_is_a_400_naming_n_even_when_idle() -> (
+    None
+):
+    engine = ScriptedEngine(tokens_per_s=5000, max_running=1, max_queued=1)
+    app = create_app(engine, ServerConfig(quota=Quota(requests_per_minute=1)))
+    response = await _chat(app, {**CHAT_BODY, "n": 3})
+    assert response.status_code == 400
+    assert "retry-after" not in response.headers
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("n", "n_over_capacity")
+    assert engine.stats().prompt_tokens == 0
+    # The refusal spent no request: the one allowed this minute still runs.
+    assert (await _chat(app, {**CHAT_BODY, "n": 2})).status_code == 200
+
+
+async def test_a_reservation_over_the_whole_tokens_quota_is_a_400_not_a_429() -> None:
+    app = create_app(ScriptedEngine(), ServerConfig(quota=Quota(tokens_per_minute=50)))
+    response = await _chat(app, {**CHAT_BODY, "max_tokens": 40, "n": 2})
+    assert response.status_code == 400  # the openai SDK retries 429 for ever
+    assert "retry-after" not in response.headers
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "max_tokens")
+    assert error["code"] == "tokens_over_quota"
+    ledger: Ledger = app.state.ledger
+    assert (ledger.rows[-1].end_state, ledger.rows[-1].status) == (
+        EndState.REJECTED,
+        400,
+    )
+
+
+async def test_a_full_queue_503_spends_no_request_quota() -> None:
+    engine = ScriptedEngine(tokens_per_s=50, max_running=1, max_queued=0)
+    app = create_app(engine, ServerConfig(quota=Quota(requests_per_minute=2)))
+    long = {"messages": HELLO, "stream": True, "max_tokens": 1000}
+    running = Exchange(app, CHAT, long)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(running.run)
+        await running.wait_for(running.has_content)
+        for _ in range(3):  # each finds the queue full; none spends the 2nd unit
+            full = await _chat(app, CHAT_BODY)
+            assert (full.status_code, full.headers["retry-after"]) == (503, "1")
+        running.leave()
+    assert (await _chat(app, CHAT_BODY)).status_code == 200
+    assert (await _chat(app, CHAT_BODY)).status_code == 429

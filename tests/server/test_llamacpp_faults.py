@@ -24,7 +24,17 @@ from .asgi import COMPLETIONS, Exchange, exchange
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.anyio]
 
-STORY = {"prompt": "Tell me a long story.", "max_tokens": 512, "stream": True}
+NO_END_TOKENS = {"1": -100, "106": -100, "212": -100}
+"""``logit_bias`` that bans Gemma 3's end tokens (``<eos>``, ``<end_of_turn>``,
+``</s>``): the requests here sample, and a draw that ended the answer early
+(before the fault, or before ``max_tokens``) would fail the test now and then."""
+STORY = {
+    "prompt": "Tell me a long story.",
+    "max_tokens": 512,
+    "stream": True,
+    "logit_bias": NO_END_TOKENS,
+}
+HELLO = {"prompt": "Hello", "max_tokens": 4, "logit_bias": NO_END_TOKENS}
 
 
 @pytest.fixture
@@ -65,10 +75,41 @@ async def test_a_failed_decode_step_is_one_error_event_and_the_next_request_work
     assert (row.end_state, row.status) == ("errored", 200)
     assert row.completion_tokens >= len(ex.contents()) >= 1
 
-    after = await exchange(
-        app, COMPLETIONS, {"prompt": "Hello", "max_tokens": 4}, timeout_s=30
-    )
+    after = await exchange(app, COMPLETIONS, HELLO, timeout_s=30)
     assert after.status == 200
     body = json.loads(after.body)
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 4
+
+
+class _WorkerKilled(BaseException):
+    """Escapes the worker's per-step handler, as an interpreter shutdown would."""
+
+
+async def test_a_dead_engine_worker_fails_its_streams_in_band_and_says_why(
+    engine: LlamaCppEngine,
+) -> None:
+    app = create_app(engine, ServerConfig())
+    ex = Exchange(app, COMPLETIONS, STORY)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ex.run)
+        await ex.wait_for(ex.has_content, timeout_s=30)
+        engine.inject_fault(_WorkerKilled("worker killed"))
+        await ex.wait_for(lambda: ex.returned, timeout_s=30)
+
+    assert ex.status == 200
+    errors = [json.loads(e.data) for e in ex.events() if '"error"' in e.data]
+    assert len(errors) == 1
+    assert "the engine stopped" in errors[0]["error"]["message"]
+    assert ex.done_count() == 0
+    stats = engine.stats()
+    assert stats.failure is not None
+    assert "worker killed" in stats.failure
+    health = Exchange(app, "/health", method="GET")
+    with anyio.fail_after(5):
+        await health.run()
+    assert health.status == 503
+    assert json.loads(health.body)["status"] == "engine_failed"
+    after = await exchange(app, COMPLETIONS, {"prompt": "Hello", "max_tokens": 4})
+    assert after.status == 503
+    assert "the engine stopped" in json.loads(after.body)["error"]["message"]

@@ -124,7 +124,8 @@ async def _post(path: str, body: Any) -> httpx.Response:
     app = create_app(engine, ServerConfig(default_max_tokens=8))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        return await client.post(path, content=json.dumps(body))
+        headers = {"content-type": "application/json"}
+        return await client.post(path, content=json.dumps(body), headers=headers)
 
 
 def _check(response: httpx.Response) -> None:

@@ -20,7 +20,7 @@ from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
-from sluicegate.server.schemas import MAX_STOP_STRINGS
+from sluicegate.server.schemas import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 
@@ -52,6 +52,14 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
         ({"stream": "yes"}, "stream", ["valid boolean", "got 'yes'"]),
         ({"stop": [""]}, "stop", ["must not be empty"]),
         ({"stop": ["x"] * 17}, "stop", [f"at most {MAX_STOP_STRINGS}", "17"]),
+        (
+            {"stop": ["END", "x" * (MAX_STOP_CHARS + 1)]},
+            "stop",
+            [
+                f"stop[1] has {MAX_STOP_CHARS + 1} characters",
+                f"at most {MAX_STOP_CHARS}",
+            ],
+        ),
         ({"stop": [1]}, "stop[0]", ["valid string", "got 1"]),
         ({"messages": []}, "messages", ["at least 1", "got []"]),
         ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role", []),

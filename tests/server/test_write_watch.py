@@ -40,32 +40,35 @@ async def test_a_write_stuck_right_after_a_heartbeat_is_caught_within_its_limit(
 ):
     # The heartbeat interval is longer than the stuck limit: the heartbeat's own
     # write must still be checked within 1.25 x the stuck limit, not one
-    # heartbeat interval later.
+    # heartbeat interval later. The bound leaves a busy machine's loop most of a
+    # second of lag, far more than 1.25 x 0.08 s needs, yet well under 1 s.
     loop = asyncio.get_running_loop()
     poked = asyncio.Event()
     stuck_at: list[float] = []
-    limits = StreamLimits(heartbeat_interval_s=0.3, stuck_timeout_s=0.08)
+    limits = StreamLimits(heartbeat_interval_s=1.0, stuck_timeout_s=0.08)
     watch = _WriteWatch(limits, poked.set, lambda: stuck_at.append(loop.time()))
     try:
-        await asyncio.wait_for(poked.wait(), 2)
+        await asyncio.wait_for(poked.wait(), 5)
         watch.writing()  # ... and the client accepts nothing
         started = loop.time()
         await wait_until(lambda: bool(stuck_at))
-        assert 0.08 - 0.002 <= stuck_at[0] - started < 0.08 * 1.25 + 0.05
+        assert 0.08 - 0.002 <= stuck_at[0] - started < 0.5
     finally:
         watch.cancel()
 
 
 async def test_a_write_that_ends_in_time_is_not_stuck() -> None:
+    # Each write takes a third of the limit (two thirds of it left for a busy
+    # loop's lag); together they take longer than the limit.
     stuck: list[bool] = []
-    limits = StreamLimits(heartbeat_interval_s=0.02, stuck_timeout_s=0.06)
+    limits = StreamLimits(heartbeat_interval_s=0.02, stuck_timeout_s=0.3)
     watch = _WriteWatch(limits, lambda: None, lambda: stuck.append(True))
     try:
-        for _ in range(5):
+        for _ in range(4):
             watch.writing()
-            await asyncio.sleep(0.03)  # half the limit
+            await asyncio.sleep(0.1)
             watch.wrote()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.35)
         assert stuck == []
     finally:
         watch.cancel()
@@ -93,4 +96,6 @@ def test_the_timer_does_not_spin_on_a_clock_of_whole_milliseconds() -> None:
         watch.cancel()
 
     uvloop.run(main())
-    assert 10 <= checks < 40  # about 15 heartbeats in 0.3 s
+    # About 15 heartbeats in 0.3 s; a spinning timer would check hundreds of
+    # times. Fewer is no fault (a busy machine runs the loop late).
+    assert 2 <= checks < 40

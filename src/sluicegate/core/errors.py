@@ -8,7 +8,8 @@
     │   └── RemoteProtocolError  the peer did: bad SSE line, bad JSON, bad chunk shape
     ├── RequestError             invalid client request -> 400; carries .param
     │   ├── ModelNotFound        unknown model -> 404
-    │   └── BodyTooLarge         request body over the limit -> 413
+    │   ├── BodyTooLarge         request body over the limit -> 413
+    │   └── UnsupportedMediaType body not sent as application/json -> 415
     ├── EngineError              the engine failed; .retryable
     │   ├── EngineUnavailable    overloaded or shutting down (retryable)
     │   └── EngineTimeout        a time limit ran out (retryable)
@@ -18,6 +19,9 @@
 
 Expected outcomes (a stop string matched, a stream finished or was truncated) are
 values, not exceptions: see ``StopStep`` and ``EndState``.
+
+A message that echoes what a client sent builds the echo with ``bounded_repr``: a
+client's value may be megabytes long or nested deeper than ``repr`` can recurse.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "REPR_MAX_CHARS",
+    "REPR_MAX_DEPTH",
     "BodyTooLarge",
     "EngineError",
     "EngineTimeout",
@@ -38,7 +44,89 @@ __all__ = [
     "StreamClosed",
     "StreamConsumed",
     "StreamError",
+    "UnsupportedMediaType",
+    "bounded_repr",
 ]
+
+REPR_MAX_CHARS = 200
+"""Most characters of a client's value that an error message echoes."""
+
+REPR_MAX_DEPTH = 4
+"""Most levels of nested arrays and objects that an error message echoes."""
+
+
+def bounded_repr(
+    value: object, max_chars: int = REPR_MAX_CHARS, max_depth: int = REPR_MAX_DEPTH
+) -> str:
+    """``repr(value)`` cut to ``max_chars`` characters and ``max_depth`` levels.
+
+    For the "got ..." of an error message: what a client sent may be megabytes long,
+    or (JSON parsers allow 1,024 levels) nested deeper than ``repr`` can recurse.
+
+    Args:
+        value: anything; JSON values (``dict``, ``list``, ``str``, ``int``,
+            ``float``, ``bool``, ``None``) are shown item by item.
+        max_chars: the longest result (characters, >= 3).
+        max_depth: levels of lists, tuples and dicts shown; a deeper non-empty
+            one is shown as ``[...]``, ``(...)`` or ``{...}``.
+
+    Returns:
+        ``repr(value)`` when it fits both limits. Otherwise the repr of what fits,
+        cut to ``max_chars - 3`` characters and ended with ``"..."``. Containers
+        keep their order; an integer too long to print is shown by its size.
+        The work done is bounded by ``max_chars`` and ``max_depth``, not by the
+        size of ``value``.
+    """
+    parts: list[str] = []
+    _echo(value, max_depth, parts, max_chars + 1)
+    text = "".join(parts)
+    return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
+
+
+def _echo(value: object, depth: int, parts: list[str], room: int) -> int:
+    """Append the repr of ``value`` to ``parts`` until ``room`` runs out; the rest."""
+    if room <= 0:
+        return room
+    if isinstance(value, list | tuple | dict):
+        opening, closing = (
+            "{}"
+            if isinstance(value, dict)
+            else "[]"
+            if isinstance(value, list)
+            else "()"
+        )
+        if depth <= 0 and value:
+            parts.append(f"{opening}...{closing}")
+            return room - 5
+        parts.append(opening)
+        room -= 1
+        items = value.items() if isinstance(value, dict) else value
+        for i, item in enumerate(items):
+            if room <= 0:
+                return room
+            if i:
+                parts.append(", ")
+                room -= 2
+            if isinstance(value, dict):
+                room = _echo(item[0], depth - 1, parts, room)
+                parts.append(": ")
+                room = _echo(item[1], depth - 1, parts, room - 2)
+            else:
+                room = _echo(item, depth - 1, parts, room)
+        if isinstance(value, tuple) and len(value) == 1:
+            parts.append(",")
+            room -= 1
+        parts.append(closing)
+        return room - 1
+    if isinstance(value, str):
+        piece = repr(value[:room])  # never more of a long string than can show
+    elif isinstance(value, int) and value.bit_length() > 3 * room:
+        # More digits than room (or than int -> str converts at all).
+        piece = f"<an integer of {value.bit_length()} bits>"
+    else:
+        piece = repr(value)
+    parts.append(piece)
+    return room - len(piece)
 
 
 class SluicegateError(Exception):
@@ -103,7 +191,8 @@ class ModelNotFound(RequestError):
 
     def __init__(self, model: str, served: list[str]) -> None:
         super().__init__(
-            f"The model {model!r} does not exist; this server serves {served!r}",
+            f"The model {bounded_repr(model)} does not exist; this server serves "
+            f"{served!r}",
             param="model",
             code="model_not_found",
         )
@@ -118,6 +207,20 @@ class BodyTooLarge(RequestError):
         super().__init__(
             f"The request body has {seen_bytes} bytes; the limit is {limit_bytes}",
             code="request_too_large",
+        )
+
+
+class UnsupportedMediaType(RequestError):
+    """A request body whose ``Content-Type`` is not ``application/json`` (415)."""
+
+    status: ClassVar[int] = 415
+
+    def __init__(self, content_type: str | None) -> None:
+        seen = "none" if content_type is None else bounded_repr(content_type)
+        super().__init__(
+            f"The request body must be sent as 'Content-Type: application/json'; "
+            f"got {seen}",
+            code="unsupported_media_type",
         )
 
 

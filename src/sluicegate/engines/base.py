@@ -81,7 +81,12 @@ class EngineStats:
     Units: requests for ``queued``/``running``/``*_requests``, tokens (KV cells) for
     ``kv_cells_*``, tokens for ``*_tokens``; ``steps`` counts decode steps and
     ``step_time_s`` is their total wall time in seconds; ``last_step_tokens`` is
-    the batch size (tokens) of the latest step.
+    the batch size (tokens) of the latest step. ``failure`` is ``None`` while the
+    engine serves, and otherwise says why it stopped for good (its worker died):
+    a server that sees it should exit. ``submit_limit`` is how many sequences an
+    idle engine accepts at once before ``generate`` raises ``EngineUnavailable``
+    (its queue, plus the slots a sequence starts in at submission; ``None``: no
+    such bound): a request with more choices can never be admitted.
     """
 
     queued: int
@@ -99,6 +104,8 @@ class EngineStats:
     steps: int = 0
     step_time_s: float = 0.0
     last_step_tokens: int = 0
+    failure: str | None = None
+    submit_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

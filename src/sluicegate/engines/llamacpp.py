@@ -25,7 +25,12 @@ Deliberate divergence from the house rule that ``except Exception`` lives only i
 the server's outermost stream frame and the CLI: the worker thread catches any
 exception of one step, fails only the sequences of that batch with an
 ``EngineError`` and keeps serving, because an escaped exception would end the
-thread and leave every other request waiting forever.
+thread and leave every other request waiting forever. Anything that still ends
+the worker (an exception outside a step, a ``BaseException``) is logged, every
+request it held gets an ``EngineError`` (an in-band error event), later requests
+get ``EngineUnavailable``, and ``stats().failure`` says why, so that the server
+exits non-zero. A fault in native code kills the process before any of this:
+``sluicegate doctor`` runs the same engine in a child process to catch that.
 
 Spec: ../shared/DESIGN.md, "Engine protocol".
 """
@@ -197,6 +202,7 @@ class LlamaCppEngine:
         self._pending: list[tuple[_Sequence, _Item]] = []  # see _emit/_flush
         self._counters = _Counters()
         self._closed = False
+        self._failure: str | None = None  # why the worker died, if it did
         self._fault: BaseException | None = None  # for tests: fail the next step
         self._worker = threading.Thread(
             target=self._run, name="llamacpp-engine", daemon=True
@@ -271,6 +277,8 @@ class LlamaCppEngine:
                 steps=c.steps,
                 step_time_s=c.step_time_s,
                 last_step_tokens=c.last_step_tokens,
+                failure=self._failure,
+                submit_limit=self._queue_limit,
             )
 
     async def aclose(self) -> None:
@@ -311,6 +319,8 @@ class LlamaCppEngine:
         outputs = SequenceOutputs(lambda: self.abort(request_id))
         seq = _Sequence(request, asyncio.get_running_loop(), outputs)
         with self._lock:
+            if self._failure is not None:
+                raise EngineUnavailable(f"the engine stopped: {self._failure}")
             if self._closed:
                 raise EngineUnavailable("the engine is shutting down")
             if len(self._waiting) >= self._queue_limit:
@@ -331,6 +341,29 @@ class LlamaCppEngine:
     # -- the worker thread ---------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # the worker must never end in silence
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """The worker is ending on ``exc``: fail every request it holds."""
+        log.critical("the llama.cpp engine worker died: %r", exc, exc_info=exc)
+        error = EngineError(f"the engine stopped: {exc!r}")
+        with self._lock:
+            self._failure = repr(exc)
+            self._closed = True
+            held = [*self._running.values(), *self._waiting]
+            self._running.clear()
+            self._waiting.clear()
+            for seq in held:
+                # No llama.cpp call here: the context may be what failed.
+                self._forget(seq)
+                self._counters.failed += 1
+                self._emit(seq, error)
+        self._flush()
+
+    def _serve(self) -> None:
         while True:
             with self._lock:
                 while not self._closed and not self._waiting and not self._running:

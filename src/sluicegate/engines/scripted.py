@@ -333,6 +333,7 @@ class ScriptedEngine:
             failed_requests=c["failed"],
             running_ids=tuple(s.request.request_id for s in running),
             aborted_ids=tuple(self._aborted_ids),
+            submit_limit=self._max_running + self._max_queued,
         )
 
     async def aclose(self) -> None:

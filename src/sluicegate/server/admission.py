@@ -2,8 +2,9 @@
 
 ``Admission`` answers two questions about a request, both before any byte of the
 response: who is asking (``authenticate``: 401 for a missing or unknown key) and
-may it run now (``admit``: 403 for a key without access to the model, 429 when the
-key's requests/minute or tokens/minute bucket is empty). A refusal is an
+may it run now (``admit``: 403 for a key without access to the model, 400 for a
+request no wait would let in, 429 when the key's requests/minute or tokens/minute
+bucket is empty). A refusal is an
 ``AdmissionError`` carrying the status, the OpenAI error fields and, for 429 and
 503, the ``Retry-After`` seconds.
 
@@ -14,15 +15,22 @@ Invariants:
       key's name from the keys file or a short SHA-256 prefix.
     - Quotas are token buckets that refill continuously. A request takes one
       request and reserves ``prompt + n * max_tokens`` tokens up front, from both
-      buckets or neither; ``Grant.release(used)`` returns the unused part.
+      buckets or neither; ``Grant.release(used)`` returns the unused part, and
+      ``Grant.refund()`` everything, the request included, when the engine
+      refused it (a full queue's 503 costs no quota).
+    - A 429 is only ever answered to a request that a later retry can pass: one
+      that reserves more tokens than a whole minute's quota, or has more choices
+      than the engine can queue at once, is a 400 naming ``max_tokens`` or
+      ``n`` (clients such as the ``openai`` SDK retry 429 and 5xx by
+      themselves, and would retry these for ever).
     - Without configured keys every request is ``anonymous`` (quotas still apply,
       shared by all).
 
 Deliberate divergence: the buckets live in this process; several replicas behind a
 load balancer each enforce the full quota.
 
-Spec: ../shared/DESIGN.md, "Status first, errors in band"; issue 5, "Admission
-before the first byte"; OpenAI API reference, "Error codes" (401, 403, 429, 503).
+Spec: ../shared/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
+"Error codes" (401, 403, 429, 503); openai-python, "Retries" (429 and >= 500).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from sluicegate.core.errors import SluicegateError
+from sluicegate.core.errors import RequestError, SluicegateError
 
 __all__ = [
     "ANONYMOUS",
@@ -50,6 +58,7 @@ __all__ = [
     "TokenBucket",
     "Unauthenticated",
     "Unavailable",
+    "bearer_key",
     "key_id_of",
     "read_keys_file",
 ]
@@ -131,6 +140,38 @@ def key_id_of(secret: str) -> str:
     return "key-" + hashlib.sha256(secret.encode()).hexdigest()[:8]
 
 
+def bearer_key(
+    headers: Mapping[str, str], keys: Iterable[ApiKey], role: str = "API"
+) -> ApiKey:
+    """The one of ``keys`` that the ``Authorization: Bearer`` header presents.
+
+    Args:
+        headers: the request's headers (lower-case names).
+        keys: the accepted keys, all compared (the time must not tell which
+            matched).
+        role: ``"API"`` or ``"admin"``: named in the message and the code.
+
+    Raises:
+        Unauthenticated: no bearer key (``missing_<role>_key``), or none that
+            matches (``invalid_<role>_key``), 401.
+    """
+    code = role.lower()
+    scheme, _, presented = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        raise Unauthenticated(
+            f"Missing {role} key: send 'Authorization: Bearer <key>'",
+            f"missing_{code}_key",
+        )
+    found = None
+    given = presented.strip().encode()
+    for key in keys:
+        if hmac.compare_digest(given, key.secret.encode()):
+            found = key
+    if found is None:
+        raise Unauthenticated(f"Incorrect {role} key provided", f"invalid_{code}_key")
+    return found
+
+
 def read_keys_file(path: Path) -> list[ApiKey]:
     """Parse a keys file: one ``key [model,model...]`` per line.
 
@@ -207,18 +248,40 @@ class Quota:
 
 
 class Grant:
-    """An admitted request's reservation; ``release`` returns the unused tokens."""
+    """An admitted request's reservation; ``release`` returns the unused tokens.
 
-    def __init__(self, key_id: str, reserved: int, bucket: TokenBucket | None):
+    ``release`` and ``refund`` act once between them; later calls do nothing.
+    """
+
+    def __init__(
+        self,
+        key_id: str,
+        reserved: int,
+        bucket: TokenBucket | None,
+        requests: TokenBucket | None = None,
+    ):
         self.key_id = key_id
         self.reserved_tokens = reserved
         self._bucket = bucket
+        self._requests = requests
+        self._settled = False
 
     def release(self, used_tokens: int) -> None:
-        """Give back ``reserved - used_tokens`` tokens; later calls do nothing."""
-        if self._bucket is not None:
-            self._bucket.give(max(self.reserved_tokens - used_tokens, 0))
-            self._bucket = None
+        """Give back ``reserved - used_tokens`` tokens (the request stays spent)."""
+        if not self._settled:
+            self._settled = True
+            if self._bucket is not None:
+                self._bucket.give(max(self.reserved_tokens - used_tokens, 0))
+
+    def refund(self) -> None:
+        """Give back the request and every reserved token: the engine refused it
+        before it ran (a full queue)."""
+        if not self._settled:
+            self._settled = True
+            if self._bucket is not None:
+                self._bucket.give(self.reserved_tokens)
+            if self._requests is not None:
+                self._requests.give(1)
 
 
 class Admission:
@@ -228,6 +291,8 @@ class Admission:
         keys: configured keys; empty means no authentication.
         quota: the per-key limits (the same for every key).
         clock: monotonic seconds (tests pass a fake).
+        submit_limit: engine sequences an idle engine accepts at once
+            (``EngineStats.submit_limit``); ``None``: no such bound.
     """
 
     def __init__(
@@ -235,10 +300,12 @@ class Admission:
         keys: Iterable[ApiKey] = (),
         quota: Quota | None = None,
         clock: Callable[[], float] = time.monotonic,
+        submit_limit: int | None = None,
     ) -> None:
         self._keys = list(keys)
         self._quota = quota or Quota()
         self._clock = clock
+        self._submit_limit = submit_limit
         self._buckets: dict[tuple[str, str], TokenBucket] = {}
 
     def authenticate(self, headers: Mapping[str, str]) -> ApiKey | None:
@@ -252,31 +319,26 @@ class Admission:
         """
         if not self._keys:
             return None
-        scheme, _, presented = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not presented.strip():
-            raise Unauthenticated(
-                "Missing API key: send 'Authorization: Bearer <key>'",
-                "missing_api_key",
-            )
-        found = None
-        given = presented.strip().encode()
-        for key in self._keys:  # all of them: the time must not tell which matched
-            if hmac.compare_digest(given, key.secret.encode()):
-                found = key
-        if found is None:
-            raise Unauthenticated("Incorrect API key provided", "invalid_api_key")
-        return found
+        return bearer_key(headers, self._keys)
 
-    def admit(self, key: ApiKey | None, model: str, tokens: int) -> Grant:
+    def admit(
+        self, key: ApiKey | None, model: str, tokens: int, sequences: int = 1
+    ) -> Grant:
         """Check ``key``'s access to ``model`` and take its quota.
 
         Args:
             key: from ``authenticate``.
             model: the served model id the request resolved to.
             tokens: prompt + ``n * max_tokens`` to reserve (tokens).
+            sequences: engine sequences the request submits (``n`` per prompt).
 
         Raises:
             Forbidden: the key's model list does not include ``model`` (403).
+            RequestError: the request can never be admitted, however long it
+                waits: more ``sequences`` than ``submit_limit`` (400, param
+                ``n``, code ``n_over_capacity``), or more ``tokens`` than the
+                tokens/minute quota (400, param ``max_tokens``, code
+                ``tokens_over_quota``). Nothing is taken then.
             OverQuota: a bucket is short; ``retry_after_s`` is when it will not be
                 (429). Nothing is taken then.
         """
@@ -285,16 +347,26 @@ class Admission:
                 f"This API key has no access to the model {model!r}",
                 "model_access_denied",
             )
+        limit = self._submit_limit
+        if limit is not None and sequences > limit:
+            raise RequestError(
+                f"This request asks for {sequences} choices (n for each prompt); "
+                f"the server queues at most {limit} at once, so it can never run: "
+                "lower n",
+                param="n",
+                code="n_over_capacity",
+            )
         key_id = key.key_id if key is not None else ANONYMOUS
         now = self._clock()
         requests = self._bucket(key_id, "requests", now)
         token_bucket = self._bucket(key_id, "tokens", now)
         if token_bucket is not None and tokens > token_bucket.capacity:
-            raise OverQuota(
-                f"This request reserves {tokens} tokens (prompt + max_tokens); "
-                f"the quota is {token_bucket.capacity:g} tokens per minute",
-                "tokens_over_quota",
-                60,
+            raise RequestError(
+                f"This request reserves {tokens} tokens (prompt + n * max_tokens); "
+                f"the quota is {token_bucket.capacity:g} tokens per minute, so it "
+                "can never run: lower max_tokens or n",
+                param="max_tokens",
+                code="tokens_over_quota",
             )
         waits = [
             bucket.wait_s(amount, now)
@@ -311,7 +383,7 @@ class Admission:
             requests.take(1)
         if token_bucket is not None:
             token_bucket.take(tokens)
-        return Grant(key_id, tokens, token_bucket)
+        return Grant(key_id, tokens, token_bucket, requests)
 
     def _bucket(self, key_id: str, kind: str, now: float) -> TokenBucket | None:
         limit = (

@@ -16,17 +16,26 @@
 - ``GET /engine/stats``: the engine's ``EngineStats`` as JSON, for operators and
   tests.
 
-Admission comes first (``admission.py``): a draining server answers 503, then the
-API key is checked (401) before the body is read; after planning, the key's access
-to the model (403) and its quotas (429) are checked, and only then is the engine
-asked (503 when its queue is full). 429 and 503 carry ``Retry-After``.
+Access comes first, before routing (``access.py``, ``_Routes.guard``): the route's
+API key or admin key (401, 403), or for a route that needs no key, the ``Host`` name
+(421). Then admission (``admission.py``): a draining server, or one whose ledger
+file is too far behind, answers 503, then the body is read (415 unless
+``application/json``, 413 over the limit); after planning, the key's access to the
+model (403), whether the request could ever fit (400 naming ``n`` or ``max_tokens``)
+and its quotas (429) are checked, and only then is the engine asked (503 when its
+queue is full, with the quota it took given back). 429 and 503 carry
+``Retry-After``. Access and quotas are checked once before planning too, for the
+least the request can reserve, so a request they refuse costs no template or
+tokenizer work.
 
 Every error before the first byte uses the OpenAI error shape, unknown paths (404)
 and wrong methods (405) included. Every request is recorded once in
-``app.state.ledger``. No middleware is installed: in particular no GZip, which
-would buffer event streams; event-stream bodies skip any middleware added inside
-the app (``streaming.BODY_SEND``), so wrap the app from outside. The engine is
-closed when the app shuts down.
+``app.state.ledger`` (except those refused by access: they are only counted), and an
+admitted one has an ``open`` row in its file from admission to its end. No
+middleware is installed: in particular no GZip, which would buffer event streams;
+event-stream bodies skip any middleware added inside the app
+(``streaming.BODY_SEND``), so wrap the app from outside. The engine is closed when
+the app shuts down.
 
 Spec: OpenAI API reference, "Chat", "Completions", "Models" and "Error codes";
 ../shared/DESIGN.md, "Status first, errors in band".
@@ -38,7 +47,7 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -53,6 +62,7 @@ from sluicegate.core.chunks import Endpoint, dumps, error_payload
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
 from sluicegate.engines.base import Engine
+from sluicegate.server.access import API_KEY, Access
 from sluicegate.server.admission import (
     ANONYMOUS,
     Admission,
@@ -70,11 +80,18 @@ from sluicegate.server.metrics import CONTENT_TYPE, Metrics
 from sluicegate.server.openapi import openapi_document
 from sluicegate.server.prepare import (
     Plan,
+    admission_floor,
     new_response_id,
     plan_chat,
     plan_completion,
+    resolve_model,
 )
-from sluicegate.server.schemas import parse_chat_request, parse_completion_request
+from sluicegate.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_chat_request,
+    parse_completion_request,
+)
 from sluicegate.server.shutdown import Drain
 from sluicegate.server.streaming import (
     BODY_SEND,
@@ -89,7 +106,7 @@ __all__ = ["create_app"]
 
 logger = logging.getLogger(__name__)
 
-_Planner = Callable[[dict[str, Any], str], Plan]
+_Planner = Callable[[dict[str, Any], str, ApiKey | None], Awaitable[Plan]]
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
@@ -99,8 +116,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
     with one row per request, in ``config.ledger_path`` when set), ``live`` (the
     running responses' buffers) and ``drain`` (``Drain``: run it to shut down
     gracefully). On shutdown the engine is closed (every KV cell freed), then the
-    ledger. The chat template is compiled here, so a model
-    whose template does not compile fails at startup, not per request.
+    ledger (what its writer thread holds is committed first). The chat template
+    is compiled here, so a model whose template does not compile fails at
+    startup, not per request.
 
     Raises:
         jinja2.TemplateSyntaxError: the model's chat template does not compile.
@@ -115,7 +133,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
         yield
         loop_lag.stop()
         await engine.aclose()
-        routes.ledger.close()
+        await routes.ledger.aclose()
         stats = engine.stats()
         logger.info(
             "stopped: %d KV cells used, %d running, %d queued; ledger closed",
@@ -138,6 +156,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
     )
+    app.guard = routes.guard
     app.state.engine = engine
     app.state.config = routes.config
     app.state.ledger = routes.ledger
@@ -147,11 +166,18 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
 
 
 class _App(Starlette):
-    """Starlette, with the server's own ``send`` in each HTTP scope (``BODY_SEND``)."""
+    """Starlette, with the server's own ``send`` in each HTTP scope (``BODY_SEND``),
+    and ``guard`` before routing: a response it returns is the answer."""
+
+    guard: Callable[[Scope], Response | None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             scope[BODY_SEND] = send
+            refusal = self.guard(scope) if self.guard is not None else None
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -163,10 +189,20 @@ class _Routes:
         self.config = config
         self.template = ChatTemplate(engine.tokenizer, config.chat_template)
         self.ledger = Ledger(config.ledger_path)
-        self.admission = Admission(config.api_keys, config.quota)
+        self.admission = Admission(
+            config.api_keys,
+            config.quota,
+            submit_limit=engine.stats().submit_limit,
+        )
         self.live = LiveStreams()
         self.drain = Drain(self.live)
         self.metrics_ = Metrics(engine, self.live)
+        self.access = Access(
+            self.admission,
+            api_keyed=bool(config.api_keys),
+            admin_keys=config.admin_keys,
+            allowed_hosts=config.allowed_hosts,
+        )
         self._openapi = openapi_document()
         self.limits = StreamLimits(
             heartbeat_interval_s=config.heartbeat_interval_s,
@@ -176,6 +212,19 @@ class _Routes:
             stuck_timeout_s=config.stuck_stream_timeout_s,
             interval_s=config.stream_interval_s,
         )
+
+    def guard(self, scope: Scope) -> Response | None:
+        """Check the route's key or ``Host`` (``access.py``); the refusal, if any.
+
+        A refusal gets no ledger row (a flood of them would fill it), only a
+        count in ``sluicegate_refused_requests_total``.
+        """
+        try:
+            scope[API_KEY] = self.access.check(scope)
+        except AdmissionError as exc:
+            self.metrics_.refuse(exc.code)
+            return _error_response(exc, self.config.retry_after_s)
+        return None
 
     async def chat_completions(self, request: Request) -> ASGIApp:
         return await self._generate(request, Endpoint.CHAT, self._plan_chat)
@@ -198,6 +247,9 @@ class _Routes:
         return _json(self._openapi)
 
     async def health(self, request: Request) -> Response:
+        failure = self.engine.stats().failure
+        if failure is not None:
+            return _json({"status": "engine_failed", "failure": failure}, 503)
         return _json({"status": "draining" if self.drain.draining else "ok"})
 
     async def ready(self, request: Request) -> Response:
@@ -218,13 +270,32 @@ class _Routes:
     async def engine_stats(self, request: Request) -> Response:
         return _json(dataclasses.asdict(self.engine.stats()))
 
-    def _plan_chat(self, body: dict[str, Any], response_id: str) -> Plan:
+    async def _plan_chat(
+        self, body: dict[str, Any], response_id: str, key: ApiKey | None
+    ) -> Plan:
         request = parse_chat_request(body)
-        return plan_chat(request, response_id, self.engine, self.template, self.config)
+        self._check_admissible(key, request)
+        return await plan_chat(
+            request, response_id, self.engine, self.template, self.config
+        )
 
-    def _plan_completion(self, body: dict[str, Any], response_id: str) -> Plan:
+    async def _plan_completion(
+        self, body: dict[str, Any], response_id: str, key: ApiKey | None
+    ) -> Plan:
         request = parse_completion_request(body)
-        return plan_completion(request, response_id, self.engine, self.config)
+        self._check_admissible(key, request)
+        return await plan_completion(request, response_id, self.engine, self.config)
+
+    def _check_admissible(
+        self, key: ApiKey | None, request: ChatCompletionRequest | CompletionRequest
+    ) -> None:
+        """Validate, then admission, then template: refuse what admission would
+        refuse however the prompt tokenizes (403, 400, 429) before the template
+        and the tokenizer run, by admitting the least the plan reserves and
+        giving it back (``_admit`` admits the plan's own reserve after)."""
+        model = resolve_model(request.model, self.engine, self.config)
+        tokens, sequences = admission_floor(request)
+        self.admission.admit(key, model, tokens, sequences).refund()
 
     async def _generate(
         self, request: Request, endpoint: Endpoint, planner: _Planner
@@ -246,6 +317,7 @@ class _Routes:
             if not meter.recorded and sys.exc_info()[0] is not None:
                 meter.record(EndState.ERRORED, 500)  # a bug; Starlette answers 500
         meter.generation = generation
+        meter.open()
         plan = meter.plan
         assert plan is not None, "_admit() plans before it starts a generation"
         if plan.stream:
@@ -259,7 +331,9 @@ class _Routes:
     async def _admit(
         self, request: Request, planner: _Planner, meter: _Meter
     ) -> Generation:
-        """Draining, key, body, plan, model access, quota, engine: in this order.
+        """Draining, body (the key was checked by ``guard``), validation, model
+        access and quota (for the least the request can reserve), template and
+        tokens, quota (for the plan's reserve), engine: in this order.
 
         Raises:
             AdmissionError: 401/403/429/503 (nothing reached the engine).
@@ -269,14 +343,26 @@ class _Routes:
         """
         if self.drain.draining:
             raise self._draining()
-        key: ApiKey | None = self.admission.authenticate(request.headers)
+        if self.ledger.behind:
+            raise Unavailable(
+                "The usage ledger cannot keep up (its file is locked); retry later",
+                "ledger_behind",
+                self.config.retry_after_s,
+            )
+        key: ApiKey | None = request.scope.get(API_KEY)  # checked by guard()
         meter.key_id = key.key_id if key is not None else ANONYMOUS
         body = await read_json_object(request, self.config.max_body_bytes)
-        plan = meter.plan = planner(body, meter.response_id)
+        plan = meter.plan = await planner(body, meter.response_id, key)
         reserve = plan.prompt_tokens + sum(c.params.max_tokens for c in plan.choices)
-        meter.grant = self.admission.admit(key, plan.header.model, reserve)
+        grant = meter.grant = self.admission.admit(
+            key, plan.header.model, reserve, len(plan.choices)
+        )
         generation = Generation(self.engine, plan)
-        generation.start()
+        try:
+            generation.start()
+        except (EngineError, RequestError):
+            grant.refund()  # the engine refused it (a full queue): it cost nothing
+            raise
         return generation
 
 
@@ -308,15 +394,36 @@ class _Meter:
         self.metrics: Metrics | None = None
         self.recorded = False
 
+    def open(self) -> None:
+        """Write this admitted request's ``open`` row (the status it will have:
+        200 for a stream, 0 until a JSON answer's status is known)."""
+        if self.ledger.path is None:
+            return  # memory only: nothing to recover after a crash
+        plan = self.plan
+        status = 200 if plan is not None and plan.stream else 0
+        self.ledger.open(self._row(EndState.FINISHED, status), self.progress)
+
+    def progress(self) -> tuple[int, float | None]:
+        """Completion tokens so far and the first token's time, for the ledger."""
+        generation = self.generation
+        if generation is None:
+            return 0, None
+        return generation.usage.completion_tokens, generation.first_token_at
+
     def record(self, state: EndState, status: int) -> None:
         """Append this request's row to the ledger (once)."""
         self.recorded = True
+        row = self._row(state, status)
+        if self.grant is not None:  # give back what was reserved and not used
+            self.grant.release(row.prompt_tokens + row.completion_tokens)
+        self.ledger.record(row)
+        if self.metrics is not None:
+            self.metrics.observe(row)
+
+    def _row(self, state: EndState, status: int) -> LedgerRow:
         plan, generation = self.plan, self.generation
         usage = generation.usage if generation else None
-        if self.grant is not None:  # give back what was reserved and not used
-            used = (usage.prompt_tokens + usage.completion_tokens) if usage else 0
-            self.grant.release(used)
-        row = LedgerRow(
+        return LedgerRow(
             request_id=self.response_id,
             endpoint=self.path,
             model=plan.header.model if plan else None,
@@ -330,9 +437,6 @@ class _Meter:
             ended_at=time.time(),
             key_id=self.key_id,
         )
-        self.ledger.record(row)
-        if self.metrics is not None:
-            self.metrics.observe(row)
 
 
 async def _nothing(scope: Scope, receive: Receive, send: Send) -> None:

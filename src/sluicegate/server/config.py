@@ -34,7 +34,17 @@ class ServerConfig:
             prompt (``context_length - prompt_tokens``). An explicit value is
             still capped by that room.
         max_n: most choices one request may ask for.
-        api_keys: accepted keys (``Authorization: Bearer``); empty: no auth.
+        api_keys: accepted keys (``Authorization: Bearer``) of the API routes
+            (``/v1/*``, ``/openapi.json``, and any unknown path); empty: no auth.
+        admin_keys: accepted keys of the operator routes (``/metrics``,
+            ``/engine/stats``). Empty: those routes are open while ``api_keys``
+            is empty too, and refused (403) once it is not, since
+            ``/engine/stats`` shows every key's requests. ``/health`` and
+            ``/ready`` never need a key.
+        allowed_hosts: ``Host`` names a route that needs no key accepts, besides
+            IP literals and ``localhost`` names (a DNS-rebinding page sends its
+            own name); ``"*"`` accepts any; others get 421. ``None``: no check
+            (embedding behind a front that checks); ``serve`` always sets it.
         quota: per-key requests/minute and tokens/minute (429 past them).
         retry_after_s: ``Retry-After`` seconds of a 503 (overload, draining).
         first_token_timeout_s: seconds to the first token before the in-band
@@ -59,6 +69,8 @@ class ServerConfig:
     default_max_tokens: int | None = None
     max_n: int = 16
     api_keys: tuple[ApiKey, ...] = ()
+    admin_keys: tuple[ApiKey, ...] = ()
+    allowed_hosts: tuple[str, ...] | None = None
     quota: Quota = field(default_factory=Quota)
     retry_after_s: int = 1
     first_token_timeout_s: float | None = None

@@ -58,7 +58,7 @@ from sluicegate.core.logprobs import (
     TopLogprob,
     describe_token,
 )
-from sluicegate.core.stops import StopMatcher
+from sluicegate.core.stops import StopMatcher, StopPattern, compile_stops
 from sluicegate.engines.base import Engine
 from sluicegate.engines.outputs import OutputItem, SequenceOutputs
 from sluicegate.server.prepare import Plan
@@ -155,8 +155,9 @@ class Generation:
         self._engine = engine
         self._plan = plan
         self._pieces = engine.tokenizer.pieces
+        stops = compile_stops(plan.stops)  # once per request, shared by its choices
         self._choices = [
-            self._new_choice(index, sequence_id)
+            self._new_choice(index, sequence_id, stops)
             for index, sequence_id in enumerate(plan.sequence_ids)
         ]
         self.first_token_at: float | None = None
@@ -307,7 +308,9 @@ class Generation:
         ):
             self._outbox.put(End(self.usage))
 
-    def _new_choice(self, index: int, sequence_id: str) -> _Choice:
+    def _new_choice(
+        self, index: int, sequence_id: str, stop_pattern: StopPattern
+    ) -> _Choice:
         plan, tokenizer = self._plan, self._engine.tokenizer
         choice_plan = plan.choices[index]
         params = choice_plan.params
@@ -322,7 +325,7 @@ class Generation:
         else:  # no copy of a large control-token set (Gemma 3 has 6,250)
             skip = special if ending <= special else ending | special
         stops = StopMatcher(
-            plan.stops, include_stop_str_in_output=plan.include_stop_str_in_output
+            stop_pattern, include_stop_str_in_output=plan.include_stop_str_in_output
         )
         aligner = None if plan.logprobs is None else LogprobAligner[TokenLogprob]()
         detokenizer = IncrementalDetokenizer(

@@ -1,16 +1,25 @@
 """The request ledger: one row per request, whatever its end, kept in SQLite.
 
-Every request the server answers is recorded once, when it ends: rejected before
+Every request the server answers is recorded once it ends: rejected before
 streaming, finished, errored in band, or aborted (the client went away or stopped
-reading). Token counts come from the server's own metering, so a client that never
-sees a usage chunk is still counted.
+reading). A request the engine admitted has its row from then on, ``open`` in the
+file until it ends; if its server dies first (``kill -9``, a crash), the next
+server that opens the file marks it ``truncated``, with the tokens it had
+delivered as of its last progress write. Token counts come from the server's own
+metering, so a client that never sees a usage chunk is still counted.
 
 Invariants:
-    - ``record`` commits the row before it returns (SQLite WAL, one transaction
-      per row, ``synchronous=NORMAL``): the response's last byte goes out after
-      its row is committed, so a ``kill -9`` of the server loses no row of a
-      request that had ended. (WAL with ``NORMAL`` survives a process crash; a
-      power loss may lose the last commits.)
+    - The event loop never waits on SQLite: rows go to ``LedgerWriter``'s thread
+      (``ledger_writer.py``), which commits them in order and retries while the
+      file is locked; no row is dropped while the process lives. ``close``
+      commits what is queued.
+    - Every ``progress_interval_s`` (1 s), the open rows whose completion tokens
+      changed get their counts written, so a crash loses at most that much
+      metering of a running request.
+    - Past ``max_backlog`` statements waiting for a locked file, ``behind`` turns
+      true and the server refuses new requests with 503 (``ledger_behind``):
+      what waits for the file stays bounded by what was already admitted, plus
+      one row per refusal.
     - Rows carry a ``key_id`` (the key's name or hash), never an API key, and
       nothing of the prompt.
     - ``completion_tokens`` counts the tokens the server received from the
@@ -18,49 +27,82 @@ Invariants:
       engine's in-flight step at the abort is counted by the engine as waste, in
       ``EngineStats.wasted_tokens``, not per request).
 
-Deliberate divergence: the newest ``max_rows`` rows are also kept in memory
+Deliberate divergences: the newest ``max_rows`` ended rows are also kept in memory
 (``rows``, ``find``) for tests and ``/engine/stats`` callers; the file has all.
+A row reaches the file milliseconds after its request ends, not before the
+response's last byte (see ``ledger_writer.py``).
 
 Spec: ../shared/DESIGN.md, "Metering" and "Every stream ends in exactly one state";
-issue 5, "Metering ledger"; SQLite, "Write-Ahead Logging".
+SQLite, "Write-Ahead Logging".
+
+.. versionchanged:: 0.2.0
+   Rows are written by a thread, retried while the file is locked (they were
+   written on the event loop, which a locked file stalled for 5 s per row before
+   the row was dropped), and each admitted request has an ``open`` row, so a
+   crash leaves it ``truncated`` instead of leaving no row.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sqlite3
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
+from sluicegate.server.ledger_writer import OPEN, LedgerWriter, connect
 
-__all__ = ["Ledger", "LedgerRow", "UsageTotal", "read_rows", "usage_totals"]
+__all__ = [
+    "OPEN",
+    "Ledger",
+    "LedgerRow",
+    "Progress",
+    "UsageTotal",
+    "read_rows",
+    "usage_totals",
+]
 
 logger = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS requests (
-    request_id TEXT PRIMARY KEY,
-    key_id TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    model TEXT,
-    status INTEGER NOT NULL,
-    end_state TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    finish_reasons TEXT NOT NULL,
-    received_at REAL NOT NULL,
-    first_token_at REAL,
-    ended_at REAL NOT NULL
+_NAMES = (
+    "request_id",
+    "key_id",
+    "endpoint",
+    "model",
+    "status",
+    "end_state",
+    "prompt_tokens",
+    "completion_tokens",
+    "finish_reasons",
+    "received_at",
+    "first_token_at",
+    "ended_at",
 )
-"""
-_COLUMNS = (
-    "request_id, key_id, endpoint, model, status, end_state, prompt_tokens, "
-    "completion_tokens, finish_reasons, received_at, first_token_at, ended_at"
+_COLUMNS = ", ".join(_NAMES)
+_INSERT = (
+    f"INSERT INTO requests ({_COLUMNS}, server_id) "
+    f"VALUES ({', '.join('?' * (len(_NAMES) + 1))}) ON CONFLICT (request_id) "
 )
+_OPEN_SQL = _INSERT + "DO NOTHING"
+_CLOSE_SQL = (
+    _INSERT
+    + "DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in (*_NAMES[1:], "server_id"))
+)
+_PROGRESS_SQL = (
+    "UPDATE requests SET completion_tokens = ?, first_token_at = ?, ended_at = ? "
+    f"WHERE request_id = ? AND end_state = '{OPEN}'"
+)
+
+Progress = Callable[[], tuple[int, float | None]]
+"""A running request's completion tokens so far and its first token's Unix time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +115,20 @@ class LedgerRow:
         model: the model name the response carries (``None`` if rejected before
             the model was known).
         status: the HTTP status sent (200 for every stream that started; 499
-            when the client left before any status was sent).
-        end_state: rejected, finished, errored or aborted.
+            when the client left before any status was sent; 0 for a
+            non-streamed request whose server died before it answered).
+        end_state: rejected, finished, errored or aborted; ``truncated`` only
+            for a request whose server died before it ended (the client saw the
+            connection end early, as ``classify`` calls it).
         prompt_tokens: prompt length (tokens; 0 if rejected before tokenizing).
         completion_tokens: tokens received from the engine, summed over choices,
-            including those received before an abort or error.
+            including those received before an abort or error (for
+            ``truncated``: as of the last progress write).
         finish_reasons: per choice, its finish reason or ``None``.
         received_at, first_token_at, ended_at: Unix times (seconds);
-            ``first_token_at`` is ``None`` when no token arrived.
+            ``first_token_at`` is ``None`` when no token arrived. For
+            ``truncated``, ``ended_at`` is the last time the row was written (the
+            server was alive then).
         key_id: the API key's id (``anonymous`` without keys), never the key.
     """
 
@@ -100,98 +148,210 @@ class LedgerRow:
 
 @dataclass(frozen=True, slots=True)
 class UsageTotal:
-    """Totals of one (key, end state) pair; tokens in tokens."""
+    """Totals of one (key, end state) pair; tokens in tokens.
+
+    ``end_state`` is ``OPEN`` (``"open"``) for requests still running.
+    """
 
     key_id: str
-    end_state: EndState
+    end_state: EndState | Literal["open"]
     requests: int
     prompt_tokens: int
     completion_tokens: int
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute(_SCHEMA)
-    return db
+@dataclass(eq=False, slots=True)
+class _Running:
+    progress: Progress
+    tokens: int = 0  # as last written
 
 
 class Ledger:
     """One row per request: in memory (newest ``max_rows``) and, with ``path``, in
-    an SQLite file.
+    an SQLite file written by one thread (``LedgerWriter``).
 
     Args:
-        path: the SQLite file (created with its folder); ``None``: memory only.
-        max_rows: the most rows kept in memory; older rows are dropped first.
+        path: the SQLite file (created with its folder; an older ledger file is
+            migrated); ``None``: memory only.
+        max_rows: the most ended rows kept in memory; older rows go first.
+        progress_interval_s: seconds between writes of open rows' token counts.
+        max_backlog: statements waiting for the file past which ``behind``.
+        close_timeout_s: how long ``close`` waits for a locked file.
 
     Raises:
-        sqlite3.Error: ``path`` cannot be opened as an SQLite database.
+        sqlite3.Error: ``path`` is not an SQLite database.
+        OSError: its folder cannot be made or written.
     """
 
-    def __init__(self, path: Path | None = None, max_rows: int = 100_000) -> None:
+    def __init__(
+        self,
+        path: Path | None = None,
+        max_rows: int = 100_000,
+        *,
+        progress_interval_s: float = 1.0,
+        max_backlog: int = 50_000,
+        close_timeout_s: float = 30.0,
+    ) -> None:
         self.path = path
         self._rows: deque[LedgerRow] = deque(maxlen=max_rows)
-        self._db = _connect(path) if path is not None else None
+        self._running: dict[str, _Running] = {}
+        self._progress_interval_s = progress_interval_s
+        self._max_backlog = max_backlog
+        self._ticker: asyncio.TimerHandle | None = None
+        self._writer: LedgerWriter | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _check_database(path)
+            self._writer = LedgerWriter(path, close_timeout_s)
 
     @property
     def rows(self) -> list[LedgerRow]:
         """A copy of the in-memory rows, oldest first."""
         return list(self._rows)
 
-    def record(self, row: LedgerRow) -> None:
-        """Append ``row`` and commit it to the file before returning.
+    @property
+    def backlog(self) -> int:
+        """Statements waiting to be committed to the file (0 without one)."""
+        return 0 if self._writer is None else self._writer.backlog
 
-        A failing write (disk full) is logged, not raised: the response it
-        belongs to has ended already.
+    @property
+    def behind(self) -> bool:
+        """Whether ``max_backlog`` statements or more wait (the file is locked)."""
+        return self._writer is not None and self._writer.backlog >= self._max_backlog
+
+    def open(self, row: LedgerRow, progress: Progress) -> None:
+        """Write an ``open`` row for an admitted request; ``record`` ends it.
+
+        ``row`` is the request as admitted (its ``end_state`` is not used);
+        ``progress`` is called on the event loop every ``progress_interval_s``
+        until ``record``, and its counts written when they changed. Must be
+        called on the event loop (the first call starts that timer there).
+        """
+        writer = self._writer
+        if writer is None:
+            return
+        self._running[row.request_id] = _Running(progress, row.completion_tokens)
+        writer.put(_OPEN_SQL, _values(row, OPEN, writer.server_id))
+        if self._ticker is None:
+            self._schedule(asyncio.get_running_loop())
+
+    def record(self, row: LedgerRow) -> None:
+        """Append the ended ``row``; it goes to the file in order, off the loop.
+
+        Never blocks and never raises for the file: a locked file is retried by
+        the writer thread (see ``ledger_writer.py``).
         """
         self._rows.append(row)
-        if self._db is None:
+        writer = self._writer
+        if writer is None:
             return
-        values = (
-            row.request_id,
-            row.key_id,
-            row.endpoint,
-            row.model,
-            row.status,
-            str(row.end_state),
-            row.prompt_tokens,
-            row.completion_tokens,
-            json.dumps([r and str(r) for r in row.finish_reasons]),
-            row.received_at,
-            row.first_token_at,
-            row.ended_at,
-        )
-        try:
-            self._db.execute(
-                f"INSERT INTO requests ({_COLUMNS}) VALUES ({', '.join('?' * 12)})",
-                values,
-            )
-        except sqlite3.Error:
-            logger.exception("ledger: could not record %s", row.request_id)
+        self._running.pop(row.request_id, None)
+        writer.put(_CLOSE_SQL, _values(row, str(row.end_state), writer.server_id))
 
     def find(self, request_id: str) -> LedgerRow | None:
         """The in-memory row of ``request_id``, or ``None``."""
         return next((r for r in self._rows if r.request_id == request_id), None)
 
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait (blocking this thread) until every row so far is in the file.
+
+        Returns:
+            False when ``timeout_s`` seconds passed first; True without a file.
+        """
+        return self._writer is None or self._writer.flush(timeout_s)
+
+    async def aflush(self, timeout_s: float | None = None) -> bool:
+        """``flush`` without blocking the event loop."""
+        if self._writer is None:
+            return True
+        return await asyncio.to_thread(self._writer.flush, timeout_s)
+
     def close(self) -> None:
-        """Checkpoint and close the file; ``record`` keeps rows in memory only."""
-        if self._db is not None:
-            db, self._db = self._db, None
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            db.close()
+        """Commit what is queued, checkpoint and close the file (blocks up to
+        ``close_timeout_s`` while it is locked); later rows stay in memory only.
+        Call it on the event loop, or use ``aclose``."""
+        self._stop_ticker()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+    async def aclose(self) -> None:
+        """``close`` without blocking the event loop."""
+        self._stop_ticker()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await asyncio.to_thread(writer.close)
+
+    def _stop_ticker(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._ticker = loop.call_later(self._progress_interval_s, self._tick, loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        now = time.time()
+        for request_id, running in self._running.items():
+            tokens, first_token_at = running.progress()
+            if tokens != running.tokens:
+                running.tokens = tokens
+                writer.put(_PROGRESS_SQL, (tokens, first_token_at, now, request_id))
+        self._schedule(loop)
+
+
+def _values(row: LedgerRow, state: str, server_id: str) -> tuple[object, ...]:
+    return (
+        row.request_id,
+        row.key_id,
+        row.endpoint,
+        row.model,
+        row.status,
+        state,
+        row.prompt_tokens,
+        row.completion_tokens,
+        json.dumps([r and str(r) for r in row.finish_reasons]),
+        row.received_at,
+        row.first_token_at,
+        row.ended_at,
+        server_id,
+    )
+
+
+def _check_database(path: Path) -> None:
+    """Raise now if ``path`` is not an SQLite file (the writer retries the rest)."""
+    db = sqlite3.connect(path, timeout=0.1)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode & 0xFF not in (
+            sqlite3.SQLITE_BUSY,
+            sqlite3.SQLITE_LOCKED,
+        ):
+            raise
+    finally:
+        db.close()
 
 
 def read_rows(path: Path) -> list[LedgerRow]:
-    """Every row of the ledger file at ``path``, in order of end.
+    """Every ended row of the ledger file at ``path``, in order of end.
+
+    Rows still ``open`` (their requests run) are left out; the rows a dead
+    server left open are here once a server has opened the file since
+    (``truncated``).
 
     Raises:
         sqlite3.Error: not a ledger file.
     """
-    db = _connect(path)
+    db = connect(path)
     try:
-        cursor = db.execute(f"SELECT {_COLUMNS} FROM requests ORDER BY ended_at")
+        cursor = db.execute(
+            f"SELECT {_COLUMNS} FROM requests WHERE end_state != '{OPEN}' "
+            "ORDER BY ended_at"
+        )
         return [_row(values) for values in cursor]
     finally:
         db.close()
@@ -220,10 +380,12 @@ def _row(values: tuple[object, ...]) -> LedgerRow:
 def usage_totals(path: Path) -> list[UsageTotal]:
     """Requests and tokens per (key id, end state), sorted by key then state.
 
+    Requests still running are counted under ``OPEN``.
+
     Raises:
         sqlite3.Error: not a ledger file.
     """
-    db = _connect(path)
+    db = connect(path)
     try:
         cursor = db.execute(
             "SELECT key_id, end_state, COUNT(*), SUM(prompt_tokens), "
@@ -231,8 +393,8 @@ def usage_totals(path: Path) -> list[UsageTotal]:
             "GROUP BY key_id, end_state ORDER BY key_id, end_state"
         )
         return [
-            UsageTotal(key, EndState(state), n, prompt, completion)
-            for key, state, n, prompt, completion in cursor
+            UsageTotal(key, OPEN if state == OPEN else EndState(state), n, p, c)
+            for key, state, n, p, c in cursor
         ]
     finally:
         db.close()

@@ -1,11 +1,14 @@
 """``/metrics``: the server's Prometheus metrics, one registry per app.
 
-Per request (observed from its ledger row when it ends): time to first token,
-mean inter-token latency and total latency histograms; requests by end state and
-status; prompt and generated tokens. Read at scrape time: active streams, content
-bytes buffered for slow clients, heartbeats sent, coalesced events and slow-client
-aborts (``LiveStreams``); the engine's queue depth, running sequences, KV cells
-used and total, and its generated, wasted and aborted counters (``EngineStats``).
+Per request (observed from its ledger row when it ends): time to first token, mean
+inter-token latency and total latency histograms; requests by end state and status;
+prompt and generated tokens. Requests refused before routing (a missing or wrong
+key, a ``Host`` not allowed: ``access.py``) have no ledger row; they count in
+``sluicegate_refused_requests_total`` by code. Read at scrape time: active streams,
+content bytes buffered for slow clients, heartbeats sent, coalesced events and
+slow-client aborts (``LiveStreams``); the engine's queue depth, running sequences,
+KV cells used and total, and its generated, wasted and aborted counters
+(``EngineStats``).
 
 Sampled while the app runs (``Metrics.watch_loop``): how late the event loop runs
 a timer, ``sluicegate_event_loop_lag_seconds``. One core runs every stream's
@@ -100,6 +103,14 @@ class Metrics:
             buckets=_LAG_BUCKETS_S,
             registry=reg,
         )
+        self._refused = Counter(
+            "sluicegate_refused_requests",
+            "Requests refused before routing, by code (a missing or wrong key, "
+            "a Host not allowed); they have no ledger row",
+            ["code"],
+            registry=reg,
+        )
+        self._refused_by: dict[str, Counter] = {}
         reg.register(_Snapshot(engine, live))
         # labels() locks, formats its values and looks the child up on every
         # call; the children are kept here once made. They are still made on
@@ -128,6 +139,13 @@ class Metrics:
         if row.completion_tokens > 1:
             span = max(row.ended_at - row.first_token_at, 0.0)
             self._itl.observe(span / (row.completion_tokens - 1))
+
+    def refuse(self, code: str) -> None:
+        """Count one request refused before routing (``access.REFUSAL_CODES``)."""
+        refused = self._refused_by.get(code)
+        if refused is None:
+            refused = self._refused_by[code] = self._refused.labels(code)
+        refused.inc()
 
     def watch_loop(self, interval_s: float = LOOP_LAG_INTERVAL_S) -> LoopLag:
         """Start sampling the running loop's lag; ``stop()`` the result to end.

@@ -3,8 +3,8 @@ the ledger, and the ``sluicegate usage`` command.
 
 ``cli.py`` calls ``add_serve_options`` on its ``serve`` parser, turns the parsed
 options into ``ServerConfig`` fields with ``config_fields``, runs uvicorn with
-``run_server`` (SIGTERM drains first, see ``shutdown.py``), and adds ``usage`` with
-``add_usage_command``.
+``run_server`` (SIGTERM drains first, see ``shutdown.py``; HTTP connection limits,
+see ``connections.py``), and adds ``usage`` with ``add_usage_command``.
 
 Spec: issue 5 ("Admission", "Slow consumers", "Timeouts", "Graceful shutdown",
 "Metering ledger").
@@ -42,6 +42,21 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     add = serve.add_argument
     add("--api-key", action="append", default=[], help="accepted key (repeatable)")
     add("--api-keys-file", type=Path, help="lines of 'key [model,...]'")
+    add(
+        "--admin-key",
+        action="append",
+        default=[],
+        help="key of /metrics and /engine/stats (repeatable); without one they"
+        " are open only while no API key is set",
+    )
+    add(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name accepted besides IP addresses, localhost and --host,"
+        " while no key guards a route (repeatable; '*': any)",
+    )
     add("--requests-per-minute", type=float, help="per-key request quota")
     add("--tokens-per-minute", type=float, help="per-key prompt+max_tokens quota")
     add("--first-token-timeout-s", type=float, help="time to first token limit")
@@ -58,6 +73,49 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     )
     add("--ledger", type=Path, help="SQLite ledger file (default: data dir)")
     add("--no-ledger", action="store_true", help="keep the ledger in memory only")
+    _add_http_options(serve)
+
+
+def _add_http_options(serve: argparse.ArgumentParser) -> None:
+    from sluicegate.server.connections import ConnectionLimits
+
+    limits = ConnectionLimits()
+    add = serve.add_argument
+    add(
+        "--max-connections",
+        type=int,
+        help="open connections served at once; a request on one more gets 503"
+        " (default: 4096, or the open-file limit minus 64 when lower)",
+    )
+    add(
+        "--max-header-bytes",
+        type=int,
+        default=limits.max_header_bytes,
+        help="largest request line + headers, bytes; larger gets 431 and a close"
+        " (default: %(default)s)",
+    )
+    add(
+        "--header-timeout-s",
+        type=float,
+        default=limits.header_timeout_s,
+        help="seconds for a request's headers to arrive (from the connection's"
+        " opening or the request's first byte); later: 408 and a close"
+        " (default: %(default)s)",
+    )
+    add(
+        "--body-timeout-s",
+        type=float,
+        default=limits.body_timeout_s,
+        help="seconds for a request's body to arrive after its headers;"
+        " later: 408 and a close (default: %(default)s)",
+    )
+    add(
+        "--keep-alive-timeout-s",
+        type=int,
+        default=5,
+        help="seconds an idle connection stays open between requests"
+        " (default: %(default)s)",
+    )
 
 
 def config_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -75,6 +133,10 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     ledger = None if args.no_ledger else (args.ledger or default_ledger_path())
     return {
         "api_keys": tuple(keys),
+        "admin_keys": tuple(ApiKey(k) for k in args.admin_key),
+        # The bound name is one that clients use; IP literals and localhost
+        # names are always accepted (access.py).
+        "allowed_hosts": (args.host, *args.allowed_host),
         "quota": Quota(args.requests_per_minute, args.tokens_per_minute),
         "first_token_timeout_s": args.first_token_timeout_s,
         "request_timeout_s": args.request_timeout_s,
@@ -86,24 +148,63 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_server(app: Starlette, args: argparse.Namespace) -> None:
+def run_server(app: Starlette, args: argparse.Namespace) -> int:
     """Serve ``app`` with uvicorn until a signal; the first SIGTERM drains.
 
     Running responses get ``args.grace_s`` seconds, then the in-band
-    ``server_shutdown`` error; uvicorn's own shutdown follows.
+    ``server_shutdown`` error; uvicorn's own shutdown follows. Connections are
+    served by h11 with the limits of ``connections.py`` (head size and read
+    deadlines) and uvicorn's own: a connection cap (503 past it) and the
+    keep-alive timeout.
+
+    Raises:
+        SystemExit: a connection limit is out of range (message names it).
+
+    Returns:
+        The process exit code: 0, or 1 when the engine stopped serving.
     """
     import uvicorn
 
+    from sluicegate.server.connections import (
+        ConnectionLimits,
+        default_max_connections,
+        protocol_class,
+    )
     from sluicegate.server.shutdown import DrainingServer
 
+    try:
+        limits = ConnectionLimits(
+            header_timeout_s=args.header_timeout_s,
+            body_timeout_s=args.body_timeout_s,
+            max_header_bytes=args.max_header_bytes,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"sluicegate: {exc}") from exc
+    max_connections = args.max_connections or default_max_connections()
+    if max_connections < 1 or args.keep_alive_timeout_s < 1:
+        raise SystemExit(
+            "sluicegate: --max-connections and --keep-alive-timeout-s must be >= 1"
+        )
     config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=args.grace_s + 5.0,
+        # h11, never httptools: see connections.py for why.
+        http=protocol_class(limits),
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        # uvicorn answers 503 once connections (this one included) reach the
+        # limit: one more than the connections served.
+        limit_concurrency=max_connections + 1,
+        timeout_keep_alive=args.keep_alive_timeout_s,
+        # No route speaks WebSocket; an upgrade would take the connection away
+        # from the limits above.
+        ws="none",
     )
-    DrainingServer(config, app.state.drain, args.grace_s).run()
+    server = DrainingServer(config, app.state.drain, args.grace_s, app.state.engine)
+    server.run()
+    return server.exit_code
 
 
 def add_usage_command(sub: Any) -> None:

@@ -4,7 +4,10 @@ Everything that can be refused is refused here, before any byte of the response:
 an unknown model (404), too many choices, an empty prompt, token ids outside the
 vocabulary (in a prompt, ``logit_bias`` or ``stop_token_ids``), and a prompt plus
 ``max_tokens`` that does not fit the context window (400, naming the limit and the
-values seen).
+values seen). A text prompt too long to fit at all is refused before it is
+tokenized (``prompt_text.check_prompt_size``), so no request tokenizes megabytes
+only to be refused, and a long one is tokenized in a worker thread
+(``prompt_text.tokenize``), so the event loop keeps serving the other streams.
 
 With a ``seed``, choice ``i`` of each prompt samples with ``seed + i``, so that the
 ``n`` choices differ while the whole response stays reproducible.
@@ -27,12 +30,14 @@ from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import ModelNotFound, RequestError
 from sluicegate.engines.base import Engine, GenerateRequest, SamplingParams, Tokenizer
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.prompt_text import tokenize
 from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
-from sluicegate.server.templates import ChatTemplate, encode_prompt
+from sluicegate.server.templates import ChatTemplate, text_prompt
 
 __all__ = [
     "ChoicePlan",
     "Plan",
+    "admission_floor",
     "fit_max_tokens",
     "new_response_id",
     "plan_chat",
@@ -196,37 +201,58 @@ def fit_max_tokens(
     return requested
 
 
-def plan_chat(
+def admission_floor(
+    request: ChatCompletionRequest | CompletionRequest,
+) -> tuple[int, int]:
+    """The least a request's plan reserves, known before any template or tokenizer
+    work: ``(tokens, sequences)``.
+
+    ``tokens`` is one per prompt (no prompt is empty) plus, per choice, the
+    requested ``max_tokens`` or 1; ``sequences`` is its choices. Admitting this
+    much first refuses a key over its quota before the prompt is rendered and
+    tokenized: the plan reserves at least as much.
+    """
+    prompts = len(request.prompts) if isinstance(request, CompletionRequest) else 1
+    choices = prompts * request.n
+    return prompts + choices * (request.requested_max_tokens or 1), choices
+
+
+async def plan_chat(
     request: ChatCompletionRequest,
     response_id: str,
     engine: Engine,
     template: ChatTemplate,
     config: ServerConfig,
 ) -> Plan:
-    """Check and tokenize a chat request.
+    """Check and tokenize a chat request (a long prompt in a worker thread).
 
     Raises:
         ModelNotFound: 404, unknown model.
         RequestError: 400: too many choices, a template error, token ids in
             ``logit_bias`` or ``stop_token_ids`` outside the vocabulary, or a
-            prompt that does not fit (see ``fit_max_tokens``).
+            prompt that does not fit (see ``fit_max_tokens``; one that cannot
+            fit at all is refused before it is tokenized).
     """
     model = resolve_model(request.model, engine, config)
     _check_n(request.n, 1, config)
-    prompt = template.encode(
-        request.messages, add_generation_prompt=request.add_generation_prompt
+    prompt = template.prompt(
+        request.messages,
+        add_generation_prompt=request.add_generation_prompt,
+        context_length=engine.model.context_length,
     )
-    return _plan(request, response_id, engine, config, model, [prompt], [""])
+    ids = await tokenize(prompt)
+    return _plan(request, response_id, engine, config, model, [ids], [""])
 
 
-def plan_completion(
+async def plan_completion(
     request: CompletionRequest, response_id: str, engine: Engine, config: ServerConfig
 ) -> Plan:
     """Check and tokenize a completions request (one prompt or a batch).
 
     Each prompt is a string or token ids; a batch gives ``n`` choices per prompt,
     prompt-major. With ``echo`` each choice first sends its prompt's text (a
-    token-id prompt is decoded, control tokens left out).
+    token-id prompt is decoded, control tokens left out). Every text prompt is
+    checked to fit before any is tokenized (a long one in a worker thread).
 
     Raises:
         ModelNotFound: 404, unknown model.
@@ -238,18 +264,30 @@ def plan_completion(
     _check_n(request.n, len(prompts), config)
     tokenizer = engine.tokenizer
     vocab_size = len(tokenizer.pieces)
+    context = engine.model.context_length
+    params = (
+        ["prompt"]
+        if len(prompts) == 1
+        else [f"prompt[{i}]" for i in range(len(prompts))]
+    )
+    texts = {
+        i: text_prompt(tokenizer, prompt, context_length=context, param=params[i])
+        for i, prompt in enumerate(prompts)
+        if isinstance(prompt, str)
+    }
     token_ids: list[list[int]] = []
     echoes: list[str] = []
     for i, prompt in enumerate(prompts):
-        param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if isinstance(prompt, str):
-            ids = encode_prompt(tokenizer, prompt)
+            ids = await tokenize(texts[i])
             echo = prompt
         else:
-            ids = _checked_ids(prompt, vocab_size, param, "token ids")
+            ids = _checked_ids(prompt, vocab_size, params[i], "token ids")
             echo = _decode(tokenizer, ids)
         if not ids:
-            raise RequestError(f"The prompt has no tokens ({param})", param=param)
+            raise RequestError(
+                f"The prompt has no tokens ({params[i]})", param=params[i]
+            )
         token_ids.append(ids)
         echoes.append(echo if request.echo else "")
     return _plan(request, response_id, engine, config, model, token_ids, echoes)

@@ -8,7 +8,8 @@ string is never read as a number, ``true`` never as ``1``.
 Deliberate divergences from the OpenAI API reference:
 
 - ``stop`` allows up to ``MAX_STOP_STRINGS`` (16) strings; OpenAI allows 4.
-  Empty stop strings are refused (one would match before any text).
+  Empty stop strings are refused (one would match before any text), and so are
+  ones longer than ``MAX_STOP_CHARS`` (1,000) characters.
 - Message ``content`` may be a string or a list of ``{"type": "text"}`` parts
   (joined with ``"\\n"``); images, audio and files are refused.
 - Completions ``logprobs`` allows up to ``MAX_TOP_LOGPROBS`` (20) alternatives;
@@ -24,7 +25,16 @@ Deliberate divergences from the OpenAI API reference:
   ``continuous_usage_stats`` (top level or in ``stream_options``; it implies
   ``include_usage``).
 - ``null`` for any parameter means "not given" (its default applies).
-- Unknown parameters are ignored, and logged once per name.
+- Unknown parameters are ignored, and logged once per name (the first
+  ``MAX_LOGGED_UNKNOWN`` names of the process, each cut to
+  ``MAX_NAME_CHARS``); a request with more than ``MAX_UNKNOWN_PARAMETERS`` of
+  them is refused.
+- ``logit_bias`` keys are ASCII decimal token ids of at most
+  ``MAX_TOKEN_ID_DIGITS`` digits (superscript two and the Arabic-Indic digits
+  are digits to ``str.isdigit``, but not token ids).
+
+Every value a refusal echoes goes through ``bounded_repr`` (a client's value may
+be megabytes long, or nested deeper than ``repr`` recurses).
 
 Spec: OpenAI API reference, "Create chat completion" and "Create completion".
 """
@@ -32,6 +42,7 @@ Spec: OpenAI API reference, "Create chat completion" and "Create completion".
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
@@ -39,12 +50,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 from typing_extensions import override
 
-from sluicegate.core.errors import RequestError
+from sluicegate.core.errors import RequestError, bounded_repr
 
 __all__ = [
+    "MAX_LOGGED_UNKNOWN",
     "MAX_LOGIT_BIAS",
+    "MAX_NAME_CHARS",
+    "MAX_STOP_CHARS",
     "MAX_STOP_STRINGS",
+    "MAX_TOKEN_ID_DIGITS",
     "MAX_TOP_LOGPROBS",
+    "MAX_UNKNOWN_PARAMETERS",
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
@@ -59,12 +75,37 @@ logger = logging.getLogger(__name__)
 MAX_STOP_STRINGS = 16
 """Most stop strings one request may give (OpenAI allows 4)."""
 
+MAX_STOP_CHARS = 1000
+"""Most characters of one stop string. OpenAI publishes no length limit; Amazon
+Bedrock documents 1 to 1,000 characters per stop sequence, which real stops (end
+markers, ``"\\n\\n"``, role prefixes: tens of characters) fit with room to spare.
+The matcher costs time and memory linear in the stops' length (``StopPattern``),
+but it is compiled on the event loop: this keeps one request's stops under
+``MAX_STOP_STRINGS * MAX_STOP_CHARS`` (16,000) characters, compiled once per
+request in 10-20 ms on this project's 2-core machine."""
+
 MAX_TOP_LOGPROBS = 20
 """Most alternatives per token: chat ``top_logprobs``, completions ``logprobs``."""
 
 MAX_LOGIT_BIAS = 100.0
 """``logit_bias`` values lie in ``[-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]``."""
 
+MAX_TOKEN_ID_DIGITS = 10
+"""Most digits of a ``logit_bias`` key: token ids are 32-bit (llama.cpp's
+``llama_token``), and a longer key is refused before ``int()`` converts it."""
+
+MAX_UNKNOWN_PARAMETERS = 64
+"""Most unknown top-level parameters one request may carry; more is a 400."""
+
+MAX_NAME_CHARS = 64
+"""Most characters of a client's parameter name that a log line or a ``param``
+shows (and that ``MAX_LOGGED_UNKNOWN`` keeps per name)."""
+
+MAX_LOGGED_UNKNOWN = 1024
+"""Unknown parameter names logged (and remembered, so as to log each once) per
+process; later new names are not logged."""
+
+_TOKEN_ID = re.compile(rf"[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}", re.ASCII)
 _logged_unknown: set[str] = set()
 _field_names: dict[type[BaseModel], frozenset[str]] = {}  # asked once per model
 
@@ -129,7 +170,9 @@ class ChatMessage(BaseModel):
         for part in value:
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else part
-                raise ValueError(f"only text parts are supported; got {kind!r}")
+                raise ValueError(
+                    f"only text parts are supported; got {bounded_repr(kind)}"
+                )
             if not isinstance(part.get("text"), str):
                 raise ValueError("a text part needs a string 'text'")
             texts.append(part["text"])
@@ -170,14 +213,24 @@ class _Common(BaseModel):
         value = [value] if isinstance(value, str) else value
         if isinstance(value, list) and "" in value:
             raise ValueError("stop strings must not be empty")
+        if isinstance(value, list):
+            for i, stop in enumerate(value):
+                if isinstance(stop, str) and len(stop) > MAX_STOP_CHARS:
+                    raise ValueError(
+                        f"stop[{i}] has {len(stop)} characters; at most "
+                        f"{MAX_STOP_CHARS} are allowed"
+                    )
         return value
 
     @field_validator("logit_bias")
     @classmethod
     def _bias_in_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"keys must be token ids (decimal strings); {key!r}")
+            if _TOKEN_ID.fullmatch(key) is None:
+                raise ValueError(
+                    f"keys must be token ids (decimal strings); {bounded_repr(key)} "
+                    f"is not one (ASCII digits, at most {MAX_TOKEN_ID_DIGITS})"
+                )
             if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 raise ValueError(
                     f"the bias of token {key} is {bias!r} but must lie in "
@@ -340,7 +393,8 @@ def _parse(
         if name in body and not is_default(body[name]):
             raise RequestError(
                 f"The parameter '{name}' is not supported yet "
-                f"({_UNSUPPORTED_WHY.get(name, 'not built')}); got {body[name]!r}",
+                f"({_UNSUPPORTED_WHY.get(name, 'not built')}); "
+                f"got {bounded_repr(body[name])}",
                 param=name,
                 code="unsupported_parameter",
             )
@@ -387,13 +441,43 @@ def _log_unknown(
     body: Mapping[str, Any],
     known_unsupported: Mapping[str, object],
 ) -> None:
+    """Refuse too many unknown parameters; log each new name once, cut short.
+
+    The names logged are remembered (so that each is logged once) up to
+    ``MAX_LOGGED_UNKNOWN`` per process, each cut to ``MAX_NAME_CHARS``: memory
+    and log volume stay bounded whatever clients send.
+    """
     known = _field_names.get(model)
     if known is None:
         known = _field_names[model] = frozenset(model.model_fields)
-    for name in body.keys() - known - known_unsupported.keys():
-        if name not in _logged_unknown:
-            _logged_unknown.add(name)
-            logger.info("ignoring unknown request parameter %r", name)
+    unknown = body.keys() - known - known_unsupported.keys()
+    if not unknown:
+        return
+    if len(unknown) > MAX_UNKNOWN_PARAMETERS:
+        first = next(name for name in body if name in unknown)
+        raise RequestError(
+            f"The request has {len(unknown)} unknown parameters; at most "
+            f"{MAX_UNKNOWN_PARAMETERS} are allowed (and ignored); the first is "
+            f"{bounded_repr(first, MAX_NAME_CHARS)}",
+            param=_short_name(first),
+            code="unknown_parameter",
+        )
+    for name in unknown:
+        shown = bounded_repr(name, MAX_NAME_CHARS)
+        if shown in _logged_unknown:
+            continue
+        if len(_logged_unknown) == MAX_LOGGED_UNKNOWN:
+            # "" is no repr: it marks the set full, so this line is logged once.
+            _logged_unknown.add("")
+            logger.info(
+                "ignoring unknown request parameters; the first %d names were "
+                "logged, later ones are not",
+                MAX_LOGGED_UNKNOWN,
+            )
+        if len(_logged_unknown) > MAX_LOGGED_UNKNOWN:
+            return
+        _logged_unknown.add(shown)
+        logger.info("ignoring unknown request parameter %s", shown)
 
 
 def _request_error(error: ErrorDetails) -> RequestError:
@@ -403,7 +487,7 @@ def _request_error(error: ErrorDetails) -> RequestError:
     message = error["msg"].removeprefix("Value error, ")
     seen = error.get("input")
     return RequestError(
-        f"Invalid value for '{param}': {message}; got {seen!r}",
+        f"Invalid value for '{param}': {message}; got {bounded_repr(seen)}",
         param=param,
         code="invalid_value",
     )
@@ -415,6 +499,13 @@ def _param_name(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             name += f"[{part}]"
-        else:
+        else:  # a dict key (logit_bias) is the client's: cut it
+            part = _short_name(part)
             name += f".{part}" if name else part
     return name
+
+
+def _short_name(name: str) -> str:
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    return name[: MAX_NAME_CHARS - 3] + "..."

@@ -30,6 +30,7 @@ import anyio
 import uvicorn
 
 from sluicegate.core.events import Fail
+from sluicegate.engines.base import Engine
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.streaming import SERVER_SHUTDOWN
 
@@ -38,6 +39,7 @@ __all__ = ["Drain", "DrainingServer"]
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.05
+_ENGINE_CHECK_TICKS = 5  # uvicorn ticks every 0.1 s: look at the engine twice a second
 
 
 class Drain:
@@ -86,16 +88,32 @@ class Drain:
 class DrainingServer(uvicorn.Server):
     """``uvicorn.Server`` whose first SIGTERM/SIGINT runs ``drain`` first.
 
+    It also watches ``engine``: once ``engine.stats().failure`` is set (the
+    engine stopped for good; its requests have had their in-band errors), the
+    server shuts down at once and ``exit_code`` turns 1.
+
     Args:
         config: the uvicorn config.
         drain: the app's ``Drain`` (``app.state.drain``).
         grace_s: seconds running responses may take to finish.
+        engine: the served engine, or ``None`` not to watch one.
+
+    Attributes:
+        exit_code: 0, or 1 after the engine failed.
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, grace_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: Drain,
+        grace_s: float,
+        engine: Engine | None = None,
+    ) -> None:
         super().__init__(config)
         self.drain = drain
         self.grace_s = grace_s
+        self.engine = engine
+        self.exit_code = 0
         self._drain_task: asyncio.Task[None] | None = None
         self._signalled = False
 
@@ -113,4 +131,10 @@ class DrainingServer(uvicorn.Server):
             self._drain_task = asyncio.create_task(self.drain.run(self.grace_s))
         if self.drain.done:
             return True
+        if self.engine is not None and counter % _ENGINE_CHECK_TICKS == 0:
+            failure = self.engine.stats().failure
+            if failure is not None:
+                logger.critical("the engine stopped (%s): shutting down", failure)
+                self.exit_code = 1
+                return True
         return await super().on_tick(counter)

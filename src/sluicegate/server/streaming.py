@@ -86,9 +86,18 @@ SSE_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
-    (b"connection", b"keep-alive"),
 ]
-"""Headers of every event stream (no ``Content-Length``, no ``Content-Encoding``)."""
+"""Headers of every event stream (no ``Content-Length``, no ``Content-Encoding``).
+
+No ``Connection`` either: it is hop-by-hop, and the HTTP layer (h11) writes the
+one the client's version needs (none for HTTP/1.1, ``close`` for HTTP/1.0, whose
+body it then delimits by closing instead of chunking: RFC 9112, "6.3. Message Body
+Length").
+
+.. versionchanged:: 0.2.0
+   ``Connection: keep-alive`` is no longer sent: an HTTP/1.0 client got it next
+   to the server's ``Connection: close``.
+"""
 
 CLIENT_CLOSED = 499
 """The status recorded when the client left before any status was sent (nginx's

@@ -10,11 +10,17 @@ the variables chat templates expect: ``messages``, ``bos_token``, ``eos_token``,
 ``raise_exception`` helper.
 
 Invariants:
-    - The rendered text is tokenized with special tokens parsed, and BOS is added
-      only when the text does not already start with ``bos_token``: never twice.
+    - Control tokens come only from the template's own text: control-token text
+      in a message's content is tokenized as text (``control_text.py``); the
+      rest of the rendered text is tokenized as before, with special tokens
+      parsed. BOS is added only when the text does not already start with
+      ``bos_token``: never twice.
+    - A prompt too long to leave room for a completion is refused before it is
+      tokenized (``check_prompt_size``: a bound from the longest piece).
     - A failure while rendering is the client's (400), and the message names the
-      first message that cannot be rendered. A template that does not compile is
-      the server's: ``ChatTemplate`` raises at construction, at startup.
+      message at which rendering starts to fail, found by bisection (log2(n)
+      renders of prefixes). A template that does not compile is the server's:
+      ``ChatTemplate`` raises at construction, at startup.
 
 Deliberate divergences: ``developer`` messages are rendered as ``system``
 messages, since templates written before that role know only ``system``; message
@@ -32,11 +38,13 @@ from typing import Any, NoReturn
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from sluicegate.core.errors import RequestError
+from sluicegate.core.errors import RequestError, bounded_repr
 from sluicegate.engines.base import Tokenizer
+from sluicegate.server.control_text import ControlText
+from sluicegate.server.prompt_text import PromptText, check_prompt_size
 from sluicegate.server.schemas import ChatMessage
 
-__all__ = ["GEMMA3_TEMPLATE", "ChatTemplate", "encode_prompt"]
+__all__ = ["GEMMA3_TEMPLATE", "ChatTemplate", "encode_prompt", "text_prompt"]
 
 GEMMA3_TEMPLATE = """\
 {#- Gemma 3 turns. A leading system message joins the first user turn.
@@ -98,6 +106,7 @@ class ChatTemplate:
         # Read once: a tokenizer may decode them from its vocabulary on each read.
         self._bos_token = tokenizer.bos_token
         self._eos_token = tokenizer.eos_token
+        self._control = ControlText(tokenizer)
 
     def render(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
@@ -107,31 +116,85 @@ class ChatTemplate:
 
         Raises:
             RequestError: 400 when the template refuses the messages; the message
-                names the first one that cannot be rendered (``param`` is
+                names the message at which rendering starts to fail (``param`` is
                 ``messages[i]``).
         """
         plain = [_as_template_message(m) for m in messages]
-        try:
-            return self._render(plain, add_generation_prompt)
-        except jinja2.TemplateError as exc:
-            index = self._first_failing(plain, add_generation_prompt)
-            raise RequestError(
-                f"The chat template cannot render messages[{index}] "
-                f"(role {plain[index]['role']!r}): {exc}",
-                param=f"messages[{index}]",
-                code="invalid_messages",
-            ) from exc
+        return self._checked_render(plain, add_generation_prompt)
 
     def encode(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
     ) -> list[int]:
-        """Token ids of the rendered prompt (BOS once, special tokens parsed).
+        """Token ids of the rendered prompt (see ``prompt``).
 
         Raises:
             RequestError: see ``render``.
         """
-        text = self.render(messages, add_generation_prompt=add_generation_prompt)
-        return _encode(self._tokenizer, text, self._bos_token)
+        return self.prompt(
+            messages, add_generation_prompt=add_generation_prompt
+        ).encode()
+
+    def prompt(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        context_length: int | None = None,
+    ) -> PromptText:
+        """The rendered prompt, ready to tokenize: BOS once, and control tokens
+        only where the template wrote them (message contents are tokenized as
+        text, so ``<end_of_turn>`` typed into a message cannot end its turn).
+
+        Args:
+            messages: the conversation.
+            add_generation_prompt: end with the template's generation prompt.
+            context_length: the model's context window (tokens); when given, a
+                prompt too long to leave room for a completion is refused here,
+                before any tokenizing (``check_prompt_size``).
+
+        Raises:
+            RequestError: see ``render``; and 400 ``context_length_exceeded``
+                (``param`` ``messages``) from ``check_prompt_size``.
+        """
+        plain = [_as_template_message(m) for m in messages]
+        escaped = self._escaped(plain)
+        text = self._checked_render(escaped or plain, add_generation_prompt)
+        add_special = not (self._bos_token and text.startswith(self._bos_token))
+        if escaped is None:  # no content holds control-token text: one call
+            prompt = PromptText(self._tokenizer, (text,), add_special)
+        else:
+            parts = tuple(self._control.split(text))
+            prompt = PromptText(self._tokenizer, parts, add_special, self._control)
+        if context_length is not None:
+            check_prompt_size(
+                self._tokenizer, prompt.parts, context_length, param="messages"
+            )
+        return prompt
+
+    def _escaped(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """``messages`` with control-token text in contents escaped, or ``None``
+        when no content holds any."""
+        escaped = [self._control.escape(m["content"]) for m in messages]
+        if all(e is None for e in escaped):
+            return None
+        return [
+            m if e is None else {**m, "content": e}
+            for m, e in zip(messages, escaped, strict=True)
+        ]
+
+    def _checked_render(
+        self, messages: list[dict[str, Any]], generation_prompt: bool
+    ) -> str:
+        try:
+            return self._render(messages, generation_prompt)
+        except jinja2.TemplateError as exc:
+            index = self._first_failing(messages, generation_prompt)
+            raise RequestError(
+                f"The chat template cannot render messages[{index}] "
+                f"(role {messages[index]['role']!r}): {bounded_repr(str(exc))}",
+                param=f"messages[{index}]",
+                code="invalid_messages",
+            ) from exc
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return self._template.render(
@@ -144,14 +207,21 @@ class ChatTemplate:
     def _first_failing(
         self, messages: list[dict[str, Any]], generation_prompt: bool
     ) -> int:
-        # Render ever longer prefixes: the first one that fails ends with the
-        # message at fault, whatever the template checks.
-        for end in range(1, len(messages)):
+        # The whole list fails. Bisect for where failing starts: messages[:good]
+        # renders (the empty prefix is taken to), messages[:bad] does not, so
+        # messages[bad - 1] is at fault. That is the first message that cannot be
+        # rendered when a failing list stays failing as it grows, as templates
+        # that check message by message do; log2(n) renders, not n.
+        good, bad = 0, len(messages)
+        while bad - good > 1:
+            middle = (good + bad) // 2
             try:
-                self._render(messages[:end], generation_prompt)
+                self._render(messages[:middle], generation_prompt)
             except jinja2.TemplateError:
-                return end - 1
-        return len(messages) - 1
+                bad = middle
+            else:
+                good = middle
+        return bad - 1
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
@@ -161,12 +231,27 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
     with ``tokenizer.bos_token``. An empty ``text`` gives just what the tokenizer
     adds (possibly nothing).
     """
-    return _encode(tokenizer, text, tokenizer.bos_token)
+    return text_prompt(tokenizer, text).encode()
 
 
-def _encode(tokenizer: Tokenizer, text: str, bos: str) -> list[int]:
-    add_special = not (bos and text.startswith(bos))
-    return tokenizer.encode(text, add_special=add_special, parse_special=True)
+def text_prompt(
+    tokenizer: Tokenizer,
+    text: str,
+    *,
+    context_length: int | None = None,
+    param: str = "prompt",
+) -> PromptText:
+    """``text`` as a prompt to tokenize as ``encode_prompt`` does.
+
+    Raises:
+        RequestError: 400 ``context_length_exceeded`` naming ``param``, when
+            ``context_length`` is given and ``text`` cannot leave room in it
+            (``check_prompt_size``, before any tokenizing).
+    """
+    if context_length is not None:
+        check_prompt_size(tokenizer, [text], context_length, param=param)
+    bos = tokenizer.bos_token
+    return PromptText(tokenizer, (text,), not (bos and text.startswith(bos)))
 
 
 def _as_template_message(message: ChatMessage) -> dict[str, Any]:

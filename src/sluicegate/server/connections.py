@@ -1,0 +1,248 @@
+"""HTTP connection limits: uvicorn's h11 protocol with read deadlines and a 431.
+
+``serve`` runs uvicorn with ``http=protocol_class(limits)``, a subclass of
+uvicorn's ``H11Protocol``, and sets uvicorn's own limits beside it
+(``options.run_server``): ``h11_max_incomplete_event_size`` (the request head),
+``limit_concurrency`` (connections) and ``timeout_keep_alive``. What uvicorn has
+no setting for is a time limit on reading a request, so a client can hold a
+connection (and, before this module, its buffered head) for as long as it likes by
+sending nothing, or one byte every few seconds. Here each connection has one timer:
+
+- a request's head (request line and headers) must be complete within
+  ``header_timeout_s``, counted from the connection's opening for its first
+  request and from the first byte of each later one (between requests, uvicorn's
+  keep-alive timeout closes an idle connection);
+- its body, within ``body_timeout_s`` of the end of its head.
+
+Past a deadline the connection gets ``408 Request Timeout`` (an OpenAI error
+body, ``Connection: close``), unless a response to that request has begun or a
+later request has not sent a byte yet, and is closed. A request read in full
+stops the timer: a response may stream for as long as it likes. A head over
+h11's size limit gets ``431 Request Header Fields Too Large`` (uvicorn answers
+every parse error with 400) and a close.
+
+Invariants:
+    - At most one timer per connection; it is re-armed only when the phase
+      changes (head -> body -> done), so trickling bytes never extend a deadline.
+    - The phase is read from ``h11.Connection.their_state`` after uvicorn has
+      fed the bytes in, never guessed from the bytes.
+
+Why h11 and not httptools (which ``uvicorn[standard]`` picks by default):
+uvicorn's httptools protocol bounds neither a header's size nor the head's (a
+32 MB header was accepted), and frames every response without a length as
+chunked, HTTP/1.0 peers included (RFC 9112 forbids it); h11 stops buffering a
+head at its limit and delimits an HTTP/1.0 response by closing the connection.
+The price is h11's per-write work in Python: about 6 us more per ``send`` than
+httptools on this project's machine, paid once per token of each stream.
+
+Spec: RFC 9110, "15.5.9. 408 Request Timeout"; RFC 6585, "5. 431 Request Header
+Fields Too Large"; RFC 9112, "6.3. Message Body Length" and "9.6. Tear-down".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import resource
+import sys
+from dataclasses import dataclass
+from typing import ClassVar
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
+
+from sluicegate.core.chunks import dumps, error_payload
+
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "ConnectionLimits",
+    "LimitedH11Protocol",
+    "default_max_connections",
+    "protocol_class",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONNECTIONS = 4096
+"""The connection cap when the open-file limit leaves room for it."""
+
+_RESERVED_FDS = 64
+"""File descriptors kept out of the connection cap: the listening socket, the
+ledger, the model file, logs and the engine's own."""
+
+
+def default_max_connections() -> int:
+    """``DEFAULT_MAX_CONNECTIONS``, or fewer: the open-file limit minus 64.
+
+    Past the process's file-descriptor limit ``accept()`` fails and clients see
+    resets; under the cap, a connection over it gets uvicorn's 503 instead.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft - _RESERVED_FDS))
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How long a connection may take to send a request, and its head's size.
+
+    Attributes:
+        header_timeout_s: seconds for a request's head to arrive in full (> 0).
+        body_timeout_s: seconds for its body, from the end of its head (> 0).
+        max_header_bytes: the largest request head, in bytes (request line and
+            headers; > 0); the same value goes to uvicorn as
+            ``h11_max_incomplete_event_size``, and this one names it in the 431.
+    """
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_header_bytes: int = 32 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "max_header_bytes"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+class _Phase(enum.Enum):
+    """What a connection is waiting for from its client."""
+
+    IDLE = "idle"  # between requests: uvicorn's keep-alive timeout applies
+    HEAD = "head"
+    BODY = "body"
+    DONE = "done"  # the request is read; the response takes its time
+
+
+class LimitedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with head and body deadlines and a 431.
+
+    Use ``protocol_class(limits)``: uvicorn instantiates the class itself, so the
+    limits are a class attribute.
+    """
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+
+    _phase: _Phase
+    _timer: asyncio.TimerHandle | None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._phase = _Phase.IDLE
+        self._timer = None
+        self._enter(_Phase.HEAD)  # a new connection owes a request at once
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._enter(_Phase.DONE)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow(bytes_arrived=True)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow(bytes_arrived=False)
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this from inside its `except h11.RemoteProtocolError`, so
+        # the error, and h11's status hint (431 for a head over the limit), is
+        # the one being handled.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, h11.RemoteProtocolError) and exc.error_status_hint == 431:
+            self._enter(_Phase.DONE)
+            self._refuse(
+                431,
+                f"The request head (request line and headers) is larger than "
+                f"{self.limits.max_header_bytes} bytes",
+                "request_header_too_large",
+            )
+            return
+        super().send_400_response(msg)
+
+    def _follow(self, *, bytes_arrived: bool) -> None:
+        """Move to the phase h11's view of the client's side says."""
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            # Bytes while idle are the start of a head (h11 has not parsed a
+            # whole one yet); a head that was already due stays due.
+            started = bytes_arrived or self._phase is _Phase.HEAD
+            self._enter(_Phase.HEAD if started else _Phase.IDLE)
+        elif state is h11.SEND_BODY:
+            self._enter(_Phase.BODY)
+        else:
+            self._enter(_Phase.DONE)
+
+    def _enter(self, phase: _Phase) -> None:
+        if phase is self._phase:
+            return
+        self._phase = phase
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+        if phase is _Phase.HEAD:
+            self._timer = self.loop.call_later(
+                self.limits.header_timeout_s, self._expire
+            )
+        elif phase is _Phase.BODY:
+            self._timer = self.loop.call_later(self.limits.body_timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        phase = self._phase
+        self._phase = _Phase.DONE
+        if self.transport.is_closing():
+            return
+        cycle: RequestResponseCycle | None = self.cycle
+        # A head's cycle is the previous request's (done); a body's is its own,
+        # which may already be answered (a 401 before the body was read).
+        answered = phase is _Phase.BODY and cycle is not None and cycle.response_started
+        # A later request that has sent nothing yet is an idle connection (uvicorn
+        # stops its keep-alive timer on any byte, even the end of a body it
+        # drained after answering): close it as the keep-alive timeout would.
+        idle = phase is _Phase.HEAD and cycle is not None and not self._buffered()
+        logger.debug("closing %s: its request %s was late", self.client, phase.value)
+        if answered or idle:
+            self.transport.close()
+            return
+        timeout_s = (
+            self.limits.header_timeout_s
+            if phase is _Phase.HEAD
+            else self.limits.body_timeout_s
+        )
+        self._refuse(
+            408,
+            f"The request {phase.value} did not arrive within {timeout_s:g} s",
+            "request_timeout",
+        )
+
+    def _buffered(self) -> bool:
+        data, _ = self.conn.trailing_data
+        return bool(data)
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        """Write one error response outside h11 (the connection ends), close."""
+        body = dumps(error_payload(message, "invalid_request_error", None, code))
+        reason = _REASONS[status]
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode("ascii") + body)
+        self.transport.close()
+
+
+_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
+
+
+def protocol_class(limits: ConnectionLimits) -> type[LimitedH11Protocol]:
+    """The protocol class to give uvicorn as ``Config(http=...)``, with ``limits``."""
+
+    class ConfiguredH11Protocol(LimitedH11Protocol):
+        pass
+
+    ConfiguredH11Protocol.limits = limits
+    return ConfiguredH11Protocol
