@@ -30,6 +30,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from sluicegate.doctor import cpu_model, read_cpuinfo
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "builds.json"
 CANDIDATES = {
@@ -55,13 +57,6 @@ def _run(
     cmd += [str(args.threads), str(n_ctx), str(top)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return float(json.loads(out.splitlines()[-1])["tokens_per_s"])
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return platform.processor()
 
 
 def _system_info(python: Path) -> str:
@@ -99,7 +94,7 @@ def main() -> int:
         table.add_column(col, justify="right")
     result: dict[str, object] = {
         "machine": platform.machine(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(read_cpuinfo()),
         "system_info": info,
         "repeats": args.repeats,
         "rows": [],

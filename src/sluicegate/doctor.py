@@ -47,8 +47,10 @@ __all__ = [
     "ChildResult",
     "compiled_features",
     "cpu_flags",
+    "cpu_model",
     "diagnose",
     "missing_features",
+    "read_cpuinfo",
     "run_child",
 ]
 
@@ -214,14 +216,16 @@ class BuildCheck:
         return cls(version, stamp)
 
 
-def _read_cpuinfo() -> str:
+def read_cpuinfo() -> str:
+    """The text of ``/proc/cpuinfo``, or ``""`` where there is none."""
     try:
         return Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
 
 
-def _cpu_model(cpuinfo: str) -> str:
+def cpu_model(cpuinfo: str) -> str:
+    """The first ``model name`` of ``/proc/cpuinfo`` text, else the platform's."""
     for line in cpuinfo.splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip() == "model name":
@@ -282,14 +286,14 @@ def diagnose(
     Returns:
         0, ``FAILED`` (1) or ``CRASHED`` (3).
     """
-    cpuinfo = _read_cpuinfo()
+    cpuinfo = read_cpuinfo()
     flags = cpu_flags(cpuinfo)
     build = BuildCheck.installed()
     fingerprint = _fingerprint(flags, build, model)
     if stamp is not None and stamp.is_file() and stamp.read_text() == fingerprint:
         out.write(f"doctor: passed before on this CPU with this build ({stamp})\n")
         return 0
-    out.write(f"cpu: {_cpu_model(cpuinfo)} ({platform.machine()}, ")
+    out.write(f"cpu: {cpu_model(cpuinfo)} ({platform.machine()}, ")
     out.write(f"{os.cpu_count()} cores)\n")
     shown = [f"{name}={'yes' if name in flags else 'no'}" for name in _SHOWN]
     out.write(f"cpu features: {' '.join(shown)}\n")

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
+from starlette.applications import Starlette
 
 from sluicegate.core.errors import EngineError
 from sluicegate.engines.llamacpp import LlamaCppEngine
@@ -44,19 +46,32 @@ async def engine() -> AsyncIterator[LlamaCppEngine]:
     await eng.aclose()
 
 
-async def test_a_failed_decode_step_is_one_error_event_and_the_next_request_works(
-    engine: LlamaCppEngine,
-) -> None:
+async def _fault_mid_stream(
+    engine: LlamaCppEngine, fault: BaseException
+) -> tuple[Starlette, Exchange, list[dict[str, Any]]]:
+    """Stream STORY through a new app, inject ``fault`` after its first content.
+
+    Returns the app, the ended exchange (status 200 asserted) and its error
+    events' payloads.
+    """
     app = create_app(engine, ServerConfig())
     ex = Exchange(app, COMPLETIONS, STORY)
     async with anyio.create_task_group() as tg:
         tg.start_soon(ex.run)
         await ex.wait_for(ex.has_content, timeout_s=30)
-        engine.inject_fault(EngineError("injected decode failure"))
+        engine.inject_fault(fault)
         await ex.wait_for(lambda: ex.returned, timeout_s=30)
-
     assert ex.status == 200
     errors = [json.loads(e.data) for e in ex.events() if '"error"' in e.data]
+    return app, ex, errors
+
+
+async def test_a_failed_decode_step_is_one_error_event_and_the_next_request_works(
+    engine: LlamaCppEngine,
+) -> None:
+    app, ex, errors = await _fault_mid_stream(
+        engine, EngineError("injected decode failure")
+    )
     assert len(errors) == 1
     assert errors[0]["error"]["message"]
     assert ex.done_count() == 0
@@ -89,16 +104,7 @@ class _WorkerKilled(BaseException):
 async def test_a_dead_engine_worker_fails_its_streams_in_band_and_says_why(
     engine: LlamaCppEngine,
 ) -> None:
-    app = create_app(engine, ServerConfig())
-    ex = Exchange(app, COMPLETIONS, STORY)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ex.run)
-        await ex.wait_for(ex.has_content, timeout_s=30)
-        engine.inject_fault(_WorkerKilled("worker killed"))
-        await ex.wait_for(lambda: ex.returned, timeout_s=30)
-
-    assert ex.status == 200
-    errors = [json.loads(e.data) for e in ex.events() if '"error"' in e.data]
+    app, ex, errors = await _fault_mid_stream(engine, _WorkerKilled("worker killed"))
     assert len(errors) == 1
     assert "the engine stopped" in errors[0]["error"]["message"]
     assert ex.done_count() == 0
