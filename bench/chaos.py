@@ -56,8 +56,8 @@ import httpx
 from sluicegate.client import AsyncClient, Timeouts
 from sluicegate.core.endstate import EndState
 from sluicegate.server.ledger import LedgerRow, read_rows
+from sluicegate.testing import ServerNotReady, ServerProcess, free_port, serve_command
 
-PYTHON = sys.executable
 HEALTH_TIMEOUT_S = 60.0
 SCRIPT = "The quick brown fox streams tokens correctly, once upon a time. " * 10
 """About 195 scripted tokens: every stream ends by ``max_tokens`` (``length``)."""
@@ -78,22 +78,25 @@ KINDS = ("reader", "slow", "pause", "disconnect", "drop", "invalid")
 WEIGHTS = (4, 2, 1, 3, 1, 1)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass
 class Server:
     """A ``sluicegate serve`` subprocess, its ledger file and its log."""
 
-    process: subprocess.Popen[bytes]
-    base_url: str
-    port: int
+    proc: ServerProcess
     ledger: Path
     log: Path
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.proc.process
+
+    @property
+    def base_url(self) -> str:
+        return self.proc.base_url
+
+    @property
+    def port(self) -> int:
+        return self.proc.port
 
     def rss_kib(self) -> int:
         """The process's resident set (``VmRSS``), in KiB."""
@@ -113,14 +116,7 @@ class Server:
         return {name: float(value) for name, value in found}
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return self.proc.stop(timeout_s=20)
 
 
 def start_server(workdir: Path, *args: str) -> Server:
@@ -128,23 +124,14 @@ def start_server(workdir: Path, *args: str) -> Server:
     port = free_port()
     ledger = workdir / f"ledger-{port}.sqlite3"
     log = workdir / f"server-{port}.log"
-    command = [PYTHON, "-m", "sluicegate", "serve", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--ledger", str(ledger), *args]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(process, f"http://127.0.0.1:{port}", port, ledger, log)
-    deadline = time.monotonic() + HEALTH_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{server.base_url}/health").status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    server.stop()
-    raise RuntimeError(f"the server was not healthy in time:\n{log.read_text()}")
+    command = serve_command(port, "--ledger", str(ledger), *args)
+    server = Server(ServerProcess(command, port, log_path=log), ledger, log)
+    try:
+        server.proc.wait_ready("/health", timeout_s=HEALTH_TIMEOUT_S, interval_s=0.1)
+    except ServerNotReady:
+        server.stop()
+        raise
+    return server
 
 
 def wait_idle(server: Server, give_up_s: float = 15.0) -> dict[str, float]:

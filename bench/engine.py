@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,12 +38,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import h11
-import httpx
 from rich.console import Console
 from rich.table import Table
 
 from sluicegate.core.sse import SSEDecoder
 from sluicegate.model import default_model_path
+from sluicegate.testing import ServerNotReady, ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "engine.json"
@@ -254,31 +253,14 @@ def _median(runs: Iterable[Row]) -> Row:
     return ordered[len(ordered) // 2]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], path: str) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + path, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready after 180 s")
-
-
-def _start(cmd: list[str], url: str, health: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    _wait_ready(url, proc, health)
-    return proc
+def _start(cmd: list[str], port: int, health: str, log: Path) -> ServerProcess:
+    server = ServerProcess(cmd, port, log_path=log)
+    try:
+        server.wait_ready(health, timeout_s=180, interval_s=0.5)
+    except ServerNotReady:
+        server.stop(timeout_s=30)
+        raise
+    return server
 
 
 def _measure_server(
@@ -292,8 +274,7 @@ def _measure_server(
     args: argparse.Namespace,
 ) -> list[Row]:
     """Start one server, warm it up, measure every concurrency, stop it."""
-    url = f"http://127.0.0.1:{port}"
-    proc = _start(cmd, url, health, logs / f"{system}.log")
+    server = _start(cmd, port, health, logs / f"{system}.log")
     rows = []
     try:
         asyncio.run(http_run("warm-up", port, "default", 1, 4))
@@ -306,8 +287,7 @@ def _measure_server(
                 )
             )
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop(timeout_s=30)
     return rows
 
 
@@ -327,8 +307,7 @@ def _measure_paired(
     after repeat, the two share it, and the median of the paired ratios
     (sluicegate / bare, returned per concurrency) is much steadier.
     """
-    url = f"http://127.0.0.1:{port}"
-    proc = _start(cmd, url, "/health", logs / "sluicegate.log")
+    server = _start(cmd, port, "/health", logs / "sluicegate.log")
     top = max(levels)
     bare_rows: list[Row] = []
     our_rows: list[Row] = []
@@ -350,8 +329,7 @@ def _measure_paired(
                 o.tokens_per_s / b.tokens_per_s for b, o in pairs
             )
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop(timeout_s=30)
     return bare_rows, our_rows, ratios
 
 
@@ -374,7 +352,7 @@ def main() -> int:
     console = Console()
     logs = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
 
-    port = _free_port()
+    port = free_port()
     ours = [sys.executable, "-m", "sluicegate", "serve", "--port", str(port)]
     ours += ["--parallel", str(top), "--n-ctx", str(n_ctx), "--log-level", "warning"]
     ours += ["--threads", str(args.threads)]
@@ -386,7 +364,7 @@ def main() -> int:
     if not args.no_peer:
         if not PEER_PYTHON.exists():
             subprocess.run(["bash", str(ROOT / "bench" / "peer-venv.sh")], check=True)
-        port = _free_port()
+        port = free_port()
         peer = [str(PEER_PYTHON), "-m", "llama_cpp.server", "--model", str(model)]
         peer += ["--port", str(port), "--n_ctx", str(n_ctx)]
         peer += ["--n_threads", str(args.threads), "--model_alias", "default"]

@@ -60,11 +60,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+
+from sluicegate.testing import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "streams.json"
@@ -282,19 +283,22 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
 # ---------------------------------------------------------------- orchestration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+# sluicegate with every unpaced stream written by its own task (TaskWriter), not
+# by the engine's callbacks (EagerWriter, the default): what the eager path earns.
+_TASK_WRITER = (
+    "import sys; from sluicegate.cli import main; "
+    "from sluicegate.server.sse_response import EventStreamResponse; "
+    "from sluicegate.server.writers import TaskWriter; "
+    "EventStreamResponse.writer = TaskWriter; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
-    if kind == "sluicegate":
+    if kind in ("sluicegate", "sluicegate-task"):
+        start = ["-m", "sluicegate"] if kind == "sluicegate" else ["-c", _TASK_WRITER]
         return [
             PYTHON,
-            "-m",
-            "sluicegate",
+            *start,
             "serve",
             "--engine=scripted",
             f"--port={port}",
@@ -325,29 +329,14 @@ def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
 @contextlib.contextmanager
 def _server(kind: str, rate: float, text: Path, cpu: str) -> Iterator[tuple[int, int]]:
     """A server pinned to ``cpu``; yields (pid, port) once ``/health`` answers."""
-    port = _free_port()
+    port = free_port()
     command = ["taskset", "-c", cpu, *_server_command(kind, port, rate, text)]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT
-    )
+    server = ServerProcess(command, port, name=kind, cwd=ROOT)
     try:
-        for _ in range(200):
-            if proc.poll() is not None:
-                raise RuntimeError(f"{kind} server exited with {proc.returncode}")
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            time.sleep(0.1)
-        else:
-            raise RuntimeError(f"{kind} server did not answer /health")
-        yield proc.pid, port
+        server.wait_ready("/health", timeout_s=30, interval_s=0.1)
+        yield server.pid, port
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop(signal.SIGINT)
 
 
 def _cpu_s(pid: int) -> float:
@@ -530,7 +519,13 @@ def _parser() -> argparse.ArgumentParser:
     add("--rate", type=float, default=20.0, help="engine tokens/s per stream")
     add("--duration-s", type=float, default=10.0, help="length of each stream")
     add("--ramp-s", type=float, default=2.0, help="stream starts spread over this")
-    add("--servers", nargs="+", default=["sluicegate", "baseline", "raw"])
+    add(
+        "--servers",
+        nargs="+",
+        default=["sluicegate", "baseline", "raw"],
+        choices=["sluicegate", "sluicegate-task", "baseline", "raw"],
+        help="sluicegate-task: sluicegate with the task writer instead of eager writes",
+    )
     add("--server-cpu", default="0", help="taskset CPU list of the servers")
     add("--load-cpu", default="1", help="taskset CPU list of the load process")
     add("--quick", action="store_true", help="tiny N and duration (CI smoke)")

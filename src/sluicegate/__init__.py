@@ -3,7 +3,7 @@
 The top level re-exports the sans-IO core and the exception tree, so that
 ``import sluicegate`` stays free of asyncio and HTTP. The HTTP client is
 ``sluicegate.client``; engines are ``sluicegate.engines``; the server is
-``sluicegate.server``.
+``sluicegate.server``; ``sluicegate.testing`` starts server subprocesses for tests.
 """
 
 from sluicegate.core import (

@@ -3,7 +3,7 @@
 Bodies are built with the core's own encoder and chunk builders, so they are the
 wire format the server sends; ``Gap`` items in a body stand for silences that a
 mock transport turns into ``httpx.ReadTimeout`` when the request's read timeout
-is shorter (no test sleeps).
+is shorter (no test sleeps), and a ``Cut`` for the connection breaking.
 """
 
 from __future__ import annotations
@@ -66,60 +66,65 @@ def error_body() -> bytes:
     return b"".join([*frames, encode_comment(), error])
 
 
+@dataclass(frozen=True)
+class Cut:
+    """The connection breaking at this point of a streamed body."""
+
+    message: str = "peer closed connection"
+
+
+Part = bytes | Gap | Cut
+
+
 def transport(
-    parts: Iterable[bytes | Gap],
+    parts: Iterable[Part],
     status: int = 200,
     headers: dict[str, str] | None = None,
+    *,
+    asynchronous: bool = False,
 ) -> httpx.MockTransport:
-    """A sync transport answering every request with ``parts`` as the body."""
+    """A transport answering every request with ``parts`` as the body.
+
+    ``asynchronous`` gives the body as an async iterator, which ``AsyncClient``
+    needs (and ``Client`` refuses).
+    """
     items = list(parts)
 
     def handler(request: httpx.Request) -> httpx.Response:
+        body = _async_body if asynchronous else _sync_body
         return httpx.Response(
             status,
             headers=SSE_HEADERS if headers is None else headers,
-            content=_sync_body(items, request),
+            content=body(items, request),
         )
 
     return httpx.MockTransport(handler)
 
 
-def async_transport(
-    parts: Iterable[bytes | Gap], status: int = 200
-) -> httpx.MockTransport:
-    """The async twin of ``transport``."""
-    items = list(parts)
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            status, headers=SSE_HEADERS, content=_async_body(items, request)
-        )
-
-    return httpx.MockTransport(handler)
-
-
-def _read_timeout(item: Gap, request: httpx.Request) -> None:
+def _check(item: Gap | Cut, request: httpx.Request) -> None:
+    if isinstance(item, Cut):
+        raise httpx.RemoteProtocolError(item.message, request=request)
     limit = request.extensions["timeout"]["read"]
     if limit is not None and item.seconds > limit:
         raise httpx.ReadTimeout("simulated silence", request=request)
 
 
-def _sync_body(items: list[bytes | Gap], request: httpx.Request) -> Iterator[bytes]:
+def _sync_body(items: list[Part], request: httpx.Request) -> Iterator[bytes]:
     for item in items:
-        if isinstance(item, Gap):
-            _read_timeout(item, request)
-        else:
+        if isinstance(item, bytes):
             yield item
+        else:
+            _check(item, request)
 
 
 async def _async_body(
-    items: list[bytes | Gap], request: httpx.Request
+    items: list[Part], request: httpx.Request
 ) -> AsyncIterator[bytes]:
     for item in items:
-        if isinstance(item, Gap):
-            _read_timeout(item, request)
-        else:
+        if isinstance(item, bytes):
             yield item
+        else:
+            _check(item, request)
 
 
 def bytewise(body: bytes) -> list[bytes]:

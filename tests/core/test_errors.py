@@ -32,20 +32,18 @@ def test_protocol_errors_carry_a_status_hint() -> None:
     assert isinstance(LocalProtocolError("bug"), SluicegateError)
 
 
-def test_request_errors_carry_param_code_and_status() -> None:
+def test_request_errors_carry_param_and_code() -> None:
     error = RequestError("n must be >= 1, got 0", param="n", code="invalid_value")
-    assert (error.message, error.param, error.code, error.status) == (
+    assert (error.message, error.param, error.code) == (
         "n must be >= 1, got 0",
         "n",
         "invalid_value",
-        400,
     )
     assert error.error_type == "invalid_request_error"
 
 
 def test_model_not_found_names_the_model_and_what_is_served() -> None:
     error = ModelNotFound("gpt-9", ["gemma"])
-    assert error.status == 404
     assert error.param == "model"
     assert error.code == "model_not_found"
     assert "'gpt-9'" in error.message
@@ -54,7 +52,6 @@ def test_model_not_found_names_the_model_and_what_is_served() -> None:
 
 def test_body_too_large_gives_limit_and_size() -> None:
     error = BodyTooLarge(limit_bytes=10, seen_bytes=11)
-    assert error.status == 413
     assert error.code == "request_too_large"
     assert "11 bytes" in error.message
     assert "limit is 10" in error.message

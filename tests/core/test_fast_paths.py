@@ -427,7 +427,9 @@ def test_own_init_values_stay_frozen_dataclasses() -> None:
     assert delta == Delta(index=1, text="a", logprobs=None, usage=usage)
     assert hash(delta) == hash(Delta(1, "a", None, usage))
     assert dataclasses.replace(delta, text="b") == Delta(1, "b", usage=usage)
-    assert repr(Delta(0, "x")) == "Delta(index=0, text='x', logprobs=None, usage=None)"
+    assert repr(Delta(0, "x")) == (
+        "Delta(index=0, text='x', logprobs=None, usage=None, parts=None)"
+    )
     step = ChoiceStep("a", FinishReason.STOP)
     assert step == ChoiceStep(text="a", finish_reason=FinishReason.STOP)
     output = EngineOutput((7,), FinishReason.LENGTH)

@@ -359,7 +359,7 @@ def test_any_bytes_in_any_split_decode_alike(
     assert outcome(split_at(stream, cuts)) == outcome([stream])
 
 
-# --- S16: model text can never forge a frame ----------------------------------------
+# --- model text can never forge a frame ----------------------------------------
 
 S16_TEXT = "line one\n\ndata: [DONE]\n\nline\rtwo\u2028three\x00four"
 

@@ -10,7 +10,8 @@ import pytest
 
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import EngineOutput, FinishReason
-from sluicegate.engines.outputs import OutputItem, SequenceOutputs
+from sluicegate.engines.base import OutputItem
+from sluicegate.engines.outputs import SequenceOutputs
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ class _Aborts:
         self.calls += 1
 
 
-async def _collect(outputs: SequenceOutputs) -> list[EngineOutput]:
+async def _collect(outputs: SequenceOutputs[EngineOutput]) -> list[EngineOutput]:
     with anyio.fail_after(2):
         return [output async for output in outputs]
 

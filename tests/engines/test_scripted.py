@@ -1,11 +1,14 @@
-"""ScriptedEngine, ScriptedTokenizer and the clock: scripts, limits, faults, timing."""
+"""ScriptedEngine, ScriptedTokenizer and the clock: scripts, limits, faults, timing.
+
+Timing tests run on a ``ManualClock``: they step time instead of sleeping, so
+what they see does not depend on how busy the machine is.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import math
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -15,8 +18,9 @@ from tests.polling import wait_until
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, FinishReason
-from sluicegate.engines.base import Engine, GenerateRequest, SamplingParams
-from sluicegate.engines.outputs import OutputItem, SequenceOutputs
+from sluicegate.engines.base import Engine, GenerateRequest, OutputItem, SamplingParams
+from sluicegate.engines.clocks import ManualClock
+from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.scripted import (
     DEFAULT_TEXT,
     ScriptedEngine,
@@ -47,8 +51,19 @@ def _ids(text: str) -> list[int]:
     return TOKENIZER.encode(text, add_special=False, parse_special=True)
 
 
-async def _collect(outputs: AsyncIterator[EngineOutput]) -> list[EngineOutput]:
+async def _collect(outputs: AsyncIterator[Any]) -> list[EngineOutput]:
     return [output async for output in outputs]
+
+
+def _timed(
+    engine: ScriptedEngine, clock: ManualClock, request: GenerateRequest
+) -> list[tuple[float, OutputItem]]:
+    """Listen to ``request``'s outputs: each item with the clock's time."""
+    outputs = engine.generate(request)
+    assert isinstance(outputs, SequenceOutputs)
+    seen: list[tuple[float, OutputItem]] = []
+    outputs.listen(lambda item: seen.append((clock.time(), item)))
+    return seen
 
 
 # --- tokenizer ---------------------------------------------------------------
@@ -168,12 +183,33 @@ async def test_context_window_ends_the_sequence_with_length() -> None:
     assert outputs[-1].finish_reason is FinishReason.LENGTH
 
 
-@pytest.mark.anyio
-async def test_rate_paces_the_steps() -> None:
-    engine = ScriptedEngine([20] * 10, tokens_per_s=200)
-    started = time.monotonic()
-    await _collect(engine.generate(_request()))
-    assert time.monotonic() - started >= 10 / 200 * 0.9
+def test_rate_paces_the_steps() -> None:
+    clock = ManualClock(start=100.0)
+    engine = ScriptedEngine([20] * 10, tokens_per_s=200, clock=clock)
+    seen = _timed(engine, clock, _request())
+    clock.advance(0.0049)
+    assert seen == []
+    clock.advance(1.0)
+    times = [at - 100.0 for at, _ in seen]
+    assert times == pytest.approx([0.005 * k for k in range(1, 12)])
+    assert seen[-1][1] == EngineOutput((), FinishReason.STOP)
+
+
+def test_a_late_step_catches_up_by_one_step_at_most() -> None:
+    # A loop that ran late: the schedule is absolute, but never more than one
+    # step behind, so a stalled loop does not release a burst of tokens.
+    clock = ManualClock()
+    engine = ScriptedEngine([20] * 10, tokens_per_s=100, clock=clock)
+    seen = _timed(engine, clock, _request())
+    clock.advance(0.01)
+    assert len(seen) == 1
+    clock.jump(0.5)  # the loop was busy for 0.5 s: no timer ran
+    clock.step()
+    assert len(seen) == 2  # the late step
+    clock.step()
+    assert len(seen) == 3  # one more was due by now; the rest keep the rate
+    clock.step()
+    assert len(seen) == 3
 
 
 @pytest.mark.anyio
@@ -209,36 +245,49 @@ async def test_kv_cells_are_prompt_plus_generated_of_running_sequences() -> None
     assert stats.aborted_ids == ("r",)
 
 
-@pytest.mark.anyio
-async def test_abort_mid_stream_stops_generation_and_counts_waste() -> None:
-    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200)
-    outputs = engine.generate(_request())
-    first = await anext(outputs)
+def test_abort_mid_stream_stops_generation_and_counts_waste() -> None:
+    clock = ManualClock()
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200, clock=clock)
+    seen = _timed(engine, clock, _request())
+    clock.advance(0.005)
+    [(_, first)] = seen
+    assert isinstance(first, EngineOutput)
     assert len(first.token_ids) == 1
     engine.abort("r")
-    assert await _collect(outputs) == []
-    await wait_until(lambda: engine.stats().running == 0)
+    assert seen[1:] == [(0.005, None)]  # the outputs end, with nothing more
     stats = engine.stats()
-    assert stats.kv_cells_used == 0
+    assert (stats.running, stats.kv_cells_used) == (0, 0)
     assert stats.aborted_requests == 1
     assert stats.aborted_ids == ("r",)
     assert stats.wasted_tokens == 1
-    generated = stats.generated_tokens
-    await anyio.sleep(0.05)
-    assert engine.stats().generated_tokens == generated
+    assert stats.generated_tokens == 2
+    clock.advance(10.0)
+    assert engine.stats().generated_tokens == 2
+    assert len(seen) == 2
 
 
 @pytest.mark.anyio
-async def test_abort_during_prefill_frees_the_prompt_before_any_token() -> None:
-    engine = ScriptedEngine(prefill_delay_s=30)
+async def test_abort_mid_stream_ends_an_iterating_reader() -> None:
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200)
     outputs = engine.generate(_request())
-    await anyio.sleep(0.01)
+    await anext(outputs)
+    engine.abort("r")
+    assert await _collect(outputs) == []
+    assert engine.stats().running == 0
+
+
+def test_abort_during_prefill_frees_the_prompt_before_any_token() -> None:
+    clock = ManualClock()
+    engine = ScriptedEngine(prefill_delay_s=30, clock=clock)
+    seen = _timed(engine, clock, _request())
+    clock.advance(29.0)
     assert engine.stats().kv_cells_used == len(PROMPT)
     engine.abort("r")
-    with anyio.fail_after(1):
-        assert await _collect(outputs) == []
-    await wait_until(lambda: engine.stats().kv_cells_used == 0, timeout_s=1)
+    assert seen == [(29.0, None)]
+    clock.advance(10.0)
+    assert seen == [(29.0, None)]
     stats = engine.stats()
+    assert stats.kv_cells_used == 0
     assert stats.generated_tokens == 0
     assert stats.wasted_tokens == 0
     assert stats.aborted_ids == ("r",)
@@ -319,25 +368,26 @@ async def test_fail_at_step_raises_from_the_iterator_after_earlier_steps() -> No
     assert stats.running == 0
 
 
-@pytest.mark.anyio
-async def test_stall_delays_one_step() -> None:
-    # The other steps take 1 ms; half the stall leaves a busy loop room to lag.
-    engine = ScriptedEngine([20] * 4, stall_at_step=2, stall_s=0.6, tokens_per_s=1000)
-    times = []
-    async for _ in engine.generate(_request()):
-        times.append(time.monotonic())
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert gaps[1] >= 0.54
-    assert max(gaps[:1] + gaps[2:]) < 0.3
+def test_stall_delays_one_step() -> None:
+    clock = ManualClock()
+    engine = ScriptedEngine(
+        [20] * 4, stall_at_step=2, stall_s=0.6, tokens_per_s=1000, clock=clock
+    )
+    seen = _timed(engine, clock, _request())
+    clock.advance(5.0)
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(seen)]
+    assert gaps == pytest.approx([0.001, 0.601, 0.001, 0.001])
 
 
-@pytest.mark.anyio
-async def test_prefill_delay_comes_before_the_first_token() -> None:
-    engine = ScriptedEngine([20], prefill_delay_s=0.1, tokens_per_s=10_000)
-    started = time.monotonic()
-    outputs = engine.generate(_request())
-    await anext(outputs)
-    assert time.monotonic() - started >= 0.09
+def test_prefill_delay_comes_before_the_first_token() -> None:
+    clock = ManualClock()
+    engine = ScriptedEngine([20], prefill_delay_s=0.1, tokens_per_s=10_000, clock=clock)
+    seen = _timed(engine, clock, _request())
+    clock.advance(0.1)
+    assert seen == []
+    clock.advance(0.0001)
+    assert [item for _, item in seen] == [EngineOutput((20,))]
+    assert seen[0][0] == pytest.approx(0.1001)
 
 
 @pytest.mark.anyio
@@ -469,111 +519,117 @@ def _sequence(request_id: str) -> _Sequence:
     return _Sequence(_request(request_id), iter(()), SequenceOutputs(lambda: None))
 
 
-@pytest.mark.anyio
-async def test_clock_calls_back_in_due_order_and_never_before_due() -> None:
-    loop = asyncio.get_running_loop()
-    clock = _Clock(loop)
+def test_clock_calls_back_in_due_order_and_never_before_due() -> None:
+    timers = ManualClock()
+    clock = _Clock(timers)
     calls: list[tuple[str, float]] = []
-    start = loop.time()
     delays_s = {"c": 0.03, "a": 0.01, "b": 0.02, "b2": 0.02}
     for name, delay_s in delays_s.items():
         clock.at(
-            start + delay_s,
+            delay_s,
             _sequence(name),
-            lambda seq: calls.append((seq.request.request_id, loop.time())),
+            lambda seq: calls.append((seq.request.request_id, timers.time())),
         )
-    await wait_until(lambda: len(calls) == 4)
-    assert [name for name, _ in calls] == ["a", "b", "b2", "c"]  # ties: as added
-    assert all(at >= start + delays_s[name] - 0.001 for name, at in calls)
+    timers.advance(0.0099)
+    assert calls == []
+    timers.advance(1.0)
+    assert calls == [
+        ("a", 0.01),
+        ("b", 0.02),
+        ("b2", 0.02),
+        ("c", 0.03),
+    ]  # ties: as added
 
 
-@pytest.mark.anyio
-async def test_clock_entries_added_while_it_fires_wait_for_the_next_iteration() -> None:
+def test_clock_entries_added_while_it_fires_wait_for_the_next_iteration() -> None:
     # A callback that re-adds itself due now must not spin inside one firing:
-    # a task that only yields (sleep(0)) runs between any two of its calls.
-    loop = asyncio.get_running_loop()
-    clock = _Clock(loop)
-    ticks = 0
+    # each loop iteration (a step of the clock) runs it once.
+    timers = ManualClock()
+    clock = _Clock(timers)
     seen: list[int] = []
 
     def again(seq: _Sequence) -> None:
-        seen.append(ticks)
-        if len(seen) < 50:
-            clock.at(loop.time(), seq, again)
+        seen.append(len(seen))
+        clock.at(timers.time(), seq, again)
 
-    clock.at(loop.time(), _sequence("s"), again)
-    for _ in range(500):
-        if len(seen) == 50:
-            break
-        ticks += 1
-        await asyncio.sleep(0)
-    assert len(seen) == 50
-    assert all(a < b for a, b in itertools.pairwise(seen)), seen
+    clock.at(timers.time(), _sequence("s"), again)
+    for ran in range(1, 51):
+        timers.step()
+        assert len(seen) == ran
 
 
-@pytest.mark.anyio
-async def test_an_endless_sequence_at_an_unbounded_rate_lets_other_tasks_run() -> None:
-    engine = ScriptedEngine(never_finishes=True, tokens_per_s=math.inf)
-    outputs = engine.generate(_request())
-    assert isinstance(outputs, SequenceOutputs)
-    ticks = 0
-    seen: list[int] = []
-
-    def listener(item: OutputItem) -> None:
-        if isinstance(item, EngineOutput):
-            seen.append(ticks)
-            if len(seen) == 200:
-                engine.abort("r")
-
-    outputs.listen(listener)
-    for _ in range(2000):
-        if len(seen) == 200:
-            break
-        ticks += 1
-        await asyncio.sleep(0)
-    assert len(seen) == 200
-    assert all(a < b for a, b in itertools.pairwise(seen)), seen
+def test_an_endless_sequence_at_an_unbounded_rate_yields_between_steps() -> None:
+    timers = ManualClock()
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=math.inf, clock=timers)
+    seen = _timed(engine, timers, _request())
+    for steps in range(1, 201):
+        timers.step()
+        assert len(seen) == steps  # one token per loop iteration, never a burst
+    engine.abort("r")
     assert engine.stats().running == 0
 
 
+def test_advance_refuses_to_spin_on_callbacks_that_keep_falling_due() -> None:
+    timers = ManualClock()
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=math.inf, clock=timers)
+    engine.generate(_request())
+    with pytest.raises(RuntimeError, match="time does not move"):
+        timers.advance(0, max_steps=50)
+
+
 @pytest.mark.anyio
-async def test_clock_skips_voided_entries_and_still_runs_the_later_ones() -> None:
-    loop = asyncio.get_running_loop()
-    clock = _Clock(loop)
+async def test_on_the_event_loop_an_unbounded_rate_lets_other_tasks_run() -> None:
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=math.inf)
+    outputs = engine.generate(_request())
+    assert isinstance(outputs, SequenceOutputs)
+    seen: list[OutputItem] = []
+    outputs.listen(seen.append)
+    turns = 0
+
+    async def other_task() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.get_running_loop().create_task(other_task())
+    try:
+        await wait_until(lambda: turns >= 100 and len(seen) >= 100)
+    finally:
+        task.cancel()
+    engine.abort("r")
+    assert engine.stats().running == 0
+
+
+def test_clock_skips_voided_entries_and_still_runs_the_later_ones() -> None:
+    timers = ManualClock()
+    clock = _Clock(timers)
     calls: list[str] = []
-    start = loop.time()
     sequences = {name: _sequence(name) for name in "abcd"}
     for delay_s, name in enumerate("abcd", start=1):
         clock.at(
-            start + delay_s * 0.005,
+            delay_s * 0.005,
             sequences[name],
             lambda seq: calls.append(seq.request.request_id),
         )
     clock.void(sequences["a"])  # the earliest entry: the timer is armed for it
     clock.void(sequences["c"])
-    await wait_until(lambda: "d" in calls)
+    timers.advance(1.0)
     assert calls == ["b", "d"]
 
 
-@pytest.mark.anyio
-async def test_an_earlier_entry_added_later_rearms_the_clock_for_its_time() -> None:
-    loop = asyncio.get_running_loop()
-    clock = _Clock(loop)
+def test_an_earlier_entry_added_later_rearms_the_clock_for_its_time() -> None:
+    timers = ManualClock()
+    clock = _Clock(timers)
     calls: list[tuple[str, float]] = []
 
     def record(seq: _Sequence) -> None:
-        calls.append((seq.request.request_id, loop.time()))
+        calls.append((seq.request.request_id, timers.time()))
 
-    start = loop.time()
-    clock.at(start + 0.25, _sequence("late"), record)
-    clock.at(start + 0.01, _sequence("early"), record)
-    await wait_until(lambda: len(calls) == 1)
-    [(name, at)] = calls
-    assert name == "early"
-    assert at < start + 0.2  # not held back until the later entry's time
-    await wait_until(lambda: len(calls) == 2)
-    assert calls[1][0] == "late"
-    assert calls[1][1] >= start + 0.25 - 0.001
+    clock.at(0.25, _sequence("late"), record)
+    clock.at(0.01, _sequence("early"), record)
+    timers.advance(1.0)
+    assert calls == [("early", 0.01), ("late", 0.25)]
 
 
 @pytest.mark.anyio

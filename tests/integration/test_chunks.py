@@ -22,10 +22,10 @@ CHAT = "/v1/chat/completions"
 
 
 def test_usage_is_one_last_chunk_with_no_choices(http: httpx.Client) -> None:
-    """S06: with include_usage exactly one chunk, the last, carries usage.
+    """With include_usage exactly one chunk, the last, carries usage.
 
-    The case's request has no temperature; greedy decoding here makes the token
-    counts of the stream:false request comparable.
+    Greedy decoding (temperature 0) makes the stream's token counts comparable
+    with those of the same request sent with ``stream: false``.
     """
     payload: dict[str, Any] = {
         "messages": [{"role": "user", "content": "Say hello in five words."}],
@@ -50,7 +50,7 @@ def test_usage_is_one_last_chunk_with_no_choices(http: httpx.Client) -> None:
 
 
 def test_no_chunk_carries_usage_unless_asked(http: httpx.Client) -> None:
-    """S06: without stream_options.include_usage no chunk has a usage value."""
+    """Without stream_options.include_usage no chunk has a usage value."""
     payload = {
         "messages": [{"role": "user", "content": "Say hello in five words."}],
         "max_tokens": 16,
@@ -63,7 +63,7 @@ def test_no_chunk_carries_usage_unless_asked(http: httpx.Client) -> None:
 
 
 def test_finish_reason_is_null_except_once_per_choice(http: httpx.Client) -> None:
-    """S07: finish_reason is on every choice, non-null once, stop or length.
+    """``finish_reason`` is on every choice, non-null once, stop or length.
 
     ``check_chunks`` asserts the whole contract, including role in the first chunk.
     """
@@ -80,10 +80,10 @@ def test_finish_reason_is_null_except_once_per_choice(http: httpx.Client) -> Non
 
 
 def test_length_finish_is_the_last_choice_chunk(http: httpx.Client) -> None:
-    """S08: max_tokens reached: the last chunk with choices says length.
+    """``max_tokens`` reached: the last chunk with choices says length.
 
-    The case samples (no temperature, no seed); the end tokens are banned so that
-    no draw ends the answer before ``max_tokens``.
+    The request samples (no temperature, no seed); the end tokens are banned so
+    that no draw ends the answer before ``max_tokens``.
     """
     payload = {
         "messages": [{"role": "user", "content": "Count from 1 to 50."}],
@@ -102,11 +102,11 @@ def test_length_finish_is_the_last_choice_chunk(http: httpx.Client) -> None:
 def test_tiny_max_tokens_streams_every_token(
     http: httpx.Client, max_tokens: int
 ) -> None:
-    """S09: max_tokens 1, 2 and 3: the generated text is sent, then length.
+    """``max_tokens`` 1, 2 and 3: the generated text is sent, then length.
 
-    Greedy decoding (not in the case's request) keeps the first tokens the same on
-    every run; the end tokens are banned (the case allows one, with no text), so
-    that every token is text whatever the machine's model prefers.
+    Greedy decoding keeps the first tokens the same on every run; the end tokens
+    are banned (one would end the answer with no text), so that every token is
+    text whatever the machine's model prefers.
     """
     payload = {
         "messages": [{"role": "user", "content": "Write me a story about a fox."}],
@@ -124,7 +124,7 @@ def test_tiny_max_tokens_streams_every_token(
 
 
 def test_done_is_sent_once_after_both_choices_finish(http: httpx.Client) -> None:
-    """S10: n=2 gives both indices one finish each, then a single [DONE].
+    """``n=2`` gives both indices one finish each, then a single [DONE].
 
     The choices are sampled; with the end tokens banned neither can end empty.
     """

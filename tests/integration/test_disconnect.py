@@ -1,4 +1,4 @@
-"""A client that goes away aborts its request in the engine (S12).
+"""A client that goes away aborts its request in the engine.
 
 Each test opens its own socket, closes it at a chosen moment, and then polls
 ``/engine/stats`` on another connection. The contract: within 1 s of the close the
@@ -7,11 +7,11 @@ and its generated-token counter stops. A machine too slow for 1 s (one engine st
 can take longer) is held to the next step boundary instead: see
 ``STEPS_AFTER_CLOSE``.
 
-The case's request asks for 4096 tokens; with the test server's 2048-token context
-the engine would reject that up front (prompt + max_tokens must fit), so these
-requests ask for 1024: still about 15 s of generation, far past any deadline here.
-The case samples (no temperature, no seed), so a draw could end the story early;
-the model's end tokens are banned so that none can.
+The requests ask for 1024 tokens: they must fit the test server's 2048-token
+context with their prompt (or the engine rejects them up front), and 1024 is still
+about 15 s of generation, far past any deadline here. They sample (no
+temperature, no seed), so a draw could end the story early; the model's end
+tokens are banned so that none can.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 
 CHAT = "/v1/chat/completions"
 ABORT_WITHIN_S = 1.0
-"""The contract (S12)."""
+"""How soon the engine stops after its client goes (docs/DESIGN.md, "Engine
+protocol")."""
 STEPS_AFTER_CLOSE = 3
 """The contract's 1 s assumes engine steps far shorter than that (tens of ms on
 2 cores). Where one step takes longer (a slow or busy machine: a 128-token
@@ -112,7 +113,7 @@ def new_running_id(
 def test_closing_a_stream_after_the_first_token_aborts_the_engine(
     base_url: str, http: httpx.Client
 ) -> None:
-    """S12: read until the first content chunk, close, and the engine stops."""
+    """Read until the first content chunk, close, and the engine stops."""
     before = engine_stats(http)
     with RawExchange(base_url, CHAT, {**STORY, "stream": True}) as exchange:
         assert exchange.read_response().status_code == 200
@@ -139,7 +140,7 @@ def test_closing_a_stream_after_the_first_token_aborts_the_engine(
 def test_closing_a_non_streamed_request_aborts_the_engine(
     base_url: str, http: httpx.Client
 ) -> None:
-    """S12: stream:false, the socket closed 1 s after sending: the engine stops.
+    """``stream: false``, the socket closed 1 s after sending: the engine stops.
 
     No machine is assumed fast enough to have sampled a token by then: the close
     waits, after the second, for the first token as well.
@@ -165,7 +166,7 @@ def test_closing_a_non_streamed_request_aborts_the_engine(
 def test_closing_during_a_long_prefill_aborts_before_any_token(
     base_url: str, http: httpx.Client
 ) -> None:
-    """S12: the client leaves while a ~1500-token prompt is being prefilled."""
+    """The client leaves while a ~1500-token prompt is being prefilled."""
     sentence = "The keeper climbed the stairs and lit the great lamp again. "
     payload = {
         "messages": [

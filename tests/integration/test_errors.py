@@ -1,4 +1,4 @@
-"""An engine failure after the first byte is reported in band (S13).
+"""An engine failure after the first byte is reported in band.
 
 The fault is injected with the scripted engine (``--fault error-after:3``: the
 sequence fails after three decode steps), so these tests need no model.
@@ -43,7 +43,7 @@ def faulty_http(faulty_server: ServerProcess) -> Iterator[httpx.Client]:
 def test_failure_mid_stream_is_one_error_event_and_no_done(
     faulty_http: httpx.Client,
 ) -> None:
-    """S13: content, then exactly one error event, then the stream closes."""
+    """Content, then exactly one error event, then the stream closes."""
     before = engine_stats(faulty_http)
     recorded = record_stream(faulty_http, CHAT, {**STORY, "stream": True})
 
@@ -79,7 +79,7 @@ def test_failure_mid_stream_is_one_error_event_and_no_done(
 
 
 def test_sdk_raises_api_error_on_an_in_band_error(faulty_server: ServerProcess) -> None:
-    """S13, seen through the official client: iterating raises ``APIError``."""
+    """Seen through the official client: iterating raises ``APIError``."""
     received: list[Any] = []
     with openai.OpenAI(
         base_url=f"{faulty_server.base_url}/v1", api_key="x", max_retries=0

@@ -1,4 +1,4 @@
-"""Event streams carry the headers that keep proxies from buffering them (S15)."""
+"""Event streams carry the headers that keep proxies from buffering them."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 def test_stream_headers_are_proxy_safe_and_never_compressed(
     http: httpx.Client, path: str
 ) -> None:
-    """S15: event-stream type, no-cache, no proxy buffering, no length, no gzip.
+    """Event-stream type, no-cache, no proxy buffering, no length, no gzip.
 
-    The case asks for 256 tokens; headers do not depend on the length, so 16 keep
-    the test fast.
+    Headers do not depend on the answer's length, so 16 tokens keep the test
+    fast.
     """
     payload = (
         {"messages": [{"role": "user", "content": "Write a long story."}]}

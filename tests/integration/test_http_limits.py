@@ -104,6 +104,18 @@ def _healthy(server: ServerProcess) -> bool:
     return httpx.get(f"{server.base_url}/health", timeout=5).status_code == 200
 
 
+def _refusals(server: ServerProcess, code: str) -> float:
+    """``sluicegate_refused_requests_total`` of ``code`` (0 before the first)."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=GIVE_UP_S).text
+    prefix = f'sluicegate_refused_requests_total{{code="{code}"}} '
+    counts = [
+        float(line[len(prefix) :])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    ]
+    return counts[0] if counts else 0.0
+
+
 # -- the request head --------------------------------------------------------------
 
 
@@ -118,6 +130,7 @@ def test_a_head_over_the_limit_gets_431_and_a_close(limited: ServerProcess) -> N
     assert status.startswith(b"HTTP/1.1 431 "), data[:200]
     assert (b"connection", b"close") in headers
     assert json.loads(body)["error"]["code"] == "request_header_too_large"
+    assert _refusals(limited, "request_header_too_large") >= 1
 
 
 def test_a_1_mb_header_is_refused(limited: ServerProcess) -> None:
@@ -154,6 +167,7 @@ def test_a_connection_that_sends_nothing_is_closed(limited: ServerProcess) -> No
     status, _, body = _head(data)
     assert status.startswith(b"HTTP/1.1 408 "), data[:200]
     assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert _refusals(limited, "request_timeout") >= 1
 
 
 def test_trickled_headers_do_not_extend_the_deadline(limited: ServerProcess) -> None:
@@ -347,16 +361,26 @@ def _get_health(server: ServerProcess) -> bytes:
 
 
 def test_a_connection_over_the_cap_gets_503_not_a_reset(capped: ServerProcess) -> None:
+    """In the OpenAI error shape, with ``Retry-After`` (uvicorn's own is plain
+    text without it), and counted in the metrics."""
     idle = [_connect(capped) for _ in range(3)]
     try:
         time.sleep(0.3)  # accepted by now
         refused = _get_health(capped)
-        assert refused.startswith(b"HTTP/1.1 503 "), refused[:200]
+        status, headers, body = _head(refused)
+        assert status.startswith(b"HTTP/1.1 503 "), refused[:200]
+        assert (b"retry-after", b"1") in headers
+        assert (b"connection", b"close") in headers
+        assert (b"content-type", b"application/json") in headers
+        error = json.loads(body)["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] == "too_many_connections"
         idle.pop().close()
         deadline = time.monotonic() + GIVE_UP_S
         while not (served := _get_health(capped)).startswith(b"HTTP/1.1 200 "):
             assert time.monotonic() < deadline, served[:200]
             time.sleep(0.1)
+        assert _refusals(capped, "too_many_connections") >= 1
     finally:
         for sock in idle:
             sock.close()

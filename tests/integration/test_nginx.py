@@ -1,4 +1,4 @@
-"""Through a real nginx with default ``proxy_buffering on``, events still flow (S15).
+"""Through a real nginx with default ``proxy_buffering on``, events still flow.
 
 A proxy that buffers an event stream delivers it in bursts of a buffer (4-8 KB,
 ~20-40 chunks) or all at the end; an unbuffered one delivers it event by event as
@@ -58,7 +58,7 @@ def nginx_url(
 
 
 def test_events_pass_through_nginx_as_they_are_written(nginx_url: str) -> None:
-    """S15: with nginx's default buffering, events still arrive one by one.
+    """With nginx's default buffering, events still arrive one by one.
 
     Two checks, neither a timing threshold on the server: the first content event
     arrives in the first half of the stream's lifetime (not at the end), and the

@@ -285,8 +285,9 @@ def test_tokens_per_minute_quota_refuses_then_refills(
         (EndState.FINISHED, 200),
     ]
     assert rows[0].prompt_tokens + rows[0].completion_tokens == 592
-    # Refused before its template or tokenizer ran: nothing planned or generated.
-    assert rows[1].prompt_tokens == 0
+    # A small body short only of tokens is planned before it is refused, so that
+    # its Retry-After counts its prompt: tokenized, nothing generated.
+    assert rows[1].prompt_tokens == 10
     assert rows[1].completion_tokens == 0
 
 
@@ -417,7 +418,7 @@ def render_deploy_conf(listen_port: int, upstream_port: int) -> str:
 def test_shipped_nginx_config_keeps_a_ten_second_prefill_alive_with_heartbeats(
     start_server: StartServer, tmp_path: Path
 ) -> None:
-    """S15 with the shipped config: ``proxy_read_timeout 3s``, buffering on.
+    """Through nginx with the shipped config: ``proxy_read_timeout 3s``, buffering on.
 
     With 1 s heartbeats a 10 s prefill survives, and the content events, written
     over about 2 s, arrive spread out over many reads, not at the end. A control

@@ -1,4 +1,4 @@
-"""Status codes are decided before the first byte (S14).
+"""Status codes are decided before the first byte.
 
 Every rejected request here asks for a stream; the answer must still be a plain
 JSON error with the right status, in the OpenAI error shape, and no event stream.
@@ -53,7 +53,7 @@ def assert_error(response: httpx.Response, body: bytes, status: int) -> dict[str
 def test_prompt_longer_than_the_context_is_a_400_before_streaming(
     http: httpx.Client,
 ) -> None:
-    """S14: the message names the context limit and the prompt's length."""
+    """The message names the context limit and the prompt's length."""
     too_long = "lighthouse " * (N_CTX + 500)
     response, body = post_stream(
         http, {"messages": [{"role": "user", "content": too_long}]}
@@ -68,7 +68,7 @@ def test_prompt_longer_than_the_context_is_a_400_before_streaming(
 def test_sdk_raises_bad_request_for_a_prompt_longer_than_the_context(
     sdk: openai.OpenAI, model_id: str
 ) -> None:
-    """S14, seen through the official client: an exception before any chunk."""
+    """Seen through the official client: an exception before any chunk."""
     too_long = "lighthouse " * (N_CTX + 500)
     with pytest.raises(openai.BadRequestError) as caught:
         sdk.chat.completions.create(
@@ -86,7 +86,7 @@ def test_sdk_raises_bad_request_for_a_prompt_longer_than_the_context(
 def test_invalid_parameter_is_a_400_naming_it(
     http: httpx.Client, param: str, value: int
 ) -> None:
-    """S14: n=0, negative max_tokens and temperature 5 are rejected up front."""
+    """``n=0``, negative max_tokens and temperature 5 are rejected up front."""
     response, body = post_stream(http, {"messages": HELLO, param: value})
     error = assert_error(response, body, 400)
 
@@ -95,13 +95,13 @@ def test_invalid_parameter_is_a_400_naming_it(
 
 
 def test_invalid_json_is_a_400(http: httpx.Client) -> None:
-    """S14: a body that is not JSON never reaches the engine."""
+    """A body that is not JSON never reaches the engine."""
     response, body = post_stream(http, b'{"messages": [{"role": "user", "content": ')
     assert_error(response, body, 400)
 
 
 def test_unknown_model_is_a_404(http: httpx.Client, sdk: openai.OpenAI) -> None:
-    """S14: a model the server does not serve is not found."""
+    """A model the server does not serve is not found."""
     response, body = post_stream(http, {"model": "no-such-model", "messages": HELLO})
     assert_error(response, body, 404)
     with pytest.raises(openai.NotFoundError):
@@ -124,7 +124,7 @@ def keyed_server(start_server: StartServer) -> ServerProcess:
 def test_missing_or_wrong_api_key_is_a_401(
     keyed_server: ServerProcess, headers: dict[str, str]
 ) -> None:
-    """S14: with keys set, a request without the right key is refused first."""
+    """With keys set, a request without the right key is refused first."""
     with httpx.Client(base_url=keyed_server.base_url, timeout=30) as client:
         response, body = post_stream(
             client, {"model": "default", "messages": HELLO}, **headers
@@ -141,7 +141,7 @@ def test_missing_or_wrong_api_key_is_a_401(
 def test_sdk_raises_authentication_error_for_a_wrong_key(
     keyed_server: ServerProcess,
 ) -> None:
-    """S14, seen through the official client: 401 is ``AuthenticationError``."""
+    """Seen through the official client: 401 is ``AuthenticationError``."""
     with (
         openai.OpenAI(
             base_url=f"{keyed_server.base_url}/v1", api_key="sk-wrong", max_retries=0

@@ -32,16 +32,17 @@ def unstopped_text(http: httpx.Client, payload: dict[str, Any]) -> str:
     return response_text(complete(http, COMPLETIONS, without_stop))
 
 
-@pytest.mark.parametrize("source", ["case", "answer"])
+@pytest.mark.parametrize("source", ["fixed", "answer"])
 def test_stop_string_is_held_back_and_never_leaks(
     http: httpx.Client, source: str
 ) -> None:
-    """S01: a stop string spread over several tokens never reaches the client.
+    """A stop string spread over several tokens never reaches the client.
 
-    ``case`` sends the case's ``DEFGHIJ``, which the model need not write (whether
-    it does depends on the machine: Gemma 3 270M writes ``DE.`` on some). So
-    ``answer`` cuts seven characters from the middle of the unstopped answer
-    instead, and the stop string matches whatever this machine's model writes.
+    ``fixed`` sends the stop string ``DEFGHIJ`` after the prompt's ``ABC``, which
+    the model need not write (whether it does depends on the machine: Gemma 3
+    270M writes ``DE.`` on some). So ``answer`` cuts seven characters from the
+    middle of the unstopped answer instead, and the stop string matches whatever
+    this machine's model writes.
     """
     payload: dict[str, Any] = {
         "prompt": "Here is the English alphabet: ABC",
@@ -79,7 +80,7 @@ def test_stop_string_is_held_back_and_never_leaks(
 def test_several_stop_strings_end_at_the_earliest_without_repeats(
     http: httpx.Client,
 ) -> None:
-    """S02: with several stop strings the text ends at the first that matches."""
+    """With several stop strings the text ends at the first that matches."""
     stops = ["\n", "Alice:"]
     payload = {
         "prompt": "Alice: Hi, Bob!\nBob: Hi,",
@@ -103,10 +104,10 @@ def test_several_stop_strings_end_at_the_earliest_without_repeats(
 def test_held_back_tail_is_flushed_before_the_finish_chunk(
     http: httpx.Client, max_tokens: int
 ) -> None:
-    """S03: text held back as a possible stop prefix is sent when generation ends.
+    """Text held back as a possible stop prefix is sent when generation ends.
 
-    The default model writes ``?``, ``\\n``, ``Alice`` here: with the case's
-    ``max_tokens`` 3 the stop string matches (empty text, ``stop``); with 2 the
+    The default model writes ``?``, ``\\n``, ``Alice`` here: with ``max_tokens``
+    3 the stop string matches (empty text, ``stop``); with 2 the
     held-back ``?\\n`` must be flushed at the length finish. ``collect`` checks
     that no text follows the finish chunk.
     """

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 
 
 def test_multi_byte_characters_stream_whole(http: httpx.Client) -> None:
-    """S04: emoji, accents and CJK come out as whole characters, never U+FFFD."""
+    """Emoji, accents and CJK come out as whole characters, never U+FFFD."""
     payload = {
         "messages": [
             {
@@ -39,7 +39,7 @@ def test_multi_byte_characters_stream_whole(http: httpx.Client) -> None:
 
 
 def test_spaces_survive_token_by_token_decoding(http: httpx.Client) -> None:
-    """S05: the joined deltas keep every space the whole decode has."""
+    """The joined deltas keep every space the whole decode has."""
     payload = {"prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0}
     _, choices = collect(http, "/v1/completions", payload)
     whole = response_text(complete(http, "/v1/completions", payload))
@@ -49,7 +49,7 @@ def test_spaces_survive_token_by_token_decoding(http: httpx.Client) -> None:
 
 
 def test_deltas_are_increments_not_cumulative_text(http: httpx.Client) -> None:
-    """S11: the delta lengths add up to the final text's length."""
+    """The delta lengths add up to the final text's length."""
     payload = {"prompt": "Where is New York?", "max_tokens": 16, "temperature": 0}
     _, choices = collect(http, "/v1/completions", payload)
     whole = response_text(complete(http, "/v1/completions", payload))
@@ -60,16 +60,19 @@ def test_deltas_are_increments_not_cumulative_text(http: httpx.Client) -> None:
 
 @pytest.mark.parametrize(
     "max_tokens",
-    [pytest.param(24, id="case"), pytest.param(22, id="ends-on-a-whole-character")],
+    [
+        pytest.param(24, id="ends-inside-a-character"),
+        pytest.param(22, id="ends-on-a-whole-character"),
+    ],
 )
 def test_characters_split_across_byte_tokens_stream_whole(
     http: httpx.Client, max_tokens: int
 ) -> None:
-    """S17: emoji the vocabulary only has as byte tokens are never cut in half.
+    """Emoji the vocabulary only has as byte tokens are never cut in half.
 
     The default model answers with one token per byte, in a 9-token period
-    (``🪼``, space, ``🦩``). 22 tokens end on the last byte of a ``🪼``; the case's
-    24 end on the first byte of a ``🦩`` that the length limit cuts off.
+    (``🪼``, space, ``🦩``). 22 tokens end on the last byte of a ``🪼``; 24 end
+    on the first byte of a ``🦩`` that the length limit cuts off.
     """
     payload = {
         "prompt": "🦩🪼 🦩🪼 🦩🪼 🦩🪼 🦩",

@@ -1,7 +1,9 @@
-"""Fixtures of the server tests: the anyio backend, a scripted engine and its app."""
+"""Fixtures of the server tests: the anyio backend, the stream writer, a scripted
+engine and its app."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 import httpx
@@ -11,12 +13,25 @@ from starlette.applications import Starlette
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.sse_response import EventStreamResponse
+from sluicegate.server.writers import EagerWriter, TaskWriter
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     """The scripted engine runs on asyncio only."""
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def stream_writer(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The writer of unpaced streams: ``EagerWriter``, or ``TaskWriter`` with
+    ``SLUICEGATE_TEST_WRITER=task`` in the environment (to run the server tests
+    through the plain twin)."""
+    name = os.environ.get("SLUICEGATE_TEST_WRITER", "eager")
+    writers = {"eager": EagerWriter, "task": TaskWriter}
+    monkeypatch.setattr(EventStreamResponse, "writer", writers[name])
+    return name
 
 
 @pytest.fixture

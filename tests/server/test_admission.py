@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
+import jinja2
 import pytest
 from starlette.applications import Starlette
 
@@ -28,6 +30,7 @@ from sluicegate.server.admission import (
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
+from sluicegate.server.statuses import status_of
 
 from .asgi import CHAT, HELLO, Exchange
 
@@ -105,6 +108,25 @@ def test_tokens_quota_reserves_and_returns_the_unused_part() -> None:
     admission.admit(None, "m", 40)
 
 
+def test_over_quota_says_whether_only_the_tokens_bucket_is_short() -> None:
+    clock = FakeClock()
+    quota = Quota(requests_per_minute=2, tokens_per_minute=100)
+    admission = Admission(quota=quota, clock=clock)
+    admission.admit(None, "m", 90)
+    admission.admit(None, "m", 5)
+    with pytest.raises(OverQuota) as requests:
+        admission.admit(None, "m", 1)
+    assert not requests.value.tokens_only
+    with pytest.raises(OverQuota) as both:
+        admission.admit(None, "m", 50)
+    assert not both.value.tokens_only
+    clock.now += 30  # a request back; 5 + 50 tokens
+    with pytest.raises(OverQuota) as tokens:
+        admission.admit(None, "m", 100)
+    assert tokens.value.tokens_only
+    assert tokens.value.retry_after_s == 27  # 45 missing at 100/60 per second
+
+
 def test_requests_quota_refills_with_time() -> None:
     clock = FakeClock()
     admission = Admission(quota=Quota(requests_per_minute=2), clock=clock)
@@ -121,7 +143,7 @@ def test_a_request_larger_than_the_tokens_quota_is_refused_outright() -> None:
     admission = Admission(quota=Quota(tokens_per_minute=10))
     with pytest.raises(RequestError) as never:
         admission.admit(None, "m", 11)
-    assert (never.value.status, never.value.param) == (400, "max_tokens")
+    assert (status_of(never.value), never.value.param) == (400, "max_tokens")
     assert never.value.code == "tokens_over_quota"
     admission.admit(None, "m", 10)  # nothing was taken by the refusal
 
@@ -130,7 +152,7 @@ def test_more_choices_than_the_engine_can_queue_are_refused_outright() -> None:
     admission = Admission(quota=Quota(requests_per_minute=1), submit_limit=2)
     with pytest.raises(RequestError) as never:
         admission.admit(None, "m", 1, sequences=3)
-    assert (never.value.status, never.value.param) == (400, "n")
+    assert (status_of(never.value), never.value.param) == (400, "n")
     assert never.value.code == "n_over_capacity"
     admission.admit(None, "m", 1, sequences=2)  # the request unit was not spent
 
@@ -211,6 +233,53 @@ async def test_over_quota_is_429_with_retry_after_and_never_reaches_the_engine()
     assert response.json()["error"]["type"] == "rate_limit_error"
     assert engine.stats().generated_tokens == generated
     assert engine.stats().finished_requests == 1
+
+
+async def test_a_small_request_short_of_tokens_gets_the_wait_for_its_real_reserve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The least a chat request reserves counts one prompt token; its plan counts
+    the rendered prompt. A small body is planned before its 429, so a retry after
+    its Retry-After passes; a body over the bound is refused on the least, before
+    the template runs."""
+    clock = FakeClock()
+    engine = ScriptedEngine(
+        tokens_per_s=5000, script="one two three " * 40, context_length=100_000
+    )
+    app = create_app(engine, ServerConfig(quota=Quota(tokens_per_minute=60)))
+    routes = app.routes[0].endpoint.__self__  # type: ignore[attr-defined]
+    routes.admission._clock = clock  # 1 token a second, on this clock
+    one = {"messages": HELLO, "max_tokens": 1}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        first = await client.post(CHAT, json=one)
+        reserve = first.json()["usage"]["prompt_tokens"] + 1
+        assert reserve > 2  # else the least would already be exact
+        clock.now += 60  # full again
+        body = {"messages": HELLO, "max_tokens": 61 - reserve}  # takes all 60
+        assert (await client.post(CHAT, json=body)).status_code == 200
+
+        renders: list[int] = []
+        render = jinja2.Template.render
+
+        def counted(self: jinja2.Template, *args: Any, **kwargs: Any) -> str:
+            renders.append(1)
+            return render(self, *args, **kwargs)
+
+        monkeypatch.setattr(jinja2.Template, "render", counted)
+        padded = [{"role": "user", "content": "x" * 70_000}]
+        big = await client.post(CHAT, json={"messages": padded, "max_tokens": 1})
+        assert big.status_code == 429, big.text
+        assert big.headers["retry-after"] == "2"  # the least: 1 + 1 tokens
+        assert renders == []  # refused before the template
+
+        small = await client.post(CHAT, json=one)
+        assert small.status_code == 429
+        assert small.headers["retry-after"] == str(reserve)  # its prompt counted
+        assert renders == [1]
+        clock.now += reserve
+        assert (await client.post(CHAT, json=one)).status_code == 200
+    assert renders == [1, 1]
 
 
 async def test_a_draining_server_answers_503_and_is_not_ready(app: Starlette) -> None:

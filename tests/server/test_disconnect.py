@@ -20,7 +20,7 @@ from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import LedgerRow
-from sluicegate.server.streaming import CLIENT_CLOSED
+from sluicegate.server.statuses import CLIENT_CLOSED
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 

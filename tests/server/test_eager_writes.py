@@ -1,8 +1,8 @@
 """The eager write path: frames written from the producer's callback.
 
 Without pacing, an event that comes while the stream's writer task waits with
-nothing queued is written by ``_EagerWrites`` at once, driving ``send`` by hand;
-a ``send`` that suspends is handed to the task as a ``_Resume``. ``SpyExchange``
+nothing queued is written by ``EagerWriter`` at once, driving ``send`` by hand;
+a ``send`` that suspends is handed to the task as a ``Resume``. ``SpyExchange``
 records, per body message, whether the writer task started it, and runs
 ``before`` first (which may suspend or raise).
 """
@@ -25,11 +25,12 @@ from starlette.types import Message
 from sluicegate.core.endstate import EndState
 from sluicegate.core.sse import DONE
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.server import streaming
+from sluicegate.server import writers
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
-from sluicegate.server.streaming import _Resume
+from sluicegate.server.sse_response import EventStreamResponse
+from sluicegate.server.writers import EagerWriter, Resume
 from tests.polling import wait_until
 
 from .asgi import CHAT, HELLO, Exchange
@@ -37,6 +38,13 @@ from .asgi import CHAT, HELLO, Exchange
 pytestmark = pytest.mark.anyio
 
 STREAM = {"messages": HELLO, "stream": True, "stream_options": {"include_usage": True}}
+
+
+@pytest.fixture(autouse=True)
+def stream_writer(monkeypatch: pytest.MonkeyPatch) -> str:
+    """These tests are about ``EagerWriter``, whatever the suite's writer."""
+    monkeypatch.setattr(EventStreamResponse, "writer", EagerWriter)
+    return "eager"
 
 
 class SpyExchange(Exchange):
@@ -181,7 +189,7 @@ async def test_a_bug_during_an_eager_write_is_logged_then_one_internal_error(
     assert (ex.done_count(), ex.completed) == (0, True)
     assert _end_state(app) is EndState.ERRORED
     logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert [r.name for r in logged] == ["sluicegate.server.streaming"]
+    assert [r.name for r in logged] == ["sluicegate.server.sse_response"]
     assert "secret send bug" in caplog.text  # with the traceback
     assert (engine.stats().running, engine.stats().kv_cells_used) == (0, 0)
 
@@ -212,18 +220,18 @@ async def test_leaving_during_a_handed_over_write_aborts_and_closes_it(
     ended_by: type[BaseException],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Awaited by the task: the cancellation goes through ``_Resume`` into the
-    # write. Not taken yet: ``_EagerWrites.close()`` throws one into it, as a
+    # Awaited by the task: the cancellation goes through ``Resume`` into the
+    # write. Not taken yet: ``EagerWriter.close()`` throws one into it, as a
     # cancelled task would.
-    kept: list[_Resume] = []  # held here: only an explicit close() ends it
+    kept: list[Resume] = []  # held here: only an explicit close() ends it
 
     def keep(
         steps: Generator[Any, Any, Any], waiting_on: Any, context: Context
-    ) -> _Resume:
-        kept.append(_Resume(steps, waiting_on, context))
+    ) -> Resume:
+        kept.append(Resume(steps, waiting_on, context))
         return kept[-1]
 
-    monkeypatch.setattr(streaming, "_Resume", keep)
+    monkeypatch.setattr(writers, "Resume", keep)
     engine = ScriptedEngine(never_finishes=True, tokens_per_s=2000)
     app = create_app(engine, ServerConfig())
     seen: list[object] = []  # started in a callback?, then how it ended
@@ -282,10 +290,10 @@ class _Steps:
             self.finally_ran = True
 
 
-def _resumed(steps: _Steps) -> tuple[Generator[Any, Any, Any], _Resume]:
-    """``steps`` started by hand (it yielded "a"), and its ``_Resume``."""
+def _resumed(steps: _Steps) -> tuple[Generator[Any, Any, Any], Resume]:
+    """``steps`` started by hand (it yielded "a"), and its ``Resume``."""
     inner = steps.__await__()
-    return inner, _Resume(inner, inner.send(None), copy_context())
+    return inner, Resume(inner, inner.send(None), copy_context())
 
 
 def test_resume_forwards_sent_values_and_thrown_exceptions() -> None:
@@ -334,7 +342,7 @@ async def test_resume_in_a_task_delivers_results_and_cancellation() -> None:
     fut: asyncio.Future[int] = loop.create_future()
     inner = write(fut).__await__()
     assert inner.send(None) is fut  # started by hand: waits on fut
-    task = asyncio.ensure_future(_Resume(inner, fut, copy_context()))
+    task = asyncio.ensure_future(Resume(inner, fut, copy_context()))
     await asyncio.sleep(0)
     fut.set_result(7)
     await asyncio.sleep(0.01)
@@ -466,5 +474,5 @@ async def test_a_handed_over_write_is_closed_in_its_request_context(
     assert _end_state(app) is EndState.ABORTED
     loop = asyncio.get_running_loop()
     scheduled = getattr(loop, "_scheduled", [])  # asyncio's own loop only
-    assert not [h for h in scheduled if "_WriteWatch" in repr(h)]
+    assert not [h for h in scheduled if "WriteWatch" in repr(h)]
     assert engine.stats().running == 0

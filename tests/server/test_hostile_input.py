@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluicegate.core import stops as stops_module
 from sluicegate.core.errors import RequestError
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
@@ -29,6 +30,9 @@ from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.prompt_text import OFF_LOOP_CHARS, longest_piece_bytes
 from sluicegate.server.schemas import (
+    MAX_MESSAGES,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
     MAX_UNKNOWN_PARAMETERS,
     ChatCompletionRequest,
     ChatMessage,
@@ -127,6 +131,38 @@ async def test_logit_bias_key_with_leading_zeros_is_the_token_id(
     assert (await client.post(CHAT, json=body)).status_code == 200
 
 
+# --- long stop strings -------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_long_stops_of_many_choices_are_compiled_once_per_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``n: 16`` with sixteen stops of the longest length: one pattern, linear in
+    their length, shared by the choices (not every prefix, once per choice)."""
+    compiled: list[int] = []
+    init = stops_module.StopPattern.__init__
+
+    def counting(self: stops_module.StopPattern, stops: Any) -> None:
+        init(self, stops)
+        compiled.append(self.states)
+
+    monkeypatch.setattr(stops_module.StopPattern, "__init__", counting)
+    engine = ScriptedEngine("tick " * 40 + "<end_of_turn>", tokens_per_s=float("inf"))
+    app = create_app(engine, ServerConfig())
+    said = ("tick " * MAX_STOP_CHARS)[: MAX_STOP_CHARS - 1]
+    stops = [said[: MAX_STOP_CHARS - 1 - i] + "!" for i in range(MAX_STOP_STRINGS)]
+    body = {"messages": HELLO, "n": 16, "stop": stops, "max_tokens": 20}
+    ex = Exchange(app, CHAT, {**body, "stream": True})
+    await ex.run()
+    assert ex.status == 200
+    assert ex.done_count() == 1
+    choices = {c["index"] for p in ex.payloads() for c in p.get("choices", [])}
+    assert choices == set(range(16))
+    assert len(compiled) == 1, compiled
+    assert compiled[0] <= 1 + sum(map(len, stops))  # states: linear in the stops
+
+
 # --- unknown parameters ------------------------------------------------------------
 
 
@@ -188,6 +224,25 @@ async def test_a_key_over_its_quota_is_refused_before_the_template_runs(
         assert renders() == 1
         assert (await client.post(CHAT, json=body)).status_code == 429
         assert renders() == 1
+
+
+@pytest.mark.anyio
+async def test_more_messages_than_the_cap_are_refused_before_the_template_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    renders = _count_renders(monkeypatch)
+    engine = ScriptedEngine(context_length=100_000, tokens_per_s=5000)
+    transport = httpx.ASGITransport(app=create_app(engine, ServerConfig()))
+    roles = ["user", "assistant"] * (MAX_MESSAGES // 2 + 1)
+    messages = [{"role": r, "content": f"m{i}"} for i, r in enumerate(roles)]
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        error = _error(await client.post(CHAT, json={"messages": messages}))
+        assert (error["param"], error["code"]) == ("messages", "invalid_value")
+        assert f"at most {MAX_MESSAGES} items" in error["message"]
+        assert renders() == 0
+        body = {"messages": messages[: MAX_MESSAGES - 1], "max_tokens": 1}
+        assert (await client.post(CHAT, json=body)).status_code == 200
+    assert renders() == 1
 
 
 def _count_renders(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:

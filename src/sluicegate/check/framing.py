@@ -56,7 +56,7 @@ def anti_buffering(recording: Mapping[str, Transcript]) -> ProbeResult:
     ``X-Accel-Buffering: no``, and are not compressed, so proxies pass each event
     on at once.
 
-    Spec: ../shared/DESIGN.md, "The wire"; nginx ``proxy_buffering`` docs
+    Spec: docs/DESIGN.md, "The wire"; nginx ``proxy_buffering`` docs
     (``X-Accel-Buffering``).
     """
     seen = 0
@@ -104,7 +104,7 @@ def role_first(recording: Mapping[str, Transcript]) -> ProbeResult:
     """In a chat stream, each choice's first delta is ``{"role": "assistant"}``.
 
     Spec: OpenAI API reference, "The chat completion chunk object"
-    (``delta.role``); ../shared/DESIGN.md, "The wire".
+    (``delta.role``); docs/DESIGN.md, "The wire".
     """
     seen = 0
     for name, t, parsed in streams(recording):
@@ -182,7 +182,7 @@ def done_once_last(recording: Mapping[str, Transcript]) -> ProbeResult:
     """A stream that did not fail ends with exactly one ``data: [DONE]``; a
     failed one sends its error event and no ``[DONE]``.
 
-    Spec: OpenAI API reference, "Streaming"; ../shared/DESIGN.md, "Status first,
+    Spec: OpenAI API reference, "Streaming"; docs/DESIGN.md, "Status first,
     errors in band".
     """
     seen = 0
@@ -203,7 +203,7 @@ def same_ids(recording: Mapping[str, Transcript]) -> ProbeResult:
     """``id``, ``created`` and ``model`` are the same on every chunk of a stream.
 
     Spec: OpenAI API reference, "The chat completion chunk object" ("each chunk
-    has the same ID"); ../shared/DESIGN.md, "The wire".
+    has the same ID"); docs/DESIGN.md, "The wire".
     """
     seen = 0
     for name, _, parsed in streams(recording):
@@ -223,7 +223,7 @@ def end_states(recording: Mapping[str, Transcript]) -> ProbeResult:
     """Every stream the recorder read to its end is ``finished`` by the shared
     classification (a finish per choice, then ``[DONE]``).
 
-    Spec: ../shared/DESIGN.md, "Every stream ends in exactly one state".
+    Spec: docs/DESIGN.md, "End states".
     """
     seen = 0
     for name, t, _ in streams(recording):

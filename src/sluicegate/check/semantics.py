@@ -117,7 +117,7 @@ def multibyte_text(recording: Mapping[str, Transcript]) -> ProbeResult:
     """Streamed multi-byte text has no U+FFFD and equals the non-streamed text
     at temperature 0.
 
-    Spec: ../shared/DESIGN.md, "Tokens are not text".
+    Spec: docs/DESIGN.md, "Tokens and text".
     """
     got = _pair(recording, names.MULTIBYTE, names.MULTIBYTE_PLAIN)
     if isinstance(got, str):
@@ -139,7 +139,7 @@ def stop_strings(recording: Mapping[str, Transcript]) -> ProbeResult:
     ``stop``.
 
     Spec: OpenAI API reference, "Create chat completion" (``stop``);
-    ../shared/DESIGN.md, "Stop strings".
+    docs/DESIGN.md, "Stop strings".
     """
     got = _pair(recording, names.PLAIN)
     if isinstance(got, str):
@@ -209,8 +209,8 @@ def rejects_invalid(recording: Mapping[str, Transcript]) -> ProbeResult:
     """Invalid requests get a 4xx with an OpenAI error body before any stream
     (never 200 and an error event).
 
-    Spec: OpenAI API reference, "Error codes"; ../shared/DESIGN.md, "Status
-    first, errors in band".
+    Spec: OpenAI API reference, "Error codes"; docs/DESIGN.md, "Status first,
+    errors in band".
     """
     cases = {k: t for k, t in recording.items() if k.startswith(names.INVALID)}
     if not cases:
@@ -231,8 +231,7 @@ def disconnect_then_serve(recording: Mapping[str, Transcript]) -> ProbeResult:
     """After a client closes a stream mid-answer, the next request is served
     promptly (the aborted one no longer holds the engine).
 
-    Spec: ../shared/DESIGN.md, "Engine protocol" (``abort``) and "Every stream
-    ends in exactly one state".
+    Spec: docs/DESIGN.md, "Engine protocol" (``abort``) and "End states".
     """
     got = _pair(recording, names.DISCONNECTED, names.AFTER_DISCONNECT, names.STREAM)
     if isinstance(got, str):

@@ -1,8 +1,14 @@
-"""The async client: ``AsyncClient`` and ``AsyncStream``, twins of ``client.sync``.
+"""The streaming client: ``AsyncClient`` sends requests, ``AsyncStream`` reads one.
 
-Same behaviour, same results; async names carry an ``a`` (``achat``,
-``astream_chat``, ``aresult``, ``aclose``). Runs on any anyio backend that httpx
-supports.
+The shell is a loop: read bytes, ``StreamAssembler.feed`` them, hand the deltas
+on, and ``flush`` once at the end; every decision is in ``client.assemble``.
+
+``client/aio.py`` is the only client written by hand: ``client/sync.py``
+(``Client``, ``Stream``) is generated from it by ``scripts/unasync.py``, which
+drops the ``async`` and ``await`` keywords, the ``Async`` prefix of class names
+and the ``a`` prefix of method names, and ``scripts/check`` fails while the
+checked-in copy differs. Both clients behave alike and give the same results;
+the async one runs on any anyio backend that httpx supports.
 
 Usage::
 
@@ -10,7 +16,8 @@ Usage::
         async with client.astream_chat(messages, model="m") as stream:
             async for delta in stream:
                 print(delta.text, end="")
-        print((await stream.aresult()).end_state)
+        result = await stream.aresult()
+    print(result.end_state)
 """
 
 from __future__ import annotations
@@ -38,9 +45,9 @@ __all__ = ["AsyncClient", "AsyncStream"]
 
 
 class AsyncStream:
-    """One streaming response, read asynchronously; see ``client.sync.Stream``.
+    """One streaming response: iterate it for text deltas, then ask for ``aresult()``.
 
-    Nothing is sent until the stream is first iterated or ``aresult()`` is awaited.
+    Nothing is sent until the stream is first iterated or ``aresult()`` is called.
     Iterate it at most once (``StreamConsumed`` otherwise); ``aclose()`` stops
     reading and closes the connection, so that the server aborts the request.
     """
@@ -76,7 +83,12 @@ class AsyncStream:
         return self._gen
 
     async def aresult(self) -> StreamResult:
-        """Read whatever is left (sending the request if need be); the outcome."""
+        """Read whatever is left (sending the request if need be); the outcome.
+
+        Returns:
+            The stream's ``StreamResult``; the same object on every call. After
+            ``aclose()`` of an unfinished stream its end state is ``aborted``.
+        """
         if self._result is None:
             self._iterated = True
             async for _ in self._gen:
@@ -140,9 +152,18 @@ class AsyncStream:
 
 
 class AsyncClient:
-    """The async twin of ``client.sync.Client``; same arguments.
+    """A streaming client for one OpenAI-compatible server.
 
-    ``transport`` is an ``httpx.AsyncBaseTransport``.
+    Args:
+        base_url: the server, with or without the trailing ``/v1``.
+        api_key: sent as ``Authorization: Bearer <key>`` when given.
+        timeouts: client-side time limits (see ``client.shell``).
+        transport: an ``httpx.AsyncBaseTransport`` (``httpx.MockTransport`` in
+            tests).
+        headers: extra request headers.
+
+    Outcomes (finished, errored, truncated, rejected, aborted, timed out,
+    connection refused) are values in ``StreamResult``; only misuse raises.
     """
 
     def __init__(
@@ -174,7 +195,14 @@ class AsyncClient:
         record: bool = False,
         **params: Any,
     ) -> AsyncStream:
-        """An ``AsyncStream`` of a chat completion; see ``Client.stream_chat``.
+        """The ``AsyncStream`` of ``POST /v1/chat/completions`` with ``stream: true``.
+
+        Args:
+            messages: OpenAI chat messages.
+            model: the model name.
+            include_usage: ask for the final usage chunk.
+            record: keep the raw body in ``StreamResult.raw`` and read to EOF.
+            **params: other request fields (``max_tokens``, ``n``, ``stop``...).
 
         Spec: OpenAI API reference, "Create chat completion".
         """
@@ -190,7 +218,7 @@ class AsyncClient:
         record: bool = False,
         **params: Any,
     ) -> AsyncStream:
-        """An ``AsyncStream`` of a text completion; see ``Client.stream_completion``.
+        """The ``AsyncStream`` of ``POST /v1/completions``; as ``astream_chat``.
 
         Spec: OpenAI API reference, "Create completion" (legacy).
         """
@@ -198,14 +226,22 @@ class AsyncClient:
         return self._stream("completions", body, record)
 
     async def achat(
-        self, messages: Sequence[Mapping[str, Any]], *, model: str, **params: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str,
+        **params: Any,
     ) -> StreamResult:
         """Stream a chat completion to its end; its ``StreamResult``."""
         async with self.astream_chat(messages, model=model, **params) as stream:
             return await stream.aresult()
 
     async def acomplete(
-        self, prompt: str, *, model: str, **params: Any
+        self,
+        prompt: str,
+        *,
+        model: str,
+        **params: Any,
     ) -> StreamResult:
         """Stream a text completion to its end; its ``StreamResult``."""
         async with self.astream_completion(prompt, model=model, **params) as stream:

@@ -22,7 +22,8 @@ finish whatever its value, even ``""`` (``sluicegate check`` grades the value); 
 sends ``[DONE]``.
 
 Spec: OpenAI API reference, "The chat completion chunk object" and "Streaming";
-WHATWG HTML, "9.2.6 Interpreting an event stream"; ../shared/DESIGN.md.
+WHATWG HTML, "9.2.6 Interpreting an event stream"; docs/DESIGN.md,
+"The wire" and "End states".
 """
 
 from __future__ import annotations

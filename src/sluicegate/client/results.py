@@ -6,7 +6,7 @@ text and finish reason of every choice, usage, the in-band or rejection error,
 and the timing of the events. Times are seconds from ``time.monotonic``-style
 clocks, measured from the moment the request was sent.
 
-Spec: ../shared/DESIGN.md, "Every stream ends in exactly one state".
+Spec: docs/DESIGN.md, "End states".
 """
 
 from __future__ import annotations

@@ -1,16 +1,25 @@
-"""The blocking client: ``Client`` sends streaming requests, ``Stream`` reads one.
+# Generated from aio.py by scripts/unasync.py: edit aio.py and run the script;
+# scripts/check fails while this file differs from what the script writes.
+"""The streaming client: ``Client`` sends requests, ``Stream`` reads one.
 
 The shell is a loop: read bytes, ``StreamAssembler.feed`` them, hand the deltas
 on, and ``flush`` once at the end; every decision is in ``client.assemble``.
-``sluicegate.client.aio`` is the async twin, line for line.
+
+``client/aio.py`` is the only client written by hand: ``client/sync.py``
+(``Client``, ``Stream``) is generated from it by ``scripts/unasync.py``, which
+drops the ``async`` and ``await`` keywords, the ``Async`` prefix of class names
+and the ``a`` prefix of method names, and ``scripts/check`` fails while the
+checked-in copy differs. Both clients behave alike and give the same results;
+the async one runs on any anyio backend that httpx supports.
 
 Usage::
 
     with Client("http://127.0.0.1:8000") as client:
-        with client.stream_chat([{"role": "user", "content": "Hi"}], model="m") as s:
-            for delta in s:
+        with client.stream_chat(messages, model="m") as stream:
+            for delta in stream:
                 print(delta.text, end="")
-        print(s.result().end_state)
+        result = stream.result()
+    print(result.end_state)
 """
 
 from __future__ import annotations
@@ -150,7 +159,8 @@ class Client:
         base_url: the server, with or without the trailing ``/v1``.
         api_key: sent as ``Authorization: Bearer <key>`` when given.
         timeouts: client-side time limits (see ``client.shell``).
-        transport: an httpx transport (``httpx.MockTransport`` in tests).
+        transport: an ``httpx.BaseTransport`` (``httpx.MockTransport`` in
+            tests).
         headers: extra request headers.
 
     Outcomes (finished, errored, truncated, rejected, aborted, timed out,
@@ -186,7 +196,7 @@ class Client:
         record: bool = False,
         **params: Any,
     ) -> Stream:
-        """A ``Stream`` of ``POST /v1/chat/completions`` with ``stream: true``.
+        """The ``Stream`` of ``POST /v1/chat/completions`` with ``stream: true``.
 
         Args:
             messages: OpenAI chat messages.
@@ -209,7 +219,7 @@ class Client:
         record: bool = False,
         **params: Any,
     ) -> Stream:
-        """A ``Stream`` of ``POST /v1/completions``; arguments as ``stream_chat``.
+        """The ``Stream`` of ``POST /v1/completions``; as ``stream_chat``.
 
         Spec: OpenAI API reference, "Create completion" (legacy).
         """
@@ -217,13 +227,23 @@ class Client:
         return self._stream("completions", body, record)
 
     def chat(
-        self, messages: Sequence[Mapping[str, Any]], *, model: str, **params: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str,
+        **params: Any,
     ) -> StreamResult:
         """Stream a chat completion to its end; its ``StreamResult``."""
         with self.stream_chat(messages, model=model, **params) as stream:
             return stream.result()
 
-    def complete(self, prompt: str, *, model: str, **params: Any) -> StreamResult:
+    def complete(
+        self,
+        prompt: str,
+        *,
+        model: str,
+        **params: Any,
+    ) -> StreamResult:
         """Stream a text completion to its end; its ``StreamResult``."""
         with self.stream_completion(prompt, model=model, **params) as stream:
             return stream.result()

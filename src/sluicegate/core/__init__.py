@@ -5,9 +5,13 @@ Every stateful object has one verb pair: ``feed(x)`` returns everything that is 
 to emit now, ``flush()`` returns the rest and ends the object.
 
 Modules: ``detokenize`` (token ids -> text), ``stops`` (stop strings),
-``choice`` (both, per choice), ``sse`` (event-stream codec), ``chunks`` (OpenAI
-payload builders), ``stream`` (the per-response state machine), ``endstate``
-(how a stream ended), ``events`` and ``errors``.
+``choice`` (both, per choice), ``choice_setup`` (a choice's options and
+decoders), ``logprobs`` (logprobs aligned with delta text), ``decoding``
+(``ResponseDecoder``: one response's engine outputs -> stream events), ``sse``
+(event-stream codec), ``chunks`` (OpenAI payload builders), ``stream`` (the
+per-response state machine and its ``outcome``), ``endstate`` (how a stream
+ended: ``classify``), ``scheduling`` (``BatchScheduler``: continuous batching
+as bookkeeping), ``events`` and ``errors``.
 """
 
 from sluicegate.core.choice import ChoiceDecoder, ChoiceStep

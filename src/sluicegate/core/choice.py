@@ -12,7 +12,7 @@ Invariants (property-tested):
 - Once a stop string matched, later token ids are discarded and not counted (an
   engine may produce a token or two before its abort lands).
 
-Spec: ../shared/DESIGN.md, "Tokens are not text" and "Stop strings".
+Spec: docs/DESIGN.md, "Tokens and text" and "Stop strings".
 """
 
 from __future__ import annotations

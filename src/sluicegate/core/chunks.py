@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from sluicegate.core.events import FinishReason, Usage
+from sluicegate.core.events import DeltaParts, FinishReason, ToolCallFragment, Usage
 from sluicegate.core.logprobs import (
     LogprobToken,
     chat_logprobs,
@@ -42,6 +42,7 @@ __all__ = [
     "ResponseHeader",
     "chat_chunk",
     "chat_completion",
+    "chat_delta",
     "completion_chunk",
     "dumps",
     "error_payload",
@@ -164,6 +165,51 @@ def chat_chunk(
         },
         usage,
     )
+
+
+def chat_delta(text: str, parts: DeltaParts | None = None) -> dict[str, Any]:
+    """The ``delta`` of a chat chunk that carries ``text`` and ``parts``.
+
+    Args:
+        text: the content text; ``""`` sends no ``content`` key when ``parts``
+            has something, and ``{"content": ""}`` when it has not.
+        parts: reasoning text and tool-call fragments, or ``None``.
+
+    Returns:
+        ``{"content": text}`` for text only (the shape of every content chunk
+        before parts existed). With parts, in this order and each only when
+        non-empty: ``content``, ``reasoning_content`` (the reasoning text),
+        ``tool_calls`` (one object per fragment: ``index``, then ``id`` and
+        ``"type": "function"`` when the fragment has an id, then ``function``
+        with ``name`` when it has one and ``arguments`` always).
+
+    Spec: OpenAI API reference, "The chat completion chunk object",
+    ``choices[].delta``; ``reasoning_content`` is the field name of
+    OpenAI-compatible servers that stream reasoning (OpenAI's own API does not).
+    """
+    if not parts:
+        return {"content": text}
+    delta: dict[str, Any] = {}
+    if text:
+        delta["content"] = text
+    if parts.reasoning:
+        delta["reasoning_content"] = parts.reasoning
+    if parts.tool_calls:
+        delta["tool_calls"] = [_tool_call(f) for f in parts.tool_calls]
+    return delta
+
+
+def _tool_call(fragment: ToolCallFragment) -> dict[str, Any]:
+    call: dict[str, Any] = {"index": fragment.index}
+    if fragment.id is not None:
+        call["id"] = fragment.id
+        call["type"] = "function"
+    function: dict[str, Any] = {}
+    if fragment.name is not None:
+        function["name"] = fragment.name
+    function["arguments"] = fragment.arguments
+    call["function"] = function
+    return call
 
 
 def completion_chunk(

@@ -79,7 +79,7 @@ class IncrementalDetokenizer:
             carries U+FFFD for a character the model never finished. Bytes that
             can never complete still become U+FFFD at once either way.
 
-    Spec: ../shared/cases/streaming-cases.json, case S17 (``drop_incomplete_tail``).
+    Spec: docs/DESIGN.md, "Tokens and text".
     """
 
     __slots__ = (

@@ -1,9 +1,10 @@
 """The end state of a stream, and the one rule that classifies it.
 
-The server's ledger, the client and the conformance checker all call ``classify``
-on what they observed, so they agree on every request's end.
+The server's ledger (through ``StreamMachine.outcome``, on the frames it wrote),
+the client and the conformance checker (on the bytes they received) all call
+``classify``, so they agree on every request's end.
 
-Spec: ../shared/DESIGN.md, "Every stream ends in exactly one state".
+Spec: docs/DESIGN.md, "End states".
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ __all__ = ["EndState", "classify"]
 
 
 class EndState(StrEnum):
-    """Every stream ends in exactly one of these (../shared/DESIGN.md)."""
+    """Every stream ends in exactly one of these (docs/DESIGN.md, "End states")."""
 
     REJECTED = "rejected"
     """An error status was answered before any byte of the stream."""

@@ -169,10 +169,13 @@ class RequestError(SluicegateError):
     Attributes:
         param: the request parameter at fault (``None`` for the body as a whole).
         code: a short machine-readable code, or ``None``.
-        status: the HTTP status to answer with.
+
+    The HTTP status that answers each one is ``sluicegate.server.statuses``'s.
+
+    .. versionchanged:: 0.2.0
+       No ``status`` attribute: one table in the server maps errors to statuses.
     """
 
-    status: ClassVar[int] = 400
     error_type: ClassVar[str] = "invalid_request_error"
 
     def __init__(
@@ -187,8 +190,6 @@ class RequestError(SluicegateError):
 class ModelNotFound(RequestError):
     """The request names a model this server does not serve (404)."""
 
-    status: ClassVar[int] = 404
-
     def __init__(self, model: str, served: list[str]) -> None:
         super().__init__(
             f"The model {bounded_repr(model)} does not exist; this server serves "
@@ -201,8 +202,6 @@ class ModelNotFound(RequestError):
 class BodyTooLarge(RequestError):
     """The request body is larger than the configured limit (413)."""
 
-    status: ClassVar[int] = 413
-
     def __init__(self, limit_bytes: int, seen_bytes: int) -> None:
         super().__init__(
             f"The request body has {seen_bytes} bytes; the limit is {limit_bytes}",
@@ -212,8 +211,6 @@ class BodyTooLarge(RequestError):
 
 class UnsupportedMediaType(RequestError):
     """A request body whose ``Content-Type`` is not ``application/json`` (415)."""
-
-    status: ClassVar[int] = 415
 
     def __init__(self, content_type: str | None) -> None:
         seen = "none" if content_type is None else bounded_repr(content_type)

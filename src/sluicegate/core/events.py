@@ -1,12 +1,15 @@
 """Values that cross the core's boundary: engine outputs in, stream events in.
 
 Engine side: an engine reports each decode step of one sequence as an
-``EngineOutput`` (new token ids, and a ``finish_reason`` on the last one).
+``EngineOutput`` (new token ids, and a ``finish_reason`` on the last one), or as
+a ``TextOutput`` when it yields text instead of token ids.
 
 Stream side: the server feeds ``StreamMachine`` (``core/stream.py``) one of
 ``Delta``, ``Finish``, ``End``, ``Fail`` or ``Heartbeat`` and writes the bytes it
-returns. All are frozen, slotted dataclasses; the closed sets are ``StrEnum`` whose
-values are the OpenAI wire strings.
+returns. A ``Delta`` is made of parts: content text, and optionally
+(``DeltaParts``) tool-call fragments keyed by tool-call index and reasoning text;
+``join_parts`` joins them part by part. All are frozen, slotted dataclasses;
+the closed sets are ``StrEnum`` whose values are the OpenAI wire strings.
 
 Spec: OpenAI API reference, "The chat completion chunk object" and "Completions".
 """
@@ -20,6 +23,7 @@ from sluicegate.core.logprobs import LogprobToken
 
 __all__ = [
     "Delta",
+    "DeltaParts",
     "End",
     "EngineOutput",
     "Fail",
@@ -27,8 +31,11 @@ __all__ = [
     "FinishReason",
     "Heartbeat",
     "StreamEvent",
+    "TextOutput",
     "TokenLogprob",
+    "ToolCallFragment",
     "Usage",
+    "join_parts",
 ]
 
 
@@ -96,6 +103,26 @@ _set_output_logprobs = vars(EngineOutput)["logprobs"].__set__
 
 
 @dataclass(frozen=True, slots=True)
+class TextOutput:
+    """One step of a sequence from an engine that yields text, not token ids.
+
+    An upstream OpenAI-compatible server is such an engine: its chunks carry
+    text, already detokenized. The server then skips all token work (no
+    detokenizer, no logprob alignment) and only matches stop strings.
+
+    Attributes:
+        text: the new text (may be empty on a final output).
+        finish_reason: set on the sequence's last output, else ``None``.
+        completion_tokens: the tokens this step stands for, as the engine
+            counts them (tokens, >= 0); they add up to the choice's usage.
+    """
+
+    text: str
+    finish_reason: FinishReason | None = None
+    completion_tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     """Token counts of one response (OpenAI ``usage``), in tokens."""
 
@@ -106,6 +133,83 @@ class Usage:
     def total_tokens(self) -> int:
         """``prompt_tokens + completion_tokens``."""
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFragment:
+    """A piece of tool call ``index`` of one choice, as OpenAI streams it.
+
+    A tool call arrives as fragments with the same ``index``: the first names it
+    (``id``, ``name``), the later ones carry more of its JSON ``arguments``. The
+    call's arguments are the concatenation of its fragments' ``arguments``, in
+    order; fragments of different indexes never join.
+
+    Attributes:
+        index: the tool call's index within its choice (>= 0).
+        id: the call's id (``call_...``), on its first fragment only, else ``None``.
+        name: the function's name, on its first fragment only, else ``None``.
+        arguments: the next piece of the arguments' JSON text (may be ``""``).
+
+    Spec: OpenAI API reference, "The chat completion chunk object",
+    ``choices[].delta.tool_calls``.
+    """
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaParts:
+    """What a ``Delta`` says besides its content text (tool calls, reasoning).
+
+    Attributes:
+        tool_calls: tool-call fragments, at most one per tool-call index, in the
+            order their indexes first appeared.
+        reasoning: the next piece of the model's reasoning text (chat
+            ``delta.reasoning_content``); ``""`` for none.
+    """
+
+    tool_calls: tuple[ToolCallFragment, ...] = ()
+    reasoning: str = ""
+
+    def __bool__(self) -> bool:
+        """Whether there is anything to send."""
+        return bool(self.tool_calls or self.reasoning)
+
+
+def join_parts(
+    first: DeltaParts | None, second: DeltaParts | None
+) -> DeltaParts | None:
+    """What ``first`` then ``second`` say, as one ``DeltaParts`` (one choice).
+
+    Reasoning texts concatenate. Tool-call fragments of the same index join into
+    one: arguments concatenate, ``id`` and ``name`` are the first non-``None``
+    of the two; fragments of different indexes stay apart, in the order their
+    indexes first appeared. ``None`` is the empty parts: joining it returns the
+    other side unchanged (so text-only deltas join without allocating parts).
+    """
+    if first is None:
+        return second
+    if second is None:
+        return first
+    calls = list(first.tool_calls)
+    at = {fragment.index: i for i, fragment in enumerate(calls)}
+    for later in second.tool_calls:
+        i = at.get(later.index)
+        if i is None:
+            at[later.index] = len(calls)
+            calls.append(later)
+            continue
+        earlier = calls[i]
+        calls[i] = ToolCallFragment(
+            earlier.index,
+            earlier.id if earlier.id is not None else later.id,
+            earlier.name if earlier.name is not None else later.name,
+            earlier.arguments + later.arguments,
+        )
+    return DeltaParts(tuple(calls), first.reasoning + second.reasoning)
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -120,12 +224,17 @@ class Delta:
             ``text`` and ``logprobs``); ``None`` otherwise.
         usage: the response's usage so far, when every chunk carries it
             (``continuous_usage_stats``); ``None`` otherwise.
+        parts: tool-call fragments and reasoning text, or ``None`` for a delta
+            of content text only (the common case, which the stream's per-token
+            path checks once). Only chat chunks carry parts; the completions
+            endpoint sends ``text`` only.
     """
 
     index: int
     text: str
     logprobs: tuple[LogprobToken, ...] | None = None
     usage: Usage | None = None
+    parts: DeltaParts | None = None
 
     def __init__(
         self,
@@ -133,6 +242,7 @@ class Delta:
         text: str,
         logprobs: tuple[LogprobToken, ...] | None = None,
         usage: Usage | None = None,
+        parts: DeltaParts | None = None,
     ) -> None:
         # One per token. The generated __init__ of a frozen dataclass calls
         # object.__setattr__ per field; the slots' own setters cost a third less.
@@ -140,12 +250,14 @@ class Delta:
         _set_text(self, text)
         _set_logprobs(self, logprobs)
         _set_usage(self, usage)
+        _set_parts(self, parts)
 
 
 _set_index = vars(Delta)["index"].__set__
 _set_text = vars(Delta)["text"].__set__
 _set_logprobs = vars(Delta)["logprobs"].__set__
 _set_usage = vars(Delta)["usage"].__set__
+_set_parts = vars(Delta)["parts"].__set__
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""StreamMachine: the per-response state machine that writes SSE frames.
+"""StreamMachine: the per-response state machine that writes SSE frames and ends them.
 
 The server tells the machine what happened (``start()``, then ``Delta``,
 ``Finish``, ``End``, ``Fail`` or ``Heartbeat`` events) and writes the bytes it
@@ -24,11 +24,20 @@ Any other pair raises ``LocalProtocolError`` naming both, and changes nothing. S
 does a ``Delta`` or ``Finish`` for an index outside ``0..n-1``, a ``Delta`` for a
 choice that has finished, and a second ``Finish`` for the same choice.
 
+The server also reports what became of the frames (h11's ``send_failed()``):
+``wrote()`` when every frame returned so far reached the connection,
+``write_failed()`` when writing stopped first (the connection broke, the client
+left, or the server gave up on a slow client). From those reports alone,
+``outcome`` is the stream's ``EndState``: ``classify()`` (``endstate.py``) of the
+frames written, the same rule the client applies to the bytes it received, so
+the server's ledger and the client agree.
+
 Frames are ``bytes``: each one complete SSE event (one compact JSON object on one
 ``data:`` line, then a blank line), a comment, or ``data: [DONE]``.
 
 Spec: OpenAI API reference, "The chat completion chunk object" and "Create chat
-completion" (``stream``, ``stream_options``); ../shared/DESIGN.md, "The wire".
+completion" (``stream``, ``stream_options``); docs/DESIGN.md, "The wire" and
+"End states".
 """
 
 from __future__ import annotations
@@ -36,17 +45,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from sluicegate.core.chunks import (
     Endpoint,
     ResponseHeader,
     chat_chunk,
+    chat_delta,
     completion_chunk,
     dumps,
     error_payload,
     usage_chunk,
 )
-from sluicegate.core.endstate import EndState
+from sluicegate.core.endstate import EndState, classify
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
     Delta,
@@ -135,7 +146,15 @@ class StreamMachine:
         ValueError: ``header.n < 1``.
     """
 
-    __slots__ = ("_finish_reasons", "_header", "_state", "_text_frames")
+    __slots__ = (
+        "_finish_reasons",
+        "_gone",
+        "_header",
+        "_pending",
+        "_state",
+        "_text_frames",
+        "_written",
+    )
 
     def __init__(self, header: ResponseHeader) -> None:
         if header.n < 1:
@@ -147,6 +166,11 @@ class StreamMachine:
         # a content chunk then costs one encode of its text, not of the whole
         # chunk. A choice leaves on its ``Finish``.
         self._text_frames = {i: _split_text_frame(header, i) for i in range(header.n)}
+        # What the closing frames returned since the last ``wrote()`` say, and
+        # what those written before say: the observations ``classify`` takes.
+        self._pending = _Closing()
+        self._written = _Closing()
+        self._gone = False
 
     @property
     def header(self) -> ResponseHeader:
@@ -162,6 +186,47 @@ class StreamMachine:
     def end_state(self) -> EndState | None:
         """``FINISHED`` or ``ERRORED`` once terminal; ``None`` before."""
         return _END_STATES.get(self._state)
+
+    @property
+    def outcome(self) -> EndState:
+        """The stream's end state, from what was written (see the module docstring).
+
+        ``classify(200, finishes written, n, [DONE] written, error written,
+        client_gone=write_failed() was reported)``: ``FINISHED`` once ``[DONE]``
+        was written, ``ERRORED`` once the error event was, ``ABORTED`` when the
+        writing failed before either, ``TRUNCATED`` while the stream runs (or
+        when its last frames were never reported written).
+        """
+        written = self._written
+        return classify(
+            200,
+            written.finishes,
+            self._header.n,
+            written.done,
+            written.error,
+            client_gone=self._gone,
+        )
+
+    def wrote(self) -> None:
+        """Report that every frame returned so far was written to the connection.
+
+        Raises:
+            LocalProtocolError: after ``write_failed()``; nothing changes.
+        """
+        if self._gone:
+            raise LocalProtocolError("wrote() after write_failed()")
+        pending = self._pending
+        if pending.finishes or pending.done or pending.error is not None:
+            self._written = self._written.plus(pending)
+            self._pending = _Closing()
+
+    def write_failed(self) -> None:
+        """Report that writing stopped before the frames since the last ``wrote()``
+        went out: the connection broke, the client left, or the server gave up on
+        it. Idempotent. ``feed()`` may still be called (its frames count for
+        nothing); ``outcome`` is final from here on."""
+        self._gone = True
+        self._pending = _Closing()
 
     @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
@@ -203,7 +268,9 @@ class StreamMachine:
 
         Returns:
             ``Delta``: one content chunk (with the event's logprobs and usage,
-            when set), or ``[]`` for empty text. ``Finish``: that
+            when set; chat: its parts as ``chunks.chat_delta`` shapes them), or
+            ``[]`` when there is nothing to send (empty text, and on chat no
+            parts either). ``Finish``: that
             choice's chunk with ``finish_reason`` (chat ``delta: {}``, completions
             ``text: ""``). ``End``: the usage chunk if ``include_usage``, then
             ``data: [DONE]``. ``Fail``: one ``data: {"error": {...}}`` event and no
@@ -220,6 +287,7 @@ class StreamMachine:
             and self._state is _DELTA_STATE
             and event.logprobs is None
             and event.usage is None
+            and event.parts is None
         ):
             # Once per token: the text's JSON between the choice's prebuilt bytes
             # (text-only deltas of an open choice; ``_next_state`` raises for a
@@ -237,6 +305,12 @@ class StreamMachine:
             del self._text_frames[event.index]
             if None not in self._finish_reasons:
                 next_state = StreamState.AWAITING_END
+            self._pending = self._pending.plus(_Closing(finishes=1))
+        elif isinstance(event, End):
+            self._pending = self._pending.plus(_Closing(done=True))
+        elif isinstance(event, Fail):
+            payload = error_payload(event.message, event.type, None, event.code)
+            self._pending = self._pending.plus(_Closing(error=payload["error"]))
         self._state = next_state
         return frames
 
@@ -264,12 +338,15 @@ class StreamMachine:
         header = self._header
         chat = header.endpoint is Endpoint.CHAT
         match event:
-            case Delta(index=index, text=text, logprobs=logprobs, usage=usage):
+            case Delta(
+                index=index, text=text, logprobs=logprobs, usage=usage, parts=parts
+            ):
                 # Only deltas that the prebuilt frames in ``feed`` do not cover.
-                if not text:
+                # Parts (tool calls, reasoning) exist on chat chunks only.
+                if not text and not (chat and parts):
                     return []
                 if chat:
-                    delta = {"content": text}
+                    delta = chat_delta(text, parts)
                     chunk = chat_chunk(
                         header, index, delta, logprobs=logprobs, usage=usage
                     )
@@ -294,6 +371,22 @@ class StreamMachine:
                 # TRANSITIONS admits no other event type.
                 assert isinstance(event, Heartbeat)
                 return [_HEARTBEAT]
+
+
+@dataclass(frozen=True, slots=True)
+class _Closing:
+    """What some closing frames say: finish chunks, ``[DONE]``, the error event."""
+
+    finishes: int = 0
+    done: bool = False
+    error: Mapping[str, Any] | None = None
+
+    def plus(self, later: _Closing) -> _Closing:
+        return _Closing(
+            self.finishes + later.finishes,
+            self.done or later.done,
+            self.error if self.error is not None else later.error,
+        )
 
 
 def _frame(payload: object) -> bytes:

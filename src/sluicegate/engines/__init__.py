@@ -1,7 +1,8 @@
 """Engines: the Engine protocol (``base``) and its implementations.
 
-``llamacpp`` (a real GGUF model through llama.cpp) and ``scripted`` (no model: replays
-token scripts with injectable faults) are imported from their own modules, so that
+``llamacpp`` (a real GGUF model through llama.cpp), ``scripted`` (no model: replays
+token scripts with injectable faults), ``scripted_text`` (the same, yielding text)
+and ``clocks`` (time for them) are imported from their own modules, so that
 importing this package does not load llama.cpp.
 """
 
@@ -9,7 +10,9 @@ from sluicegate.engines.base import (
     Engine,
     EngineStats,
     GenerateRequest,
+    ListenableOutputs,
     ModelInfo,
+    OutputKind,
     SamplingParams,
     Tokenizer,
 )
@@ -18,7 +21,9 @@ __all__ = [
     "Engine",
     "EngineStats",
     "GenerateRequest",
+    "ListenableOutputs",
     "ModelInfo",
+    "OutputKind",
     "SamplingParams",
     "Tokenizer",
 ]

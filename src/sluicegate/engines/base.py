@@ -1,33 +1,84 @@
-"""The engine protocol: token ids in, token ids out.
+"""The engine protocol: a request in, one sequence's outputs out.
 
 An engine serves ``GenerateRequest``s. ``generate()`` returns an async iterator of
-``EngineOutput`` (one per decode step of that sequence; the last carries the
-``finish_reason``). A failure is raised from the iterator as ``EngineError``.
+one sequence's outputs, one per decode step; the last carries the
+``finish_reason``. A failure is raised from the iterator as ``EngineError``.
 ``abort()`` is synchronous, idempotent and never blocks: it removes the request from
 the queue, from prefill or from the running batch at the next step, and frees its KV
 cells. The engine never waits on a consumer: outputs go into per-request buffers.
-An engine may return a ``SequenceOutputs`` (``outputs.py``) as that iterator; the
-server then takes each output in the engine's own callback instead of a task.
 
-Spec: ../shared/DESIGN.md, "Engine protocol".
+Two parts of the contract are declared, not guessed:
+
+- What an output is (``Engine.output_kind``): ``TOKENS`` engines yield
+  ``EngineOutput`` (token ids, detokenized by the server); ``TEXT`` engines (an
+  upstream OpenAI-compatible server) yield ``TextOutput`` (text), and the server
+  does no token work for them.
+- How outputs are delivered: any async iterator will do, read by a task; one
+  that is also ``ListenableOutputs`` hands each item to a listener in the
+  engine's own callback instead, with no task in between (``SequenceOutputs`` in
+  ``outputs.py`` is one).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from sluicegate.core.events import EngineOutput
+from sluicegate.core.decoding import OutputItem
+from sluicegate.core.events import EngineOutput, TextOutput
 
 __all__ = [
     "Engine",
     "EngineStats",
     "GenerateRequest",
+    "ListenableOutputs",
     "ModelInfo",
+    "OutputItem",
+    "OutputKind",
+    "OutputListener",
     "SamplingParams",
     "Tokenizer",
 ]
+
+
+class OutputKind(StrEnum):
+    """What an engine's outputs carry."""
+
+    TOKENS = "tokens"
+    """``EngineOutput``: token ids, which the server detokenizes."""
+    TEXT = "text"
+    """``TextOutput``: text, already detokenized (an upstream server)."""
+
+
+OutputListener = Callable[[OutputItem], None]
+"""Called synchronously, on the event loop, once per item: an output, the
+sequence's ``EngineError``, or ``None`` when it ended without a finish reason
+(it was aborted)."""
+
+
+@runtime_checkable
+class ListenableOutputs(Protocol):
+    """Outputs that can be listened to, besides being iterated.
+
+    The delivery contract of a listener: every item is handed to it
+    synchronously, in order, on the event loop, and it is never re-entered (what
+    the engine produces while it runs is handed over after it returns). Nothing
+    follows the output with a ``finish_reason``, an ``EngineError`` or ``None``.
+    """
+
+    def listen(self, listener: OutputListener) -> None:
+        """Hand every item to ``listener`` from now on, queued ones first.
+
+        Raises:
+            RuntimeError: already listened to, or closed.
+        """
+        ...
+
+    def close(self) -> None:
+        """Stop consuming: drop later items; abort the sequence if it runs."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +212,11 @@ class Engine(Protocol):
     """What sluicegate needs from an inference engine."""
 
     @property
+    def output_kind(self) -> OutputKind:
+        """What ``generate``'s outputs carry: token ids or text."""
+        ...
+
+    @property
     def model(self) -> ModelInfo:
         """The served model."""
         ...
@@ -170,8 +226,13 @@ class Engine(Protocol):
         """The served model's tokenizer."""
         ...
 
-    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+    def generate(
+        self, request: GenerateRequest
+    ) -> AsyncIterator[EngineOutput] | AsyncIterator[TextOutput]:
         """Queue ``request`` and yield its outputs step by step.
+
+        The outputs are ``EngineOutput`` or ``TextOutput``, as ``output_kind``
+        says; they may also be ``ListenableOutputs``.
 
         Raises:
             EngineError: from the iterator, when the engine fails this request.

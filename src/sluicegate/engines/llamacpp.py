@@ -1,9 +1,13 @@
 """LlamaCppEngine: continuous batching over llama.cpp, run in one worker thread.
 
-Each engine step is one ``llama_decode`` over a batch that holds one token for
-every decoding sequence plus a chunk of the prompt of sequences still in prefill
-(at most ``step_tokens`` tokens in all, so a long prompt never stalls running
-streams for more than one step). Sequences join and leave between steps.
+Each engine step is one ``llama_decode`` over the batch that the scheduler
+(``BatchScheduler``, ``core/scheduling.py``: admission, step plans, KV cell
+reservation, aborts) plans: one token for every decoding sequence plus a chunk of
+the prompt of sequences still in prefill (at most ``step_tokens`` tokens in all,
+so a long prompt never stalls running streams for more than one step). Sequences
+join and leave between steps. This module keeps what needs llama.cpp: the ctypes
+batch, the samplers, the KV memory, the worker thread and the hand-off of outputs
+to the event loop.
 
 Threading: the worker thread owns the llama.cpp context; the event loop only
 touches plain Python state under ``_lock``. The outputs of one step reach their
@@ -31,8 +35,6 @@ request it held gets an ``EngineError`` (an in-band error event), later requests
 get ``EngineUnavailable``, and ``stats().failure`` says why, so that the server
 exits non-zero. A fault in native code kills the process before any of this:
 ``sluicegate doctor`` runs the same engine in a child process to catch that.
-
-Spec: ../shared/DESIGN.md, "Engine protocol".
 """
 
 from __future__ import annotations
@@ -45,19 +47,20 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as llama
 import numpy as np
 
-from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
-from sluicegate.core.events import EngineOutput, FinishReason, TokenLogprob
+from sluicegate.core.errors import EngineError, EngineUnavailable
+from sluicegate.core.events import EngineOutput, TokenLogprob
+from sluicegate.core.scheduling import BatchScheduler, Phase, PlannedChunk, Scheduled
 from sluicegate.engines.base import (
     EngineStats,
     GenerateRequest,
     ModelInfo,
+    OutputKind,
     SamplingParams,
 )
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab, quiet_logs
@@ -71,37 +74,20 @@ _RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 _RECENT_IDS = 256
 
 
-class _Phase(Enum):
-    QUEUED = "queued"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    DONE = "done"
-
-
 _ABORTED = None  # delivered when the request was aborted: its outputs end
 
 _Item = EngineOutput | EngineError | None
 
 
-@dataclass(eq=False, slots=True)
-class _Sequence:
+@dataclass(eq=False, slots=True, kw_only=True)
+class _Sequence(Scheduled):
     request: GenerateRequest
     loop: asyncio.AbstractEventLoop
-    outputs: SequenceOutputs
-    phase: _Phase = _Phase.QUEUED
-    seq_id: int = -1
-    n_prompt_done: int = 0  # prompt tokens already in the KV cache
-    n_generated: int = 0
-    last_token: int = -1
+    outputs: SequenceOutputs[EngineOutput]
     sampler: Any = None
-    abort_requested: bool = False
-    reserved_cells: int = 0
 
-    @property
-    def kv_cells(self) -> int:
-        """Cells this sequence holds: the prompt so far, then every generated
-        token but the latest, which is fed back at the next step."""
-        return self.n_prompt_done + max(self.n_generated - 1, 0)
+
+_Plan = list[PlannedChunk[_Sequence]]
 
 
 def _deliver(items: list[tuple[_Sequence, _Item]]) -> None:
@@ -193,11 +179,12 @@ class LlamaCppEngine:
         )
         self._queue_limit = queue_limit
         self._lock = threading.Condition()
-        self._waiting: deque[_Sequence] = deque()
-        self._running: dict[str, _Sequence] = {}
-        self._by_id: dict[str, _Sequence] = {}
-        self._free_seq_ids = list(range(n_parallel - 1, -1, -1))
-        self._reserved = 0
+        self._scheduler = BatchScheduler[_Sequence](
+            kv_cells=self._n_ctx,
+            slots=n_parallel,
+            step_tokens=self._step_tokens,
+            queue_limit=queue_limit,
+        )
         self._leaked_cells = 0
         self._pending: list[tuple[_Sequence, _Item]] = []  # see _emit/_flush
         self._counters = _Counters()
@@ -221,7 +208,12 @@ class LlamaCppEngine:
         """The model's vocabulary."""
         return self._tokenizer
 
-    def generate(self, request: GenerateRequest) -> SequenceOutputs:
+    @property
+    def output_kind(self) -> OutputKind:
+        """``OutputKind.TOKENS``: every output carries token ids."""
+        return OutputKind.TOKENS
+
+    def generate(self, request: GenerateRequest) -> SequenceOutputs[EngineOutput]:
         """Queue ``request`` now; its outputs hold one ``EngineOutput`` per step.
 
         Admission errors are raised by this call, before any output, so that a
@@ -244,16 +236,11 @@ class LlamaCppEngine:
         decode step.
         """
         with self._lock:
-            seq = self._by_id.get(request_id)
-            if seq is None or seq.abort_requested:
-                return
-            seq.abort_requested = True
-            if seq.phase is _Phase.QUEUED:
-                self._waiting.remove(seq)
-                self._forget(seq)
+            left = self._scheduler.abort(request_id)
+            if left is not None:  # it was queued
                 self._counters.aborted += 1
                 self._counters.aborted_ids.append(request_id)
-                self._emit(seq, _ABORTED)
+                self._emit(left, _ABORTED)
             self._lock.notify_all()
         self._flush()
 
@@ -262,8 +249,8 @@ class LlamaCppEngine:
         with self._lock:
             c = self._counters
             return EngineStats(
-                queued=len(self._waiting),
-                running=len(self._running),
+                queued=len(self._scheduler.waiting),
+                running=len(self._scheduler.running),
                 kv_cells_used=c.kv_cells_used,
                 kv_cells_total=self._n_ctx,
                 prompt_tokens=c.prompt_tokens,
@@ -272,7 +259,7 @@ class LlamaCppEngine:
                 finished_requests=c.finished,
                 aborted_requests=c.aborted,
                 failed_requests=c.failed,
-                running_ids=tuple(self._running),
+                running_ids=tuple(self._scheduler.running),
                 aborted_ids=tuple(c.aborted_ids),
                 steps=c.steps,
                 step_time_s=c.step_time_s,
@@ -287,8 +274,7 @@ class LlamaCppEngine:
             if self._closed:
                 return
             self._closed = True
-            for seq in list(self._by_id.values()):
-                seq.abort_requested = True
+            self._scheduler.flag_all()
             self._lock.notify_all()
         await asyncio.to_thread(self._worker.join)
         llama.llama_batch_free(self._batch)
@@ -304,37 +290,28 @@ class LlamaCppEngine:
     # -- submission (event loop side) ----------------------------------------
 
     def _submit(self, request: GenerateRequest) -> _Sequence:
-        need = len(request.prompt_token_ids) + request.params.max_tokens
-        if need > self._n_ctx:
-            raise RequestError(
-                f"the prompt has {len(request.prompt_token_ids)} tokens and "
-                f"max_tokens is {request.params.max_tokens}: {need} tokens do not "
-                f"fit the {self._n_ctx}-token context",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
-        if not request.prompt_token_ids:
-            raise RequestError("the prompt has no tokens", param="prompt")
+        params = request.params
+        self._scheduler.check(request.prompt_token_ids, params.max_tokens)
         request_id = request.request_id
-        outputs = SequenceOutputs(lambda: self.abort(request_id))
-        seq = _Sequence(request, asyncio.get_running_loop(), outputs)
+        outputs = SequenceOutputs[EngineOutput](lambda: self.abort(request_id))
+        stop_ids = params.stop_token_ids
+        if not params.ignore_eos:
+            stop_ids = stop_ids | self._tokenizer.stop_ids
+        seq = _Sequence(
+            request_id,
+            request.prompt_token_ids,
+            params.max_tokens,
+            stop_ids,
+            request=request,
+            loop=asyncio.get_running_loop(),
+            outputs=outputs,
+        )
         with self._lock:
             if self._failure is not None:
                 raise EngineUnavailable(f"the engine stopped: {self._failure}")
             if self._closed:
                 raise EngineUnavailable("the engine is shutting down")
-            if len(self._waiting) >= self._queue_limit:
-                raise EngineUnavailable(
-                    f"{len(self._waiting)} requests are waiting; the limit is "
-                    f"{self._queue_limit}"
-                )
-            if request.request_id in self._by_id:
-                raise RequestError(
-                    f"request id {request.request_id!r} is already running"
-                )
-            seq.reserved_cells = need
-            self._by_id[request.request_id] = seq
-            self._waiting.append(seq)
+            self._scheduler.submit(seq)
             self._lock.notify_all()
         return seq
 
@@ -353,27 +330,28 @@ class LlamaCppEngine:
         with self._lock:
             self._failure = repr(exc)
             self._closed = True
-            held = [*self._running.values(), *self._waiting]
-            self._running.clear()
-            self._waiting.clear()
-            for seq in held:
-                # No llama.cpp call here: the context may be what failed.
-                self._forget(seq)
+            # No llama.cpp call here: the context may be what failed.
+            running, queued = self._scheduler.drain()
+            for seq in [*running, *queued]:
                 self._counters.failed += 1
                 self._emit(seq, error)
         self._flush()
 
     def _serve(self) -> None:
+        scheduler = self._scheduler
         while True:
             with self._lock:
-                while not self._closed and not self._waiting and not self._running:
+                while not self._closed and scheduler.idle:
                     self._lock.wait()
                 if self._closed:
                     self._drop_all()
                     return
                 self._reap_aborted()
-                self._admit()
-                plan = self._plan_step()
+                for seq in scheduler.admit():
+                    seq.sampler = _make_sampler(
+                        seq.request.params, self._tokenizer.vocab_size
+                    )
+                plan = scheduler.plan()
                 fault, self._fault = self._fault, None
             self._flush()
             if plan:
@@ -381,71 +359,36 @@ class LlamaCppEngine:
                 self._flush()
 
     def _drop_all(self) -> None:
-        for seq in list(self._running.values()):
-            self._release(seq)
+        running, queued = self._scheduler.drain()
+        for seq in running:
+            self._free(seq)
             self._counters.aborted += 1
             self._emit(seq, _ABORTED)
-        for seq in self._waiting:
-            self._forget(seq)
+        for seq in queued:
             self._emit(seq, _ABORTED)
-        self._waiting.clear()
         self._refresh_kv_cells()
         self._flush()
 
     def _reap_aborted(self) -> None:
-        for seq in [s for s in self._running.values() if s.abort_requested]:
-            self._release(seq)
+        for seq in self._scheduler.reap():
+            self._free(seq)
             self._counters.aborted += 1
-            self._counters.aborted_ids.append(seq.request.request_id)
+            self._counters.aborted_ids.append(seq.request_id)
             self._emit(seq, _ABORTED)
         self._refresh_kv_cells()
 
-    def _admit(self) -> None:
-        while self._waiting and self._free_seq_ids:
-            seq = self._waiting[0]
-            if self._reserved + seq.reserved_cells > self._n_ctx:
-                return  # FIFO: the head waits for cells; nobody overtakes it
-            self._waiting.popleft()
-            seq.seq_id = self._free_seq_ids.pop()
-            seq.phase = _Phase.PREFILL
-            seq.sampler = _make_sampler(seq.request.params, self._tokenizer.vocab_size)
-            self._reserved += seq.reserved_cells
-            self._running[seq.request.request_id] = seq
-
-    def _plan_step(self) -> list[tuple[_Sequence, list[int], int, bool]]:
-        """(sequence, tokens, first position, wants logits) for the next batch."""
-        plan: list[tuple[_Sequence, list[int], int, bool]] = []
-        budget = self._step_tokens
-        decoding = [s for s in self._running.values() if s.phase is _Phase.DECODE]
-        for seq in decoding:
-            pos = len(seq.request.prompt_token_ids) + seq.n_generated - 1
-            plan.append((seq, [seq.last_token], pos, True))
-            budget -= 1
-        for seq in self._running.values():
-            if seq.phase is not _Phase.PREFILL or budget <= 0:
-                continue
-            prompt = seq.request.prompt_token_ids
-            chunk = list(prompt[seq.n_prompt_done : seq.n_prompt_done + budget])
-            last = seq.n_prompt_done + len(chunk) == len(prompt)
-            plan.append((seq, chunk, seq.n_prompt_done, last))
-            budget -= len(chunk)
-        return plan
-
-    def _step(
-        self,
-        plan: list[tuple[_Sequence, list[int], int, bool]],
-        fault: BaseException | None,
-    ) -> None:
+    def _step(self, plan: _Plan, fault: BaseException | None) -> None:
         batch = self._batch
         n = 0
         logits_at: list[tuple[_Sequence, int]] = []
-        for seq, tokens, pos, wants_logits in plan:
+        for chunk in plan:
+            seq, tokens, pos = chunk.seq, chunk.tokens, chunk.first_pos
             for i, token in enumerate(tokens):
                 batch.token[n] = token
                 batch.pos[n] = pos + i
                 batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = seq.seq_id
-                last = wants_logits and i == len(tokens) - 1
+                batch.seq_id[n][0] = seq.slot
+                last = chunk.wants_logits and i == len(tokens) - 1
                 batch.logits[n] = 1 if last else 0
                 if last:
                     logits_at.append((seq, n))
@@ -467,12 +410,7 @@ class LlamaCppEngine:
             self._counters.steps += 1
             self._counters.step_time_s += elapsed
             self._counters.last_step_tokens = n
-            for seq, tokens, _, _ in plan:
-                if seq.phase is _Phase.PREFILL:
-                    seq.n_prompt_done += len(tokens)
-                    self._counters.prompt_tokens += len(tokens)
-                    if seq.n_prompt_done == len(seq.request.prompt_token_ids):
-                        seq.phase = _Phase.DECODE
+            self._counters.prompt_tokens += self._scheduler.advance(plan)
             for seq, token, logprob in sampled:
                 self._accept(seq, token, logprob)
             self._refresh_kv_cells()
@@ -489,19 +427,11 @@ class LlamaCppEngine:
         return seq, token, _logprob_of(logits, token, k)
 
     def _accept(self, seq: _Sequence, token: int, logprob: TokenLogprob | None) -> None:
-        params = seq.request.params
-        seq.n_generated += 1
-        seq.last_token = token
+        reason = self._scheduler.accept(seq, token)
         self._counters.generated_tokens += 1
         if seq.abort_requested:
             self._counters.wasted_tokens += 1
             return  # reaped before the next step
-        reason: FinishReason | None = None
-        is_eog = token in self._tokenizer.stop_ids and not params.ignore_eos
-        if is_eog or token in params.stop_token_ids:
-            reason = FinishReason.STOP
-        elif seq.n_generated >= params.max_tokens:
-            reason = FinishReason.LENGTH
         self._emit(
             seq, EngineOutput((token,), reason, None if logprob is None else (logprob,))
         )
@@ -509,14 +439,13 @@ class LlamaCppEngine:
             self._release(seq)
             self._counters.finished += 1
 
-    def _fail_batch(
-        self, plan: list[tuple[_Sequence, list[int], int, bool]], exc: BaseException
-    ) -> None:
+    def _fail_batch(self, plan: _Plan, exc: BaseException) -> None:
         log.error("decode step failed for %d sequences: %r", len(plan), exc)
         error = exc if isinstance(exc, EngineError) else EngineError(repr(exc))
         with self._lock:
-            for seq, _, _, _ in plan:
-                if seq.phase is _Phase.DONE:
+            for chunk in plan:
+                seq = chunk.seq
+                if seq.phase is Phase.DONE:
                     continue
                 self._release(seq)
                 self._counters.failed += 1
@@ -549,29 +478,26 @@ class LlamaCppEngine:
 
     def _release(self, seq: _Sequence) -> None:
         """Remove a running sequence: free its KV cells, sampler and slot."""
-        llama.llama_memory_seq_rm(self._memory, seq.seq_id, -1, -1)
+        self._scheduler.release(seq)
+        self._free(seq)
+
+    def _free(self, seq: _Sequence) -> None:
+        """Free the llama.cpp state of a sequence the scheduler let go."""
+        llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
         # Ask llama.cpp's memory itself whether the cells are gone; any it still
         # holds stay counted in kv_cells_used, so a leak shows in stats().
-        left = llama.llama_memory_seq_pos_max(self._memory, seq.seq_id) + 1
+        left = llama.llama_memory_seq_pos_max(self._memory, seq.slot) + 1
         if left > 0:  # pragma: no cover - only if llama.cpp failed to free
-            log.error("sequence %d still holds %d KV cells", seq.seq_id, left)
+            log.error("sequence %d still holds %d KV cells", seq.slot, left)
             self._leaked_cells += left
         llama.llama_sampler_free(seq.sampler)
         seq.sampler = None
-        self._free_seq_ids.append(seq.seq_id)
-        self._reserved -= seq.reserved_cells
-        del self._running[seq.request.request_id]
-        self._forget(seq)
-
-    def _forget(self, seq: _Sequence) -> None:
-        seq.phase = _Phase.DONE
-        self._by_id.pop(seq.request.request_id, None)
 
     def _refresh_kv_cells(self) -> None:
         # Bookkeeping, not one llama.cpp call per sequence per step: each ctypes
         # call gives the GIL away, and taking it back from a busy event loop can
-        # cost milliseconds. _release() checks llama.cpp's memory itself.
-        used = sum(seq.kv_cells for seq in self._running.values())
+        # cost milliseconds. _free() checks llama.cpp's memory itself.
+        used = self._scheduler.kv_cells_used
         self._counters.kv_cells_used = used + self._leaked_cells
 
 

@@ -1,13 +1,14 @@
 """The output channel of one engine sequence: iterate it, or listen to it.
 
 An engine hands each ``generate()`` caller a ``SequenceOutputs``. The engine side
-calls ``push`` (one ``EngineOutput`` per decode step), ``fail`` (an
+calls ``push`` (one ``EngineOutput`` or ``TextOutput`` per step), ``fail`` (an
 ``EngineError``) or ``end`` (the sequence stopped without a finish reason: it was
 aborted), always on the event loop's thread. The consumer side either iterates it
-(``async for``, the ``Engine`` protocol's plain contract) or calls ``listen`` once:
-each later item is then handed to the listener synchronously from ``push``, with
-no task switch and no queue. A server with thousands of streams pays one task
-wake-up per token less that way (see ``bench/streams.py``).
+(``async for``, the ``Engine`` protocol's plain contract) or calls ``listen`` once
+(it is ``ListenableOutputs``, the protocol's listener contract): each later item
+is then handed to the listener synchronously from ``push``, with no task switch
+and no queue. A server with thousands of streams pays one task wake-up per token
+less that way (see ``bench/streams.py``).
 
 Invariants:
     - Items reach the consumer in push order; nothing follows the output that
@@ -21,8 +22,6 @@ Invariants:
       abort callback once; items pushed later are dropped, and a consumer waiting
       in ``__anext__`` stops. Unlike an async generator, it is not closed by the
       garbage collector: a consumer that leaves an ``async for`` early closes it.
-
-Spec: ../shared/DESIGN.md, "Engine protocol".
 """
 
 from __future__ import annotations
@@ -31,24 +30,23 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from sluicegate.core.errors import EngineError
-from sluicegate.core.events import EngineOutput
+from sluicegate.core.events import EngineOutput, TextOutput
+from sluicegate.engines.base import OutputItem, OutputListener
 
-__all__ = ["OutputItem", "OutputListener", "SequenceOutputs"]
+__all__ = ["SequenceOutputs"]
 
 logger = logging.getLogger(__name__)
 
-OutputItem = EngineOutput | EngineError | None
-"""What a listener is handed: an output, the sequence's failure, or ``None`` when
-the sequence ended without a finish reason (it was aborted)."""
-
-OutputListener = Callable[[OutputItem], None]
-"""Called synchronously, on the event loop, once per item."""
+_O = TypeVar("_O", EngineOutput, TextOutput)
 
 
-class SequenceOutputs:
-    """The outputs of one engine sequence; an ``AsyncIterator[EngineOutput]``.
+class SequenceOutputs(Generic[_O]):
+    """The outputs of one engine sequence: an ``AsyncIterator`` of ``EngineOutput``
+    (or of ``TextOutput``, for an engine that yields text) and
+    ``ListenableOutputs``.
 
     Args:
         on_close: called once when the consumer closes the channel before the
@@ -70,7 +68,7 @@ class SequenceOutputs:
 
     def __init__(self, on_close: Callable[[], None]) -> None:
         self._on_close = on_close
-        self._items: deque[OutputItem] = deque()
+        self._items: deque[_O | EngineError | None] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._listener: OutputListener | None = None
         self._done = False  # the engine delivered its last item
@@ -79,7 +77,7 @@ class SequenceOutputs:
 
     # -- engine side ---------------------------------------------------------
 
-    def push(self, output: EngineOutput) -> None:
+    def push(self, output: _O) -> None:
         """Deliver one decode step; its ``finish_reason`` ends the sequence."""
         listener = self._listener
         if (
@@ -147,10 +145,10 @@ class SequenceOutputs:
         """``close()``, as the async iterator protocol spells it."""
         self.close()
 
-    def __aiter__(self) -> SequenceOutputs:
+    def __aiter__(self) -> SequenceOutputs[_O]:
         return self
 
-    async def __anext__(self) -> EngineOutput:
+    async def __anext__(self) -> _O:
         while not self._items:
             if self._closed or (self._done and not self._items):
                 raise StopAsyncIteration
@@ -170,7 +168,7 @@ class SequenceOutputs:
 
     # -- internals -----------------------------------------------------------
 
-    def _deliver(self, item: OutputItem, last: bool) -> None:
+    def _deliver(self, item: _O | EngineError | None, last: bool) -> None:
         if self._done or self._closed:
             return
         self._done = last

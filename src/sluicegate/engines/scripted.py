@@ -9,6 +9,9 @@ one step (in every sequence, or in a seeded random share of them), and a sequenc
 that never finishes.
 
 ``ScriptedTokenizer`` (from ``scripted_vocab``) is its toy byte-piece vocabulary.
+``ScriptedTextEngine`` (``scripted_text``) yields its text instead of token ids.
+Time comes from a ``Timers`` object (``clocks``): the running event loop by
+default, or a ``ManualClock`` that tests step by hand.
 
 Invariants:
     - Each sequence is a chain of event-loop timers (no task) that pushes into
@@ -28,9 +31,8 @@ Sampling parameters other than ``max_tokens``, ``stop_token_ids`` and
 Deliberate divergences: an exhausted script behaves like a sampled end-of-sequence
 token; the stop token that ends a sequence is not counted as generated (it is not
 in any output either); ``never_finishes`` cycles the script and ignores stop
-tokens, ``max_tokens`` and the context window. The engine is asyncio-only.
-
-Spec: ../shared/DESIGN.md, "Engine protocol".
+tokens, ``max_tokens`` and the context window. Without ``clock`` the engine is
+asyncio-only.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from typing import TypedDict
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, FinishReason, TokenLogprob
-from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo
+from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo, OutputKind
+from sluicegate.engines.clocks import Timer, Timers
 from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
 
@@ -144,7 +147,7 @@ class _Phase(Enum):
 class _Sequence:
     request: GenerateRequest
     script: Iterator[int]
-    outputs: SequenceOutputs
+    outputs: SequenceOutputs[EngineOutput]
     phase: _Phase = _Phase.QUEUED
     decoding: bool = False  # past the prefill delay
     step: int = 0  # the next decode step (0-based)
@@ -186,6 +189,8 @@ class ScriptedEngine:
         max_queued: sequences that may wait; beyond it ``generate`` raises
             ``EngineUnavailable`` at once.
         kv_cells_total: KV cells reported as total (default: context x batch).
+        clock: where time and timers come from; default: the event loop that
+            runs ``generate``.
     """
 
     def __init__(
@@ -206,6 +211,7 @@ class ScriptedEngine:
         max_running: int = 8,
         max_queued: int = 32,
         kv_cells_total: int | None = None,
+        clock: Timers | None = None,
     ) -> None:
         if tokens_per_s <= 0:
             raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s!r}")
@@ -231,7 +237,8 @@ class ScriptedEngine:
         )
         self._running = 0
         self._closed = False
-        self._clock: _Clock | None = None
+        self._timers = clock
+        self._clock: _Clock | None = None if clock is None else _Clock(clock)
 
     @property
     def model(self) -> ModelInfo:
@@ -243,13 +250,19 @@ class ScriptedEngine:
         """The toy vocabulary."""
         return self._tokenizer
 
+    @property
+    def output_kind(self) -> OutputKind:
+        """``OutputKind.TOKENS``: every output carries token ids."""
+        return OutputKind.TOKENS
+
     def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
         """Queue ``request``; its outputs arrive one decode step at a time.
 
         The iterator is a ``SequenceOutputs`` (a listener may take its items);
         the annotation is the protocol's, so that subclasses may wrap it.
 
-        Must be called with a running asyncio loop. The sequence starts at once
+        Must be called with a running asyncio loop unless the engine has a
+        ``clock``. The sequence starts at once
         (whether or not its outputs are read); closing them early aborts it.
         After ``abort()`` they end without anything more.
 
@@ -271,10 +284,13 @@ class ScriptedEngine:
                 f"the queue is full: {len(self._waiting)} requests wait, "
                 f"limit {self._max_queued}"
             )
-        loop = asyncio.get_running_loop()
-        if self._clock is None or self._clock.loop is not loop:
-            self._clock = _Clock(loop)
-        outputs = SequenceOutputs(lambda: self.abort(request_id))
+        if self._timers is None:
+            loop = asyncio.get_running_loop()
+            if self._clock is None or self._clock.timers is not loop:
+                self._clock = _Clock(loop)
+        outputs: SequenceOutputs[EngineOutput] = SequenceOutputs(
+            lambda: self.abort(request_id)
+        )
         seq = _Sequence(request, self._script_for(request), outputs)
         params = request.params
         seq.stop_ids = params.stop_token_ids
@@ -377,7 +393,7 @@ class ScriptedEngine:
         if self._prefill_delay_s > 0:
             clock = self._clock
             assert clock is not None, "generate() makes the clock"
-            clock.at(clock.loop.time() + self._prefill_delay_s, seq, self._decode)
+            clock.at(clock.timers.time() + self._prefill_delay_s, seq, self._decode)
         else:
             self._decode(seq)
 
@@ -385,7 +401,7 @@ class ScriptedEngine:
         """The prefill is over: schedule the first decode step."""
         seq.decoding = True
         assert self._clock is not None, "generate() makes the clock"
-        seq.due = self._clock.loop.time()
+        seq.due = self._clock.timers.time()
         self._schedule(seq)
 
     def _schedule(self, seq: _Sequence) -> None:
@@ -396,7 +412,7 @@ class ScriptedEngine:
         # An absolute schedule, at most one step behind: a loop whose timers
         # round to whole milliseconds (uvloop, under uvicorn) fires a 0.5 ms
         # timer at once, and per-step delays would then ignore the rate.
-        seq.due = max(seq.due, clock.loop.time() - self._step_s) + delay
+        seq.due = max(seq.due, clock.timers.time() - self._step_s) + delay
         clock.at(seq.due, seq, self._tick)
 
     def _tick(self, seq: _Sequence) -> None:
@@ -470,14 +486,15 @@ class _Clock:
 
     _SLACK_S = 0.0005
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        """The loop whose timer drives this clock (asked once, not per token:
-        ``get_running_loop()`` is a ``getpid`` system call in CPython 3.11)."""
+    def __init__(self, timers: Timers) -> None:
+        self.timers = timers
+        """What drives this clock: the event loop (asked once, not per token:
+        ``get_running_loop()`` is a ``getpid`` system call in CPython 3.11), or
+        a ``ManualClock``."""
         self._heap: list[tuple[float, int, int, _Sequence, Callable[[_Sequence], None]]]
         self._heap = []
         self._order = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_due = math.inf
         self._firing = False
         self._voided = 0  # voided entries still in the heap
@@ -485,7 +502,7 @@ class _Clock:
     def at(
         self, due: float, seq: _Sequence, callback: Callable[[_Sequence], None]
     ) -> None:
-        """Call ``callback(seq)`` at loop time ``due`` (seconds), unless voided.
+        """Call ``callback(seq)`` at time ``due`` (seconds), unless voided.
 
         A sequence has one entry at most: ``at`` again only once it ran.
         """
@@ -515,12 +532,12 @@ class _Clock:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_due = due
-        self._timer = self.loop.call_at(due, self._fire)
+        self._timer = self.timers.call_at(due, self._fire)
 
     def _fire(self) -> None:
         self._timer, self._timer_due = None, math.inf
         heap = self._heap
-        horizon = self.loop.time() + self._SLACK_S
+        horizon = self.timers.time() + self._SLACK_S
         added = next(self._order)  # entries from this order on are added now
         self._firing = True
         try:

@@ -4,8 +4,6 @@
 byte (so any text encodes, as with byte-fallback vocabularies), and a few
 multi-byte pieces, some of which split UTF-8 characters across tokens on purpose,
 so that detokenizers and stop matchers meet the hard cases without a real model.
-
-Spec: ../shared/DESIGN.md, "Tokens are not text".
 """
 
 from __future__ import annotations

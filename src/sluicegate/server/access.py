@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
-from typing import ClassVar
 
 from starlette.datastructures import Headers
 from starlette.types import Scope
@@ -84,8 +83,6 @@ _ANY_HOST = "*"
 
 class HostNotAllowed(AdmissionError):
     """A keyless route asked for under a ``Host`` name it does not serve (421)."""
-
-    status: ClassVar[int] = 421
 
 
 class Access:

@@ -29,8 +29,8 @@ Invariants:
 Deliberate divergence: the buckets live in this process; several replicas behind a
 load balancer each enforce the full quota.
 
-Spec: ../shared/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
-"Error codes" (401, 403, 429, 503); openai-python, "Retries" (429 and >= 500).
+Spec: docs/DESIGN.md, "Admission and limits"; OpenAI API reference, "Error
+codes" (401, 403, 429, 503); openai-python, "Retries" (429 and >= 500).
 """
 
 from __future__ import annotations
@@ -70,15 +70,15 @@ ANONYMOUS = "anonymous"
 class AdmissionError(SluicegateError):
     """A request refused before the first byte (401, 403, 429 or 503).
 
+    The status that answers each one is ``statuses.STATUS_OF_CLASS``'s.
+
     Attributes:
-        status: the HTTP status to answer with.
         message: human-readable; never contains the key or the prompt.
         error_type: OpenAI error ``type``.
         code: OpenAI error ``code``.
         retry_after_s: whole seconds for ``Retry-After`` (429/503), else ``None``.
     """
 
-    status: ClassVar[int] = 400
     error_type: ClassVar[str] = "invalid_request_error"
 
     def __init__(self, message: str, code: str, retry_after_s: int | None = None):
@@ -91,26 +91,27 @@ class AdmissionError(SluicegateError):
 class Unauthenticated(AdmissionError):
     """No API key, or one this server does not know (401)."""
 
-    status: ClassVar[int] = 401
-
 
 class Forbidden(AdmissionError):
     """A known key without access to the requested model (403)."""
 
-    status: ClassVar[int] = 403
-
 
 class OverQuota(AdmissionError):
-    """The key's requests/minute or tokens/minute bucket is empty (429)."""
+    """The key's requests/minute or tokens/minute bucket is empty (429).
 
-    status: ClassVar[int] = 429
+    Attributes:
+        tokens_only: only the tokens/minute bucket is short, so the wait depends
+            on how many tokens were asked for (a floor asked for less than the
+            plan will reserve gets a wait that is a lower bound).
+    """
+
     error_type: ClassVar[str] = "rate_limit_error"
+    tokens_only: bool = False
 
 
 class Unavailable(AdmissionError):
     """The server is draining or overloaded (503)."""
 
-    status: ClassVar[int] = 503
     error_type: ClassVar[str] = "server_error"
 
 
@@ -368,17 +369,18 @@ class Admission:
                 param="max_tokens",
                 code="tokens_over_quota",
             )
-        waits = [
-            bucket.wait_s(amount, now)
-            for bucket, amount in ((requests, 1), (token_bucket, tokens))
-            if bucket is not None
-        ]
-        if any(waits):
-            raise OverQuota(
+        request_wait = requests.wait_s(1, now) if requests is not None else 0.0
+        token_wait = (
+            token_bucket.wait_s(tokens, now) if token_bucket is not None else 0.0
+        )
+        if request_wait or token_wait:
+            error = OverQuota(
                 "Rate limit reached for requests or tokens per minute",
                 "rate_limit_exceeded",
-                max(1, math.ceil(max(waits))),
+                max(1, math.ceil(max(request_wait, token_wait))),
             )
+            error.tokens_only = not request_wait
+            raise error
         if requests is not None:
             requests.take(1)
         if token_bucket is not None:

@@ -5,7 +5,8 @@
 - ``POST /v1/chat/completions`` and ``POST /v1/completions``: read the body (413
   over the limit), validate (400), resolve the model (404), template and tokenize,
   check the context window (400), submit to the engine (503 when its queue is
-  full), then answer with an event stream or one JSON body (``streaming.py``);
+  full), then answer with an event stream or one JSON body (``sse_response.py``,
+  ``json_response.py``);
 - ``GET /v1/models``: the served model, OpenAI list shape, plus
   ``context_length``;
 - ``GET /health``: liveness, ``{"status": "ok"}`` (``"draining"`` during a
@@ -34,11 +35,11 @@ and wrong methods (405) included. Every request is recorded once in
 admitted one has an ``open`` row in its file from admission to its end. No
 middleware is installed: in particular no GZip, which would buffer event streams;
 event-stream bodies skip any middleware added inside the app
-(``streaming.BODY_SEND``), so wrap the app from outside. The engine is closed when
+(``sse_response.BODY_SEND``), so wrap the app from outside. The engine is closed when
 the app shuts down.
 
 Spec: OpenAI API reference, "Chat", "Completions", "Models" and "Error codes";
-../shared/DESIGN.md, "Status first, errors in band".
+docs/DESIGN.md, "Status first, errors in band".
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sluicegate.core.chunks import Endpoint, dumps, error_payload
 from sluicegate.core.endstate import EndState
-from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
+from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.engines.base import Engine
 from sluicegate.server.access import API_KEY, Access
 from sluicegate.server.admission import (
@@ -69,12 +70,14 @@ from sluicegate.server.admission import (
     AdmissionError,
     ApiKey,
     Grant,
+    OverQuota,
     Unavailable,
 )
 from sluicegate.server.bodies import read_json_object
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.generation import Generation
+from sluicegate.server.json_response import CompletionResponse
 from sluicegate.server.ledger import Ledger, LedgerRow
 from sluicegate.server.metrics import CONTENT_TYPE, Metrics
 from sluicegate.server.openapi import openapi_document
@@ -93,20 +96,24 @@ from sluicegate.server.schemas import (
     parse_completion_request,
 )
 from sluicegate.server.shutdown import Drain
-from sluicegate.server.streaming import (
-    BODY_SEND,
-    CLIENT_CLOSED,
-    CompletionResponse,
-    EventStreamResponse,
-    StreamLimits,
-)
+from sluicegate.server.sse_response import BODY_SEND, EventStreamResponse
+from sluicegate.server.statuses import CLIENT_CLOSED, status_of
+from sluicegate.server.streaming import StreamLimits
 from sluicegate.server.templates import ChatTemplate
 
 __all__ = ["create_app"]
 
 logger = logging.getLogger(__name__)
 
-_Planner = Callable[[dict[str, Any], str, ApiKey | None], Awaitable[Plan]]
+_Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
+
+# A request short only of tokens/minute quota whose body is at most this many
+# bytes is still planned, so that its 429 carries the wait for what it really
+# reserves (its prompt counted): rendering and tokenizing that much costs about
+# what parsing it did. A larger one (or one sent without Content-Length) is
+# refused on the least it can reserve, before any template work, with the wait for
+# that least: a lower bound, so its retry may get a second 429 with the rest.
+EXACT_RETRY_AFTER_BYTES = 64 * 1024
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
@@ -114,11 +121,12 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
 
     The app's ``state`` holds ``engine``, ``config``, ``ledger`` (a ``Ledger``
     with one row per request, in ``config.ledger_path`` when set), ``live`` (the
-    running responses' buffers) and ``drain`` (``Drain``: run it to shut down
-    gracefully). On shutdown the engine is closed (every KV cell freed), then the
-    ledger (what its writer thread holds is committed first). The chat template
-    is compiled here, so a model whose template does not compile fails at
-    startup, not per request.
+    running responses' buffers), ``drain`` (``Drain``: run it to shut down
+    gracefully) and ``metrics`` (``Metrics``; ``serve`` counts the connection
+    refusals of ``connections.py`` with its ``refuse``). On shutdown the engine
+    is closed (every KV cell freed), then the ledger (what its writer thread
+    holds is committed first). The chat template is compiled here, so a model
+    whose template does not compile fails at startup, not per request.
 
     Raises:
         jinja2.TemplateSyntaxError: the model's chat template does not compile.
@@ -162,6 +170,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
     app.state.ledger = routes.ledger
     app.state.live = routes.live
     app.state.drain = routes.drain
+    app.state.metrics = routes.metrics_
     return app
 
 
@@ -271,31 +280,40 @@ class _Routes:
         return _json(dataclasses.asdict(self.engine.stats()))
 
     async def _plan_chat(
-        self, body: dict[str, Any], response_id: str, key: ApiKey | None
+        self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
     ) -> Plan:
         request = parse_chat_request(body)
-        self._check_admissible(key, request)
+        self._check_admissible(key, request, small)
         return await plan_chat(
             request, response_id, self.engine, self.template, self.config
         )
 
     async def _plan_completion(
-        self, body: dict[str, Any], response_id: str, key: ApiKey | None
+        self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
     ) -> Plan:
         request = parse_completion_request(body)
-        self._check_admissible(key, request)
+        self._check_admissible(key, request, small)
         return await plan_completion(request, response_id, self.engine, self.config)
 
     def _check_admissible(
-        self, key: ApiKey | None, request: ChatCompletionRequest | CompletionRequest
+        self,
+        key: ApiKey | None,
+        request: ChatCompletionRequest | CompletionRequest,
+        small: bool,
     ) -> None:
         """Validate, then admission, then template: refuse what admission would
         refuse however the prompt tokenizes (403, 400, 429) before the template
         and the tokenizer run, by admitting the least the plan reserves and
-        giving it back (``_admit`` admits the plan's own reserve after)."""
+        giving it back (``_admit`` admits the plan's own reserve after). A
+        ``small`` request short only of tokens goes on to be planned, so that its
+        429 names the wait for its real reserve (see ``EXACT_RETRY_AFTER_BYTES``)."""
         model = resolve_model(request.model, self.engine, self.config)
         tokens, sequences = admission_floor(request)
-        self.admission.admit(key, model, tokens, sequences).refund()
+        try:
+            self.admission.admit(key, model, tokens, sequences).refund()
+        except OverQuota as error:
+            if not (small and error.tokens_only):
+                raise
 
     async def _generate(
         self, request: Request, endpoint: Endpoint, planner: _Planner
@@ -352,7 +370,9 @@ class _Routes:
         key: ApiKey | None = request.scope.get(API_KEY)  # checked by guard()
         meter.key_id = key.key_id if key is not None else ANONYMOUS
         body = await read_json_object(request, self.config.max_body_bytes)
-        plan = meter.plan = await planner(body, meter.response_id, key)
+        declared = request.headers.get("content-length")  # checked by the read
+        small = declared is not None and int(declared) <= EXACT_RETRY_AFTER_BYTES
+        plan = meter.plan = await planner(body, meter.response_id, key, small)
         reserve = plan.prompt_tokens + sum(c.params.max_tokens for c in plan.choices)
         grant = meter.grant = self.admission.admit(
             key, plan.header.model, reserve, len(plan.choices)
@@ -452,15 +472,15 @@ def _json(
 def _error_response(
     exc: RequestError | EngineError | AdmissionError, retry_after_s: int
 ) -> Response:
+    status = status_of(exc)
     if isinstance(exc, RequestError):
         payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
-        return _json(payload, exc.status)
+        return _json(payload, status)
     if isinstance(exc, AdmissionError):
         payload = error_payload(exc.message, exc.error_type, None, exc.code)
         retry = exc.retry_after_s
         headers = {"Retry-After": str(retry)} if retry is not None else None
-        return _json(payload, exc.status, headers)
-    status = 503 if isinstance(exc, EngineUnavailable) else 500
+        return _json(payload, status, headers)
     headers = {"Retry-After": str(retry_after_s)} if exc.retryable else None
     return _json(
         error_payload(str(exc), "server_error", None, exc.code), status, headers

@@ -1,4 +1,8 @@
-"""The bounded, coalescing buffer between a generation and its (maybe slow) client.
+"""The buffers between a generation and its (maybe slow) client.
+
+``Outbox`` is the channel from the decoder to one writer: ``put`` never blocks,
+the writer ``wait()``s and ``drain()``s at its own pace, and while it waits with
+nothing queued it may take events at once through ``direct`` (eager writes).
 
 ``StreamBuffer`` is the ``Outbox`` of one response with two additions:
 
@@ -16,28 +20,117 @@ Invariants:
     - Per choice, text order is kept and every ``Delta`` stays before that
       choice's ``Finish``; ``End``/``Fail`` stay last.
     - ``put`` never blocks and never waits on the client.
-
-Spec: ../shared/DESIGN.md, "Slow consumers"; issue 5, "Slow consumers".
+    - An event handed to ``direct`` is never queued, counted or drained.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import math
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sluicegate.core.events import Delta, Finish, StreamEvent
-from sluicegate.server.generation import Outbox
+from sluicegate.core.events import Delta, Finish, StreamEvent, join_parts
 
-__all__ = ["EVENT_COST_BYTES", "LiveStreams", "StreamBuffer", "coalesce", "join_deltas"]
+__all__ = [
+    "EVENT_COST_BYTES",
+    "LiveStreams",
+    "Outbox",
+    "StreamBuffer",
+    "coalesce",
+    "join_deltas",
+]
+
+
+class Outbox:
+    """Events from the decoder to one writer; ``put`` never blocks.
+
+    Unbounded. asyncio only: it runs once per token per stream, and a bare
+    future is the cheapest wake-up there is.
+
+    Subclasses extend it through one hook, ``_queued(event)``: called for each
+    event that ``put`` queues (not for one handed to ``direct``), before the
+    writer is woken. ``StreamBuffer`` counts bytes there.
+
+    Attributes:
+        direct: takes an event in place of the queue while the writer waits in
+            ``wait()`` with nothing queued (the writer then writes the event
+            itself, and ``poke()``-s itself if it has more to do). The writer
+            sets it; ``None`` (the default): every event is queued.
+    """
+
+    def __init__(self) -> None:
+        self._events: deque[StreamEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        # Asked once, not per wait: get_running_loop() is a getpid system call
+        # in CPython 3.11, and the writer waits once per token.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.direct: Callable[[StreamEvent], None] | None = None
+
+    def put(self, event: StreamEvent) -> None:
+        """Queue ``event`` and wake the writer, or hand it to ``direct``."""
+        direct = self.direct
+        if direct is not None and not self._events:
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                direct(event)
+                return
+        self._queued(event)
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _queued(self, event: StreamEvent) -> None:
+        """The subclass hook: ``event`` is about to be queued (see the class)."""
+
+    def poke(self) -> None:
+        """Wake the writer, whether or not anything is queued."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def drain(self) -> list[StreamEvent]:
+        """Every queued event, oldest first (``[]`` when none)."""
+        events = list(self._events)
+        self._events.clear()
+        return events
+
+    async def wait(self, timeout_s: float = math.inf) -> None:
+        """Return when an event is queued, ``poke()`` is called, or after
+        ``timeout_s`` seconds (``math.inf``: no time limit)."""
+        if self._events or timeout_s <= 0:
+            return
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = None
+        if timeout_s != math.inf:
+            timer = loop.call_later(timeout_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def join_deltas(first: Delta, second: Delta) -> Delta:
     """One ``Delta`` saying what ``first`` then ``second`` say (same choice).
 
     Generic over ``Delta``'s fields, so fields added later join too: strings and
-    tuples (text, logprobs) concatenate; any other field (a running snapshot such
-    as the usage so far) takes ``second``'s value unless that is ``None``.
+    tuples (text, logprobs) concatenate; ``parts`` join part by part
+    (``join_parts``: reasoning concatenates, tool-call arguments concatenate per
+    tool-call index, never across indexes); any other field (a running snapshot
+    such as the usage so far) takes ``second``'s value unless that is ``None``.
 
     Raises:
         ValueError: the two deltas belong to different choices.
@@ -51,6 +144,8 @@ def join_deltas(first: Delta, second: Delta) -> Delta:
         a, b = getattr(first, field.name), getattr(second, field.name)
         if type(a) is type(b) and isinstance(a, str | tuple):
             changes[field.name] = a + b
+        elif field.name == "parts":
+            changes[field.name] = join_parts(a, b)
         elif field.name != "index":
             changes[field.name] = a if b is None else b
     return dataclasses.replace(first, **changes)
@@ -95,7 +190,16 @@ the engine makes one-byte tokens would otherwise hold about 30x the limit."""
 def _cost(event: Delta) -> int:
     text = event.text
     size = len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+    parts = event.parts
+    if parts is not None:
+        size += _text_bytes(parts.reasoning) + sum(
+            _text_bytes(f.arguments) + EVENT_COST_BYTES for f in parts.tool_calls
+        )
     return size + EVENT_COST_BYTES
+
+
+def _text_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "replace"))
 
 
 class StreamBuffer(Outbox):
@@ -107,10 +211,13 @@ class StreamBuffer(Outbox):
         on_overflow: called once, from ``put``, when more than ``max_bytes`` wait.
 
     Attributes:
-        pending_bytes: bytes (content plus per-event cost) put since the last
+        pending_bytes: bytes (content plus per-event cost) queued since the last
             ``drain``.
         coalesced: deltas merged into others so far.
         overflowed: whether ``on_overflow`` was called.
+
+    Raises:
+        ValueError: ``max_bytes`` < 1.
     """
 
     def __init__(
@@ -124,31 +231,15 @@ class StreamBuffer(Outbox):
         self.coalesced = 0
         self.overflowed = False
         self._on_overflow = on_overflow
-        self.direct: Callable[[StreamEvent], None] | None = None
-        """Takes an event in place of the queue while the writer waits in
-        ``wait()`` with nothing queued (it then writes the event itself, and
-        ``poke()``-s the writer if the writer has more to do). The writer sets
-        it; ``None``: every event is queued."""
 
-    def put(self, event: StreamEvent) -> None:
-        """Queue ``event``; past ``max_bytes`` of content, report the overflow once.
-
-        With ``direct`` set, an event that comes while the writer waits and
-        nothing is queued goes to ``direct`` instead, at once (see ``direct``).
-        """
-        direct = self.direct
-        if direct is not None and not self._events:
-            waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                direct(event)
-                return
+    def _queued(self, event: StreamEvent) -> None:
+        """Count a queued delta; past ``max_bytes``, report the overflow once."""
         if isinstance(event, Delta):
             self.pending_bytes += _cost(event)
             if self.pending_bytes > self.max_bytes and not self.overflowed:
                 self.overflowed = True
                 if self._on_overflow is not None:
                     self._on_overflow()
-        super().put(event)
 
     def drain(self) -> list[StreamEvent]:
         """Every queued event, deltas coalesced per choice (``[]`` when none)."""

@@ -4,7 +4,7 @@ Every limit here is enforced before the first byte of a response (the status cod
 can still change then), except ``heartbeat_interval_s``, which paces the SSE
 comments written while a stream waits for its engine.
 
-Spec: ../shared/DESIGN.md, "Status first, errors in band" and "The wire".
+Spec: docs/DESIGN.md, "Status first, errors in band" and "The wire".
 """
 
 from __future__ import annotations

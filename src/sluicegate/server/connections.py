@@ -1,12 +1,12 @@
-"""HTTP connection limits: uvicorn's h11 protocol with read deadlines and a 431.
+"""HTTP connection limits: uvicorn's h11 protocol with read deadlines, a 431 and a cap.
 
-``serve`` runs uvicorn with ``http=protocol_class(limits)``, a subclass of
-uvicorn's ``H11Protocol``, and sets uvicorn's own limits beside it
-(``options.run_server``): ``h11_max_incomplete_event_size`` (the request head),
-``limit_concurrency`` (connections) and ``timeout_keep_alive``. What uvicorn has
-no setting for is a time limit on reading a request, so a client can hold a
-connection (and, before this module, its buffered head) for as long as it likes by
-sending nothing, or one byte every few seconds. Here each connection has one timer:
+``serve`` runs uvicorn with ``http=protocol_class(limits, on_refuse)``, a
+subclass of uvicorn's ``H11Protocol``, and sets uvicorn's own limits beside it
+(``options.run_server``): ``h11_max_incomplete_event_size`` (the request head) and
+``timeout_keep_alive``. What uvicorn has no setting for is a time limit on reading
+a request, so a client can hold a connection (and, before this module, its
+buffered head) for as long as it likes by sending nothing, or one byte every few
+seconds. Here each connection has one timer:
 
 - a request's head (request line and headers) must be complete within
   ``header_timeout_s``, counted from the connection's opening for its first
@@ -20,6 +20,14 @@ later request has not sent a byte yet, and is closed. A request read in full
 stops the timer: a response may stream for as long as it likes. A head over
 h11's size limit gets ``431 Request Header Fields Too Large`` (uvicorn answers
 every parse error with 400) and a close.
+
+The connection cap is here too, not uvicorn's ``limit_concurrency``: a request on
+a connection past ``max_connections`` gets ``503`` with ``Retry-After`` and an
+OpenAI error body (code ``too_many_connections``) and a close, where uvicorn's
+own is a plain-text 503 without ``Retry-After``. Each of these refusals (408, 431,
+503) is reported to ``on_refuse`` with its code (``REFUSAL_CODES``): the app
+counts them in its metrics, as it does its own refusals before routing; none
+has a ledger row, since no request reached the app.
 
 Invariants:
     - At most one timer per connection; it is re-armed only when the phase
@@ -46,16 +54,19 @@ import enum
 import logging
 import resource
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import h11
+from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from sluicegate.core.chunks import dumps, error_payload
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
+    "REFUSAL_CODES",
     "ConnectionLimits",
     "LimitedH11Protocol",
     "default_max_connections",
@@ -66,6 +77,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 4096
 """The connection cap when the open-file limit leaves room for it."""
+
+REFUSAL_CODES = ("request_timeout", "request_header_too_large", "too_many_connections")
+"""Every ``code`` that ``on_refuse`` is given."""
 
 _RESERVED_FDS = 64
 """File descriptors kept out of the connection cap: the listening socket, the
@@ -94,17 +108,28 @@ class ConnectionLimits:
         max_header_bytes: the largest request head, in bytes (request line and
             headers; > 0); the same value goes to uvicorn as
             ``h11_max_incomplete_event_size``, and this one names it in the 431.
+        max_connections: connections served at once (> 0); a request on one more
+            gets 503. ``None``: no cap.
+        retry_after_s: the ``Retry-After`` of that 503, in seconds (>= 0).
     """
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_header_bytes: int = 32 * 1024
+    max_connections: int | None = None
+    retry_after_s: int = 1
 
     def __post_init__(self) -> None:
         for name in ("header_timeout_s", "body_timeout_s", "max_header_bytes"):
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
+        if self.max_connections is not None and self.max_connections <= 0:
+            raise ValueError(
+                f"max_connections must be > 0, got {self.max_connections!r}"
+            )
+        if self.retry_after_s < 0:
+            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s!r}")
 
 
 class _Phase(enum.Enum):
@@ -117,16 +142,53 @@ class _Phase(enum.Enum):
 
 
 class LimitedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with head and body deadlines and a 431.
+    """uvicorn's h11 protocol with head and body deadlines, a 431 and a JSON 503.
 
-    Use ``protocol_class(limits)``: uvicorn instantiates the class itself, so the
-    limits are a class attribute.
+    Use ``protocol_class(limits, on_refuse)``: uvicorn instantiates the class
+    itself, so the limits are class attributes.
     """
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    on_refuse: ClassVar[Callable[[str], None] | None] = None
 
     _phase: _Phase
     _timer: asyncio.TimerHandle | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn runs ``self.app`` for each request it parses: the cap is checked
+        # then, as uvicorn's own ``limit_concurrency`` is.
+        self._served_app = self.app
+        self.app = self._capped_app
+
+    async def _capped_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cap = self.limits.max_connections
+        if cap is None or len(self.connections) <= cap:
+            await self._served_app(scope, receive, send)
+            return
+        logger.warning(
+            "refused a request: %d connections open, %d served",
+            len(self.connections),
+            cap,
+        )
+        self._report("too_many_connections")
+        body = dumps(
+            error_payload(
+                f"The server serves at most {cap} connections at once, and that "
+                "many are open; retry later",
+                "server_error",
+                None,
+                "too_many_connections",
+            )
+        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode("ascii")),
+            (b"retry-after", str(self.limits.retry_after_s).encode("ascii")),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -223,8 +285,14 @@ class LimitedH11Protocol(H11Protocol):
         data, _ = self.conn.trailing_data
         return bool(data)
 
+    def _report(self, code: str) -> None:
+        on_refuse = type(self).on_refuse
+        if on_refuse is not None:
+            on_refuse(code)
+
     def _refuse(self, status: int, message: str, code: str) -> None:
         """Write one error response outside h11 (the connection ends), close."""
+        self._report(code)
         body = dumps(error_payload(message, "invalid_request_error", None, code))
         reason = _REASONS[status]
         head = (
@@ -238,11 +306,21 @@ class LimitedH11Protocol(H11Protocol):
 _REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
-def protocol_class(limits: ConnectionLimits) -> type[LimitedH11Protocol]:
-    """The protocol class to give uvicorn as ``Config(http=...)``, with ``limits``."""
+def protocol_class(
+    limits: ConnectionLimits, on_refuse: Callable[[str], None] | None = None
+) -> type[LimitedH11Protocol]:
+    """The protocol class to give uvicorn as ``Config(http=...)``.
+
+    Args:
+        limits: the connection limits.
+        on_refuse: called on the event loop with the code (``REFUSAL_CODES``) of
+            each 408, 431 and 503 the protocol answers itself; ``None``: not
+            reported.
+    """
 
     class ConfiguredH11Protocol(LimitedH11Protocol):
         pass
 
     ConfiguredH11Protocol.limits = limits
+    ConfiguredH11Protocol.on_refuse = on_refuse  # read from the class: never bound
     return ConfiguredH11Protocol

@@ -25,7 +25,7 @@ Deliberate divergence: a control token's text that a message and the template
 only make together (content ending in ``<end_of_turn`` before a template's ``>``)
 is read as the control token; no template in use writes part of a control token.
 
-Spec: ../shared/DESIGN.md, "Tokens are not text".
+Spec: docs/DESIGN.md, "Tokens and text".
 """
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ Deliberate divergences: the newest ``max_rows`` ended rows are also kept in memo
 A row reaches the file milliseconds after its request ends, not before the
 response's last byte (see ``ledger_writer.py``).
 
-Spec: ../shared/DESIGN.md, "Metering" and "Every stream ends in exactly one state";
-SQLite, "Write-Ahead Logging".
+Spec: docs/DESIGN.md, "Metering" and "End states"; SQLite, "Write-Ahead Logging".
 
 .. versionchanged:: 0.2.0
    Rows are written by a thread, retried while the file is locked (they were

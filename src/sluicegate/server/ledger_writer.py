@@ -29,7 +29,7 @@ last byte: a ``kill -9`` in that window leaves the request's admission row,
 which the next server marks ``truncated``. ``close`` waits ``close_timeout_s``
 for a locked file, then logs what it could not write, one JSON line per row.
 
-Spec: ../shared/DESIGN.md, "Metering"; SQLite, "Result and Error Codes"
+Spec: docs/DESIGN.md, "Metering"; SQLite, "Result and Error Codes"
 (``SQLITE_BUSY``), "Write-Ahead Logging", "UPSERT"; flock(2).
 """
 

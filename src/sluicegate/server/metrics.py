@@ -3,12 +3,13 @@
 Per request (observed from its ledger row when it ends): time to first token, mean
 inter-token latency and total latency histograms; requests by end state and status;
 prompt and generated tokens. Requests refused before routing (a missing or wrong
-key, a ``Host`` not allowed: ``access.py``) have no ledger row; they count in
-``sluicegate_refused_requests_total`` by code. Read at scrape time: active streams,
-content bytes buffered for slow clients, heartbeats sent, coalesced events and
-slow-client aborts (``LiveStreams``); the engine's queue depth, running sequences,
-KV cells used and total, and its generated, wasted and aborted counters
-(``EngineStats``).
+key, a ``Host`` not allowed: ``access.py``; under ``serve``, a request head or body
+too late, a head too large, a connection past the cap: ``connections.py``) have no
+ledger row; they count in ``sluicegate_refused_requests_total`` by code. Read at
+scrape time: active streams, content bytes buffered for slow clients, heartbeats
+sent, coalesced events and slow-client aborts (``LiveStreams``); the engine's
+queue depth, running sequences, KV cells used and total, and its generated,
+wasted and aborted counters (``EngineStats``).
 
 Sampled while the app runs (``Metrics.watch_loop``): how late the event loop runs
 a timer, ``sluicegate_event_loop_lag_seconds``. One core runs every stream's
@@ -19,7 +20,7 @@ Deliberate divergence: inter-token latency is per request, ``(end of the last
 token - first token) / (completion tokens - 1)``, not per token, so that a metric
 update costs O(1) per request, not per token.
 
-Spec: issue 5, "Metrics"; Prometheus, "Exposition formats" (text 0.0.4).
+Spec: docs/DESIGN.md, "Metrics"; Prometheus, "Exposition formats" (text 0.0.4).
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class Metrics:
         self._refused = Counter(
             "sluicegate_refused_requests",
             "Requests refused before routing, by code (a missing or wrong key, "
-            "a Host not allowed); they have no ledger row",
+            "a Host not allowed, a late or oversized request head, a late body, "
+            "a connection past the cap); they have no ledger row",
             ["code"],
             registry=reg,
         )
@@ -141,7 +143,8 @@ class Metrics:
             self._itl.observe(span / (row.completion_tokens - 1))
 
     def refuse(self, code: str) -> None:
-        """Count one request refused before routing (``access.REFUSAL_CODES``)."""
+        """Count one request refused before routing (``access.REFUSAL_CODES``,
+        ``connections.REFUSAL_CODES``)."""
         refused = self._refused_by.get(code)
         if refused is None:
             refused = self._refused_by[code] = self._refused.labels(code)

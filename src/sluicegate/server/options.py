@@ -6,8 +6,8 @@ options into ``ServerConfig`` fields with ``config_fields``, runs uvicorn with
 ``run_server`` (SIGTERM drains first, see ``shutdown.py``; HTTP connection limits,
 see ``connections.py``), and adds ``usage`` with ``add_usage_command``.
 
-Spec: issue 5 ("Admission", "Slow consumers", "Timeouts", "Graceful shutdown",
-"Metering ledger").
+Spec: docs/DESIGN.md, "Admission and limits", "Slow consumers", "Timeouts",
+"Graceful shutdown" and "Metering".
 """
 
 from __future__ import annotations
@@ -154,8 +154,8 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
     Running responses get ``args.grace_s`` seconds, then the in-band
     ``server_shutdown`` error; uvicorn's own shutdown follows. Connections are
     served by h11 with the limits of ``connections.py`` (head size and read
-    deadlines) and uvicorn's own: a connection cap (503 past it) and the
-    keep-alive timeout.
+    deadlines, a connection cap: 503 past it) and uvicorn's keep-alive
+    timeout. Their refusals count in the app's metrics.
 
     Raises:
         SystemExit: a connection limit is out of range (message names it).
@@ -172,31 +172,32 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
     )
     from sluicegate.server.shutdown import DrainingServer
 
-    try:
-        limits = ConnectionLimits(
-            header_timeout_s=args.header_timeout_s,
-            body_timeout_s=args.body_timeout_s,
-            max_header_bytes=args.max_header_bytes,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"sluicegate: {exc}") from exc
     max_connections = args.max_connections or default_max_connections()
     if max_connections < 1 or args.keep_alive_timeout_s < 1:
         raise SystemExit(
             "sluicegate: --max-connections and --keep-alive-timeout-s must be >= 1"
         )
+    try:
+        limits = ConnectionLimits(
+            header_timeout_s=args.header_timeout_s,
+            body_timeout_s=args.body_timeout_s,
+            max_header_bytes=args.max_header_bytes,
+            max_connections=max_connections,
+            retry_after_s=app.state.config.retry_after_s,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"sluicegate: {exc}") from exc
     config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=args.grace_s + 5.0,
-        # h11, never httptools: see connections.py for why.
-        http=protocol_class(limits),
+        # h11, never httptools: see connections.py for why. The protocol caps
+        # connections itself (a JSON 503 with Retry-After), so uvicorn's
+        # limit_concurrency stays unset.
+        http=protocol_class(limits, app.state.metrics.refuse),
         h11_max_incomplete_event_size=limits.max_header_bytes,
-        # uvicorn answers 503 once connections (this one included) reach the
-        # limit: one more than the connections served.
-        limit_concurrency=max_connections + 1,
         timeout_keep_alive=args.keep_alive_timeout_s,
         # No route speaks WebSocket; an upgrade would take the connection away
         # from the limits above.

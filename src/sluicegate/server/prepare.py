@@ -12,7 +12,7 @@ only to be refused, and a long one is tokenized in a worker thread
 With a ``seed``, choice ``i`` of each prompt samples with ``seed + i``, so that the
 ``n`` choices differ while the whole response stays reproducible.
 
-Spec: ../shared/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
+Spec: docs/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
 "Create chat completion" (``max_completion_tokens``, ``n``).
 """
 

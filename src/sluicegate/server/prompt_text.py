@@ -14,7 +14,7 @@ special tokens parsed: 10 KB in 30 ms, 100 KB in 0.3-0.75 s, 400 KB in 2 s,
 4 MB in 480 s). llama.cpp tokenizes in C with the GIL released (ctypes), so the
 event loop keeps serving every other stream meanwhile.
 
-Spec: ../shared/DESIGN.md, "Status first, errors in band".
+Spec: docs/DESIGN.md, "Status first, errors in band" and "Admission and limits".
 """
 
 from __future__ import annotations

@@ -16,8 +16,7 @@ Deliberate divergence from plain uvicorn: uvicorn stops accepting connections on
 the first signal; here the listening socket stays open during the drain so that a
 load balancer sees 503s and readiness failures rather than refused connections.
 
-Spec: issue 5, "Graceful shutdown"; ../shared/DESIGN.md, "Status first, errors in
-band".
+Spec: docs/DESIGN.md, "Graceful shutdown" and "Status first, errors in band".
 """
 
 from __future__ import annotations

@@ -1,0 +1,122 @@
+"""How one choice of a response is set up for decoding: its options and decoders.
+
+``ChoiceOptions`` says what a choice echoes and which token ids end it;
+``new_detokenizer`` turns them and a ``Vocabulary`` into the detokenizer of a
+token engine's choice (which ids never become text). ``TextChoiceDecoder`` is the
+decoder of an engine that yields text: it skips all token work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sluicegate.core.choice import ChoiceStep
+from sluicegate.core.detokenize import IncrementalDetokenizer
+from sluicegate.core.events import FinishReason
+from sluicegate.core.stops import StopMatcher
+
+__all__ = ["ChoiceOptions", "TextChoiceDecoder", "Vocabulary", "new_detokenizer"]
+
+
+class Vocabulary(Protocol):
+    """What decoding token ids needs of a tokenizer (``Tokenizer`` has it)."""
+
+    @property
+    def pieces(self) -> Sequence[bytes]:
+        """Bytes of every token id's piece."""
+        ...
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Control tokens, kept out of the text unless asked for."""
+        ...
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """End-of-generation tokens."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceOptions:
+    """How one choice is decoded.
+
+    Attributes:
+        echo: text sent before the engine's first token (completions ``echo``).
+        stop_token_ids: token ids that end the choice (never in its text).
+        ignore_eos: the vocabulary's stop ids do not end the choice, and so may
+            reach the text as any control token does.
+    """
+
+    echo: str = ""
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+
+
+class TextChoiceDecoder:
+    """A ``ChoiceDecoder`` for an engine that yields text: the stop matcher only.
+
+    Args:
+        stops: a fresh stop matcher for this choice (owned from now on).
+
+    Attributes:
+        completion_tokens: the tokens fed before a stop string matched, as the
+            engine counted them (all of the step that completed the stop).
+    """
+
+    __slots__ = ("_stops", "completion_tokens")
+
+    def __init__(self, stops: StopMatcher) -> None:
+        self._stops = stops
+        self.completion_tokens = 0
+
+    def feed(self, text: str, tokens: int) -> ChoiceStep:
+        """Take one step's ``text`` (standing for ``tokens`` tokens).
+
+        Returns:
+            ``ChoiceStep(text_safe_now)``, or ``ChoiceStep(text_before_stop,
+            FinishReason.STOP)`` when a stop string completes; after that,
+            ``ChoiceStep("")`` for every call (the text is dropped, not counted).
+
+        Raises:
+            LocalProtocolError: after ``flush()``.
+        """
+        stops = self._stops
+        if stops.finished:
+            return ChoiceStep("")  # after a stop string: discarded, not counted
+        self.completion_tokens += tokens
+        step = stops.feed(text)
+        if step.stop is not None:
+            return ChoiceStep(step.text, FinishReason.STOP)
+        return ChoiceStep(step.text)
+
+    def flush(self) -> ChoiceStep:
+        """End of the choice: what the stop matcher held (``""`` after a stop).
+
+        Raises:
+            LocalProtocolError: called twice.
+        """
+        stops = self._stops
+        if stops.finished:
+            stops.flush()
+            return ChoiceStep("")
+        return ChoiceStep(stops.flush())
+
+
+def new_detokenizer(
+    options: ChoiceOptions, vocabulary: Vocabulary, *, skip_special_tokens: bool
+) -> IncrementalDetokenizer:
+    """The detokenizer of one choice: the ids that end it never reach the text;
+    other control tokens do only when ``skip_special_tokens`` is false (vLLM's
+    meaning). An incomplete UTF-8 tail is dropped at the end."""
+    ending = options.stop_token_ids
+    if not options.ignore_eos:
+        ending = ending | vocabulary.stop_ids if ending else vocabulary.stop_ids
+    special = vocabulary.special_ids
+    if not skip_special_tokens:
+        skip = ending
+    else:  # no copy of a large control-token set (Gemma 3 has 6,250)
+        skip = special if ending <= special else ending | special
+    return IncrementalDetokenizer(vocabulary.pieces, skip, drop_incomplete_tail=True)

@@ -1,0 +1,425 @@
+"""One response's engine outputs in, stream events out: every decision, no I/O.
+
+``ResponseDecoder`` holds the choices of one response. Its shell (the server's
+``Generation``) feeds it each item of each choice's engine sequence as the engine
+delivers it, writes the events ``feed`` returns, and asks the engine to abort the
+sequences that ``aborts`` and ``flush()`` name. Per choice, token ids go through a
+``ChoiceDecoder`` (detokenizer, then stop matcher) and, with logprobs, a
+``LogprobAligner``; an engine that yields text (``TextOutput``) skips all token
+work: its text only meets the stop matcher.
+
+Invariants:
+    - Per choice, in order: ``Delta`` events, then exactly one ``Finish``; text
+      held back by the stop matcher goes out before the ``Finish``.
+    - With completions ``echo``, a choice's first ``Delta`` is its prompt's text
+      (``start(index)``), before the engine's first token.
+    - With logprobs, each ``Delta`` carries the tokens whose text it holds:
+      text is then cut at token boundaries.
+    - When every choice has finished, one ``End`` carries the usage: each prompt
+      once, completion tokens summed over choices. With continuous usage, every
+      ``Delta`` and ``Finish`` also carries the usage so far.
+    - An engine failure, or a sequence that ends without a finish reason,
+      becomes one ``Fail`` event and no ``End``.
+    - A stop string ends its choice at once: its index is appended to
+      ``aborts`` (the engine sequence is still running); ``flush()`` names every
+      sequence the engine has not ended. Each sequence is named once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
+from sluicegate.core.choice_setup import (
+    ChoiceOptions,
+    TextChoiceDecoder,
+    Vocabulary,
+    new_detokenizer,
+)
+from sluicegate.core.detokenize import IncrementalDetokenizer
+from sluicegate.core.errors import EngineError
+from sluicegate.core.events import (
+    Delta,
+    End,
+    EngineOutput,
+    Fail,
+    Finish,
+    FinishReason,
+    StreamEvent,
+    TextOutput,
+    TokenLogprob,
+    Usage,
+)
+from sluicegate.core.logprobs import (
+    LogprobAligner,
+    LogprobToken,
+    TopLogprob,
+    describe_token,
+)
+from sluicegate.core.stops import StopMatcher, StopPattern, compile_stops
+
+__all__ = [
+    "ENDED_WITHOUT_FINISH",
+    "ChoiceOptions",
+    "OutputItem",
+    "ResponseDecoder",
+    "Vocabulary",
+]
+
+OutputItem = EngineOutput | TextOutput | EngineError | None
+"""One item of an engine sequence: an output (token ids or text), the
+sequence's failure, or ``None`` when it ended without a finish reason."""
+
+ENDED_WITHOUT_FINISH = "The engine ended a sequence without a finish reason"
+"""The in-band error of a sequence that ended without a finish reason."""
+
+_NO_EVENTS: tuple[StreamEvent, ...] = ()
+
+
+class _Decoder(Protocol):
+    """What both decoders share (``feed`` differs: token ids or text)."""
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    def flush(self) -> ChoiceStep: ...
+
+
+@dataclass(eq=False, slots=True)
+class _Choice:
+    index: int
+    decoder: _Decoder
+    detokenizer: IncrementalDetokenizer | None  # None: the engine yields text
+    echo: str = ""
+    aligner: LogprobAligner[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    engine_done: bool = False  # the engine ended it, or it was named to abort
+    read_done: bool = False  # nothing more is taken from this choice
+    released_chars: int = 0  # text the decoder has released (chars)
+
+
+class ResponseDecoder:
+    """The choices of one response: engine items in, stream events out.
+
+    Args:
+        choices: one ``ChoiceOptions`` per choice, in index order (>= 1).
+        vocabulary: the engine's tokenizer when it yields token ids; ``None``
+            when it yields text (``TextOutput``): no token work is done.
+        prompt_tokens: the response's prompt tokens, each prompt once (tokens).
+        stops: stop strings, matched on each choice's text.
+        include_stop_str_in_output: end the text with the matched stop string.
+        skip_special_tokens: keep control tokens out of the text (the token
+            that ends a choice stays out either way).
+        logprobs: give each ``Delta`` the logprobs of its tokens.
+        continuous_usage: put the usage so far on every ``Delta`` and ``Finish``.
+        clock: Unix time in seconds, read once, at the first token.
+
+    Raises:
+        ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens).
+
+    Attributes:
+        aborts: indices of choices a stop string ended while their engine
+            sequences still run, oldest first. The caller aborts those sequences
+            and empties the list; ``feed`` only appends.
+        first_token_at: ``clock()`` when the first token (or text) arrived, or
+            ``None``.
+    """
+
+    __slots__ = (
+        "_choices",
+        "_clock",
+        "_continuous_usage",
+        "_flushed",
+        "_pieces",
+        "_prompt_tokens",
+        "_text_decoders",
+        "_token_decoders",
+        "_unread",
+        "aborts",
+        "first_token_at",
+    )
+
+    def __init__(
+        self,
+        choices: Sequence[ChoiceOptions],
+        vocabulary: Vocabulary | None,
+        *,
+        prompt_tokens: int,
+        stops: Sequence[str] = (),
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
+        logprobs: bool = False,
+        continuous_usage: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if logprobs and vocabulary is None:
+            raise ValueError("expected a vocabulary for logprobs; got None")
+        pattern = compile_stops(stops)  # once per response, shared by its choices
+        self._pieces: Sequence[bytes] = () if vocabulary is None else vocabulary.pieces
+        self._choices = [
+            _new_choice(
+                index,
+                options,
+                vocabulary,
+                pattern,
+                include_stop_str_in_output=include_stop_str_in_output,
+                skip_special_tokens=skip_special_tokens,
+                logprobs=logprobs,
+            )
+            for index, options in enumerate(choices)
+        ]
+        # Typed views of the decoders, for the per-token paths: one kind is empty.
+        self._token_decoders = [
+            c.decoder for c in self._choices if isinstance(c.decoder, ChoiceDecoder)
+        ]
+        self._text_decoders = [
+            c.decoder for c in self._choices if isinstance(c.decoder, TextChoiceDecoder)
+        ]
+        self._prompt_tokens = prompt_tokens
+        self._continuous_usage = continuous_usage  # read once per token
+        self._clock = clock
+        self._unread = len(self._choices)
+        self._flushed = False
+        self.aborts: list[int] = []
+        self.first_token_at: float | None = None
+
+    @property
+    def usage(self) -> Usage:
+        """Prompt tokens once, completion tokens taken summed over choices."""
+        completion = sum(c.decoder.completion_tokens for c in self._choices)
+        return Usage(self._prompt_tokens, completion)
+
+    @property
+    def finish_reasons(self) -> tuple[FinishReason | None, ...]:
+        """Each choice's finish reason, by index (``None`` while open)."""
+        return tuple(c.finish_reason for c in self._choices)
+
+    def closed(self, index: int) -> bool:
+        """Whether choice ``index`` takes nothing more (ended, or ``flush()``)."""
+        return self._choices[index].read_done
+
+    def start(self, index: int) -> Sequence[StreamEvent]:
+        """The events of choice ``index`` before its engine's first item: its
+        echo ``Delta``, or none."""
+        choice = self._choices[index]
+        if choice.read_done or not choice.echo:
+            return _NO_EVENTS
+        return [Delta(index, choice.echo, None, self._usage_so_far())]
+
+    def feed(self, index: int, item: OutputItem) -> Sequence[StreamEvent]:
+        """Take one item of choice ``index``'s engine sequence.
+
+        Args:
+            index: the choice (0-based).
+            item: its next ``EngineOutput`` (or ``TextOutput`` for a text
+                engine), its ``EngineError``, or ``None`` when the sequence ended
+                without a finish reason.
+
+        Returns:
+            The events to send now, in order (often none, mostly one ``Delta``):
+            ``Delta`` events; on the choice's last item, its ``Finish`` (and the
+            ``End`` after the last choice); ``Fail`` for an error. Nothing for an
+            item after the choice ended or after ``flush()``.
+
+        Raises:
+            ValueError: a token id outside the vocabulary (a bug of the engine).
+        """
+        choice = self._choices[index]
+        if choice.read_done:
+            return _NO_EVENTS  # after a stop string, a failure or flush()
+        try:
+            if isinstance(item, EngineOutput):
+                if item.token_ids and self.first_token_at is None:
+                    self.first_token_at = self._clock()
+                if choice.aligner is None:
+                    # Once per token: the decoder, then the text (no logprobs).
+                    step = self._token_decoders[index].feed(item.token_ids)
+                    if step.finish_reason is None and item.finish_reason is None:
+                        if not step.text:
+                            return _NO_EVENTS
+                        usage = self.usage if self._continuous_usage else None
+                        return (Delta(index, step.text, None, usage),)
+                    events: list[StreamEvent] = []
+                    self._delta(choice, step.text, None, events)
+                else:
+                    events = []
+                    step = self._feed_with_logprobs(choice, item, events)
+                    if step.finish_reason is None and item.finish_reason is None:
+                        return events
+                self._finish(choice, item.finish_reason, step, events)
+            elif isinstance(item, TextOutput):
+                if item.text and self.first_token_at is None:
+                    self.first_token_at = self._clock()
+                text_decoder = self._text_decoders[index]
+                step = text_decoder.feed(item.text, item.completion_tokens)
+                if step.finish_reason is None and item.finish_reason is None:
+                    if not step.text:
+                        return _NO_EVENTS
+                    usage = self.usage if self._continuous_usage else None
+                    return (Delta(index, step.text, None, usage),)
+                events = []
+                self._delta(choice, step.text, None, events)
+                self._finish(choice, item.finish_reason, step, events)
+            elif item is None:
+                choice.engine_done = True
+                events = [Fail(ENDED_WITHOUT_FINISH)]
+            else:
+                raise item
+        except EngineError as exc:
+            choice.engine_done = True
+            events = [Fail(str(exc) or type(exc).__name__, code=exc.code)]
+        self._read(choice, events)
+        return events
+
+    def fail(self, index: int, message: str, code: str) -> Sequence[StreamEvent]:
+        """Choice ``index`` failed outside the engine (a bug met while reading it).
+
+        Returns:
+            ``Fail(message, code=code)``; nothing after ``flush()``. The choice's
+            engine sequence stays unended: ``flush()`` names it.
+        """
+        if self._flushed:
+            return _NO_EVENTS
+        events: list[StreamEvent] = [Fail(message, code=code)]
+        choice = self._choices[index]
+        if not choice.read_done:
+            self._read(choice, events)
+        return events
+
+    def flush(self) -> tuple[int, ...]:
+        """End the response: nothing more is taken from any choice.
+
+        Returns:
+            The indices of the choices whose engine sequences have not ended
+            (and were not named in ``aborts``): the caller aborts them. Later
+            calls return ``()``.
+        """
+        if self._flushed:
+            return ()
+        self._flushed = True
+        unended = []
+        for choice in self._choices:
+            choice.read_done = True
+            if not choice.engine_done:
+                choice.engine_done = True
+                unended.append(choice.index)
+        return tuple(unended)
+
+    def _read(self, choice: _Choice, events: list[StreamEvent]) -> None:
+        """``choice`` is read to its end; after the last one, ``End``."""
+        choice.read_done = True
+        self._unread -= 1
+        if self._unread == 0 and all(
+            c.finish_reason is not None for c in self._choices
+        ):
+            events.append(End(self.usage))
+
+    def _finish(
+        self,
+        choice: _Choice,
+        engine_reason: FinishReason | None,
+        step: ChoiceStep,
+        events: list[StreamEvent],
+    ) -> None:
+        """The step ended the choice (a stop string, or the engine's finish
+        reason): abort or flush as that needs, then the choice's ``Finish``."""
+        reason = step.finish_reason
+        choice.engine_done = True
+        if reason is not None:
+            # A stop string matched: the engine must stop now; what follows drops.
+            self.aborts.append(choice.index)
+            self._flush_aligner(choice, "", events)
+        else:
+            assert engine_reason is not None, "called for a finished step"
+            tail = choice.decoder.flush()
+            if choice.aligner is None:
+                self._delta(choice, tail.text, None, events)
+            else:
+                self._flush_aligner(choice, tail.text, events)
+            reason = tail.finish_reason or engine_reason
+        choice.finish_reason = reason
+        events.append(Finish(choice.index, reason, self._usage_so_far()))
+
+    def _feed_with_logprobs(
+        self, choice: _Choice, output: EngineOutput, events: list[StreamEvent]
+    ) -> ChoiceStep:
+        """The step's tokens one by one through the decoder and the aligner."""
+        decoder, aligner = self._token_decoders[choice.index], choice.aligner
+        assert aligner is not None, "a choice with logprobs has an aligner"
+        assert choice.detokenizer is not None, "logprobs need token ids"
+        logprobs = output.logprobs or ()
+        if len(logprobs) != len(output.token_ids):
+            raise EngineError(f"expected one logprob per token id; got {output!r}")
+        step = ChoiceStep("")
+        for token_id, logprob in zip(output.token_ids, logprobs, strict=True):
+            step = decoder.feed((token_id,))
+            choice.released_chars += len(step.text)
+            end: int | None = choice.released_chars + len(decoder.held)
+            if choice.detokenizer.pending_bytes or step.finish_reason is not None:
+                end = None  # the token's text is incomplete, or it hit a stop
+            aligned = aligner.feed(step.text, logprob, end)
+            self._delta(choice, aligned.text, aligned.tokens, events)
+            if step.finish_reason is not None:
+                break
+        return step
+
+    def _flush_aligner(
+        self, choice: _Choice, text: str, events: list[StreamEvent]
+    ) -> None:
+        if choice.aligner is not None:
+            aligned = choice.aligner.flush(text)
+            self._delta(choice, aligned.text, aligned.tokens, events)
+
+    def _delta(
+        self,
+        choice: _Choice,
+        text: str,
+        tokens: tuple[tuple[TokenLogprob, int], ...] | None,
+        events: list[StreamEvent],
+    ) -> None:
+        """Append a ``Delta`` of ``text`` (with its tokens' logprobs) if any."""
+        if not text and not tokens:
+            return
+        logprobs = None
+        if tokens is not None:
+            offset = len(choice.echo)
+            logprobs = tuple(
+                self._describe(logprob, offset + start) for logprob, start in tokens
+            )
+        events.append(Delta(choice.index, text, logprobs, self._usage_so_far()))
+
+    def _describe(self, logprob: TokenLogprob, text_offset: int) -> LogprobToken:
+        pieces = self._pieces
+        token, data = describe_token(pieces, logprob.token_id)
+        top = tuple(
+            TopLogprob(*describe_token(pieces, token_id), value)
+            for token_id, value in logprob.top
+        )
+        return LogprobToken(token, data, logprob.logprob, text_offset, top)
+
+    def _usage_so_far(self) -> Usage | None:
+        return self.usage if self._continuous_usage else None
+
+
+def _new_choice(
+    index: int,
+    options: ChoiceOptions,
+    vocabulary: Vocabulary | None,
+    pattern: StopPattern,
+    *,
+    include_stop_str_in_output: bool,
+    skip_special_tokens: bool,
+    logprobs: bool,
+) -> _Choice:
+    stops = StopMatcher(pattern, include_stop_str_in_output=include_stop_str_in_output)
+    if vocabulary is None:
+        return _Choice(index, TextChoiceDecoder(stops), None, options.echo)
+    detokenizer = new_detokenizer(
+        options, vocabulary, skip_special_tokens=skip_special_tokens
+    )
+    aligner = LogprobAligner[TokenLogprob]() if logprobs else None
+    decoder = ChoiceDecoder(detokenizer, stops)
+    return _Choice(index, decoder, detokenizer, options.echo, aligner)

@@ -1,0 +1,334 @@
+"""Continuous batching as bookkeeping: admission by KV cells, step plans, aborts.
+
+``BatchScheduler`` decides, for an engine that decodes many sequences in one
+batch per step, which sequences run, what the next step's batch holds and when a
+sequence ends. It owns no model, no thread and no lock: the engine (for example
+``engines/llamacpp.py``) calls it under its own lock, runs the planned batch, and
+reports each sampled token back.
+
+Invariants:
+    - Admission is FIFO: the head of the queue is admitted when a slot is free
+      and its prompt plus ``max_tokens`` fits in the KV cells not yet reserved;
+      nobody overtakes it. So a running sequence never runs out of cells.
+    - A step holds one token per decoding sequence, then prompt chunks of the
+      prefilling ones, ``step_tokens`` tokens at most; a long prompt never stalls
+      running sequences for more than one step.
+    - ``abort()`` ends a queued sequence at once; a prefilling or decoding one is
+      flagged and leaves at the next ``reap()``. Tokens accepted after the flag
+      are waste: they end nothing and are never delivered.
+    - Each sequence leaves once (``reap``, ``release``, ``drain``); its slot and
+      its reserved cells come back then.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from sluicegate.core.errors import EngineUnavailable, RequestError
+from sluicegate.core.events import FinishReason
+
+__all__ = ["BatchScheduler", "Phase", "PlannedChunk", "Scheduled"]
+
+
+class Phase(StrEnum):
+    """Where a sequence is: waiting, reading its prompt, generating, or gone."""
+
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+
+
+@dataclass(eq=False, slots=True)
+class Scheduled:
+    """One sequence as the scheduler sees it; engines subclass it for their own
+    state (sampler, output channel).
+
+    Attributes:
+        request_id: unique among the sequences the scheduler holds.
+        prompt: the prompt's token ids (never empty).
+        max_tokens: most tokens to generate (>= 1).
+        stop_ids: token ids that end the sequence (EOS unless ignored, and the
+            request's stop token ids).
+        phase: see ``Phase``.
+        slot: the batch slot (llama.cpp's sequence id) while running, else -1.
+        n_prompt_done: prompt tokens already in the KV cache.
+        n_generated: tokens sampled so far.
+        last_token: the latest sampled token (fed back at the next step).
+        abort_requested: the sequence leaves at the next ``reap()``.
+    """
+
+    request_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    phase: Phase = Phase.QUEUED
+    slot: int = -1
+    n_prompt_done: int = 0
+    n_generated: int = 0
+    last_token: int = -1
+    abort_requested: bool = False
+
+    @property
+    def reserved_cells(self) -> int:
+        """KV cells reserved at admission: the prompt plus ``max_tokens``."""
+        return len(self.prompt) + self.max_tokens
+
+    @property
+    def kv_cells(self) -> int:
+        """Cells this sequence holds: the prompt so far, then every generated
+        token but the latest, which is fed back at the next step."""
+        return self.n_prompt_done + max(self.n_generated - 1, 0)
+
+
+_S = TypeVar("_S", bound=Scheduled)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChunk(Generic[_S]):
+    """One sequence's part of the next batch.
+
+    Attributes:
+        seq: the sequence.
+        tokens: its token ids in this step (one to decode, or a prompt chunk).
+        first_pos: the position of ``tokens[0]`` in the sequence.
+        wants_logits: sample after the last of ``tokens`` (decoding, or the
+            chunk that ends the prompt).
+    """
+
+    seq: _S
+    tokens: tuple[int, ...]
+    first_pos: int
+    wants_logits: bool
+
+
+class BatchScheduler(Generic[_S]):
+    """Which sequences run, and what each step's batch holds.
+
+    Args:
+        kv_cells: KV cells shared by every sequence (tokens); also the longest
+            sequence (prompt + completion) that can ever run.
+        slots: sequences decoded together (>= 1).
+        step_tokens: tokens in one step, decode tokens and prefill chunks
+            together (>= ``slots``).
+        queue_limit: sequences that may wait for admission.
+
+    Raises:
+        ValueError: ``slots`` < 1 or ``step_tokens`` < ``slots``.
+    """
+
+    def __init__(
+        self, *, kv_cells: int, slots: int, step_tokens: int, queue_limit: int
+    ) -> None:
+        if slots < 1 or step_tokens < slots:
+            raise ValueError(
+                f"expected 1 <= slots <= step_tokens; got {slots!r}, {step_tokens!r}"
+            )
+        self.kv_cells = kv_cells
+        self.step_tokens = step_tokens
+        self.queue_limit = queue_limit
+        self.waiting: deque[_S] = deque()
+        """Sequences waiting for admission, oldest first."""
+        self.running: dict[str, _S] = {}
+        """Sequences admitted and not gone, by request id, in admission order."""
+        self._by_id: dict[str, _S] = {}
+        self._free_slots = list(range(slots - 1, -1, -1))
+        self._reserved = 0
+
+    @property
+    def idle(self) -> bool:
+        """Whether no sequence waits or runs."""
+        return not self.waiting and not self.running
+
+    @property
+    def reserved_cells(self) -> int:
+        """KV cells reserved by the running sequences (tokens)."""
+        return self._reserved
+
+    @property
+    def kv_cells_used(self) -> int:
+        """KV cells the running sequences hold now (tokens)."""
+        return sum(seq.kv_cells for seq in self.running.values())
+
+    def get(self, request_id: str) -> _S | None:
+        """The queued or running sequence ``request_id``, or ``None``."""
+        return self._by_id.get(request_id)
+
+    def check(self, prompt: tuple[int, ...], max_tokens: int) -> None:
+        """Refuse a request that can never run, whatever the load.
+
+        Raises:
+            RequestError: the prompt plus ``max_tokens`` exceeds ``kv_cells``
+                (``context_length_exceeded``), or the prompt is empty.
+        """
+        need = len(prompt) + max_tokens
+        if need > self.kv_cells:
+            raise RequestError(
+                f"the prompt has {len(prompt)} tokens and max_tokens is "
+                f"{max_tokens}: {need} tokens do not fit the {self.kv_cells}-token "
+                "context",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        if not prompt:
+            raise RequestError("the prompt has no tokens", param="prompt")
+
+    def submit(self, seq: _S) -> None:
+        """Queue ``seq`` (checked with ``check()``) behind the waiting ones.
+
+        Raises:
+            EngineUnavailable: ``queue_limit`` sequences wait already.
+            RequestError: a sequence with the same request id is held.
+        """
+        if len(self.waiting) >= self.queue_limit:
+            raise EngineUnavailable(
+                f"{len(self.waiting)} requests are waiting; the limit is "
+                f"{self.queue_limit}"
+            )
+        if seq.request_id in self._by_id:
+            raise RequestError(f"request id {seq.request_id!r} is already running")
+        self._by_id[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> _S | None:
+        """Flag ``request_id`` to leave; a queued one leaves now.
+
+        Returns:
+            The sequence when it left the queue now (``Phase.DONE``); ``None``
+            when it is flagged to leave at the next ``reap()``, was flagged
+            already, or is unknown.
+        """
+        seq = self._by_id.get(request_id)
+        if seq is None or seq.abort_requested:
+            return None
+        seq.abort_requested = True
+        if seq.phase is not Phase.QUEUED:
+            return None
+        self.waiting.remove(seq)
+        self._forget(seq)
+        return seq
+
+    def flag_all(self) -> None:
+        """Flag every held sequence to leave (the engine is closing)."""
+        for seq in self._by_id.values():
+            seq.abort_requested = True
+
+    def reap(self) -> list[_S]:
+        """The running sequences flagged by ``abort()``, removed (slot and cells
+        given back); the engine frees their model state."""
+        reaped = [seq for seq in self.running.values() if seq.abort_requested]
+        for seq in reaped:
+            self.release(seq)
+        return reaped
+
+    def admit(self) -> list[_S]:
+        """Admit from the head of the queue while a slot and cells are free.
+
+        Returns:
+            The sequences admitted now (``Phase.PREFILL``, with a slot), in order.
+        """
+        admitted = []
+        waiting = self.waiting
+        while waiting and self._free_slots:
+            seq = waiting[0]
+            if self._reserved + seq.reserved_cells > self.kv_cells:
+                break  # FIFO: the head waits for cells; nobody overtakes it
+            waiting.popleft()
+            seq.slot = self._free_slots.pop()
+            seq.phase = Phase.PREFILL
+            self._reserved += seq.reserved_cells
+            self.running[seq.request_id] = seq
+            admitted.append(seq)
+        return admitted
+
+    def plan(self) -> list[PlannedChunk[_S]]:
+        """The next step's batch: every decoding sequence's last token, then
+        prompt chunks of the prefilling ones in admission order, within
+        ``step_tokens``. Empty when nothing runs."""
+        plan: list[PlannedChunk[_S]] = []
+        budget = self.step_tokens
+        running = self.running.values()
+        for seq in running:
+            if seq.phase is Phase.DECODE:
+                pos = len(seq.prompt) + seq.n_generated - 1
+                plan.append(PlannedChunk(seq, (seq.last_token,), pos, True))
+                budget -= 1
+        for seq in running:
+            if seq.phase is not Phase.PREFILL or budget <= 0:
+                continue
+            done = seq.n_prompt_done
+            chunk = seq.prompt[done : done + budget]
+            last = done + len(chunk) == len(seq.prompt)
+            plan.append(PlannedChunk(seq, chunk, done, last))
+            budget -= len(chunk)
+        return plan
+
+    def advance(self, plan: list[PlannedChunk[_S]]) -> int:
+        """``plan``'s step ran: its prompt chunks are in the KV cache.
+
+        Returns:
+            The prompt tokens the step read (tokens).
+        """
+        read = 0
+        for chunk in plan:
+            seq = chunk.seq
+            if seq.phase is Phase.PREFILL:
+                seq.n_prompt_done += len(chunk.tokens)
+                read += len(chunk.tokens)
+                if seq.n_prompt_done == len(seq.prompt):
+                    seq.phase = Phase.DECODE
+        return read
+
+    def accept(self, seq: _S, token: int) -> FinishReason | None:
+        """``seq`` sampled ``token`` in the step just run.
+
+        Returns:
+            Why the token ends the sequence (``STOP`` for a stop id, ``LENGTH`` at
+            ``max_tokens``), else ``None``; always ``None`` for a flagged
+            sequence (the token is waste). The engine ``release()``-s a sequence
+            that ended.
+        """
+        seq.n_generated += 1
+        seq.last_token = token
+        if seq.abort_requested:
+            return None
+        if token in seq.stop_ids:
+            return FinishReason.STOP
+        if seq.n_generated >= seq.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def release(self, seq: _S) -> None:
+        """Remove running ``seq``: its slot and reserved cells come back."""
+        self._free_slots.append(seq.slot)
+        self._reserved -= seq.reserved_cells
+        del self.running[seq.request_id]
+        self._forget(seq)
+
+    def drain(self) -> tuple[list[_S], list[_S]]:
+        """Remove every sequence: ``(running, queued)`` as they were.
+
+        The running ones are released (slots and cells back); the engine frees
+        their model state, if it still can.
+        """
+        running = list(self.running.values())
+        for seq in running:
+            self.release(seq)
+        queued = list(self.waiting)
+        self.waiting.clear()
+        for seq in queued:
+            self._forget(seq)
+        return running, queued
+
+    def __iter__(self) -> Iterator[_S]:
+        """The held sequences: running ones, then queued ones."""
+        yield from self.running.values()
+        yield from self.waiting
+
+    def _forget(self, seq: _S) -> None:
+        seq.phase = Phase.DONE
+        self._by_id.pop(seq.request_id, None)

@@ -1,0 +1,151 @@
+"""The ASGI app that waits for one whole generation and sends it as one JSON body.
+
+``CompletionResponse`` collects the generation's deltas from its buffer while
+``DisconnectRace`` watches for the client leaving, then sends a
+``chat.completion`` or ``text_completion`` object, or the OpenAI error shape
+with the status ``statuses.status_of`` gives the ``Fail`` that ended it.
+
+Invariants:
+    - Nothing is sent before the generation ended; a client that left before
+      gets nothing, its engine sequences are aborted, and the ledger status is
+      ``CLIENT_CLOSED``.
+    - The body has a ``Content-Length``; the status is 200 only for a finished
+      generation.
+
+Spec: OpenAI API reference, "The chat completion object", "The completion
+object" and "Error codes"; docs/DESIGN.md, "Status first, errors in band".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from sluicegate.core.chunks import (
+    Endpoint,
+    ResponseHeader,
+    chat_completion,
+    dumps,
+    error_payload,
+    text_completion,
+)
+from sluicegate.core.endstate import EndState
+from sluicegate.core.events import Delta, End, Fail
+from sluicegate.core.logprobs import LogprobToken
+from sluicegate.server.buffer import LiveStreams, StreamBuffer
+from sluicegate.server.disconnect import DisconnectRace
+from sluicegate.server.generation import Generation
+from sluicegate.server.statuses import CLIENT_CLOSED, status_of
+from sluicegate.server.streaming import OnEnd, StreamLimits, attached
+
+__all__ = ["CompletionResponse"]
+
+
+class CompletionResponse:
+    """An ASGI app that waits for the whole generation and sends one JSON body.
+
+    The client's disconnect is watched while waiting: it aborts the engine,
+    nothing is sent, and ``on_end`` gets ``CLIENT_CLOSED``. An engine failure
+    (nothing sent yet) is answered with ``status_of`` its ``Fail`` (503 for
+    ``EngineUnavailable`` and the shutdown, 504 for a timeout, else 500), in
+    the OpenAI error shape.
+
+    Args:
+        generation: already ``start()``-ed.
+        header: id, created, model and endpoint of the response.
+        on_end: told the end state (finished, errored or aborted) and the status.
+        limits: the deadlines (the other limits do not apply to one body).
+        live: where the response's buffer is registered while it runs.
+
+    Spec: OpenAI API reference, "The chat completion object", "The completion
+    object".
+    """
+
+    def __init__(
+        self,
+        generation: Generation,
+        header: ResponseHeader,
+        on_end: OnEnd,
+        limits: StreamLimits | None = None,
+        live: LiveStreams | None = None,
+    ) -> None:
+        self._generation = generation
+        self._header = header
+        self._on_end = on_end
+        self._limits = limits or StreamLimits()
+        self._live = live if live is not None else LiveStreams()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Generate, then send ``chat.completion``/``text_completion`` JSON."""
+        # Until set below: a bug escaped, and Starlette answers 500.
+        state, status = EndState.ERRORED, 500
+        try:
+            with DisconnectRace(receive) as race:
+                collected, fail = await self._collect()
+            if race.reason is not None:
+                state, status = EndState.ABORTED, CLIENT_CLOSED
+                return
+            if fail is None:
+                state, status, body = EndState.FINISHED, 200, self._payload(collected)
+            else:
+                state, status = EndState.ERRORED, status_of(fail)
+                body = error_payload(fail.message, fail.type, None, fail.code)
+            await _send_json(send, status, body)
+        except OSError:
+            state = EndState.ABORTED  # the status went out (or not); the body did not
+        finally:
+            self._generation.abort_unfinished()
+            self._on_end(state, status)
+
+    async def _collect(self) -> tuple[_Collected, Fail | None]:
+        collected = _Collected(self._header.n)
+        end: End | Fail | None = None
+        # Text is kept until the end anyway: the buffer needs no byte bound.
+        outbox = StreamBuffer(2**62)
+        with attached(self._generation, outbox, self._live, self._limits):
+            while end is None:
+                await outbox.wait()
+                for event in outbox.drain():
+                    if isinstance(event, Delta):
+                        collected.add(event)
+                    elif isinstance(event, End | Fail):
+                        end = event
+                        break
+        return collected, end if isinstance(end, Fail) else None
+
+    def _payload(self, collected: _Collected) -> dict[str, Any]:
+        texts = ["".join(parts) for parts in collected.texts]
+        choices = list(zip(texts, self._generation.finish_reasons, strict=True))
+        usage = self._generation.usage
+        logprobs = (
+            tuple(tuple(tokens) for tokens in collected.logprobs)
+            if self._generation.wants_logprobs
+            else (None,) * self._header.n
+        )
+        if self._header.endpoint is Endpoint.CHAT:
+            return chat_completion(self._header, choices, usage, logprobs)
+        return text_completion(self._header, choices, usage, logprobs)
+
+
+class _Collected:
+    """The deltas of a non-streamed response, per choice: text parts, logprobs."""
+
+    def __init__(self, n: int) -> None:
+        self.texts: list[list[str]] = [[] for _ in range(n)]
+        self.logprobs: list[list[LogprobToken]] = [[] for _ in range(n)]
+
+    def add(self, delta: Delta) -> None:
+        self.texts[delta.index].append(delta.text)
+        if delta.logprobs:
+            self.logprobs[delta.index].extend(delta.logprobs)
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+    body = dumps(payload)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,244 @@
+"""The ASGI app that streams one generation as OpenAI chunks over SSE.
+
+``EventStreamResponse`` sends the headers, then loops: wait on the stream's
+buffer, feed what came to the ``StreamMachine``, hand the frames to the writer
+(``writers.py``), and a heartbeat when ``WriteWatch`` says the stream was silent.
+It reports what happened (each write's outcome, the client leaving, a slow
+client given up on) to the machine, whose ``outcome`` is the end state the
+ledger records.
+
+Invariants:
+    - The stream's headers go out at once: ``200``, ``text/event-stream``,
+      ``Cache-Control: no-cache``, ``X-Accel-Buffering: no``, no
+      ``Content-Length``, never compressed. Frames come only from ``StreamMachine``.
+    - A ``: keep-alive`` comment goes out whenever nothing was written for
+      ``heartbeat_interval_s`` (queue wait and prefill included).
+    - After the headers, a failure is one in-band error event, then the body ends
+      without ``[DONE]``. ``except Exception`` appears only in
+      ``EventStreamResponse.__call__`` (log, then that event); cancellation is
+      always re-raised.
+    - A buffer over its byte bound, or a write the client has not accepted within
+      ``stuck_timeout_s``, aborts the engine request and closes (``aborted``).
+
+Spec: docs/DESIGN.md, "The wire", "Slow consumers" and "End states";
+WHATWG HTML, "9.2 Server-sent events".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from typing import ClassVar
+
+from starlette.types import Receive, Scope, Send
+
+from sluicegate.core.chunks import ResponseHeader
+from sluicegate.core.endstate import EndState
+from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.events import Fail, Heartbeat, StreamEvent
+from sluicegate.core.stream import StreamMachine
+from sluicegate.server.buffer import LiveStreams, StreamBuffer
+from sluicegate.server.disconnect import CLIENT_GONE, DisconnectRace
+from sluicegate.server.generation import Generation
+from sluicegate.server.streaming import OnEnd, StreamLimits, attached
+from sluicegate.server.write_watch import WriteWatch
+from sluicegate.server.writers import EagerWriter, TaskWriter, WriterType
+
+__all__ = ["BODY_SEND", "SSE_HEADERS", "EventStreamResponse"]
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+"""Headers of every event stream (no ``Content-Length``, no ``Content-Encoding``).
+
+No ``Connection`` either: it is hop-by-hop, and the HTTP layer (h11) writes the
+one the client's version needs (none for HTTP/1.1, ``close`` for HTTP/1.0, whose
+body it then delimits by closing instead of chunking: RFC 9112, "6.3. Message Body
+Length").
+
+.. versionchanged:: 0.2.0
+   ``Connection: keep-alive`` is no longer sent: an HTTP/1.0 client got it next
+   to the server's ``Connection: close``.
+"""
+
+BODY_SEND = "sluicegate.body_send"
+"""Scope key: the server's own ``send``, put there by the app before any wrapper.
+
+An event stream sends its body frames with it, and only its start through the
+``send`` it was called with: Starlette's exception middlewares wrap ``send`` to
+learn whether a response started, which two coroutine frames per token would
+tell them again and again. A stream never lets an exception out (see
+``EventStreamResponse``), so they have nothing to do after the start.
+Middleware added inside the app does not see stream bodies; wrap the app from
+outside instead."""
+
+_HEARTBEAT = Heartbeat()
+
+
+class EventStreamResponse:
+    """An ASGI app that streams one generation as OpenAI chunks over SSE.
+
+    Args:
+        generation: already ``start()``-ed, so that a full engine queue was a 503
+            before any byte.
+        header: what every chunk shares (id, created, model, ``n``, usage option).
+        limits: heartbeat interval, timeouts, buffer bound, stuck timeout, pacing.
+        on_end: told the end state (``StreamMachine.outcome``) and status 200.
+        live: where the stream's buffer is registered while it runs (the
+            graceful drain puts its shutdown ``Fail`` there).
+
+    A timeout or a shutdown ends the stream with one in-band error event (codes
+    ``first_token_timeout``, ``request_timeout``, ``server_shutdown``), state
+    ``errored``. A full buffer or a write stuck past ``stuck_timeout_s`` aborts
+    the engine request and closes without an error event (the client is not
+    reading it), state ``aborted``.
+
+    Spec: OpenAI API reference, "Create chat completion", ``stream``;
+    docs/DESIGN.md, "Slow consumers".
+    """
+
+    writer: ClassVar[WriterType] = EagerWriter
+    """The writer of unpaced streams; paced ones (``interval_s > 0``) always use
+    ``TaskWriter``. Tests and benches set ``TaskWriter`` here to compare."""
+
+    def __init__(
+        self,
+        generation: Generation,
+        header: ResponseHeader,
+        limits: StreamLimits,
+        on_end: OnEnd,
+        live: LiveStreams | None = None,
+    ) -> None:
+        self._generation = generation
+        self._machine = StreamMachine(header)
+        self._limits = limits
+        self._on_end = on_end
+        self._live = live if live is not None else LiveStreams()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Write the stream until it ends, errs, or the client leaves."""
+        machine = self._machine
+        start, send = send, scope.get(BODY_SEND, send)
+        try:
+            await start(
+                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
+            )
+            await _send_body(send, b"".join(machine.start()))
+            machine.wrote()
+            await self._stream(receive, send)
+        except asyncio.CancelledError:
+            machine.write_failed()  # stopped by someone else: nothing more goes out
+            raise
+        except OSError:
+            machine.write_failed()  # the connection broke before the stream began
+        except Exception:  # the outermost frame: log, then one error event
+            logger.exception("stream %s failed", machine.header.id)
+            await self._send_error(send)
+        finally:
+            self._generation.abort_unfinished()
+            self._on_end(machine.outcome, 200)
+        if machine.outcome is not EndState.ABORTED:
+            with contextlib.suppress(OSError):  # gone after the last frame: fine
+                await _send_body(send, b"", more_body=False)
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        """Attach the generation to a buffer and write it; stop when told to.
+
+        The request's own task writes; ``DisconnectRace`` stops it when the
+        client leaves, the buffer overflows or a write is stuck. The deadlines
+        and the shutdown come as a ``Fail`` through the buffer.
+        """
+        limit = self._limits.max_buffer_bytes
+        with DisconnectRace(receive) as race:
+            overflow = functools.partial(race.stop, f"over {limit} buffered bytes")
+            buffer = StreamBuffer(limit, overflow)
+            with attached(self._generation, buffer, self._live, self._limits):
+                await self._write(buffer, send, race)
+        if race.reason is None:
+            return
+        self._machine.write_failed()
+        if race.reason != CLIENT_GONE and self._machine.outcome is EndState.ABORTED:
+            header_id = self._machine.header.id
+            logger.warning("stream %s: %s; aborted", header_id, race.reason)
+            self._live.aborted_slow += 1
+
+    async def _write(
+        self, buffer: StreamBuffer, send: Send, race: DisconnectRace
+    ) -> None:
+        """Drain ``buffer`` into frames until the machine ends; heartbeat on silence.
+
+        Runs once per token per stream, so it holds no per-write timer: one
+        ``WriteWatch`` timer per stream checks for silence and stuck writes.
+        Without pacing, the writer may write events itself while this task waits
+        (``EagerWriter``); ``settle()`` takes over whatever it cannot finish.
+        """
+        machine, limits = self._machine, self._limits
+        stuck = functools.partial(
+            race.stop, f"the client accepted no byte for {limits.stuck_timeout_s:g} s"
+        )
+        watch = WriteWatch(
+            limits.heartbeat_interval_s, limits.stuck_timeout_s, buffer.poke, stuck
+        )
+        paced = limits.interval_s > 0
+        make_writer = TaskWriter if paced else type(self).writer
+        writer = make_writer(machine, send, watch, buffer)
+        try:
+            while machine.end_state is None:
+                await buffer.wait()
+                if not await writer.settle() or machine.end_state is not None:
+                    return  # the connection broke, or the writer wrote the end
+                events = buffer.drain()
+                if not events:
+                    if not watch.silent:
+                        continue  # a poke that came early
+                    events = [_HEARTBEAT]
+                frames = self._frames(events)
+                if not frames:
+                    continue
+                if not await writer.write(b"".join(frames)):
+                    return
+                if events[0] is _HEARTBEAT:
+                    self._live.heartbeats_sent += 1
+                elif paced and machine.end_state is None:
+                    await asyncio.sleep(limits.interval_s)  # what comes coalesces
+        finally:
+            writer.close()
+            watch.cancel()
+
+    def _frames(self, events: list[StreamEvent]) -> list[bytes]:
+        machine = self._machine
+        if len(events) == 1:
+            return machine.feed(events[0])
+        frames: list[bytes] = []
+        for event in events:
+            frames += machine.feed(event)
+            if machine.end_state is not None:
+                break
+        return frames
+
+    async def _send_error(self, send: Send) -> None:
+        # The details stay in the log: they may be internal.
+        machine = self._machine
+        fail = Fail(
+            "The server failed while streaming this response", code="internal_error"
+        )
+        try:
+            frames = machine.feed(fail)
+        except LocalProtocolError:
+            return  # the machine had ended: its outcome is what was written
+        try:
+            await _send_body(send, b"".join(frames))
+        except OSError:
+            machine.write_failed()
+            return
+        machine.wrote()
+
+
+async def _send_body(send: Send, body: bytes, *, more_body: bool = True) -> None:
+    await send({"type": "http.response.body", "body": body, "more_body": more_body})

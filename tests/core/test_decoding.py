@@ -1,0 +1,320 @@
+"""ResponseDecoder: engine items of every choice in, stream events out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sluicegate.core.choice import ChoiceStep
+from sluicegate.core.choice_setup import TextChoiceDecoder
+from sluicegate.core.decoding import (
+    ENDED_WITHOUT_FINISH,
+    ChoiceOptions,
+    OutputItem,
+    ResponseDecoder,
+)
+from sluicegate.core.errors import EngineError, LocalProtocolError
+from sluicegate.core.events import (
+    Delta,
+    End,
+    EngineOutput,
+    Fail,
+    Finish,
+    FinishReason,
+    StreamEvent,
+    TextOutput,
+    TokenLogprob,
+    Usage,
+)
+from sluicegate.core.stops import StopMatcher
+
+from .strategies import partitions
+from .toys import TOY
+
+STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
+EOS = len(TOY)
+CTRL = EOS + 1  # a control token that does not end a choice
+
+
+@dataclass(frozen=True)
+class _Vocabulary:
+    pieces: Sequence[bytes] = (*TOY, b"<eos>", b"<ctrl>")
+    special_ids: frozenset[int] = frozenset({EOS, CTRL})
+    stop_ids: frozenset[int] = frozenset({EOS})
+
+
+VOCABULARY = _Vocabulary()
+# "Café costs 5€.\n" in the toy vocabulary: é and € split across tokens.
+CAFE = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def _decoder(
+    n: int = 1,
+    *,
+    choice: ChoiceOptions = ChoiceOptions(),  # noqa: B008 (frozen: shared is fine)
+    vocabulary: _Vocabulary | None = VOCABULARY,
+    stops: Sequence[str] = (),
+    skip_special_tokens: bool = True,
+    logprobs: bool = False,
+    continuous_usage: bool = False,
+) -> ResponseDecoder:
+    return ResponseDecoder(
+        [choice] * n,
+        vocabulary,
+        prompt_tokens=3,
+        stops=stops,
+        skip_special_tokens=skip_special_tokens,
+        logprobs=logprobs,
+        continuous_usage=continuous_usage,
+        clock=lambda: 42.0,
+    )
+
+
+def _out(*ids: int, reason: FinishReason | None = None) -> EngineOutput:
+    return EngineOutput(ids, reason)
+
+
+def test_token_steps_become_deltas_then_finish_then_end() -> None:
+    decoder = _decoder()
+    events = [e for t in CAFE for e in decoder.feed(0, _out(t))]
+    events += decoder.feed(0, _out(EOS, reason=STOP))
+    assert events == [
+        Delta(0, "Caf"),
+        Delta(0, "é"),
+        Delta(0, " costs"),
+        Delta(0, " 5"),
+        Delta(0, "€"),
+        Delta(0, ".\n"),
+        Finish(0, STOP),
+        End(Usage(3, 9)),
+    ]
+    assert decoder.first_token_at == 42.0
+    assert decoder.finish_reasons == (STOP,)
+    assert decoder.closed(0)
+    assert decoder.feed(0, _out(1)) == ()  # after the end: dropped
+    assert decoder.aborts == []
+    assert decoder.flush() == ()  # the engine ended it
+
+
+def test_a_stop_string_names_the_sequence_to_abort_and_drops_what_follows() -> None:
+    decoder = _decoder(stops=["costs"])
+    events = [e for t in CAFE[:4] for e in decoder.feed(0, _out(t))]
+    assert events == [
+        Delta(0, "Caf"),
+        Delta(0, "é"),
+        Delta(0, " "),
+        Finish(0, STOP),
+        End(Usage(3, 4)),
+    ]
+    assert decoder.aborts == [0]
+    assert decoder.feed(0, _out(5)) == ()
+    assert decoder.usage == Usage(3, 4)  # the token after the stop is not counted
+    assert decoder.flush() == ()  # named once, in aborts
+
+
+def test_held_back_text_goes_out_before_the_finish_at_length() -> None:
+    decoder = _decoder(stops=["costs more"])
+    assert decoder.feed(0, _out(1, 2, 3)) == (Delta(0, "Café"),)
+    events = decoder.feed(0, _out(4, reason=LENGTH))
+    assert events == [
+        Delta(0, " "),
+        Delta(0, "costs"),
+        Finish(0, LENGTH),
+        End(Usage(3, 4)),
+    ]
+
+
+def test_end_waits_for_the_last_choice_and_sums_completion_tokens() -> None:
+    decoder = _decoder(2)
+    assert decoder.feed(1, _out(1, reason=LENGTH)) == [
+        Delta(1, "Caf"),
+        Finish(1, LENGTH),
+    ]
+    assert decoder.finish_reasons == (None, LENGTH)
+    assert decoder.feed(0, _out(1, 4, reason=LENGTH)) == [
+        Delta(0, "Caf costs"),
+        Finish(0, LENGTH),
+        End(Usage(3, 3)),
+    ]
+
+
+def test_echo_comes_first_and_logprob_offsets_count_it() -> None:
+    decoder = _decoder(choice=ChoiceOptions(echo="Hi"), logprobs=True)
+    assert decoder.start(0) == [Delta(0, "Hi")]
+    [delta] = decoder.feed(0, EngineOutput((1,), None, (TokenLogprob(1, -0.5),)))
+    assert isinstance(delta, Delta)
+    assert delta.text == "Caf"
+    assert delta.logprobs is not None
+    assert [(t.token, t.logprob, t.text_offset) for t in delta.logprobs] == [
+        ("Caf", -0.5, 2)
+    ]
+    assert _decoder().start(0) == ()
+
+
+def test_logprobs_cut_text_at_token_ends() -> None:
+    decoder = _decoder(logprobs=True)
+    lp = [TokenLogprob(t, -1.0) for t in (1, 2, 3)]
+    events = decoder.feed(0, EngineOutput((1, 2, 3), None, tuple(lp)))
+    texts = [(e.text, len(e.logprobs or ())) for e in events if isinstance(e, Delta)]
+    assert texts == [("Caf", 1), ("é", 2)]
+
+
+def test_missing_logprobs_are_one_engine_error() -> None:
+    decoder = _decoder(logprobs=True)
+    events = decoder.feed(0, _out(1))
+    assert len(events) == 1
+    assert isinstance(events[0], Fail)
+    assert "one logprob per token id" in events[0].message
+    assert decoder.flush() == ()  # counted as ended: the engine is not aborted
+
+
+def test_continuous_usage_is_on_every_delta_and_finish() -> None:
+    decoder = _decoder(continuous_usage=True)
+    assert decoder.feed(0, _out(1)) == (Delta(0, "Caf", None, Usage(3, 1)),)
+    assert decoder.feed(0, _out(4, reason=LENGTH)) == [
+        Delta(0, " costs", None, Usage(3, 2)),
+        Finish(0, LENGTH, Usage(3, 2)),
+        End(Usage(3, 2)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("item", "message", "code"),
+    [
+        (None, ENDED_WITHOUT_FINISH, None),
+        (EngineError("gone"), "gone", "engine_error"),
+    ],
+)
+def test_an_engine_failure_is_one_fail_and_no_end(
+    item: OutputItem, message: str, code: str | None
+) -> None:
+    decoder = _decoder()
+    assert decoder.feed(0, item) == [Fail(message, code=code)]
+    assert decoder.closed(0)
+    assert decoder.flush() == ()
+
+
+def test_a_bug_fails_the_choice_and_flush_still_names_its_sequence() -> None:
+    decoder = _decoder(2)
+    assert decoder.fail(0, "bug", "internal_error") == [
+        Fail("bug", code="internal_error")
+    ]
+    assert decoder.closed(0)
+    assert decoder.flush() == (0, 1)
+    assert decoder.flush() == ()
+    assert decoder.fail(1, "bug", "internal_error") == ()
+    assert decoder.feed(1, _out(1)) == ()
+
+
+def test_control_tokens_reach_the_text_only_when_asked() -> None:
+    kept = _decoder(skip_special_tokens=False)
+    assert kept.feed(0, _out(CTRL, 1)) == (Delta(0, "<ctrl>Caf"),)
+    assert kept.feed(0, _out(EOS, reason=STOP))[0] == Finish(0, STOP)
+    skipped = _decoder()
+    assert skipped.feed(0, _out(CTRL, 1)) == (Delta(0, "Caf"),)
+
+
+def test_ignore_eos_and_stop_token_ids_choose_what_ends_the_text() -> None:
+    decoder = _decoder(
+        choice=ChoiceOptions(ignore_eos=True, stop_token_ids=frozenset({8})),
+        skip_special_tokens=False,
+    )
+    assert decoder.feed(0, _out(EOS, 1)) == (Delta(0, "<eos>Caf"),)
+    assert decoder.feed(0, _out(8, reason=STOP))[0] == Finish(0, STOP)
+
+
+# --- engines that yield text -------------------------------------------------
+
+
+def test_text_items_skip_token_work_and_count_as_the_engine_says() -> None:
+    decoder = _decoder(vocabulary=None, stops=["5€"])
+    assert decoder.feed(0, TextOutput("Café", None, 3)) == (Delta(0, "Café"),)
+    assert decoder.first_token_at == 42.0
+    assert decoder.feed(0, TextOutput(" costs 5", None, 2)) == (Delta(0, " costs "),)
+    assert decoder.feed(0, TextOutput("€ more", None, 2)) == [
+        Finish(0, STOP),
+        End(Usage(3, 7)),
+    ]
+    assert decoder.aborts == [0]
+    assert decoder.feed(0, TextOutput("x", None, 1)) == ()
+
+
+def test_text_held_back_is_flushed_at_the_engines_finish() -> None:
+    decoder = _decoder(vocabulary=None, stops=["Café!"])
+    assert decoder.feed(0, TextOutput("Caf", None, 1)) == ()
+    assert decoder.feed(0, TextOutput("é", STOP, 1)) == [
+        Delta(0, "Café"),
+        Finish(0, STOP),
+        End(Usage(3, 2)),
+    ]
+
+
+def test_text_engines_cannot_give_logprobs() -> None:
+    with pytest.raises(ValueError, match="vocabulary"):
+        _decoder(vocabulary=None, logprobs=True)
+
+
+@given(st.data())
+def test_any_split_of_the_steps_gives_the_same_text_and_count(
+    data: st.DataObject,
+) -> None:
+    ids = data.draw(st.lists(st.sampled_from(range(1, len(TOY))), max_size=12))
+    stops = data.draw(st.sampled_from([[], ["5€"], ["é c"], ["##END"]]))
+    parts = data.draw(partitions(ids))
+
+    def run(steps: Sequence[Sequence[int]]) -> tuple[str, Usage, tuple[object, ...]]:
+        decoder = _decoder(stops=stops)
+        events: list[StreamEvent] = []
+        for step in steps:
+            events += decoder.feed(0, _out(*step))
+        events += decoder.feed(0, _out(reason=LENGTH))
+        text = "".join(e.text for e in events if isinstance(e, Delta))
+        return text, decoder.usage, decoder.finish_reasons
+
+    assert run(parts) == run([[t] for t in ids])
+
+
+def test_a_text_choice_decoder_refuses_use_after_flush() -> None:
+    decoder = TextChoiceDecoder(StopMatcher(["x"]))
+    assert decoder.feed("ax", 2) == ChoiceStep("a", STOP)
+    assert decoder.feed("b", 1) == ChoiceStep("")
+    assert decoder.completion_tokens == 2
+    assert decoder.flush() == ChoiceStep("")
+    with pytest.raises(LocalProtocolError):
+        decoder.flush()
+    plain = TextChoiceDecoder(StopMatcher([]))
+    assert plain.flush() == ChoiceStep("")
+    with pytest.raises(LocalProtocolError):
+        plain.feed("a", 1)
+
+
+@pytest.mark.parametrize("stops", [(), ("5",)])
+def test_with_logprobs_the_last_step_flushes_the_aligner(
+    stops: tuple[str, ...],
+) -> None:
+    decoder = _decoder(logprobs=True, stops=stops)
+    ids = (1, 4, 5, 8)
+    lp = tuple(TokenLogprob(t, -1.0) for t in ids)
+    events = decoder.feed(0, EngineOutput(ids, LENGTH, lp))
+    deltas = [e for e in events if isinstance(e, Delta)]
+    text = "".join(d.text for d in deltas)
+    tokens = [t.token for d in deltas for t in d.logprobs or ()]
+    if stops:
+        assert (text, tokens) == ("Caf costs ", ["Caf", " costs", " 5"])
+        assert decoder.aborts == [0]
+        assert events[-2:] == [Finish(0, STOP), End(Usage(3, 3))]
+    else:
+        assert (text, tokens) == ("Caf costs 5.\n", ["Caf", " costs", " 5", ".\n"])
+        assert events[-2:] == [Finish(0, LENGTH), End(Usage(3, 4))]
+
+
+def test_a_bug_after_a_choice_ended_is_still_one_fail() -> None:
+    decoder = _decoder()
+    decoder.feed(0, _out(1, reason=LENGTH))
+    assert decoder.fail(0, "bug", "internal_error") == [
+        Fail("bug", code="internal_error")
+    ]
