@@ -407,6 +407,28 @@ async def test_a_long_prompt_is_tokenized_off_the_event_loop(
     assert prompts == [(10, True), (OFF_LOOP_CHARS, False)]  # not the script's
 
 
+@pytest.mark.anyio
+async def test_a_long_conversation_is_rendered_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rendered_on: list[bool] = []
+    render = jinja2.Template.render
+
+    def spy(self: jinja2.Template, *args: Any, **kwargs: Any) -> str:
+        rendered_on.append(threading.current_thread() is threading.main_thread())
+        return render(self, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Template, "render", spy)
+    engine = ScriptedEngine(context_length=100_000, tokens_per_s=5000)
+    transport = httpx.ASGITransport(app=create_app(engine, ServerConfig()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        for chars in (10, OFF_LOOP_CHARS):
+            messages = [{"role": "user", "content": "z" * (chars // 2)}] * 2
+            body = {"messages": messages, "max_tokens": 1}
+            assert (await client.post(CHAT, json=body)).status_code == 200
+    assert rendered_on == [True, False]
+
+
 @given(text=st.text(max_size=200))
 def test_no_text_has_fewer_tokens_than_its_bytes_over_the_longest_piece(
     text: str,

@@ -25,12 +25,14 @@ import secrets
 import time
 from dataclasses import dataclass
 
+import anyio.to_thread
+
 from sluicegate import __version__
 from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import ModelNotFound, RequestError
 from sluicegate.engines.base import Engine, GenerateRequest, SamplingParams, Tokenizer
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.prompt_text import tokenize
+from sluicegate.server.prompt_text import OFF_LOOP_CHARS, tokenize
 from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
 from sluicegate.server.templates import ChatTemplate, text_prompt
 
@@ -235,11 +237,18 @@ async def plan_chat(
     """
     model = resolve_model(request.model, engine, config)
     _check_n(request.n, 1, config)
-    prompt = template.prompt(
+    render = functools.partial(
+        template.prompt,
         request.messages,
         add_generation_prompt=request.add_generation_prompt,
         context_length=engine.model.context_length,
     )
+    # A long conversation renders in a worker thread, as a long prompt tokenizes:
+    # the loop keeps its share of the interpreter meanwhile.
+    if sum(len(message.content) for message in request.messages) < OFF_LOOP_CHARS:
+        prompt = render()
+    else:
+        prompt = await anyio.to_thread.run_sync(render)
     ids = await tokenize(prompt)
     return _plan(request, response_id, engine, config, model, [ids], [""])
 
