@@ -8,7 +8,8 @@ each item the engine delivers to the decoder, puts the events it returns into an
 each item is decoded in the engine's own callback, with no task in between; a
 task per choice reads any other async iterator. Whoever writes to the client
 drains the outbox at its own pace, so the engine never waits on a client. No HTTP
-here: ``streaming.py`` races the writers against the client's disconnect.
+here: the responses (``sse_response.py``, ``json_response.py``) race their
+writing against the client's disconnect (``disconnect.py``).
 
 Invariants (besides the decoder's):
     - A bug met while decoding a step (or in the outbox) becomes that response's
