@@ -253,6 +253,32 @@ def test_text_held_back_is_flushed_at_the_engines_finish() -> None:
     ]
 
 
+def test_a_text_engine_counts_each_prompt_once_by_its_latest_report() -> None:
+    decoder = ResponseDecoder(
+        [ChoiceOptions()] * 3,
+        None,
+        prompt_tokens=0,
+        prompt_of=[0, 0, 1],
+        continuous_usage=True,
+    )
+    assert decoder.feed(0, TextOutput("a", None, 1, prompt_tokens=9)) == (
+        Delta(0, "a", None, Usage(9, 1)),
+    )
+    decoder.feed(1, TextOutput("b", STOP, 1, prompt_tokens=9))  # the same prompt
+    decoder.feed(2, TextOutput("c", STOP, 1, prompt_tokens=4))
+    assert decoder.feed(0, TextOutput("", STOP, 0, prompt_tokens=10))[-1] == End(
+        Usage(10 + 4, 3)
+    )
+
+
+def test_one_prompt_is_counted_once_without_a_prompt_map() -> None:
+    decoder = ResponseDecoder([ChoiceOptions()] * 2, None, prompt_tokens=0)
+    decoder.feed(0, TextOutput("a", STOP, 1, prompt_tokens=5))
+    assert decoder.feed(1, TextOutput("b", STOP, 1, prompt_tokens=5))[-1] == End(
+        Usage(5, 2)
+    )
+
+
 def test_text_engines_cannot_give_logprobs() -> None:
     with pytest.raises(ValueError, match="vocabulary"):
         _decoder(vocabulary=None, logprobs=True)

@@ -5,6 +5,7 @@ import pytest
 from sluicegate.core.errors import (
     BodyTooLarge,
     EngineError,
+    EngineRefused,
     EngineTimeout,
     EngineUnavailable,
     LocalProtocolError,
@@ -126,3 +127,24 @@ def test_bounded_repr_of_a_long_value_is_cut_to_max_chars(value: object) -> None
 def test_bounded_repr_names_an_integer_too_long_to_print() -> None:
     assert bounded_repr(10**5000) == "<an integer of 16610 bits>"  # int() refuses it
     assert bounded_repr([1, 10**5000], max_chars=30) == "[1, <an integer of 16610 bi..."
+
+
+def test_an_engine_refusal_carries_its_status_and_picks_the_error_type() -> None:
+    limited = EngineRefused("slow down", 429, retry_after_s=1.5, code="rate_limited")
+    assert (limited.status, limited.retry_after_s) == (429, 1.5)
+    assert (limited.error_type, limited.error_code, limited.param) == (
+        "invalid_request_error",
+        "rate_limited",
+        None,
+    )
+    assert EngineRefused("down", 503).error_type == "server_error"
+    assert EngineRefused("x", 400, error_type="invalid_value").error_type == (
+        "invalid_value"
+    )
+    assert isinstance(limited, EngineError)
+
+
+@pytest.mark.parametrize("status", [200, 302, 399, 600])
+def test_an_engine_refusal_is_an_error_status(status: int) -> None:
+    with pytest.raises(ValueError, match="400-599"):
+        EngineRefused("x", status)

@@ -7,6 +7,7 @@ import pytest
 from sluicegate.core.errors import (
     BodyTooLarge,
     EngineError,
+    EngineRefused,
     EngineTimeout,
     EngineUnavailable,
     ModelNotFound,
@@ -52,6 +53,11 @@ from sluicegate.server.streaming import (
 )
 def test_each_error_class_has_its_status(error: SluicegateError, status: int) -> None:
     assert status_of(error) == status
+
+
+@pytest.mark.parametrize("status", [400, 429, 503])
+def test_an_engine_refusal_is_answered_with_its_own_status(status: int) -> None:
+    assert status_of(EngineRefused("upstream said no", status)) == status
 
 
 def test_a_subclass_without_an_entry_takes_its_nearest_base_status() -> None:

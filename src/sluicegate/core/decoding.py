@@ -16,7 +16,9 @@ Invariants:
     - With logprobs, each ``Delta`` carries the tokens whose text it holds:
       text is then cut at token boundaries.
     - When every choice has finished, one ``End`` carries the usage: each prompt
-      once, completion tokens summed over choices. With continuous usage, every
+      once, completion tokens summed over choices. A text engine counts its
+      prompts itself (``TextOutput.prompt_tokens``): each prompt's latest count
+      is added once, whichever of its choices reported it. With continuous usage, every
       ``Delta`` and ``Finish`` also carries the usage so far.
     - An engine failure, or a sequence that ends without a finish reason,
       becomes one ``Fail`` event and no ``End``.
@@ -108,7 +110,10 @@ class ResponseDecoder:
         choices: one ``ChoiceOptions`` per choice, in index order (>= 1).
         vocabulary: the engine's tokenizer when it yields token ids; ``None``
             when it yields text (``TextOutput``): no token work is done.
-        prompt_tokens: the response's prompt tokens, each prompt once (tokens).
+        prompt_tokens: the response's prompt tokens, each prompt once (tokens);
+            for a text engine, those it does not count itself (usually 0).
+        prompt_of: the prompt index of each choice, for a text engine's prompt
+            counts; ``None``: every choice continues one prompt.
         stops: stop strings, matched on each choice's text.
         include_stop_str_in_output: end the text with the matched stop string.
         skip_special_tokens: keep control tokens out of the text (the token
@@ -134,7 +139,9 @@ class ResponseDecoder:
         "_continuous_usage",
         "_flushed",
         "_pieces",
+        "_prompt_of",
         "_prompt_tokens",
+        "_reported_prompts",
         "_text_decoders",
         "_token_decoders",
         "_unread",
@@ -148,6 +155,7 @@ class ResponseDecoder:
         vocabulary: Vocabulary | None,
         *,
         prompt_tokens: int,
+        prompt_of: Sequence[int] | None = None,
         stops: Sequence[str] = (),
         include_stop_str_in_output: bool = False,
         skip_special_tokens: bool = True,
@@ -179,6 +187,8 @@ class ResponseDecoder:
             c.decoder for c in self._choices if isinstance(c.decoder, TextChoiceDecoder)
         ]
         self._prompt_tokens = prompt_tokens
+        self._prompt_of = prompt_of
+        self._reported_prompts: dict[int, int] = {}  # prompt index -> tokens
         self._continuous_usage = continuous_usage  # read once per token
         self._clock = clock
         self._unread = len(self._choices)
@@ -190,7 +200,8 @@ class ResponseDecoder:
     def usage(self) -> Usage:
         """Prompt tokens once, completion tokens taken summed over choices."""
         completion = sum(c.decoder.completion_tokens for c in self._choices)
-        return Usage(self._prompt_tokens, completion)
+        prompt = self._prompt_tokens + sum(self._reported_prompts.values())
+        return Usage(prompt, completion)
 
     @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
@@ -253,6 +264,10 @@ class ResponseDecoder:
             elif isinstance(item, TextOutput):
                 if item.text and self.first_token_at is None:
                     self.first_token_at = self._clock()
+                if item.prompt_tokens is not None:
+                    prompt_of = self._prompt_of
+                    prompt = 0 if prompt_of is None else prompt_of[index]
+                    self._reported_prompts[prompt] = item.prompt_tokens
                 text_decoder = self._text_decoders[index]
                 step = text_decoder.feed(item.text, item.completion_tokens)
                 if step.finish_reason is None and item.finish_reason is None:

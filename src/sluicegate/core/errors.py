@@ -12,7 +12,8 @@
     │   └── UnsupportedMediaType body not sent as application/json -> 415
     ├── EngineError              the engine failed; .retryable
     │   ├── EngineUnavailable    overloaded or shutting down (retryable)
-    │   └── EngineTimeout        a time limit ran out (retryable)
+    │   ├── EngineTimeout        a time limit ran out (retryable)
+    │   └── EngineRefused        refused before any output, with its own status
     └── StreamError              client API misuse
         ├── StreamConsumed       iterated a response twice
         └── StreamClosed         read after close
@@ -33,6 +34,7 @@ __all__ = [
     "REPR_MAX_DEPTH",
     "BodyTooLarge",
     "EngineError",
+    "EngineRefused",
     "EngineTimeout",
     "EngineUnavailable",
     "LocalProtocolError",
@@ -245,6 +247,48 @@ class EngineTimeout(EngineError):
 
     retryable: ClassVar[bool] = True
     code: ClassVar[str] = "timeout"
+
+
+class EngineRefused(EngineError):
+    """The engine refused a request before any output, with a status of its own.
+
+    An upstream server answers some requests with a status instead of a stream:
+    a 429 or 503 with ``Retry-After``, a 400 for a prompt over its context
+    window. Raised before the response's first byte, it becomes that response's
+    status and an error body carrying ``message``.
+
+    Attributes:
+        status: the HTTP status to answer with (400-599).
+        retry_after_s: seconds the client should wait (``Retry-After``), or ``None``.
+        error_type: the OpenAI error type of the body (``invalid_request_error``
+            for a 4xx, ``server_error`` otherwise, unless the engine says).
+        error_code: the body's machine-readable code (the upstream's own), or
+            ``None``.
+        param: the request parameter at fault, or ``None``.
+    """
+
+    code: ClassVar[str] = "engine_refused"
+
+    def __init__(
+        self,
+        message: str,
+        status: int,
+        *,
+        retry_after_s: float | None = None,
+        error_type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        if not 400 <= status <= 599:
+            raise ValueError(f"expected an error status (400-599), got {status}")
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.error_type = error_type or (
+            "invalid_request_error" if status < 500 else "server_error"
+        )
+        self.error_code = code
+        self.param = param
 
 
 class StreamError(SluicegateError):

@@ -114,12 +114,17 @@ class TextOutput:
         text: the new text (may be empty on a final output).
         finish_reason: set on the sequence's last output, else ``None``.
         completion_tokens: the tokens this step stands for, as the engine
-            counts them (tokens, >= 0); they add up to the choice's usage.
+            counts them (tokens, >= 0); they add up to the choice's usage (an
+            engine that learns the exact count late corrects it on the last
+            output).
+        prompt_tokens: the prompt's tokens as the engine counted them (tokens),
+            once it knows (at the latest on the last output); ``None`` before.
     """
 
     text: str
     finish_reason: FinishReason | None = None
     completion_tokens: int = 1
+    prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,28 +17,40 @@ Two parts of the contract are declared, not guessed:
   that is also ``ListenableOutputs`` hands each item to a listener in the
   engine's own callback instead, with no task in between (``SequenceOutputs`` in
   ``outputs.py`` is one).
+- When a sequence is accepted: at ``generate()`` (which raises at once when it
+  cannot take it), or, for outputs that are also ``AcceptingOutputs`` (an
+  upstream server, which answers with a status first), when ``accepted()``
+  returns; the server sends its status line only after that.
+
+A ``TEXT`` engine gets its prompt as ``GenerateRequest.text_prompt`` (messages
+or a completions prompt, in the API's terms) and counts the prompt's tokens
+itself (``TextOutput.prompt_tokens``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from sluicegate.core.chunks import Endpoint
 from sluicegate.core.decoding import OutputItem
 from sluicegate.core.events import EngineOutput, TextOutput
 
 __all__ = [
+    "AcceptingOutputs",
     "Engine",
     "EngineStats",
     "GenerateRequest",
+    "Grammar",
     "ListenableOutputs",
     "ModelInfo",
     "OutputItem",
     "OutputKind",
     "OutputListener",
     "SamplingParams",
+    "TextPrompt",
     "Tokenizer",
 ]
 
@@ -82,6 +94,23 @@ class ListenableOutputs(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Grammar:
+    """A constraint on one sequence's output text, for constrained decoding.
+
+    Attributes:
+        text: the grammar in llguidance's Lark dialect: the root rule is
+            ``start``, and ``%json {...}`` embeds a JSON schema.
+        triggers: for a lazy grammar, the literal texts that begin its
+            constrained part (text before the first one is free; the grammar
+            text itself says so with a ``[lazy]`` rule); ``()`` when the whole
+            output is constrained.
+    """
+
+    text: str
+    triggers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to sample one sequence.
 
@@ -99,6 +128,8 @@ class SamplingParams:
         logit_bias: token id -> bias added to its logit.
         logprobs: ``None`` for no logprobs; k >= 0 for the sampled token's
             logprob plus its k most likely alternatives.
+        grammar: a constraint the sequence's text must match (``None``: free
+            text); an engine that cannot enforce one ignores it.
     """
 
     max_tokens: int
@@ -114,15 +145,77 @@ class SamplingParams:
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
+    grammar: Grammar | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompt:
+    """The prompt of one sequence for an engine that takes text (``OutputKind.TEXT``).
+
+    Such an engine (an upstream OpenAI-compatible server) applies its own chat
+    template and tokenizer, so the server hands it the request in the API's own
+    terms instead of token ids.
+
+    Attributes:
+        endpoint: which API the prompt is for (chat or completions).
+        messages: chat: the validated messages, as JSON objects in the OpenAI
+            shape; ``()`` for completions.
+        prompt: completions: one prompt, text or token ids; ``""`` for chat.
+        stop: stop strings; the engine may pass them on (the server still
+            matches them itself on the text it receives).
+        max_tokens: what the client asked for (or the server's default); ``None``:
+            the engine's own limit. ``GenerateRequest.params.max_tokens`` is
+            then only the bound quotas reserve.
+        extra: other request fields to pass on unchanged (JSON values), such as
+            ``tools`` or ``response_format``.
+    """
+
+    endpoint: Endpoint
+    messages: tuple[Mapping[str, Any], ...] = ()
+    prompt: str | tuple[int, ...] = ""
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
-    """One sequence to generate: an id unique among running requests, the prompt."""
+    """One sequence to generate: an id unique among running requests, the prompt.
+
+    Attributes:
+        request_id: unique among the engine's running requests.
+        prompt_token_ids: the prompt, tokenized (tokens); ``()`` for an engine
+            of ``OutputKind.TEXT``, which gets ``text_prompt`` instead.
+        params: how to sample.
+        text_prompt: the prompt in the API's terms, for an engine of
+            ``OutputKind.TEXT``; ``None`` for one that takes token ids.
+    """
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
+    text_prompt: TextPrompt | None = None
+
+
+@runtime_checkable
+class AcceptingOutputs(Protocol):
+    """Outputs whose engine may still refuse the sequence after ``generate``.
+
+    An upstream server answers with a status before its stream: the server
+    awaits ``accepted()`` of every choice before it sends its own status line,
+    so that a refusal is that status, not a 200 followed by an error.
+    """
+
+    async def accepted(self) -> None:
+        """Return once the engine has accepted the sequence (its stream began).
+
+        Raises:
+            EngineRefused: refused with a status of its own (e.g. an upstream's
+                429 with ``Retry-After``, or its 400 for a prompt too long).
+            EngineUnavailable: no engine could take it (503).
+            EngineError: any other failure before the stream began.
+        """
+        ...
 
 
 @dataclass(frozen=True, slots=True)

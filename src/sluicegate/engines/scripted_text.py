@@ -6,6 +6,10 @@ on the engine side, and the server does no token work for it (no detokenizer, no
 logprob alignment; ``logprobs`` are refused). It takes the same arguments,
 schedule and faults as ``ScriptedEngine``, and keeps its accounting.
 
+A request with a ``text_prompt`` (what the server sends an engine of this kind)
+is tokenized here with the toy vocabulary, as an upstream server tokenizes its
+prompts, and the sequence's last output reports those prompt tokens.
+
 Invariants:
     - The concatenated text of a sequence's outputs is the text of its token ids,
       control tokens left out; each output counts the tokens of its step.
@@ -14,12 +18,19 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from sluicegate.core.decoding import OutputItem
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.events import EngineOutput, TextOutput
-from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo, OutputKind
+from sluicegate.engines.base import (
+    EngineStats,
+    GenerateRequest,
+    ModelInfo,
+    OutputKind,
+    TextPrompt,
+)
 from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.scripted import Script, ScriptedEngine
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
@@ -60,10 +71,15 @@ class ScriptedTextEngine:
         Raises:
             EngineUnavailable, EngineError: as ``ScriptedEngine.generate``.
         """
+        tokenizer = self._tokens.tokenizer
+        prompt_tokens: int | None = None
+        if request.text_prompt is not None:
+            ids = tuple(_prompt_ids(self._tokens.tokenizer, request.text_prompt))
+            request = dataclasses.replace(request, prompt_token_ids=ids)
+            prompt_tokens = len(ids)
         tokens = self._tokens.generate(request)
         assert isinstance(tokens, SequenceOutputs), "the scripted engine's own"
         texts = SequenceOutputs[TextOutput](tokens.close)
-        tokenizer = self._tokens.tokenizer
         detokenizer = IncrementalDetokenizer(tokenizer.pieces, tokenizer.special_ids)
 
         def relay(item: OutputItem) -> None:
@@ -71,7 +87,15 @@ class ScriptedTextEngine:
                 text = detokenizer.feed(item.token_ids)
                 if item.finish_reason is not None:
                     text += detokenizer.flush()
-                texts.push(TextOutput(text, item.finish_reason, len(item.token_ids)))
+                last = item.finish_reason is not None
+                texts.push(
+                    TextOutput(
+                        text,
+                        item.finish_reason,
+                        len(item.token_ids),
+                        prompt_tokens if last else None,
+                    )
+                )
             elif item is None:
                 texts.end()
             elif not isinstance(item, TextOutput):
@@ -91,3 +115,13 @@ class ScriptedTextEngine:
     async def aclose(self) -> None:
         """As ``ScriptedEngine.aclose``."""
         await self._tokens.aclose()
+
+
+def _prompt_ids(tokenizer: ScriptedTokenizer, prompt: TextPrompt) -> list[int]:
+    """The toy tokenization of a text prompt: messages' contents, one per line."""
+    if not isinstance(prompt.prompt, str):
+        return list(prompt.prompt)
+    text = prompt.prompt + "\n".join(
+        f"{m.get('role', '')}: {m.get('content') or ''}" for m in prompt.messages
+    )
+    return tokenizer.encode(text, add_special=True, parse_special=False)

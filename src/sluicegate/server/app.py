@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -61,7 +62,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sluicegate.core.chunks import Endpoint, dumps, error_payload
 from sluicegate.core.endstate import EndState
-from sluicegate.core.errors import EngineError, RequestError
+from sluicegate.core.errors import EngineError, EngineRefused, RequestError
 from sluicegate.engines.base import Engine
 from sluicegate.server.access import API_KEY, Access
 from sluicegate.server.admission import (
@@ -76,6 +77,7 @@ from sluicegate.server.admission import (
 from sluicegate.server.bodies import read_json_object
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.disconnect import DisconnectRace
 from sluicegate.server.generation import Generation
 from sluicegate.server.json_response import CompletionResponse
 from sluicegate.server.ledger import Ledger, LedgerRow
@@ -357,7 +359,8 @@ class _Routes:
             AdmissionError: 401/403/429/503 (nothing reached the engine).
             RequestError: the body is invalid (400/404/413).
             EngineError: the engine refused (503 for a full queue).
-            ClientDisconnect: the client left while sending the body.
+            ClientDisconnect: the client left while sending the body, or before
+                the engine accepted the request.
         """
         if self.drain.draining:
             raise self._draining()
@@ -373,13 +376,21 @@ class _Routes:
         declared = request.headers.get("content-length")  # checked by the read
         small = declared is not None and int(declared) <= EXACT_RETRY_AFTER_BYTES
         plan = meter.plan = await planner(body, meter.response_id, key, small)
-        reserve = plan.prompt_tokens + sum(c.params.max_tokens for c in plan.choices)
         grant = meter.grant = self.admission.admit(
-            key, plan.header.model, reserve, len(plan.choices)
+            key, plan.header.model, plan.reserve_tokens, len(plan.choices)
         )
         generation = Generation(self.engine, plan)
         try:
             generation.start()
+            if generation.awaits_acceptance:
+                # An engine that answers with a status first (an upstream server):
+                # its refusal is this response's status, not a 200 then an error.
+                with DisconnectRace(request.receive) as race:
+                    await generation.accepted()
+                if race.reason is not None:  # gone before the engine accepted it
+                    generation.abort_unfinished()
+                    grant.refund()
+                    raise ClientDisconnect
         except (EngineError, RequestError):
             grant.refund()  # the engine refused it (a full queue): it cost nothing
             raise
@@ -449,7 +460,9 @@ class _Meter:
             model=plan.header.model if plan else None,
             status=status,
             end_state=state,
-            prompt_tokens=plan.prompt_tokens if plan else 0,
+            prompt_tokens=(
+                usage.prompt_tokens if usage else plan.prompt_tokens if plan else 0
+            ),
             completion_tokens=usage.completion_tokens if usage else 0,
             finish_reasons=generation.finish_reasons if generation else (),
             received_at=self.received_at,
@@ -473,6 +486,11 @@ def _error_response(
     exc: RequestError | EngineError | AdmissionError, retry_after_s: int
 ) -> Response:
     status = status_of(exc)
+    if isinstance(exc, EngineRefused):
+        payload = error_payload(str(exc), exc.error_type, exc.param, exc.error_code)
+        wait = exc.retry_after_s
+        headers = {"Retry-After": str(math.ceil(wait))} if wait is not None else None
+        return _json(payload, status, headers)
     if isinstance(exc, RequestError):
         payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
         return _json(payload, status)

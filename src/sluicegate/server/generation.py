@@ -30,7 +30,12 @@ from collections.abc import AsyncIterator, Sequence
 from sluicegate.core.decoding import ChoiceOptions, OutputItem, ResponseDecoder
 from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.core.events import EngineOutput, FinishReason, TextOutput, Usage
-from sluicegate.engines.base import Engine, ListenableOutputs, OutputKind
+from sluicegate.engines.base import (
+    AcceptingOutputs,
+    Engine,
+    ListenableOutputs,
+    OutputKind,
+)
 from sluicegate.server.buffer import Outbox
 from sluicegate.server.prepare import Plan
 
@@ -63,6 +68,7 @@ class Generation:
             ],
             None if self._text else engine.tokenizer,
             prompt_tokens=plan.prompt_tokens,
+            prompt_of=[c.prompt_index for c in plan.choices] if self._text else None,
             stops=plan.stops,
             include_stop_str_in_output=plan.include_stop_str_in_output,
             skip_special_tokens=plan.skip_special_tokens,
@@ -117,6 +123,38 @@ class Generation:
         finally:
             if any(outputs is None for outputs in self._outputs):
                 self.abort_unfinished()
+
+    @property
+    def awaits_acceptance(self) -> bool:
+        """Whether the engine may still refuse a started choice (``accepted()``)."""
+        outputs: list[object] = list(self._outputs)
+        return any(isinstance(o, AcceptingOutputs) for o in outputs)
+
+    async def accepted(self) -> None:
+        """Wait until the engine has accepted every choice, before any byte.
+
+        Returns at once for an engine that accepts at ``generate()``; waits on
+        ``AcceptingOutputs.accepted()`` (an upstream server's status) for the
+        others, all choices at once.
+
+        Raises:
+            EngineError: a choice was refused (``EngineRefused`` with its own
+                status, ``EngineUnavailable``); every choice is aborted then.
+        """
+        tasks: list[asyncio.Future[None]] = []
+        for outputs in self._outputs:
+            candidate: object = outputs  # an iterator that may also accept
+            if isinstance(candidate, AcceptingOutputs):
+                tasks.append(asyncio.ensure_future(candidate.accepted()))
+        if not tasks:
+            return
+        try:
+            await asyncio.gather(*tasks)  # retrieves every task's exception
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            self.abort_unfinished()
+            raise
 
     def attach(self, outbox: Outbox) -> None:
         """Read every choice into ``outbox`` from now on, without blocking.

@@ -12,6 +12,12 @@ only to be refused, and a long one is tokenized in a worker thread
 With a ``seed``, choice ``i`` of each prompt samples with ``seed + i``, so that the
 ``n`` choices differ while the whole response stays reproducible.
 
+An engine that takes text (``OutputKind.TEXT``: an upstream server, which has its
+own template, tokenizer and context window) gets no token work at all: each
+prompt goes to it in the API's terms (``TextPrompt``), ``max_tokens`` is the
+client's (or the configured default), and the engine answers what does not fit
+with its own status before the first byte.
+
 Spec: docs/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
 "Create chat completion" (``max_completion_tokens``, ``n``).
 """
@@ -30,7 +36,14 @@ import anyio.to_thread
 from sluicegate import __version__
 from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import ModelNotFound, RequestError
-from sluicegate.engines.base import Engine, GenerateRequest, SamplingParams, Tokenizer
+from sluicegate.engines.base import (
+    Engine,
+    GenerateRequest,
+    OutputKind,
+    SamplingParams,
+    TextPrompt,
+    Tokenizer,
+)
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.prompt_text import OFF_LOOP_CHARS, tokenize
 from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -75,6 +88,9 @@ class Plan:
     Attributes:
         header: id, created, model name, endpoint, ``n`` and usage options.
         prompts: each prompt, tokenized (tokens, never empty); one for chat.
+            For an engine that takes text, ``()`` per prompt.
+        text_prompts: for an engine that takes text, each prompt in the API's
+            terms, in the order of ``prompts``; ``()`` otherwise.
         choices: one ``ChoicePlan`` per choice, in index order.
         stops: stop strings (matched on text by the server, not the engine).
         stream: whether to answer with an event stream.
@@ -94,11 +110,21 @@ class Plan:
     skip_special_tokens: bool = True
     logprobs: int | None = None
     continuous_usage: bool = False
+    text_prompts: tuple[TextPrompt, ...] = ()
 
     @property
     def prompt_tokens(self) -> int:
-        """Prompt tokens of the response: every prompt counted once (tokens)."""
+        """Prompt tokens of the response: every prompt counted once (tokens);
+        0 for an engine that takes text (it counts them itself)."""
         return sum(len(p) for p in self.prompts)
+
+    @property
+    def reserve_tokens(self) -> int:
+        """Tokens the response may use at most, for quotas: the prompts (for an
+        engine that takes text, a bound from their length: one token per UTF-8
+        byte) plus every choice's ``max_tokens``."""
+        prompt = self.prompt_tokens + sum(_prompt_bytes(t) for t in self.text_prompts)
+        return prompt + sum(c.params.max_tokens for c in self.choices)
 
     @property
     def sequence_ids(self) -> list[str]:
@@ -107,10 +133,23 @@ class Plan:
 
     def requests(self) -> list[GenerateRequest]:
         """One ``GenerateRequest`` per choice, in index order."""
+        texts = self.text_prompts
         return [
-            GenerateRequest(sid, self.prompts[c.prompt_index], c.params)
+            GenerateRequest(
+                sid,
+                self.prompts[c.prompt_index],
+                c.params,
+                texts[c.prompt_index] if texts else None,
+            )
             for sid, c in zip(self.sequence_ids, self.choices, strict=True)
         ]
+
+
+def _prompt_bytes(prompt: TextPrompt) -> int:
+    if not isinstance(prompt.prompt, str):
+        return len(prompt.prompt)
+    text = sum(len(str(m.get("content") or "").encode()) for m in prompt.messages)
+    return max(1, text + len(prompt.prompt.encode()))
 
 
 def new_response_id(endpoint: Endpoint) -> str:
@@ -237,6 +276,10 @@ async def plan_chat(
     """
     model = resolve_model(request.model, engine, config)
     _check_n(request.n, 1, config)
+    if engine.output_kind is OutputKind.TEXT:
+        messages = tuple(m.model_dump(mode="json") for m in request.messages)
+        text = TextPrompt(Endpoint.CHAT, messages, stop=tuple(request.stop))
+        return _text_plan(request, response_id, engine, config, model, [text], [""])
     render = functools.partial(
         template.prompt,
         request.messages,
@@ -271,6 +314,8 @@ async def plan_completion(
     model = resolve_model(request.model, engine, config)
     prompts = request.prompts
     _check_n(request.n, len(prompts), config)
+    if engine.output_kind is OutputKind.TEXT:
+        return _text_completion_plan(request, response_id, engine, config, model)
     tokenizer = engine.tokenizer
     vocab_size = len(tokenizer.pieces)
     context = engine.model.context_length
@@ -300,6 +345,63 @@ async def plan_completion(
         token_ids.append(ids)
         echoes.append(echo if request.echo else "")
     return _plan(request, response_id, engine, config, model, token_ids, echoes)
+
+
+def _text_completion_plan(
+    request: CompletionRequest,
+    response_id: str,
+    engine: Engine,
+    config: ServerConfig,
+    model: str,
+) -> Plan:
+    texts: list[TextPrompt] = []
+    echoes: list[str] = []
+    for i, prompt in enumerate(request.prompts):
+        if request.echo and not isinstance(prompt, str):
+            param = "prompt" if len(request.prompts) == 1 else f"prompt[{i}]"
+            raise RequestError(
+                "echo of a token-id prompt needs the model's tokenizer, which this "
+                "model's engine (an upstream server) does not share",
+                param=param,
+            )
+        one = prompt if isinstance(prompt, str) else tuple(prompt)
+        texts.append(
+            TextPrompt(Endpoint.COMPLETION, prompt=one, stop=tuple(request.stop))
+        )
+        echoes.append(prompt if request.echo and isinstance(prompt, str) else "")
+    return _text_plan(request, response_id, engine, config, model, texts, echoes)
+
+
+def _text_plan(
+    request: ChatCompletionRequest | CompletionRequest,
+    response_id: str,
+    engine: Engine,
+    config: ServerConfig,
+    model: str,
+    texts: list[TextPrompt],
+    echoes: list[str],
+) -> Plan:
+    if request.top_logprobs_k is not None:
+        raise RequestError(
+            "logprobs are not available from this model's engine (an upstream server)",
+            param="logprobs",
+        )
+    if request.stop_token_ids:
+        raise RequestError(
+            "stop_token_ids need the model's vocabulary, which this model's engine "
+            "(an upstream server) does not share",
+            param="stop_token_ids",
+        )
+    requested = request.requested_max_tokens
+    max_tokens = requested if requested is not None else config.default_max_tokens
+    texts = [dataclasses.replace(t, max_tokens=max_tokens) for t in texts]
+    # Without a tokenizer the window is the upstream's to enforce; the bound
+    # here is for quotas only.
+    params = _sampling(
+        request, max_tokens or engine.model.context_length, vocab_size=None
+    )
+    plan = _plan_of(request, response_id, model, [[] for _ in texts], echoes, params)
+    return dataclasses.replace(plan, text_prompts=tuple(texts))
 
 
 def _check_n(n: int, prompts: int, config: ServerConfig) -> None:
@@ -352,6 +454,18 @@ def _plan(
         max_tokens_param=request.max_tokens_param,
     )
     params = _sampling(request, max_tokens, len(engine.tokenizer.pieces))
+    return _plan_of(request, response_id, model, prompts, echoes, params)
+
+
+def _plan_of(
+    request: ChatCompletionRequest | CompletionRequest,
+    response_id: str,
+    model: str,
+    prompts: list[list[int]],
+    echoes: list[str],
+    params: SamplingParams,
+) -> Plan:
+    chat = isinstance(request, ChatCompletionRequest)
     choices = tuple(
         ChoicePlan(p, _seeded(params, i), echoes[p])
         for p in range(len(prompts))
@@ -384,12 +498,15 @@ def _plan(
 def _sampling(
     request: ChatCompletionRequest | CompletionRequest,
     max_tokens: int,
-    vocab_size: int,
+    vocab_size: int | None,
 ) -> SamplingParams:
+    """``vocab_size``: token ids are checked against it; ``None`` (an engine
+    that takes text, whose vocabulary is its own): passed on unchecked."""
     bias = request.logit_bias or {}
-    _checked_ids([int(k) for k in bias], vocab_size, "logit_bias", "token ids")
     stop_ids = request.stop_token_ids
-    _checked_ids(stop_ids, vocab_size, "stop_token_ids", "token ids")
+    if vocab_size is not None:
+        _checked_ids([int(k) for k in bias], vocab_size, "logit_bias", "token ids")
+        _checked_ids(stop_ids, vocab_size, "stop_token_ids", "token ids")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from sluicegate.core.errors import (
     BodyTooLarge,
     EngineError,
+    EngineRefused,
     EngineUnavailable,
     ModelNotFound,
     RequestError,
@@ -81,7 +82,8 @@ def status_of(error: SluicegateError | Fail) -> int:
             ended a non-streamed response.
 
     Returns:
-        The status: from ``STATUS_OF_CLASS`` for an exception (by its class,
+        The status: an ``EngineRefused``'s own; from ``STATUS_OF_CLASS`` for
+        any other exception (by its class,
         then its bases in method resolution order), from ``STATUS_OF_CODE`` for
         a ``Fail`` (500 for a code not there).
 
@@ -91,6 +93,8 @@ def status_of(error: SluicegateError | Fail) -> int:
     """
     if isinstance(error, Fail):
         return STATUS_OF_CODE.get(error.code or "", 500)
+    if isinstance(error, EngineRefused):
+        return error.status  # the engine's own (an upstream server's answer)
     for cls in type(error).__mro__:
         status = STATUS_OF_CLASS.get(cls)
         if status is not None:
