@@ -49,7 +49,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -62,7 +62,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sluicegate.core.chunks import Endpoint, dumps, error_payload
 from sluicegate.core.endstate import EndState
-from sluicegate.core.errors import EngineError, EngineRefused, RequestError
+from sluicegate.core.errors import (
+    EngineError,
+    EngineRefused,
+    ModelNotFound,
+    RequestError,
+)
 from sluicegate.engines.base import Engine
 from sluicegate.server.access import API_KEY, Access
 from sluicegate.server.admission import (
@@ -82,6 +87,7 @@ from sluicegate.server.generation import Generation
 from sluicegate.server.json_response import CompletionResponse
 from sluicegate.server.ledger import Ledger, LedgerRow
 from sluicegate.server.metrics import CONTENT_TYPE, Metrics
+from sluicegate.server.models import ServedModel, ServedModels
 from sluicegate.server.openapi import openapi_document
 from sluicegate.server.prepare import (
     Plan,
@@ -89,7 +95,6 @@ from sluicegate.server.prepare import (
     new_response_id,
     plan_chat,
     plan_completion,
-    resolve_model,
 )
 from sluicegate.server.schemas import (
     ChatCompletionRequest,
@@ -101,7 +106,6 @@ from sluicegate.server.shutdown import Drain
 from sluicegate.server.sse_response import BODY_SEND, EventStreamResponse
 from sluicegate.server.statuses import CLIENT_CLOSED, status_of
 from sluicegate.server.streaming import StreamLimits
-from sluicegate.server.templates import ChatTemplate
 
 __all__ = ["create_app"]
 
@@ -118,33 +122,43 @@ _Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
 EXACT_RETRY_AFTER_BYTES = 64 * 1024
 
 
-def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
+def create_app(
+    engine: Engine | Sequence[Engine], config: ServerConfig | None = None
+) -> Starlette:
     """The ASGI app serving ``engine`` with ``config`` (defaults when ``None``).
 
-    The app's ``state`` holds ``engine``, ``config``, ``ledger`` (a ``Ledger``
+    ``engine`` may be several, one per model id (``models.py``): the first is
+    the default model, the one ``/metrics`` and ``/engine/stats`` describe unless
+    asked for another (``/engine/stats?model=ID``).
+
+    The app's ``state`` holds ``engine`` (the default one), ``models``
+    (``ServedModels``), ``config``, ``ledger`` (a ``Ledger``
     with one row per request, in ``config.ledger_path`` when set), ``live`` (the
     running responses' buffers), ``drain`` (``Drain``: run it to shut down
     gracefully) and ``metrics`` (``Metrics``; ``serve`` counts the connection
-    refusals of ``connections.py`` with its ``refuse``). On shutdown the engine
-    is closed (every KV cell freed), then the ledger (what its writer thread
-    holds is committed first). The chat template is compiled here, so a model
+    refusals of ``connections.py`` with its ``refuse``). On shutdown every
+    engine is closed (every KV cell freed), then the ledger (what its writer
+    thread holds is committed first). The chat template is compiled here, so a model
     whose template does not compile fails at startup, not per request.
 
     Raises:
         jinja2.TemplateSyntaxError: the model's chat template does not compile.
+        ValueError: two engines serve the same model id.
 
     Spec: OpenAI API reference, "Create chat completion", "Create completion".
     """
-    routes = _Routes(engine, config or ServerConfig())
+    engines = [engine] if not isinstance(engine, Sequence) else list(engine)
+    routes = _Routes(engines, config or ServerConfig())
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loop_lag = routes.metrics_.watch_loop()
         yield
         loop_lag.stop()
-        await engine.aclose()
+        for served in routes.models:
+            await served.engine.aclose()
         await routes.ledger.aclose()
-        stats = engine.stats()
+        stats = routes.engine.stats()
         logger.info(
             "stopped: %d KV cells used, %d running, %d queued; ledger closed",
             stats.kv_cells_used,
@@ -156,7 +170,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
-            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/v1/models", routes.list_models, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
             Route("/ready", routes.ready, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
@@ -167,7 +181,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None) -> Starlette:
         lifespan=lifespan,
     )
     app.guard = routes.guard
-    app.state.engine = engine
+    app.state.engine = routes.engine
+    app.state.models = routes.models
     app.state.config = routes.config
     app.state.ledger = routes.ledger
     app.state.live = routes.live
@@ -195,10 +210,10 @@ class _App(Starlette):
 class _Routes:
     """The endpoints, sharing one engine, config, chat template and ledger."""
 
-    def __init__(self, engine: Engine, config: ServerConfig) -> None:
-        self.engine = engine
+    def __init__(self, engines: Sequence[Engine], config: ServerConfig) -> None:
+        self.models = ServedModels(engines, config.model_aliases, config.chat_template)
+        engine = self.engine = self.models.default.engine
         self.config = config
-        self.template = ChatTemplate(engine.tokenizer, config.chat_template)
         self.ledger = Ledger(config.ledger_path)
         self.admission = Admission(
             config.api_keys,
@@ -243,24 +258,32 @@ class _Routes:
     async def completions(self, request: Request) -> ASGIApp:
         return await self._generate(request, Endpoint.COMPLETION, self._plan_completion)
 
-    async def models(self, request: Request) -> Response:
-        model = self.engine.model
-        card = {
-            "id": model.id,
-            "object": "model",
-            "created": model.created,
-            "owned_by": model.owned_by,
-            "context_length": model.context_length,
-        }
-        return _json({"object": "list", "data": [card]})
+    async def list_models(self, request: Request) -> Response:
+        cards = []
+        for served in self.models:
+            model = served.engine.model
+            cards.append(
+                {
+                    "id": model.id,
+                    "object": "model",
+                    "created": model.created,
+                    "owned_by": model.owned_by,
+                    "context_length": model.context_length,
+                }
+            )
+        return _json({"object": "list", "data": cards})
 
     async def openapi(self, request: Request) -> Response:
         return _json(self._openapi)
 
     async def health(self, request: Request) -> Response:
-        failure = self.engine.stats().failure
-        if failure is not None:
-            return _json({"status": "engine_failed", "failure": failure}, 503)
+        for served in self.models:
+            failure = served.engine.stats().failure
+            if failure is not None:
+                payload = {"status": "engine_failed", "failure": failure}
+                if len(self.models) > 1:
+                    payload["model"] = served.id
+                return _json(payload, 503)
         return _json({"status": "draining" if self.drain.draining else "ok"})
 
     async def ready(self, request: Request) -> Response:
@@ -279,43 +302,49 @@ class _Routes:
         )
 
     async def engine_stats(self, request: Request) -> Response:
-        return _json(dataclasses.asdict(self.engine.stats()))
+        try:
+            served = self.models.resolve(request.query_params.get("model"))
+        except ModelNotFound as exc:
+            return _error_response(exc, self.config.retry_after_s)
+        return _json(dataclasses.asdict(served.engine.stats()))
 
     async def _plan_chat(
         self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
     ) -> Plan:
         request = parse_chat_request(body)
-        self._check_admissible(key, request, small)
+        served = self._check_admissible(key, request, small)
         return await plan_chat(
-            request, response_id, self.engine, self.template, self.config
+            request, response_id, served.engine, served.template, self.config
         )
 
     async def _plan_completion(
         self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
     ) -> Plan:
         request = parse_completion_request(body)
-        self._check_admissible(key, request, small)
-        return await plan_completion(request, response_id, self.engine, self.config)
+        served = self._check_admissible(key, request, small)
+        return await plan_completion(request, response_id, served.engine, self.config)
 
     def _check_admissible(
         self,
         key: ApiKey | None,
         request: ChatCompletionRequest | CompletionRequest,
         small: bool,
-    ) -> None:
+    ) -> ServedModel:
         """Validate, then admission, then template: refuse what admission would
         refuse however the prompt tokenizes (403, 400, 429) before the template
         and the tokenizer run, by admitting the least the plan reserves and
         giving it back (``_admit`` admits the plan's own reserve after). A
         ``small`` request short only of tokens goes on to be planned, so that its
-        429 names the wait for its real reserve (see ``EXACT_RETRY_AFTER_BYTES``)."""
-        model = resolve_model(request.model, self.engine, self.config)
+        429 names the wait for its real reserve (see ``EXACT_RETRY_AFTER_BYTES``).
+        Returns the model the request names (404 for none served)."""
+        served = self.models.resolve(request.model)
         tokens, sequences = admission_floor(request)
         try:
-            self.admission.admit(key, model, tokens, sequences).refund()
+            self.admission.admit(key, served.id, tokens, sequences).refund()
         except OverQuota as error:
             if not (small and error.tokens_only):
                 raise
+        return served
 
     async def _generate(
         self, request: Request, endpoint: Endpoint, planner: _Planner
@@ -379,7 +408,8 @@ class _Routes:
         grant = meter.grant = self.admission.admit(
             key, plan.header.model, plan.reserve_tokens, len(plan.choices)
         )
-        generation = Generation(self.engine, plan)
+        engine = self.models.resolve(plan.header.model).engine
+        generation = Generation(engine, plan)
         try:
             generation.start()
             if generation.awaits_acceptance:

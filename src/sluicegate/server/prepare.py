@@ -262,10 +262,13 @@ async def plan_chat(
     request: ChatCompletionRequest,
     response_id: str,
     engine: Engine,
-    template: ChatTemplate,
+    template: ChatTemplate | None,
     config: ServerConfig,
 ) -> Plan:
     """Check and tokenize a chat request (a long prompt in a worker thread).
+
+    ``template`` renders the messages for an engine that takes token ids;
+    ``None`` for one that takes text, which gets the messages themselves.
 
     Raises:
         ModelNotFound: 404, unknown model.
@@ -280,6 +283,7 @@ async def plan_chat(
         messages = tuple(m.model_dump(mode="json") for m in request.messages)
         text = TextPrompt(Endpoint.CHAT, messages, stop=tuple(request.stop))
         return _text_plan(request, response_id, engine, config, model, [text], [""])
+    assert template is not None, "an engine of token ids has a chat template"
     render = functools.partial(
         template.prompt,
         request.messages,
