@@ -170,8 +170,10 @@ def _huge_string(draw: st.DrawFn) -> str:
     return _text(piece * (chars // len(piece)))
 
 
-def _schema_values(node: Mapping[str, Any], defs: Mapping[str, Any]) -> Any:
+def _schema_values(node: Mapping[str, Any] | bool, defs: Mapping[str, Any]) -> Any:
     """Python values of one JSON schema node (a subset: what pydantic writes)."""
+    if isinstance(node, bool):  # ``true``: any value; ``false``: none
+        return JSON if node else st.nothing()
     if "$ref" in node:
         return _schema_values(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
     if "anyOf" in node:

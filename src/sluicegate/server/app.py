@@ -237,6 +237,7 @@ class _Routes:
             max_buffer_bytes=config.max_stream_buffer_bytes,
             stuck_timeout_s=config.stuck_stream_timeout_s,
             interval_s=config.stream_interval_s,
+            retain_frames=config.stream_retain_frames,
         )
 
     def guard(self, scope: Scope) -> Response | None:

@@ -58,6 +58,9 @@ class ServerConfig:
             stream is aborted.
         stream_interval_s: pacing, at most one event per stream per interval
             (the first token excepted); 0 disables.
+        stream_retain_frames: frames of each event stream kept in its event log
+            once written (frames; 0: none). Nothing replays them yet: the seam
+            for resumable streams.
         ledger_path: the SQLite ledger file; ``None`` keeps rows in memory only.
         chat_template: Jinja source that replaces the model's chat template
             (``--chat-template FILE``); ``None`` keeps the model's own.
@@ -78,6 +81,7 @@ class ServerConfig:
     max_stream_buffer_bytes: int = 1024 * 1024
     stuck_stream_timeout_s: float = 30.0
     stream_interval_s: float = 0.0
+    stream_retain_frames: int = 0
     ledger_path: Path | None = None
     chat_template: str | None = None
 
@@ -106,6 +110,10 @@ class ServerConfig:
                 "expected stuck_stream_timeout_s > 0 and max_stream_buffer_bytes >= 1, "
                 f"got {self.stuck_stream_timeout_s!r} and "
                 f"{self.max_stream_buffer_bytes!r}"
+            )
+        if self.stream_retain_frames < 0:
+            raise ValueError(
+                f"stream_retain_frames must be >= 0, got {self.stream_retain_frames!r}"
             )
         if self.stream_interval_s < 0:
             raise ValueError(

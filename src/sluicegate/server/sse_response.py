@@ -1,8 +1,9 @@
 """The ASGI app that streams one generation as OpenAI chunks over SSE.
 
 ``EventStreamResponse`` sends the headers, then loops: wait on the stream's
-buffer, feed what came to the ``StreamMachine``, hand the frames to the writer
-(``writers.py``), and a heartbeat when ``WriteWatch`` says the stream was silent.
+buffer, feed what came to the ``StreamMachine``, number its frames in the
+response's ``EventLog``, hand them to the writer (``writers.py``), and a
+heartbeat when ``WriteWatch`` says the stream was silent.
 It reports what happened (each write's outcome, the client leaving, a slow
 client given up on) to the machine, whose ``outcome`` is the end state the
 ledger records.
@@ -37,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 from sluicegate.core.chunks import ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.event_log import EventLog
 from sluicegate.core.events import Fail, Heartbeat, StreamEvent
 from sluicegate.core.stream import StreamMachine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
@@ -117,6 +119,8 @@ class EventStreamResponse:
     ) -> None:
         self._generation = generation
         self._machine = StreamMachine(header)
+        self.log = EventLog(limits.retain_frames)
+        """Every frame of the body, numbered, in the order written."""
         self._limits = limits
         self._on_end = on_end
         self._live = live if live is not None else LiveStreams()
@@ -129,7 +133,8 @@ class EventStreamResponse:
             await start(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
             )
-            await _send_body(send, b"".join(machine.start()))
+            self.log.append(machine.start())
+            await _send_body(send, b"".join(self.log.take()))
             machine.wrote()
             await self._stream(receive, send)
         except asyncio.CancelledError:
@@ -187,7 +192,8 @@ class EventStreamResponse:
         )
         paced = limits.interval_s > 0
         make_writer = TaskWriter if paced else type(self).writer
-        writer = make_writer(machine, send, watch, buffer)
+        log = self.log
+        writer = make_writer(machine, send, watch, buffer, log)
         try:
             while machine.end_state is None:
                 await buffer.wait()
@@ -201,7 +207,8 @@ class EventStreamResponse:
                 frames = self._frames(events)
                 if not frames:
                     continue
-                if not await writer.write(b"".join(frames)):
+                log.append(frames)
+                if not await writer.write(b"".join(log.take())):
                     return
                 if events[0] is _HEARTBEAT:
                     self._live.heartbeats_sent += 1
@@ -232,8 +239,9 @@ class EventStreamResponse:
             frames = machine.feed(fail)
         except LocalProtocolError:
             return  # the machine had ended: its outcome is what was written
+        self.log.append(frames)
         try:
-            await _send_body(send, b"".join(frames))
+            await _send_body(send, b"".join(self.log.take()))
         except OSError:
             machine.write_failed()
             return

@@ -80,6 +80,8 @@ class StreamLimits:
             bytes; longer aborts the stream.
         interval_s: after a write with content, seconds before the next one
             (0: write as soon as events come); what comes meanwhile is coalesced.
+        retain_frames: frames of an event stream its ``EventLog`` keeps once
+            written, for ``replay`` (frames; 0: none, the live path only).
     """
 
     heartbeat_interval_s: float = 15.0
@@ -88,6 +90,7 @@ class StreamLimits:
     max_buffer_bytes: int = 1 << 20
     stuck_timeout_s: float = 30.0
     interval_s: float = 0.0
+    retain_frames: int = 0
 
 
 @contextlib.contextmanager
