@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from sluicegate.core.endstate import EndState, classify
+from sluicegate.core.endstate import EndState, classify, classify_body
 
 ERROR = {"message": "boom", "type": "server_error", "param": None, "code": None}
 
@@ -56,3 +56,20 @@ def test_end_states_are_wire_strings() -> None:
         "aborted",
         "truncated",
     ]
+
+
+@pytest.mark.parametrize(
+    ("client_gone", "failed", "written", "state"),
+    [
+        (False, False, True, EndState.FINISHED),
+        (False, True, True, EndState.ERRORED),
+        (True, False, False, EndState.ABORTED),
+        (True, True, False, EndState.ABORTED),  # gone first: nothing was answered
+        (False, False, False, EndState.ABORTED),  # the body did not go out
+        (False, True, False, EndState.ABORTED),
+    ],
+)
+def test_a_json_body_is_classified_by_its_own_rule(
+    client_gone: bool, failed: bool, written: bool, state: EndState
+) -> None:
+    assert classify_body(client_gone, failed, written) is state

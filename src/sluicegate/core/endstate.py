@@ -2,7 +2,8 @@
 
 The server's ledger (through ``StreamMachine.outcome``, on the frames it wrote),
 the client and the conformance checker (on the bytes they received) all call
-``classify``, so they agree on every request's end.
+``classify``, so they agree on every request's end. A non-streamed response
+(one JSON body) has its own, shorter rule: ``classify_body``.
 
 Spec: docs/DESIGN.md, "End states".
 """
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["EndState", "classify"]
+__all__ = ["EndState", "classify", "classify_body"]
 
 
 class EndState(StrEnum):
@@ -73,3 +74,25 @@ def classify(
     if client_gone:
         return EndState.ABORTED
     return EndState.TRUNCATED
+
+
+def classify_body(client_gone: bool, failed: bool, written: bool) -> EndState:
+    """Classify one non-streamed response (one JSON body), first rule that holds.
+
+    1. ``client_gone`` before the generation ended: ``ABORTED`` (nothing sent).
+    2. not ``written`` (the connection broke under the body): ``ABORTED``.
+    3. ``failed`` (the generation ended with an error, answered with its error
+       status and body): ``ERRORED``.
+    4. Otherwise: ``FINISHED`` (the whole body went out with status 200).
+
+    A refusal before the generation started is ``REJECTED`` and never gets here.
+
+    Args:
+        client_gone: the client disconnected while the generation ran.
+        failed: the generation ended with a failure instead of its ``End``.
+        written: the body (a completion, or the error) was handed to the
+            connection without an error.
+    """
+    if client_gone or not written:
+        return EndState.ABORTED
+    return EndState.ERRORED if failed else EndState.FINISHED
