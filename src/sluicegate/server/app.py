@@ -46,9 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -60,11 +58,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sluicegate.core.chunks import Endpoint, dumps, error_payload
+from sluicegate.core.chunks import Endpoint
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import (
     EngineError,
-    EngineRefused,
     ModelNotFound,
     RequestError,
 )
@@ -75,9 +72,15 @@ from sluicegate.server.admission import (
     Admission,
     AdmissionError,
     ApiKey,
-    Grant,
     OverQuota,
     Unavailable,
+)
+from sluicegate.server.answers import (
+    error_response,
+    http_error,
+    json_answer,
+    nothing,
+    server_error,
 )
 from sluicegate.server.bodies import read_json_object
 from sluicegate.server.buffer import LiveStreams
@@ -85,7 +88,8 @@ from sluicegate.server.config import ServerConfig
 from sluicegate.server.disconnect import DisconnectRace
 from sluicegate.server.generation import Generation
 from sluicegate.server.json_response import CompletionResponse
-from sluicegate.server.ledger import Ledger, LedgerRow
+from sluicegate.server.ledger import Ledger
+from sluicegate.server.meter import Meter
 from sluicegate.server.metrics import CONTENT_TYPE, Metrics
 from sluicegate.server.models import ServedModel, ServedModels
 from sluicegate.server.openapi import openapi_document
@@ -104,7 +108,7 @@ from sluicegate.server.schemas import (
 )
 from sluicegate.server.shutdown import Drain
 from sluicegate.server.sse_response import BODY_SEND, EventStreamResponse
-from sluicegate.server.statuses import CLIENT_CLOSED, status_of
+from sluicegate.server.statuses import CLIENT_CLOSED
 from sluicegate.server.streaming import StreamLimits
 
 __all__ = ["create_app"]
@@ -177,7 +181,7 @@ def create_app(
             Route("/engine/stats", routes.engine_stats, methods=["GET"]),
             Route("/openapi.json", routes.openapi, methods=["GET"]),
         ],
-        exception_handlers={HTTPException: _http_error, Exception: _server_error},
+        exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
     app.guard = routes.guard
@@ -250,7 +254,7 @@ class _Routes:
             scope[API_KEY] = self.access.check(scope)
         except AdmissionError as exc:
             self.metrics_.refuse(exc.code)
-            return _error_response(exc, self.config.retry_after_s)
+            return error_response(exc, self.config.retry_after_s)
         return None
 
     async def chat_completions(self, request: Request) -> ASGIApp:
@@ -272,10 +276,10 @@ class _Routes:
                     "context_length": model.context_length,
                 }
             )
-        return _json({"object": "list", "data": cards})
+        return json_answer({"object": "list", "data": cards})
 
     async def openapi(self, request: Request) -> Response:
-        return _json(self._openapi)
+        return json_answer(self._openapi)
 
     async def health(self, request: Request) -> Response:
         for served in self.models:
@@ -284,13 +288,13 @@ class _Routes:
                 payload = {"status": "engine_failed", "failure": failure}
                 if len(self.models) > 1:
                     payload["model"] = served.id
-                return _json(payload, 503)
-        return _json({"status": "draining" if self.drain.draining else "ok"})
+                return json_answer(payload, 503)
+        return json_answer({"status": "draining" if self.drain.draining else "ok"})
 
     async def ready(self, request: Request) -> Response:
         if self.drain.draining:
-            return _error_response(self._draining(), self.config.retry_after_s)
-        return _json({"status": "ready"})
+            return error_response(self._draining(), self.config.retry_after_s)
+        return json_answer({"status": "ready"})
 
     async def metrics(self, request: Request) -> Response:
         return Response(self.metrics_.render(), media_type=CONTENT_TYPE)
@@ -306,8 +310,8 @@ class _Routes:
         try:
             served = self.models.resolve(request.query_params.get("model"))
         except ModelNotFound as exc:
-            return _error_response(exc, self.config.retry_after_s)
-        return _json(dataclasses.asdict(served.engine.stats()))
+            return error_response(exc, self.config.retry_after_s)
+        return json_answer(dataclasses.asdict(served.engine.stats()))
 
     async def _plan_chat(
         self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
@@ -352,15 +356,15 @@ class _Routes:
     ) -> ASGIApp:
         """Everything up to the first byte; then the streaming or JSON response."""
         # scope["path"], not request.url.path: that builds a URL per request.
-        meter = _Meter(self.ledger, new_response_id(endpoint), request.scope["path"])
+        meter = Meter(self.ledger, new_response_id(endpoint), request.scope["path"])
         meter.metrics = self.metrics_
         try:
             generation = await self._admit(request, planner, meter)
         except ClientDisconnect:  # gone while sending its body: nothing to answer
             meter.record(EndState.ABORTED, CLIENT_CLOSED)
-            return _nothing
+            return nothing
         except (RequestError, EngineError, AdmissionError) as exc:
-            response = _error_response(exc, self.config.retry_after_s)
+            response = error_response(exc, self.config.retry_after_s)
             meter.record(EndState.REJECTED, response.status_code)
             return response
         finally:
@@ -379,7 +383,7 @@ class _Routes:
         )
 
     async def _admit(
-        self, request: Request, planner: _Planner, meter: _Meter
+        self, request: Request, planner: _Planner, meter: Meter
     ) -> Generation:
         """Draining, body (the key was checked by ``guard``), validation, model
         access and quota (for the least the request can reserve), template and
@@ -426,129 +430,3 @@ class _Routes:
             grant.refund()  # the engine refused it (a full queue): it cost nothing
             raise
         return generation
-
-
-class _Meter:
-    """What the ledger row of one request needs, gathered as the request goes."""
-
-    __slots__ = (
-        "generation",
-        "grant",
-        "key_id",
-        "ledger",
-        "metrics",
-        "path",
-        "plan",
-        "received_at",
-        "recorded",
-        "response_id",
-    )
-
-    def __init__(self, ledger: Ledger, response_id: str, path: str) -> None:
-        self.ledger = ledger
-        self.response_id = response_id
-        self.path = path
-        self.received_at = time.time()
-        self.plan: Plan | None = None
-        self.generation: Generation | None = None
-        self.key_id = ANONYMOUS
-        self.grant: Grant | None = None
-        self.metrics: Metrics | None = None
-        self.recorded = False
-
-    def open(self) -> None:
-        """Write this admitted request's ``open`` row (the status it will have:
-        200 for a stream, 0 until a JSON answer's status is known)."""
-        if self.ledger.path is None:
-            return  # memory only: nothing to recover after a crash
-        plan = self.plan
-        status = 200 if plan is not None and plan.stream else 0
-        self.ledger.open(self._row(EndState.FINISHED, status), self.progress)
-
-    def progress(self) -> tuple[int, float | None]:
-        """Completion tokens so far and the first token's time, for the ledger."""
-        generation = self.generation
-        if generation is None:
-            return 0, None
-        return generation.usage.completion_tokens, generation.first_token_at
-
-    def record(self, state: EndState, status: int) -> None:
-        """Append this request's row to the ledger (once)."""
-        self.recorded = True
-        row = self._row(state, status)
-        if self.grant is not None:  # give back what was reserved and not used
-            self.grant.release(row.prompt_tokens + row.completion_tokens)
-        self.ledger.record(row)
-        if self.metrics is not None:
-            self.metrics.observe(row)
-
-    def _row(self, state: EndState, status: int) -> LedgerRow:
-        plan, generation = self.plan, self.generation
-        usage = generation.usage if generation else None
-        return LedgerRow(
-            request_id=self.response_id,
-            endpoint=self.path,
-            model=plan.header.model if plan else None,
-            status=status,
-            end_state=state,
-            prompt_tokens=(
-                usage.prompt_tokens if usage else plan.prompt_tokens if plan else 0
-            ),
-            completion_tokens=usage.completion_tokens if usage else 0,
-            finish_reasons=generation.finish_reasons if generation else (),
-            received_at=self.received_at,
-            first_token_at=generation.first_token_at if generation else None,
-            ended_at=time.time(),
-            key_id=self.key_id,
-        )
-
-
-async def _nothing(scope: Scope, receive: Receive, send: Send) -> None:
-    """An ASGI app that sends nothing (the client is gone)."""
-
-
-def _json(
-    payload: Any, status: int = 200, headers: dict[str, str] | None = None
-) -> Response:
-    return Response(dumps(payload), status, headers, media_type="application/json")
-
-
-def _error_response(
-    exc: RequestError | EngineError | AdmissionError, retry_after_s: int
-) -> Response:
-    status = status_of(exc)
-    if isinstance(exc, EngineRefused):
-        payload = error_payload(str(exc), exc.error_type, exc.param, exc.error_code)
-        wait = exc.retry_after_s
-        headers = {"Retry-After": str(math.ceil(wait))} if wait is not None else None
-        return _json(payload, status, headers)
-    if isinstance(exc, RequestError):
-        payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
-        return _json(payload, status)
-    if isinstance(exc, AdmissionError):
-        payload = error_payload(exc.message, exc.error_type, None, exc.code)
-        retry = exc.retry_after_s
-        headers = {"Retry-After": str(retry)} if retry is not None else None
-        return _json(payload, status, headers)
-    headers = {"Retry-After": str(retry_after_s)} if exc.retryable else None
-    return _json(
-        error_payload(str(exc), "server_error", None, exc.code), status, headers
-    )
-
-
-async def _server_error(request: Request, exc: Exception) -> Response:
-    # Starlette's ServerErrorMiddleware calls this, then re-raises for the log.
-    message = "The server failed while handling this request"
-    return _json(error_payload(message, "server_error", None, "internal_error"), 500)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        message = f"Invalid URL ({request.method} {request.url.path})"
-    elif exc.status_code == 405:
-        message = f"Method {request.method} is not allowed for {request.url.path}"
-    else:
-        message = exc.detail
-    payload = error_payload(message, "invalid_request_error", None, None)
-    return _json(payload, exc.status_code, dict(exc.headers or {}))
