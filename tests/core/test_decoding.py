@@ -271,6 +271,17 @@ def test_a_text_engine_counts_each_prompt_once_by_its_latest_report() -> None:
     )
 
 
+def test_text_usage_is_exact_only_when_the_engine_ended_every_choice() -> None:
+    decoder = ResponseDecoder([ChoiceOptions()] * 2, None, prompt_tokens=0)
+    decoder.feed(0, TextOutput("a", STOP, 1, prompt_tokens=5))
+    decoder.feed(1, TextOutput("b", None, 1, prompt_tokens=5))  # counts, no end
+    assert decoder.usage_estimated
+    decoder.feed(1, TextOutput("", STOP, 0, prompt_tokens=5))
+    assert not decoder.usage_estimated
+    tokens = _decoder()
+    assert not tokens.usage_estimated  # a token engine's counts are its own
+
+
 def test_one_prompt_is_counted_once_without_a_prompt_map() -> None:
     decoder = ResponseDecoder([ChoiceOptions()] * 2, None, prompt_tokens=0)
     decoder.feed(0, TextOutput("a", STOP, 1, prompt_tokens=5))

@@ -319,7 +319,7 @@ async def test_rows_left_open_by_a_dead_server_are_marked_truncated(
     with sqlite3.connect(path) as db:  # what a server killed mid-stream left
         db.execute(
             "INSERT INTO requests SELECT 'dead-0', key_id, endpoint, model, 200, "
-            "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, ? "
+            "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, 0, ? "
             "FROM requests",
             ("0123456789abcdef0123456789abcdef",),
         )
@@ -357,7 +357,7 @@ def test_a_ledger_file_of_the_first_release_is_migrated(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         columns = [c[1] for c in db.execute("PRAGMA table_info(requests)")]
-        assert columns[-1] == "server_id"
+        assert columns[-2:] == ["server_id", "usage_estimated"]
     old, new = read_rows(path)
     assert (old.request_id, old.key_id, old.finish_reasons) == (
         "old-1",

@@ -235,3 +235,22 @@ async def test_a_client_gone_before_the_engine_accepted_aborts_it() -> None:
     row = app.state.ledger.rows[-1]
     assert (row.end_state, row.status) == (EndState.ABORTED, 499)
     await ex.wait_for(lambda: engine.stats().running + engine.stats().queued == 0)
+
+
+async def test_the_ledger_marks_usage_estimated_when_the_engine_never_counted_it() -> (
+    None
+):
+    engine = ScriptedTextEngine(tokens_per_s=10_000)
+    app = _app(engine)
+    await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    assert not app.state.ledger.rows[-1].usage_estimated
+    slow = ScriptedTextEngine(tokens_per_s=50, never_finishes=True)
+    app = _app(slow)
+    ex = Exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(ex.run())
+        await ex.wait_for(ex.has_content)
+        ex.leave()
+    row = app.state.ledger.rows[-1]
+    assert (row.end_state, row.usage_estimated) == (EndState.ABORTED, True)
+    assert row.completion_tokens >= 1

@@ -137,6 +137,7 @@ class ResponseDecoder:
         "_choices",
         "_clock",
         "_continuous_usage",
+        "_counted",
         "_flushed",
         "_pieces",
         "_prompt_of",
@@ -189,6 +190,7 @@ class ResponseDecoder:
         self._prompt_tokens = prompt_tokens
         self._prompt_of = prompt_of
         self._reported_prompts: dict[int, int] = {}  # prompt index -> tokens
+        self._counted: set[int] = set()  # text choices the engine ended counting
         self._continuous_usage = continuous_usage  # read once per token
         self._clock = clock
         self._unread = len(self._choices)
@@ -202,6 +204,14 @@ class ResponseDecoder:
         completion = sum(c.decoder.completion_tokens for c in self._choices)
         prompt = self._prompt_tokens + sum(self._reported_prompts.values())
         return Usage(prompt, completion)
+
+    @property
+    def usage_estimated(self) -> bool:
+        """Whether ``usage`` is an estimate: a text engine did not end every
+        choice with its own counts (a choice cut short by the client, an error
+        or a stop string matched here; or an engine that never reports the
+        prompt's tokens). Token engines' usage is always exact."""
+        return not self._token_decoders and len(self._counted) < len(self._choices)
 
     @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
@@ -268,6 +278,8 @@ class ResponseDecoder:
                     prompt_of = self._prompt_of
                     prompt = 0 if prompt_of is None else prompt_of[index]
                     self._reported_prompts[prompt] = item.prompt_tokens
+                    if item.finish_reason is not None:
+                        self._counted.add(index)
                 text_decoder = self._text_decoders[index]
                 step = text_decoder.feed(item.text, item.completion_tokens)
                 if step.finish_reason is None and item.finish_reason is None:

@@ -90,6 +90,11 @@ class Generation:
         return self._decoder.usage
 
     @property
+    def usage_estimated(self) -> bool:
+        """Whether ``usage`` is an estimate (``ResponseDecoder.usage_estimated``)."""
+        return self._decoder.usage_estimated
+
+    @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
         """Each choice's finish reason, by index (``None`` while open)."""
         return self._decoder.finish_reasons

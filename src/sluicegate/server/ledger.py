@@ -83,6 +83,7 @@ _NAMES = (
     "received_at",
     "first_token_at",
     "ended_at",
+    "usage_estimated",
 )
 _COLUMNS = ", ".join(_NAMES)
 _INSERT = (
@@ -129,6 +130,10 @@ class LedgerRow:
             ``truncated``, ``ended_at`` is the last time the row was written (the
             server was alive then).
         key_id: the API key's id (``anonymous`` without keys), never the key.
+        usage_estimated: the token counts are an estimate, not the engine's own:
+            an upstream server's request cut short before it reported its usage
+            (what arrived is counted, one token per chunk where the upstream
+            gives no counts per chunk).
     """
 
     request_id: str
@@ -143,6 +148,7 @@ class LedgerRow:
     first_token_at: float | None
     ended_at: float
     key_id: str = "anonymous"
+    usage_estimated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +322,7 @@ def _values(row: LedgerRow, state: str, server_id: str) -> tuple[object, ...]:
         row.received_at,
         row.first_token_at,
         row.ended_at,
+        int(row.usage_estimated),
         server_id,
     )
 
@@ -347,8 +354,12 @@ def read_rows(path: Path) -> list[LedgerRow]:
     """
     db = connect(path)
     try:
+        # A file no server of this version has opened yet lacks the newer
+        # columns: read them as their defaults.
+        present = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
+        columns = ", ".join(n if n in present else "0" for n in _NAMES)
         cursor = db.execute(
-            f"SELECT {_COLUMNS} FROM requests WHERE end_state != '{OPEN}' "
+            f"SELECT {columns} FROM requests WHERE end_state != '{OPEN}' "
             "ORDER BY ended_at"
         )
         return [_row(values) for values in cursor]
@@ -358,7 +369,7 @@ def read_rows(path: Path) -> list[LedgerRow]:
 
 def _row(values: tuple[object, ...]) -> LedgerRow:
     (rid, key_id, endpoint, model, status, state, prompt, completion) = values[:8]
-    reasons, received, first, ended = values[8:]
+    reasons, received, first, ended, estimated = values[8:]
     assert isinstance(reasons, str)
     return LedgerRow(
         request_id=str(rid),
@@ -373,6 +384,7 @@ def _row(values: tuple[object, ...]) -> LedgerRow:
         first_token_at=None if first is None else float(str(first)),
         ended_at=float(str(ended)),
         key_id=str(key_id),
+        usage_estimated=bool(estimated),
     )
 
 

@@ -16,7 +16,8 @@ Invariants:
       the batch is committed. Only a statement SQLite refuses for its own data
       (a constraint: a bug) is dropped, alone, and logged in full.
     - At start, before any row: the schema is created or migrated (version 1,
-      the first release's table, gets ``server_id`` and an index of open rows),
+      the first release's table, gets ``server_id`` and an index of open rows;
+      version 2 gets ``usage_estimated``),
       then rows left ``open`` by servers that died are marked ``truncated``.
     - Whether a server is alive is told by a lock: each writer holds an
       exclusive ``flock`` on ``<ledger>-servers/<server_id>.lock`` for its life
@@ -56,8 +57,9 @@ logger = logging.getLogger(__name__)
 OPEN: Final = "open"
 """The ``end_state`` in the file of a request that has not ended yet."""
 
-SCHEMA_VERSION = 2
-"""``PRAGMA user_version`` of a current ledger file (0 or 1: the first release)."""
+SCHEMA_VERSION = 3
+"""``PRAGMA user_version`` of a current ledger file (0 or 1: the first release;
+2: before ``usage_estimated``)."""
 
 _TABLE = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -72,7 +74,8 @@ CREATE TABLE IF NOT EXISTS requests (
     finish_reasons TEXT NOT NULL,
     received_at REAL NOT NULL,
     first_token_at REAL,
-    ended_at REAL NOT NULL
+    ended_at REAL NOT NULL,
+    usage_estimated INTEGER NOT NULL DEFAULT 0
 )
 """
 _OPEN_INDEX = (
@@ -391,6 +394,11 @@ def _migrate(db: sqlite3.Connection) -> None:
         columns = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
         if "server_id" not in columns:
             db.execute("ALTER TABLE requests ADD COLUMN server_id TEXT")
+        if "usage_estimated" not in columns:
+            db.execute(
+                "ALTER TABLE requests ADD COLUMN "
+                "usage_estimated INTEGER NOT NULL DEFAULT 0"
+            )
         db.execute(_OPEN_INDEX)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute("COMMIT")

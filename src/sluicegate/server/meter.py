@@ -100,4 +100,5 @@ class Meter:
             first_token_at=generation.first_token_at if generation else None,
             ended_at=time.time(),
             key_id=self.key_id,
+            usage_estimated=generation.usage_estimated if generation else False,
         )
