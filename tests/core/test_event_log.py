@@ -87,3 +87,29 @@ def test_taken_frames_equal_appended_frames_and_retention_is_bounded(
     assert taken == appended
     start = max(0, len(taken) - retain)
     assert log.replay(start) == taken[start:]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["append", "take", "through"]),
+            st.lists(st.binary(max_size=3), max_size=3),
+        ),
+        max_size=10,
+    ),
+    st.integers(0, 5),
+)
+def test_through_is_append_then_take(steps, retain):
+    log, twin = EventLog(retain), EventLog(retain)
+    for verb, frames in steps:
+        if verb == "append":
+            assert log.append(frames) == twin.append(frames)
+        elif verb == "take":
+            assert log.take() == twin.take()
+        else:
+            twin.append(frames)
+            assert log.through(list(frames)) == twin.take()
+        assert (log.taken_seq, log.appended_seq) == (twin.taken_seq, twin.appended_seq)
+    assert log.replay(max(0, log.taken_seq - retain)) == twin.replay(
+        max(0, twin.taken_seq - retain)
+    )

@@ -102,6 +102,23 @@ class EventLog:
             self._retained.extend(frames)
         return frames
 
+    def through(self, frames: list[bytes]) -> list[bytes]:
+        """``append(frames)`` then ``take()``, for a writer that writes at once.
+
+        The per-token path of a live stream: with nothing untaken it only counts
+        (and retains) ``frames`` and returns that same list.
+
+        Returns:
+            Every frame not yet taken, ``frames`` last.
+        """
+        if self._pending:
+            self._pending.extend(frames)
+            return self.take()
+        self._taken_seq += len(frames)
+        if self._retain_frames:
+            self._retained.extend(frames)
+        return frames
+
     def replay(self, from_seq: int) -> list[bytes]:
         """The frames numbered ``from_seq`` onwards that the writer has taken.
 

@@ -210,6 +210,11 @@ class StreamMachine:
     def wrote(self) -> None:
         """Report that every frame returned so far was written to the connection.
 
+        Only the frames of a ``Finish``, ``End`` or ``Fail`` move ``outcome``: a
+        writer may leave out the report after content frames alone (the eager
+        writer does, once per token), as long as it reports each write that
+        holds one of those.
+
         Raises:
             LocalProtocolError: after ``write_failed()``; nothing changes.
         """

@@ -133,8 +133,7 @@ class EventStreamResponse:
             await start(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
             )
-            self.log.append(machine.start())
-            await _send_body(send, b"".join(self.log.take()))
+            await _send_body(send, b"".join(self.log.through(machine.start())))
             machine.wrote()
             await self._stream(receive, send)
         except asyncio.CancelledError:
@@ -207,8 +206,7 @@ class EventStreamResponse:
                 frames = self._frames(events)
                 if not frames:
                     continue
-                log.append(frames)
-                if not await writer.write(b"".join(log.take())):
+                if not await writer.write(b"".join(log.through(frames))):
                     return
                 if events[0] is _HEARTBEAT:
                     self._live.heartbeats_sent += 1
@@ -239,9 +237,8 @@ class EventStreamResponse:
             frames = machine.feed(fail)
         except LocalProtocolError:
             return  # the machine had ended: its outcome is what was written
-        self.log.append(frames)
         try:
-            await _send_body(send, b"".join(self.log.take()))
+            await _send_body(send, b"".join(self.log.through(frames)))
         except OSError:
             machine.write_failed()
             return

@@ -146,9 +146,7 @@ class EagerWriter(TaskWriter):
         try:
             frames = machine.feed(event)
             if frames:
-                log = self._log
-                log.append(frames)
-                frames = log.take()
+                frames = self._log.through(frames)
                 body = frames[0] if len(frames) == 1 else b"".join(frames)
                 sending = self._send(
                     {"type": "http.response.body", "body": body, "more_body": True}
@@ -164,7 +162,8 @@ class EagerWriter(TaskWriter):
                     # watch.wrote(), inline: no write of the task is in
                     # flight while it waits, so write_started is None already.
                     self._watch.last_write = self._time()
-                    machine.wrote()
+                    if type(event) is not Delta:  # content moves no outcome
+                        machine.wrote()
                 else:  # the socket is behind: the task finishes this write
                     self._watch.writing()
                     self.pending = Resume(steps, waiting_on, self._context)
