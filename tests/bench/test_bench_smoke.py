@@ -47,3 +47,18 @@ def test_core_bench_quick_run_writes_every_path_for_one_and_four_choices(
         }
         assert row["tokens_per_stream"] > 0
         assert row["us_per_token"] > 0
+
+
+def test_calls_bench_counts_calls_per_token_here_and_at_a_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "calls.json"
+    argv = ["--streams", "2", "--tokens", "5", "--against", "HEAD", "--json", str(out)]
+    assert load("calls", monkeypatch).main(argv) == 0
+    report = json.loads(out.read_text())
+    assert (report["benchmark"], report["streams"], report["tokens"]) == ("calls", 2, 5)
+    here, there = report["runs"].values()
+    for run in (here, there):
+        assert run["calls_per_token"] > 5  # a token costs a few calls at least
+        assert run["writes_per_stream"] >= 5  # each token written
+        assert any(name.startswith("sluicegate/") for name in run["functions"])
