@@ -11,6 +11,7 @@ import argparse
 import faulthandler
 import gc
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,6 +67,32 @@ def _model_path(arg: str | None) -> Path:
         return default_model_path(progress)
 
 
+def _build_engines(args: argparse.Namespace) -> list[Engine]:
+    """The local engine (unless only upstreams are asked for), then the upstreams."""
+    upstreams = bool(args.upstream or args.upstreams)
+    engines: list[Engine] = []
+    if args.engine is not None or not upstreams:
+        engines.append(_build_engine(args))
+    if not upstreams:
+        return engines
+    from sluicegate.engines.upstream_file import engines_from_file, engines_from_urls
+
+    try:
+        if args.upstream:
+            local = bool(engines)
+            model_id = args.upstream_model or (
+                "upstream" if local or not args.model_id else args.model_id
+            )
+            engines.append(
+                engines_from_urls(args.upstream, model_id, args.upstream_model)
+            )
+        if args.upstreams is not None:
+            engines.extend(engines_from_file(args.upstreams, os.environ))
+    except ValueError as exc:
+        raise SystemExit(f"sluicegate: upstreams: {exc}") from exc
+    return engines
+
+
 def _build_engine(args: argparse.Namespace) -> Engine:
     if args.engine == "scripted":
         from sluicegate.engines.scripted import ScriptedEngine, parse_faults
@@ -108,17 +135,23 @@ def _serve(args: argparse.Namespace) -> int:
     # with CPython's default 5 ms switch interval a busy event loop delays each
     # decode step by up to that much (bench/engine.py: +10% tokens/s at 8 streams).
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
-    engine = _build_engine(args)
+    engines = _build_engines(args)
+    # httpx logs every upstream request at INFO: one line per stream is noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     template = _chat_template(args.chat_template)
     config = ServerConfig(
         heartbeat_interval_s=args.heartbeat_s,
         chat_template=template,
         **config_fields(args),
     )
-    app = create_app(engine, config)
+    try:
+        app = create_app(engines, config)
+    except ValueError as exc:  # e.g. two models with one id
+        raise SystemExit(f"sluicegate: {exc}") from exc
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
-    log.info("serving %s on http://%s:%d", engine.model.id, args.host, args.port)
+    names = ", ".join(engine.model.id for engine in engines)
+    log.info("serving %s on http://%s:%d", names, args.host, args.port)
     # A fault in native code (llama.cpp) kills the process before Python can
     # log: print the thread stacks and the signal on stderr first.
     if not faulthandler.is_enabled():
@@ -167,7 +200,36 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--model", help="a GGUF file (default: Gemma 3 270M Q4_K_M)")
     serve.add_argument("--model-id", help="the id clients use for the model")
-    serve.add_argument("--engine", choices=["llamacpp", "scripted"], default="llamacpp")
+    serve.add_argument(
+        "--engine",
+        choices=["llamacpp", "scripted"],
+        default=None,
+        help="the local engine (default: llamacpp, or none when upstreams are given)",
+    )
+    serve.add_argument(
+        "--upstream",
+        action="append",
+        metavar="URL",
+        default=[],
+        help=(
+            "an OpenAI-compatible API base to serve a model from, e.g. "
+            "http://10.0.0.5:8000/v1 (repeat for a pool of replicas)"
+        ),
+    )
+    serve.add_argument(
+        "--upstream-model",
+        metavar="NAME",
+        help=(
+            "the model's name on the --upstream servers, also its id here "
+            "(default: --model-id without a local engine, else 'upstream')"
+        ),
+    )
+    serve.add_argument(
+        "--upstreams",
+        type=Path,
+        metavar="FILE",
+        help="a TOML file of models, each with its pool of upstreams",
+    )
     serve.add_argument("--n-ctx", type=int, default=8192, help="KV cells (tokens)")
     serve.add_argument("--parallel", type=int, default=4, help="sequences per step")
     serve.add_argument(

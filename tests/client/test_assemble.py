@@ -180,6 +180,28 @@ def test_tool_call_fragments_are_joined_by_index() -> None:
     assert calls[0].type == "function"
 
 
+def test_a_call_whose_arguments_are_not_whole_json_is_kept_apart() -> None:
+    def tool(fragment: dict[str, object]) -> bytes:
+        return frame(chat_chunk(HEADER, 0, {"tool_calls": [fragment]}))
+
+    parts = [
+        tool({"index": 0, "id": "call_1", "type": "function",
+              "function": {"name": "f", "arguments": ""}}),
+        tool({"index": 0, "function": {"arguments": "{}"}}),
+        tool({"index": 1, "id": "call_2", "type": "function",
+              "function": {"name": "g", "arguments": ""}}),
+        tool({"index": 1, "function": {"arguments": '{"city": "Os'}}),
+        frame(chat_chunk(HEADER, 0, {}, FinishReason.LENGTH)),
+        DONE,
+    ]  # fmt: skip
+    _, result = assemble(parts)
+    choice = result.choices[0]
+    assert [c.id for c in choice.tool_calls] == ["call_1"]
+    assert [(c.id, c.arguments) for c in choice.incomplete_tool_calls] == [
+        ("call_2", '{"city": "Os')
+    ]
+
+
 def test_chat_logprobs_content_entries_are_concatenated() -> None:
     chunk = chat_chunk(HEADER, 0, {"content": "a"})
     chunk["choices"][0]["logprobs"] = {"content": [{"token": "a", "logprob": -1.0}]}

@@ -275,9 +275,9 @@ def test_text_usage_is_exact_only_when_the_engine_ended_every_choice() -> None:
     decoder = ResponseDecoder([ChoiceOptions()] * 2, None, prompt_tokens=0)
     decoder.feed(0, TextOutput("a", STOP, 1, prompt_tokens=5))
     decoder.feed(1, TextOutput("b", None, 1, prompt_tokens=5))  # counts, no end
-    assert decoder.usage_estimated
+    before = decoder.usage_estimated
     decoder.feed(1, TextOutput("", STOP, 0, prompt_tokens=5))
-    assert not decoder.usage_estimated
+    assert (before, decoder.usage_estimated) == (True, False)
     tokens = _decoder()
     assert not tokens.usage_estimated  # a token engine's counts are its own
 

@@ -91,7 +91,14 @@ async def test_a_chat_prompt_goes_to_the_engine_as_messages_not_tokens() -> None
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
     ]
-    body = {"messages": messages, "stop": ["lazy"], "max_tokens": 40, "n": 2}
+    body = {
+        "messages": messages,
+        "stop": ["lazy"],
+        "max_tokens": 40,
+        "n": 2,
+        "temperature": 0.25,
+        "top_k": 5,
+    }
     ex = await exchange(_app(engine), CHAT, {**body, "seed": 7, "stream": True})
     assert ex.status == 200
     assert len(engine.requests) == 2
@@ -106,6 +113,7 @@ async def test_a_chat_prompt_goes_to_the_engine_as_messages_not_tokens() -> None
     assert prompt.stop == ("lazy",)
     assert prompt.max_tokens == 40
     assert (first.params.seed, second.params.seed) == (7, 8)
+    assert prompt.extra == {"temperature": 0.25, "top_k": 5}  # only what was set
 
 
 async def test_max_tokens_left_to_the_engine_when_the_client_sets_none() -> None:

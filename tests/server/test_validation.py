@@ -77,8 +77,24 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
         ({"stream_options": {"include_usage": True}}, "stream_options", ["stream"]),
         (
             {"tools": [{"type": "function"}]},
-            "tools",
-            ["not supported yet (tool calls come in a later release)"],
+            "tools[0].function",
+            ["Missing"],
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+            "tools[0].function.name",
+            ["1 to 64 characters", "'a b'"],
+        ),
+        ({"tool_choice": "required"}, "tool_choice", ["only allowed when 'tools'"]),
+        (
+            {"messages": [{"role": "tool", "content": "1"}]},
+            "messages[0]",
+            ["tool_call_id"],
+        ),
+        (
+            {"messages": [{"role": "user", "content": None}]},
+            "messages[0].content",
+            ["Missing"],
         ),
         ({"logprobs": "yes"}, "logprobs", ["valid boolean", "got 'yes'"]),
         (
@@ -136,9 +152,9 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
             ],
         ),
         (
-            {"response_format": {"type": "json_object"}},
+            {"response_format": {"type": "json_schema"}},
             "response_format",
-            ["not supported yet"],
+            ["needs a 'json_schema' object"],
         ),
     ],
 )

@@ -16,6 +16,10 @@ Invariants:
   delivered its end).
 - Bytes after ``[DONE]`` are ignored.
 
+Tool calls are exposed (``ChoiceResult.tool_calls``) only when their arguments
+are whole JSON; the rest (cut by ``max_tokens``, say) are kept apart, in
+``incomplete_tool_calls``.
+
 Deliberate divergences from the openai client: a ``finish_reason`` counts as a
 finish whatever its value, even ``""`` (``sluicegate check`` grades the value); an
 ``error`` object in a chunk ends the stream as ``errored`` even if the server then
@@ -65,18 +69,29 @@ class _Choice:
         self.tools: dict[int, dict[str, Any]] = {}
 
     def freeze(self, index: int) -> ChoiceResult:
-        calls = tuple(
+        calls = [
             ToolCall(i, t["id"], t["type"], "".join(t["name"]), "".join(t["args"]))
             for i, t in sorted(self.tools.items())
-        )
+        ]
+        complete = [call for call in calls if _whole_json(call.arguments)]
         return ChoiceResult(
             index,
             "".join(self.parts),
             self.finish_reason,
             self.role,
             tuple(self.logprobs),
-            calls,
+            tuple(complete),
+            tuple(call for call in calls if call not in complete),
         )
+
+
+def _whole_json(text: str) -> bool:
+    """Whether a call's arguments are whole JSON: a client may act on it."""
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 class StreamAssembler:

@@ -87,7 +87,10 @@ class ChoiceResult:
         logprobs: per-token entries in order: chat ``logprobs.content`` items;
             for completions one ``{"token", "logprob", "top_logprobs"}`` per
             token, built from the parallel lists.
-        tool_calls: assembled tool calls, by index.
+        tool_calls: assembled tool calls whose arguments are whole JSON, by
+            index: only these are safe to act on.
+        incomplete_tool_calls: calls whose arguments do not parse as JSON (cut
+            short by ``max_tokens``, or broken), by index; never to be run.
     """
 
     index: int
@@ -96,6 +99,7 @@ class ChoiceResult:
     role: str | None = None
     logprobs: tuple[Mapping[str, Any], ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
+    incomplete_tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

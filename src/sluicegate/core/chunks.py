@@ -276,6 +276,7 @@ def chat_completion(
     choices: Sequence[tuple[str, FinishReason | None]],
     usage: Usage,
     logprobs: Sequence[Sequence[LogprobToken] | None] | None = None,
+    tool_calls: Sequence[Sequence[ToolCallFragment]] | None = None,
 ) -> dict[str, Any]:
     """A non-streamed ``chat.completion`` response.
 
@@ -286,14 +287,19 @@ def chat_completion(
         usage: token counts of the whole response.
         logprobs: each choice's tokens (``None`` for a choice, or for all, sends
             ``logprobs: null``).
+        tool_calls: each choice's calls, one whole fragment per call (``id``,
+            ``name`` and all of its ``arguments``), in index order; ``None``
+            or ``()`` for none.
 
     Returns:
         ``choices`` as ``[{index, message: {role: "assistant", content},
-        logprobs, finish_reason}]``, then ``usage``.
+        logprobs, finish_reason}]``, then ``usage``. A choice with calls has
+        ``message.tool_calls`` (``[{id, type: "function", function: {name,
+        arguments}}]``) and ``content: null`` when it has no content text.
 
     Spec: OpenAI API reference, "The chat completion object".
     """
-    return _whole_response(
+    response = _whole_response(
         _head(header, "chat.completion"),
         choices,
         usage,
@@ -301,6 +307,19 @@ def chat_completion(
         lambda content: {"message": {"role": "assistant", "content": content}},
         chat_logprobs,
     )
+    for choice, calls in zip(response["choices"], tool_calls or (), strict=False):
+        if calls:
+            message = choice["message"]
+            message["content"] = message["content"] or None
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in calls
+            ]
+    return response
 
 
 def text_completion(

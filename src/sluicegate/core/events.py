@@ -46,6 +46,8 @@ class FinishReason(StrEnum):
     """An end-of-sequence or stop token, or a stop string matched."""
     LENGTH = "length"
     """``max_tokens`` or the context window was reached."""
+    TOOL_CALLS = "tool_calls"
+    """The turn ended with tool calls (chat with ``tools``; never for a cut call)."""
 
 
 @dataclass(frozen=True, slots=True)

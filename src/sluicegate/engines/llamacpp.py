@@ -63,6 +63,7 @@ from sluicegate.engines.base import (
     OutputKind,
     SamplingParams,
 )
+from sluicegate.engines.llamacpp_grammar import GrammarCompiler, GrammarError
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab, quiet_logs
 from sluicegate.engines.outputs import SequenceOutputs
 
@@ -85,6 +86,7 @@ class _Sequence(Scheduled):
     loop: asyncio.AbstractEventLoop
     outputs: SequenceOutputs[EngineOutput]
     sampler: Any = None
+    constraint: Any = None  # a TokenConstraint, made on the first draw
 
 
 _Plan = list[PlannedChunk[_Sequence]]
@@ -152,6 +154,13 @@ class LlamaCppEngine:
         if not self._model_ptr:
             raise FileNotFoundError(f"cannot load a GGUF model from {str(path)!r}")
         self._tokenizer = LlamaTokenizer(self._model_ptr)
+        self._grammars = GrammarCompiler(self._tokenizer)
+        # llguidance's view of the vocabulary takes about a second to build:
+        # built beside the start-up, not in the worker on the first constrained
+        # request (where every stream would wait for it).
+        threading.Thread(
+            target=self._grammars.lltokenizer, name="llguidance-vocab", daemon=True
+        ).start()
         train_ctx = llama.llama_model_n_ctx_train(self._model_ptr)
         self._n_ctx = min(n_ctx, train_ctx) if train_ctx > 0 else n_ctx
         self._n_parallel = n_parallel
@@ -401,7 +410,7 @@ class LlamaCppEngine:
             rc = llama.llama_decode(self._ctx, batch)
             if rc != 0:
                 raise EngineError(f"llama_decode returned {rc} for a {n}-token batch")
-            sampled = [self._sample(seq, idx) for seq, idx in logits_at]
+            sampled = [self._sample_or_fail(seq, idx) for seq, idx in logits_at]
         except Exception as exc:  # one failed step fails its batch only
             self._fail_batch(plan, exc)
             return
@@ -412,11 +421,29 @@ class LlamaCppEngine:
             self._counters.last_step_tokens = n
             self._counters.prompt_tokens += self._scheduler.advance(plan)
             for seq, token, logprob in sampled:
+                if isinstance(logprob, EngineError):  # its grammar failed: it alone
+                    self._release(seq)
+                    self._counters.failed += 1
+                    self._emit(seq, logprob)
+                    continue
                 self._accept(seq, token, logprob)
             self._refresh_kv_cells()
 
+    def _sample_or_fail(self, seq: _Sequence, idx: int) -> tuple[_Sequence, int, Any]:
+        try:
+            return self._sample(seq, idx)
+        except GrammarError as exc:
+            log.error("sequence %s failed its grammar: %s", seq.request_id, exc)
+            return seq, -1, EngineError(f"constrained decoding failed: {exc}")
+
     def _sample(self, seq: _Sequence, idx: int) -> tuple[_Sequence, int, Any]:
-        token = llama.llama_sampler_sample(seq.sampler, self._ctx, idx)
+        grammar = seq.request.params.grammar
+        if grammar is None:
+            token = llama.llama_sampler_sample(seq.sampler, self._ctx, idx)
+        else:
+            if seq.constraint is None:
+                seq.constraint = self._grammars.constraint(grammar, seq.request.params)
+            token = seq.constraint.sample(seq.sampler, self._ctx, idx)
         k = seq.request.params.logprobs
         if k is None:
             return seq, token, None
@@ -492,6 +519,7 @@ class LlamaCppEngine:
             self._leaked_cells += left
         llama.llama_sampler_free(seq.sampler)
         seq.sampler = None
+        seq.constraint = None
 
     def _refresh_kv_cells(self) -> None:
         # Bookkeeping, not one llama.cpp call per sequence per step: each ctypes

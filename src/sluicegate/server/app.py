@@ -1,4 +1,4 @@
-"""The Starlette app: OpenAI-compatible routes in front of one engine.
+"""The Starlette app: OpenAI-compatible routes in front of one engine or several.
 
 ``create_app(engine, config)`` serves:
 
@@ -7,7 +7,7 @@
   check the context window (400), submit to the engine (503 when its queue is
   full), then answer with an event stream or one JSON body (``sse_response.py``,
   ``json_response.py``);
-- ``GET /v1/models``: the served model, OpenAI list shape, plus
+- ``GET /v1/models``: every served model, OpenAI list shape, plus
   ``context_length``;
 - ``GET /health``: liveness, ``{"status": "ok"}`` (``"draining"`` during a
   graceful shutdown, still 200);
@@ -226,7 +226,7 @@ class _Routes:
         )
         self.live = LiveStreams()
         self.drain = Drain(self.live)
-        self.metrics_ = Metrics(engine, self.live)
+        self.metrics_ = Metrics(engine, self.live, [m.engine for m in self.models])
         self.access = Access(
             self.admission,
             api_keyed=bool(config.api_keys),

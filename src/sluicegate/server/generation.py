@@ -27,9 +27,10 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 
-from sluicegate.core.decoding import ChoiceOptions, OutputItem, ResponseDecoder
+from sluicegate.core.decoding import ChoiceOptions, OutputItem
 from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.core.events import EngineOutput, FinishReason, TextOutput, Usage
+from sluicegate.core.tooldecoder import new_response_decoder
 from sluicegate.engines.base import (
     AcceptingOutputs,
     Engine,
@@ -61,7 +62,8 @@ class Generation:
         self._engine = engine
         self._plan = plan
         self._text = engine.output_kind is OutputKind.TEXT
-        self._decoder = ResponseDecoder(
+        self._decoder = new_response_decoder(
+            plan.tools,
             [
                 ChoiceOptions(c.echo, c.params.stop_token_ids, c.params.ignore_eos)
                 for c in plan.choices

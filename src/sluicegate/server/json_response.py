@@ -18,6 +18,7 @@ object" and "Error codes"; docs/DESIGN.md, "Status first, errors in band".
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -30,8 +31,8 @@ from sluicegate.core.chunks import (
     error_payload,
     text_completion,
 )
-from sluicegate.core.endstate import EndState
-from sluicegate.core.events import Delta, End, Fail
+from sluicegate.core.endstate import EndState, classify_body
+from sluicegate.core.events import Delta, DeltaParts, End, Fail, join_parts
 from sluicegate.core.logprobs import LogprobToken
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.disconnect import DisconnectRace
@@ -80,22 +81,29 @@ class CompletionResponse:
         """Generate, then send ``chat.completion``/``text_completion`` JSON."""
         # Until set below: a bug escaped, and Starlette answers 500.
         state, status = EndState.ERRORED, 500
+        gone = failed = written = False
         try:
             with DisconnectRace(receive) as race:
                 collected, fail = await self._collect()
-            if race.reason is not None:
-                state, status = EndState.ABORTED, CLIENT_CLOSED
+            gone = race.reason is not None
+            if gone:
+                status = CLIENT_CLOSED
                 return
+            failed = fail is not None
             if fail is None:
-                state, status, body = EndState.FINISHED, 200, self._payload(collected)
+                status, body = 200, self._payload(collected)
             else:
-                state, status = EndState.ERRORED, status_of(fail)
+                status = status_of(fail)
                 body = error_payload(fail.message, fail.type, None, fail.code)
-            await _send_json(send, status, body)
-        except OSError:
-            state = EndState.ABORTED  # the status went out (or not); the body did not
+            try:
+                await _send_json(send, status, body)
+                written = True
+            except OSError:
+                pass  # the status went out (or not); the body did not
         finally:
             self._generation.abort_unfinished()
+            if sys.exc_info()[0] is None:  # else a bug: the 500 above
+                state = classify_body(gone, failed, written)
             self._on_end(state, status)
 
     async def _collect(self) -> tuple[_Collected, Fail | None]:
@@ -124,21 +132,27 @@ class CompletionResponse:
             else (None,) * self._header.n
         )
         if self._header.endpoint is Endpoint.CHAT:
-            return chat_completion(self._header, choices, usage, logprobs)
+            calls = [parts.tool_calls if parts else () for parts in collected.parts]
+            return chat_completion(self._header, choices, usage, logprobs, calls)
         return text_completion(self._header, choices, usage, logprobs)
 
 
 class _Collected:
-    """The deltas of a non-streamed response, per choice: text parts, logprobs."""
+    """The deltas of a non-streamed response, per choice: text pieces, logprobs,
+    and tool-call fragments joined per call (``join_parts``)."""
 
     def __init__(self, n: int) -> None:
         self.texts: list[list[str]] = [[] for _ in range(n)]
         self.logprobs: list[list[LogprobToken]] = [[] for _ in range(n)]
+        self.parts: list[DeltaParts | None] = [None] * n
 
     def add(self, delta: Delta) -> None:
         self.texts[delta.index].append(delta.text)
         if delta.logprobs:
             self.logprobs[delta.index].extend(delta.logprobs)
+        if delta.parts is not None:
+            index = delta.index
+            self.parts[index] = join_parts(self.parts[index], delta.parts)
 
 
 async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:

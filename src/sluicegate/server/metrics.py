@@ -26,7 +26,7 @@ Spec: docs/DESIGN.md, "Metrics"; Prometheus, "Exposition formats" (text 0.0.4).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -35,11 +35,17 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from sluicegate.core.endstate import EndState
 from sluicegate.engines.base import Engine
+from sluicegate.engines.pool import UpstreamCounters
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.ledger import LedgerRow
 
@@ -62,9 +68,14 @@ class Metrics:
     Args:
         engine: read (``stats()``) at every scrape.
         live: the app's running responses, read at every scrape.
+        engines: every engine the app serves; those with a pool of upstreams
+            (``upstream_counters()``) get per-upstream series, labelled by model
+            and upstream URL.
     """
 
-    def __init__(self, engine: Engine, live: LiveStreams) -> None:
+    def __init__(
+        self, engine: Engine, live: LiveStreams, engines: Sequence[Engine] = ()
+    ) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
         self._ttft = Histogram(
@@ -114,6 +125,9 @@ class Metrics:
         )
         self._refused_by: dict[str, Counter] = {}
         reg.register(_Snapshot(engine, live))
+        pools = [e for e in engines if callable(getattr(e, "upstream_counters", None))]
+        if pools:
+            reg.register(_Upstreams(pools))
         # labels() locks, formats its values and looks the child up on every
         # call; the children are kept here once made. They are still made on
         # first use, as before, so a scrape shows none before its first request.
@@ -233,3 +247,56 @@ class _Snapshot(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"sluicegate_{name}", doc, value=value)
+
+
+class _Upstreams(Collector):
+    """Per-upstream series of the engines that serve from a pool, per scrape."""
+
+    _GAUGES = (
+        ("in_flight", "Streams in flight on the upstream"),
+        ("max_streams", "The upstream's cap of streams in flight"),
+        ("healthy", "1 while the upstream passes its health checks"),
+        ("ejected", "1 while the upstream is ejected after failures"),
+    )
+    _COUNTERS = (
+        ("streams", "Streams started on the upstream"),
+        ("failures", "Upstream streams that failed (before or after content)"),
+        ("refusals", "Requests the upstream refused with a status before content"),
+        ("ejections", "Times the upstream was ejected after failures in a row"),
+    )
+
+    def __init__(self, engines: Sequence[Engine]) -> None:
+        self._engines = engines
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "upstream"]
+        gauges = {
+            name: GaugeMetricFamily(f"sluicegate_upstream_{name}", doc, labels=labels)
+            for name, doc in self._GAUGES
+        }
+        counters = {
+            name: CounterMetricFamily(f"sluicegate_upstream_{name}", doc, labels=labels)
+            for name, doc in self._COUNTERS
+        }
+        ttft = SummaryMetricFamily(
+            "sluicegate_upstream_time_to_first_token_seconds",
+            "From a stream's start on the upstream to its first content",
+            labels=labels,
+        )
+        for engine in self._engines:
+            model = engine.model.id
+            rows: list[UpstreamCounters] = engine.upstream_counters()  # type: ignore[attr-defined]
+            for row in rows:
+                values = [model, row.name]
+                gauges["in_flight"].add_metric(values, row.in_flight)
+                gauges["max_streams"].add_metric(values, row.max_streams)
+                gauges["healthy"].add_metric(values, int(row.healthy))
+                gauges["ejected"].add_metric(values, int(row.ejected))
+                counters["streams"].add_metric(values, row.streams_total)
+                counters["failures"].add_metric(values, row.failures_total)
+                counters["refusals"].add_metric(values, row.refusals_total)
+                counters["ejections"].add_metric(values, row.ejections_total)
+                ttft.add_metric(values, row.ttft_count, row.ttft_s_sum)
+        yield from gauges.values()
+        yield from counters.values()
+        yield ttft

@@ -30,24 +30,33 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import anyio.to_thread
 
 from sluicegate import __version__
 from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import ModelNotFound, RequestError
+from sluicegate.core.tooldecoder import ToolCallOptions
 from sluicegate.engines.base import (
     Engine,
     GenerateRequest,
+    Grammar,
     OutputKind,
     SamplingParams,
     TextPrompt,
     Tokenizer,
 )
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.constraints import grammar_for_request
 from sluicegate.server.prompt_text import OFF_LOOP_CHARS, tokenize
-from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
+from sluicegate.server.schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+)
 from sluicegate.server.templates import ChatTemplate, text_prompt
+from sluicegate.server.tools import resolve_tools
 
 __all__ = [
     "ChoicePlan",
@@ -99,6 +108,8 @@ class Plan:
             ended a choice stays out either way).
         logprobs: alternatives per token to report (k), or ``None`` for none.
         continuous_usage: put the usage so far on every chunk.
+        tools: the functions each choice's text may call (parsed into
+            ``tool_calls``), or ``None`` for plain text.
     """
 
     header: ResponseHeader
@@ -111,6 +122,7 @@ class Plan:
     logprobs: int | None = None
     continuous_usage: bool = False
     text_prompts: tuple[TextPrompt, ...] = ()
+    tools: ToolCallOptions | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -280,15 +292,18 @@ async def plan_chat(
     model = resolve_model(request.model, engine, config)
     _check_n(request.n, 1, config)
     if engine.output_kind is OutputKind.TEXT:
-        messages = tuple(m.model_dump(mode="json") for m in request.messages)
+        messages = tuple(_message_json(m) for m in request.messages)
         text = TextPrompt(Endpoint.CHAT, messages, stop=tuple(request.stop))
         return _text_plan(request, response_id, engine, config, model, [text], [""])
     assert template is not None, "an engine of token ids has a chat template"
+    tools = resolve_tools(request)
+    grammar = grammar_for_request(request)  # a schema it cannot express: 400
     render = functools.partial(
         template.prompt,
         request.messages,
         add_generation_prompt=request.add_generation_prompt,
         context_length=engine.model.context_length,
+        tools=tools,
     )
     # A long conversation renders in a worker thread, as a long prompt tokenizes:
     # the loop keeps its share of the interpreter meanwhile.
@@ -297,7 +312,10 @@ async def plan_chat(
     else:
         prompt = await anyio.to_thread.run_sync(render)
     ids = await tokenize(prompt)
-    return _plan(request, response_id, engine, config, model, [ids], [""])
+    plan = _plan(request, response_id, engine, config, model, [ids], [""], grammar)
+    if tools is None:
+        return plan
+    return dataclasses.replace(plan, tools=tools.decoding)
 
 
 async def plan_completion(
@@ -351,6 +369,12 @@ async def plan_completion(
     return _plan(request, response_id, engine, config, model, token_ids, echoes)
 
 
+def _message_json(message: ChatMessage) -> dict[str, Any]:
+    """A validated message as the OpenAI API writes it: unset fields left out."""
+    fields = message.model_dump(mode="json", exclude_none=True)
+    return {name: value for name, value in fields.items() if value != []}
+
+
 def _text_completion_plan(
     request: CompletionRequest,
     response_id: str,
@@ -398,7 +422,17 @@ def _text_plan(
         )
     requested = request.requested_max_tokens
     max_tokens = requested if requested is not None else config.default_max_tokens
-    texts = [dataclasses.replace(t, max_tokens=max_tokens) for t in texts]
+    # What the client set, as it set it: an upstream's own defaults (a model's
+    # generation config) stand for the rest.
+    sampling = {
+        name: getattr(request, name)
+        for name in _FORWARDED_SAMPLING
+        if name in request.model_fields_set
+    }
+    texts = [
+        dataclasses.replace(t, max_tokens=max_tokens, extra={**t.extra, **sampling})
+        for t in texts
+    ]
     # Without a tokenizer the window is the upstream's to enforce; the bound
     # here is for quotas only.
     params = _sampling(
@@ -406,6 +440,21 @@ def _text_plan(
     )
     plan = _plan_of(request, response_id, model, [[] for _ in texts], echoes, params)
     return dataclasses.replace(plan, text_prompts=tuple(texts))
+
+
+_FORWARDED_SAMPLING = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "logit_bias",
+)
+"""Sampling fields an engine that takes text gets as the client set them (the
+``seed``, offset per choice, goes in ``SamplingParams``)."""
 
 
 def _check_n(n: int, prompts: int, config: ServerConfig) -> None:
@@ -447,6 +496,7 @@ def _plan(
     model: str,
     prompts: list[list[int]],
     echoes: list[str],
+    grammar: Grammar | None = None,
 ) -> Plan:
     chat = isinstance(request, ChatCompletionRequest)
     max_tokens = fit_max_tokens(
@@ -458,6 +508,7 @@ def _plan(
         max_tokens_param=request.max_tokens_param,
     )
     params = _sampling(request, max_tokens, len(engine.tokenizer.pieces))
+    params = dataclasses.replace(params, grammar=grammar)
     return _plan_of(request, response_id, model, prompts, echoes, params)
 
 

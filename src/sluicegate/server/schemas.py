@@ -16,9 +16,16 @@ Deliberate divergences from the OpenAI API reference:
 - Completions ``logprobs`` allows up to ``MAX_TOP_LOGPROBS`` (20) alternatives;
   OpenAI allows 5. ``echo`` with ``logprobs`` is refused (prompt tokens carry no
   logprobs here).
-- Parameters that would change the answer in ways not implemented yet (``tools``,
-  ``response_format``, ``suffix``, ``best_of``, ...) are refused with 400 when
-  set to anything but their default, instead of being ignored.
+- Parameters that would change the answer in ways not implemented yet
+  (``functions``, ``suffix``, ``best_of``, ...) are refused with 400 when set to
+  anything but their default, instead of being ignored.
+- ``tools`` holds at most ``MAX_TOOLS`` (128) functions with distinct names of
+  at most 64 characters from ``[A-Za-z0-9_-]``; ``tool_choice`` other than
+  ``none`` needs ``tools``, and a named one must name one of them. Assistant
+  messages may carry ``tool_calls`` (their ``content`` then may be ``null``),
+  and ``tool`` messages need a ``tool_call_id``; ``null`` content reads as
+  ``""``. ``response_format`` is checked for its shape only here (what a
+  schema may hold is checked where it is compiled).
 - Extensions that vLLM accepts are read with vLLM's names and meanings:
   ``top_k`` (0 or -1 disables), ``min_p``, ``repetition_penalty``,
   ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``,
@@ -47,11 +54,26 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 from typing_extensions import override
 
 from sluicegate.core.errors import RequestError, bounded_repr
+from sluicegate.server.tool_schemas import (
+    MAX_TOOLS,
+    MessageToolCall,
+    ResponseFormat,
+    ToolChoice,
+    ToolDefinition,
+    check_tools,
+)
 
 __all__ = [
     "MAX_LOGGED_UNKNOWN",
@@ -125,11 +147,8 @@ def _not_set(value: Any) -> bool:
 
 # Each parameter that is not supported yet, with the test for "left at default".
 _CHAT_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "tools": _not_set,
-    "tool_choice": lambda v: v is None or v == "none",
     "functions": _not_set,
     "function_call": lambda v: v is None or v == "none",
-    "response_format": lambda v: v is None or v == {"type": "text"},
     "audio": _not_set,
     "prediction": _not_set,
     "modalities": lambda v: v is None or v == ["text"],
@@ -140,11 +159,8 @@ _COMPLETION_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
 }
 # Why each one is refused, appended to the 400's message.
 _UNSUPPORTED_WHY = {
-    "tools": "tool calls come in a later release",
-    "tool_choice": "tool calls come in a later release",
-    "functions": "function calls come in a later release",
-    "function_call": "function calls come in a later release",
-    "response_format": "structured output (JSON mode, JSON schema) is not built",
+    "functions": "use tools, which replace it",
+    "function_call": "use tool_choice, which replaces it",
     "suffix": "insertion (fill in the middle) is not built",
 }
 
@@ -161,14 +177,36 @@ class StreamOptions(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One message; ``content`` is normalised to a string."""
+    """One message; ``content`` is normalised to a string (``null`` reads ``""``)."""
 
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
-    role: Literal["system", "developer", "user", "assistant"]
-    """Who wrote it; ``developer`` is OpenAI's newer name for ``system``."""
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    """Who wrote it; ``developer`` is OpenAI's newer name for ``system``;
+    ``tool`` holds a call's result."""
     content: str
     """The text (a list of text parts arrives joined with ``"\\n"``)."""
+    tool_calls: list[MessageToolCall] = Field(default_factory=list)
+    """The calls an assistant message made (history)."""
+    tool_call_id: str | None = None
+    """The call a ``tool`` message answers."""
+    name: str | None = None
+    """The participant's name (OpenAI's ``name``); not rendered."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _content_rules(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        role, calls = value.get("role"), value.get("tool_calls")
+        if calls is not None and role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if role == "tool" and not isinstance(value.get("tool_call_id"), str):
+            raise ValueError("a tool message needs a string tool_call_id")
+        if value.get("content") is None and role == "assistant" and calls:
+            value = {**value, "content": ""}
+        # ``null`` means "not given": a missing content is then named as such.
+        return {k: v for k, v in value.items() if v is not None}
 
     @field_validator("content", mode="before")
     @classmethod
@@ -278,6 +316,11 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True
+    tools: list[ToolDefinition] = Field(default_factory=list, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    """``None``: ``auto`` with tools, ``none`` without (OpenAI's default)."""
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -435,6 +478,8 @@ def _check_combinations(request: _Common) -> None:
             param="top_logprobs",
             code="invalid_value",
         )
+    if isinstance(request, ChatCompletionRequest):
+        check_tools(request.tools, request.tool_choice)
     echo = isinstance(request, CompletionRequest) and request.echo
     if echo and request.top_logprobs_k is not None:
         raise RequestError(

@@ -22,6 +22,11 @@ Invariants:
       renders of prefixes). A template that does not compile is the server's:
       ``ChatTemplate`` raises at construction, at startup.
 
+Tools: a template that reads ``tools`` (``renders_tools``) gets them, and the
+history's tool calls and results, in the Hugging Face shape; any other template
+(the built-in one included) gets plain messages in the block format of
+docs/tools.md (``server/tools.py``).
+
 Deliberate divergences: ``developer`` messages are rendered as ``system``
 messages, since templates written before that role know only ``system``; message
 content reaches the template as a string.
@@ -36,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import jinja2
+from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from sluicegate.core.errors import RequestError, bounded_repr
@@ -43,6 +49,7 @@ from sluicegate.engines.base import Tokenizer
 from sluicegate.server.control_text import ControlText
 from sluicegate.server.prompt_text import PromptText, check_prompt_size
 from sluicegate.server.schemas import ChatMessage
+from sluicegate.server.tools import ToolSetup, template_messages, template_tools
 
 __all__ = ["GEMMA3_TEMPLATE", "ChatTemplate", "encode_prompt", "text_prompt"]
 
@@ -97,6 +104,10 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         self.source = source or tokenizer.chat_template or GEMMA3_TEMPLATE
         self._template = env.from_string(self.source)
+        self.renders_tools = "tools" in meta.find_undeclared_variables(
+            env.parse(self.source)
+        )
+        """Whether the template reads ``tools`` (and so renders tool messages)."""
         # Every render copies the template's globals into its context, twice; as
         # the ChainMap from_string() makes (template over environment) that cost
         # about 5 us a request. The environment is this object's own and never
@@ -109,18 +120,23 @@ class ChatTemplate:
         self._control = ControlText(tokenizer)
 
     def render(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: ToolSetup | None = None,
     ) -> str:
         """The prompt text for ``messages``, ending with the generation prompt
-        unless ``add_generation_prompt`` is false.
+        unless ``add_generation_prompt`` is false; with the calls ``tools``
+        allows shown to the model.
 
         Raises:
             RequestError: 400 when the template refuses the messages; the message
                 names the message at which rendering starts to fail (``param`` is
                 ``messages[i]``).
         """
-        plain = [_as_template_message(m) for m in messages]
-        return self._checked_render(plain, add_generation_prompt)
+        plain, origins = template_messages(messages, tools, native=self.renders_tools)
+        return self._checked_render(plain, add_generation_prompt, tools, origins)
 
     def encode(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
@@ -140,6 +156,7 @@ class ChatTemplate:
         *,
         add_generation_prompt: bool = True,
         context_length: int | None = None,
+        tools: ToolSetup | None = None,
     ) -> PromptText:
         """The rendered prompt, ready to tokenize: BOS once, and control tokens
         only where the template wrote them (message contents are tokenized as
@@ -151,14 +168,17 @@ class ChatTemplate:
             context_length: the model's context window (tokens); when given, a
                 prompt too long to leave room for a completion is refused here,
                 before any tokenizing (``check_prompt_size``).
+            tools: the calls the request allows (shown to the model), or ``None``.
 
         Raises:
             RequestError: see ``render``; and 400 ``context_length_exceeded``
                 (``param`` ``messages``) from ``check_prompt_size``.
         """
-        plain = [_as_template_message(m) for m in messages]
+        plain, origins = template_messages(messages, tools, native=self.renders_tools)
         escaped = self._escaped(plain)
-        text = self._checked_render(escaped or plain, add_generation_prompt)
+        text = self._checked_render(
+            escaped or plain, add_generation_prompt, tools, origins
+        )
         add_special = not (self._bos_token and text.startswith(self._bos_token))
         if escaped is None:  # no content holds control-token text: one call
             prompt = PromptText(self._tokenizer, (text,), add_special)
@@ -183,20 +203,39 @@ class ChatTemplate:
         ]
 
     def _checked_render(
-        self, messages: list[dict[str, Any]], generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        generation_prompt: bool,
+        setup: ToolSetup | None,
+        origins: list[int],
     ) -> str:
+        tools = template_tools(setup) if self.renders_tools else None
         try:
-            return self._render(messages, generation_prompt)
+            return self._render(messages, generation_prompt, tools)
         except jinja2.TemplateError as exc:
-            index = self._first_failing(messages, generation_prompt)
+            failing = self._first_failing(messages, generation_prompt, tools)
+            index = origins[failing] if failing < len(origins) else failing
             raise RequestError(
                 f"The chat template cannot render messages[{index}] "
-                f"(role {messages[index]['role']!r}): {bounded_repr(str(exc))}",
+                f"(role {messages[failing]['role']!r}): {bounded_repr(str(exc))}",
                 param=f"messages[{index}]",
                 code="invalid_messages",
             ) from exc
 
-    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        if tools is not None:  # left undefined otherwise, as templates expect
+            return self._template.render(
+                messages=messages,
+                bos_token=self._bos_token,
+                eos_token=self._eos_token,
+                add_generation_prompt=generation_prompt,
+                tools=tools,
+            )
         return self._template.render(
             messages=messages,
             bos_token=self._bos_token,
@@ -205,7 +244,10 @@ class ChatTemplate:
         )
 
     def _first_failing(
-        self, messages: list[dict[str, Any]], generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        generation_prompt: bool,
+        tools: list[dict[str, Any]] | None,
     ) -> int:
         # The whole list fails. Bisect for where failing starts: messages[:good]
         # renders (the empty prefix is taken to), messages[:bad] does not, so
@@ -216,7 +258,7 @@ class ChatTemplate:
         while bad - good > 1:
             middle = (good + bad) // 2
             try:
-                self._render(messages[:middle], generation_prompt)
+                self._render(messages[:middle], generation_prompt, tools)
             except jinja2.TemplateError:
                 bad = middle
             else:
@@ -252,8 +294,3 @@ def text_prompt(
         check_prompt_size(tokenizer, [text], context_length, param=param)
     bos = tokenizer.bos_token
     return PromptText(tokenizer, (text,), not (bos and text.startswith(bos)))
-
-
-def _as_template_message(message: ChatMessage) -> dict[str, Any]:
-    role = "system" if message.role == "developer" else message.role
-    return {"role": role, "content": message.content}

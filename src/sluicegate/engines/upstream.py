@@ -1,0 +1,644 @@
+"""An engine that streams from OpenAI-compatible upstream servers, with failover.
+
+``UpstreamEngine`` serves one model from a pool of upstreams (vLLM, SGLang,
+TGI, llama.cpp's server, Ollama, another sluicegate). ``generate`` starts one
+task per sequence that leases an upstream from the pool (``engines/pool.py``),
+POSTs ``<url>/chat/completions`` or ``<url>/completions`` with ``stream: true``
+and usage included, and pushes ``TextOutput`` into the sequence's
+``UpstreamOutputs`` as the upstream's bytes are read (``core/upstream.py``
+decides what they mean). Each upstream has one pooled ``httpx.AsyncClient``
+(HTTP/1.1, keep-alive).
+
+Before any content, the sequence may still be refused: ``accepted()`` raises
+``EngineRefused`` (the upstream's 429 or 503 with its ``Retry-After``, its 4xx
+with its message) or ``EngineUnavailable`` (no upstream could be reached), so
+the server answers with a status. A refusal that another upstream might not
+give (a connect error, 429, 5xx) is first tried on the next eligible upstream.
+Once accepted, a failure (a reset, an in-band error, a stream without
+``[DONE]``, a time limit) is the sequence's ``EngineError``.
+
+Invariants:
+    - ``abort()`` and ``UpstreamOutputs.close()`` cancel the sequence's task,
+      which closes the HTTP response at once: the upstream sees the client go
+      and aborts its own request (that is what frees its KV cells).
+    - The ``completion_tokens`` of a sequence's outputs add up to the
+      upstream's usage when it reported one (each text counts 1 until then;
+      the last output corrects the sum, never below what was counted).
+    - Time limits are one timer per sequence, re-armed when it fires and at the
+      first token, never per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from sluicegate.core.chunks import Endpoint
+from sluicegate.core.errors import (
+    EngineError,
+    EngineRefused,
+    EngineTimeout,
+    EngineUnavailable,
+)
+from sluicegate.core.events import FinishReason, TextOutput, Usage
+from sluicegate.core.upstream import (
+    UpstreamDelta,
+    UpstreamDone,
+    UpstreamError,
+    UpstreamFinish,
+    UpstreamItem,
+    UpstreamReader,
+)
+from sluicegate.engines.base import (
+    EngineStats,
+    GenerateRequest,
+    ModelInfo,
+    OutputKind,
+    Tokenizer,
+)
+from sluicegate.engines.outputs import SequenceOutputs
+from sluicegate.engines.pool import (
+    Lease,
+    Outcome,
+    PoolMember,
+    PoolRefusal,
+    RefusalReason,
+    UpstreamCounters,
+    UpstreamPool,
+)
+from sluicegate.engines.upstream_config import (
+    REFUSAL_BODY_MAX_BYTES,
+    UpstreamConfig,
+    refusal_of,
+    request_body,
+    upstream_from_dict,
+)
+
+__all__ = ["UpstreamEngine", "UpstreamOutputs"]
+
+logger = logging.getLogger(__name__)
+
+DRAIN_S = 1.0
+"""How long a finished stream's body may take to end after ``[DONE]`` (seconds)."""
+
+
+class UpstreamOutputs(SequenceOutputs[TextOutput]):
+    """``SequenceOutputs`` of one upstream sequence, and ``AcceptingOutputs``."""
+
+    __slots__ = ("_accept",)
+
+    def __init__(self, on_close: Any, accept: asyncio.Future[None]) -> None:
+        super().__init__(on_close)
+        self._accept = accept
+
+    async def accepted(self) -> None:
+        """Return once an upstream answered 200 and its stream began.
+
+        Raises:
+            EngineRefused: the upstream's status (429/503 with ``Retry-After``,
+                a 4xx with its message), or the pool's 503.
+            EngineUnavailable: no upstream could be reached.
+            EngineTimeout: the time to first token ran out first.
+            EngineError: the sequence ended otherwise before it was accepted.
+        """
+        await asyncio.shield(self._accept)
+
+
+class _Sequence:
+    """One sequence's task, deadlines and counts."""
+
+    __slots__ = (
+        "accept",
+        "emitted",
+        "finish",
+        "first_at",
+        "last_at",
+        "lease",
+        "outputs",
+        "request",
+        "result",
+        "started",
+        "task",
+        "timed_out",
+        "timer",
+        "usage",
+    )
+
+    def __init__(self, request: GenerateRequest, started: float) -> None:
+        self.request = request
+        self.started = started
+        self.first_at: float | None = None
+        self.last_at = started
+        self.emitted = 0  # completion tokens pushed so far
+        self.usage: Usage | None = None
+        self.finish: FinishReason | None = None
+        self.lease: Lease | None = None
+        self.timed_out: str | None = None
+        self.result: str | None = None  # finished, failed or aborted
+        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.accept: asyncio.Future[None]
+        self.outputs: UpstreamOutputs
+
+
+class UpstreamEngine:
+    """An ``Engine`` of ``OutputKind.TEXT`` over a pool of OpenAI-compatible servers.
+
+    Args:
+        model: the served model (its ``id`` is what clients ask for, and the
+            upstream's model name unless an upstream sets its own).
+        upstreams: the pool, in order (>= 1).
+        max_queued, queue_timeout_s, eject_after_failures, cooldown_s,
+            retry_after_s: the pool's (``UpstreamPool``).
+        health_interval_s: seconds between active health checks (``0``: none).
+        transport: an httpx transport for every upstream (tests); ``None``:
+            httpx's own.
+
+    Raises:
+        ValueError: no upstream, or a setting out of range.
+    """
+
+    def __init__(
+        self,
+        model: ModelInfo,
+        upstreams: Sequence[UpstreamConfig],
+        *,
+        max_queued: int = 256,
+        queue_timeout_s: float = 30.0,
+        eject_after_failures: int = 3,
+        cooldown_s: float = 10.0,
+        retry_after_s: float = 1.0,
+        health_interval_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not upstreams:
+            raise ValueError("expected at least one upstream, got none")
+        self._model = model
+        self._upstreams = list(upstreams)
+        self._pool_options = (max_queued, queue_timeout_s, eject_after_failures)
+        self._pool_times = (cooldown_s, retry_after_s)
+        self._health_interval_s = health_interval_s
+        self._clients = [_client(u, transport) for u in self._upstreams]
+        self._pool: UpstreamPool | None = None
+        self._health: asyncio.Task[None] | None = None
+        self._sequences: dict[str, _Sequence] = {}
+        self._closed = False
+        self._counts = dict.fromkeys(
+            ("prompt", "generated", "finished", "aborted", "failed"), 0
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        model: ModelInfo,
+        upstreams: Sequence[Mapping[str, Any]],
+        environ: Mapping[str, str],
+        **options: Any,
+    ) -> UpstreamEngine:
+        """An engine from a config file's entries (``upstream_from_dict``'s shape).
+
+        Raises:
+            ValueError: as ``upstream_from_dict``, or as the constructor.
+        """
+        return cls(
+            model, [upstream_from_dict(s, environ) for s in upstreams], **options
+        )
+
+    @property
+    def output_kind(self) -> OutputKind:
+        """``OutputKind.TEXT``."""
+        return OutputKind.TEXT
+
+    @property
+    def model(self) -> ModelInfo:
+        """The served model."""
+        return self._model
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """None: the upstream tokenizes.
+
+        Raises:
+            RuntimeError: always.
+        """
+        raise RuntimeError("an upstream engine has no tokenizer of its own")
+
+    @property
+    def pool(self) -> UpstreamPool:
+        """The pool (created on the first ``generate``, on the event loop)."""
+        if self._pool is None:
+            loop = asyncio.get_running_loop()
+            members = [PoolMember(u.url, u.max_streams) for u in self._upstreams]
+            max_queued, queue_timeout_s, eject_after = self._pool_options
+            cooldown_s, retry_after_s = self._pool_times
+            self._pool = UpstreamPool(
+                members,
+                loop,
+                max_queued=max_queued,
+                queue_timeout_s=queue_timeout_s,
+                eject_after_failures=eject_after,
+                cooldown_s=cooldown_s,
+                retry_after_s=retry_after_s,
+            )
+            if self._health_interval_s > 0:
+                self._health = loop.create_task(self._check_health())
+        return self._pool
+
+    def upstream_counters(self) -> list[UpstreamCounters]:
+        """Each upstream's state and counters (``[]`` before the first request)."""
+        return [] if self._pool is None else self._pool.counters()
+
+    def generate(self, request: GenerateRequest) -> UpstreamOutputs:
+        """Start ``request`` on an upstream; its outputs are ``TextOutput``.
+
+        Raises:
+            EngineUnavailable: the engine is closed.
+            EngineError: the request has no ``text_prompt``, or its id runs.
+        """
+        if self._closed:
+            raise EngineUnavailable("the upstream engine is closed")
+        if request.text_prompt is None:
+            raise EngineError("an upstream engine needs the prompt as text")
+        if request.request_id in self._sequences:
+            raise EngineError(f"request {request.request_id!r} is running already")
+        pool = self.pool
+        loop = asyncio.get_running_loop()
+        seq = _Sequence(request, loop.time())
+        request_id = request.request_id
+        seq.accept = loop.create_future()
+        seq.outputs = UpstreamOutputs(lambda: self.abort(request_id), seq.accept)
+        self._sequences[request_id] = seq
+        seq.task = loop.create_task(self._run(seq, pool))
+        self._arm(seq)
+        return seq.outputs
+
+    def abort(self, request_id: str) -> None:
+        """Close ``request_id``'s upstream stream at once; idempotent."""
+        seq = self._sequences.get(request_id)
+        if seq is not None and seq.task is not None and not seq.task.done():
+            seq.task.cancel()
+
+    def stats(self) -> EngineStats:
+        """Streams in flight and waiting, and token counts from the upstreams' usage."""
+        c = self._counts
+        pool = self._pool
+        return EngineStats(
+            queued=0 if pool is None else pool.queued,
+            running=0 if pool is None else pool.in_flight,
+            kv_cells_used=0,
+            kv_cells_total=0,
+            prompt_tokens=c["prompt"],
+            generated_tokens=c["generated"],
+            wasted_tokens=0,
+            finished_requests=c["finished"],
+            aborted_requests=c["aborted"],
+            failed_requests=c["failed"],
+            running_ids=tuple(self._sequences),
+        )
+
+    async def aclose(self) -> None:
+        """Abort every stream, stop the health checks, close the clients."""
+        self._closed = True
+        tasks = [s.task for s in self._sequences.values() if s.task is not None]
+        if self._health is not None:
+            tasks.append(self._health)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for client in self._clients:
+            await client.aclose()
+
+    # -- one sequence ----------------------------------------------------------
+
+    async def _run(self, seq: _Sequence, pool: UpstreamPool) -> None:
+        try:
+            await self._serve(seq, pool)
+        except asyncio.CancelledError:
+            if seq.result is None:
+                if seq.timed_out is None:
+                    self._end(seq, "aborted", None)
+                else:
+                    self._end(
+                        seq, "failed", EngineTimeout(f"the {seq.timed_out} ran out")
+                    )
+            if seq.timed_out is None:
+                raise
+        except EngineError as error:
+            if seq.result is None:
+                self._end(seq, "failed", error)
+        finally:
+            if seq.timer is not None:
+                seq.timer.cancel()
+            self._counts[seq.result or "failed"] += 1
+            del self._sequences[seq.request.request_id]
+
+    def _end(self, seq: _Sequence, result: str, error: EngineError | None) -> None:
+        """The sequence's last item: its ``error``, or (aborted) its end."""
+        seq.result = result
+        if error is None:
+            self._refuse(seq, EngineError("the request was aborted"))
+            seq.outputs.end()
+        else:
+            self._refuse(seq, error)
+            seq.outputs.fail(error)
+
+    async def _serve(self, seq: _Sequence, pool: UpstreamPool) -> None:
+        tried: list[int] = []
+        refusal: EngineError | None = None
+        while True:
+            lease = await self._lease(pool, tried, refusal)
+            upstream = self._upstreams[lease.member]
+            client = self._clients[lease.member]
+            outcome = Outcome.FAILURE
+            response: httpx.Response | None = None
+            try:
+                seq.lease = lease
+                try:
+                    body = request_body(
+                        seq.request,
+                        upstream.model or self._model.id,
+                        continuous_usage=upstream.continuous_usage,
+                    )
+                except TypeError as exc:  # orjson: a value that is not JSON
+                    outcome = Outcome.SUCCESS  # not the upstream's fault
+                    raise EngineError(f"the request cannot be sent: {exc}") from exc
+                path = _PATHS[seq.request.text_prompt.endpoint]  # type: ignore[union-attr]
+                try:
+                    response = await client.send(
+                        client.build_request("POST", path, content=body), stream=True
+                    )
+                except httpx.HTTPError as exc:
+                    refusal = EngineUnavailable(
+                        f"the upstream {upstream.url} could not be reached: {exc!r}"
+                    )
+                    tried.append(lease.member)
+                    continue
+                if response.status_code != 200:
+                    refused, outcome, again = refusal_of(
+                        response.status_code,
+                        await _read_some(response),
+                        response.headers.get("retry-after"),
+                        upstream.url,
+                    )
+                    if not again:
+                        raise refused
+                    refusal = refused
+                    tried.append(lease.member)
+                    continue
+                self._accept(seq)
+                outcome = Outcome.SUCCESS  # a client that leaves is no failure
+                outcome = await self._stream(seq, response, lease)
+                return
+            finally:
+                if seq.timed_out is not None:
+                    outcome = Outcome.FAILURE
+                if response is not None:
+                    await response.aclose()
+                seq.lease = None
+                lease.release(outcome)
+
+    async def _lease(
+        self, pool: UpstreamPool, tried: list[int], refusal: EngineError | None
+    ) -> Lease:
+        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+
+        def refuse(why: PoolRefusal) -> None:
+            if refusal is not None and why.reason is RefusalReason.NONE_ELIGIBLE:
+                future.set_exception(refusal)  # every upstream tried: the last no
+                return
+            message = {
+                RefusalReason.NONE_ELIGIBLE: "no upstream of the model is healthy",
+                RefusalReason.QUEUE_FULL: "every upstream is busy and the queue full",
+                RefusalReason.QUEUE_TIMEOUT: "no upstream was free in time",
+            }[why.reason]
+            future.set_exception(
+                EngineRefused(message, 503, retry_after_s=why.retry_after_s)
+            )
+
+        ticket = pool.request(future.set_result, refuse, tried)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            ticket.cancel()
+            if future.done() and not future.cancelled() and not future.exception():
+                future.result().release(Outcome.SUCCESS)
+            raise
+
+    async def _stream(
+        self, seq: _Sequence, response: httpx.Response, lease: Lease
+    ) -> Outcome:
+        reader = UpstreamReader(seq.request.text_prompt.endpoint)  # type: ignore[union-attr]
+        time = asyncio.get_running_loop().time
+        chunks = response.aiter_raw()
+        try:
+            async for data in chunks:
+                items = reader.feed(data)
+                if items:
+                    seq.last_at = time()
+                    ended = self._apply(seq, items, lease)
+                    if ended is not None:
+                        break
+            else:
+                ended = self._apply(seq, reader.flush(), lease)
+        except httpx.HTTPError as exc:
+            error = EngineError(f"the upstream stream broke: {exc!r}")
+            self._end(seq, "failed", error)
+            return Outcome.FAILURE
+        assert ended is not None, "flush() ends the stream"
+        if ended is Outcome.SUCCESS:
+            # Read the body's end, so that the connection is kept alive; a peer
+            # that keeps it open past [DONE] loses it.
+            if seq.timer is not None:
+                seq.timer.cancel()
+                seq.timer = None
+            with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                async with asyncio.timeout(DRAIN_S):
+                    async for _ in chunks:
+                        pass
+        return ended
+
+    def _apply(
+        self, seq: _Sequence, items: list[UpstreamItem], lease: Lease
+    ) -> Outcome | None:
+        """Push what ``items`` say; the upstream's outcome once the stream ended."""
+        outputs = seq.outputs
+        for item in items:
+            if type(item) is UpstreamDelta:
+                if item.index != 0:
+                    continue  # n is 1; an upstream that sends more is ignored
+                if seq.first_at is None:
+                    self._first_token(seq, lease)
+                usage = seq.usage
+                tokens = 1
+                if usage is not None and usage.completion_tokens > seq.emitted + 1:
+                    tokens = usage.completion_tokens - seq.emitted
+                seq.emitted += tokens
+                outputs.push(TextOutput(item.text, None, tokens))
+            elif type(item) is Usage:
+                seq.usage = item
+            elif type(item) is UpstreamFinish:
+                if item.index == 0:
+                    seq.finish = item.finish_reason
+                    if seq.first_at is None:
+                        self._first_token(seq, lease)
+            elif type(item) is UpstreamDone:
+                return self._finish(seq)
+            else:
+                message = (
+                    f"the upstream failed: {item.message}"
+                    if type(item) is UpstreamError
+                    else "the upstream's stream ended without [DONE]"
+                )
+                self._end(seq, "failed", EngineError(message))
+                return Outcome.FAILURE
+        return None
+
+    def _first_token(self, seq: _Sequence, lease: Lease) -> None:
+        """The first content: the time to first token is over, idle time starts."""
+        seq.first_at = seq.last_at
+        lease.first_token()
+        if seq.timer is not None:
+            seq.timer.cancel()
+        self._arm(seq)
+
+    def _finish(self, seq: _Sequence) -> Outcome:
+        if seq.finish is None:
+            error = EngineError("the upstream ended without a finish_reason")
+            self._end(seq, "failed", error)
+            return Outcome.FAILURE
+        usage = seq.usage
+        tokens = 0
+        prompt = None
+        if usage is not None:
+            tokens = max(0, usage.completion_tokens - seq.emitted)
+            prompt = usage.prompt_tokens
+            self._counts["prompt"] += prompt
+        seq.emitted += tokens
+        self._counts["generated"] += seq.emitted
+        seq.result = "finished"
+        seq.outputs.push(TextOutput("", seq.finish, tokens, prompt))
+        return Outcome.SUCCESS
+
+    def _accept(self, seq: _Sequence) -> None:
+        if not seq.accept.done():
+            seq.accept.set_result(None)
+
+    def _refuse(self, seq: _Sequence, error: EngineError) -> None:
+        if not seq.accept.done():
+            seq.accept.set_exception(error)
+            seq.accept.exception()  # retrieved: nobody need await it
+
+    # -- time limits -----------------------------------------------------------
+
+    def _arm(self, seq: _Sequence) -> None:
+        limits = (
+            self._upstreams[0].timeouts
+            if seq.lease is None
+            else (self._upstreams[seq.lease.member].timeouts)
+        )
+        deadlines = [(math.inf, "")]
+        if limits.total_s is not None:
+            deadlines.append((seq.started + limits.total_s, "total time limit"))
+        if seq.first_at is None:
+            if limits.first_token_s is not None:
+                due = seq.started + limits.first_token_s
+                deadlines.append((due, "time to first token limit"))
+        elif limits.idle_s is not None:
+            deadlines.append((seq.last_at + limits.idle_s, "idle time limit"))
+        due, _ = min(deadlines)
+        if due < math.inf:
+            seq.timer = asyncio.get_running_loop().call_at(due, self._check, seq)
+
+    def _check(self, seq: _Sequence) -> None:
+        seq.timer = None
+        task = seq.task
+        if task is None or task.done():
+            return
+        now = asyncio.get_running_loop().time()
+        limits = self._upstreams[0 if seq.lease is None else seq.lease.member].timeouts
+        for limit, since, name in (
+            (limits.total_s, seq.started, "total time limit"),
+            (
+                limits.first_token_s if seq.first_at is None else None,
+                seq.started,
+                "time to first token limit",
+            ),
+            (
+                limits.idle_s if seq.first_at is not None else None,
+                seq.last_at,
+                "idle time limit",
+            ),
+        ):
+            if limit is not None and now >= since + limit:
+                seq.timed_out = name
+                task.cancel()
+                return
+        self._arm(seq)
+
+    # -- health ------------------------------------------------------------------
+
+    async def _check_health(self) -> None:
+        pool = self.pool
+        while True:
+            results = await asyncio.gather(
+                *(self._probe(i) for i in range(len(self._upstreams)))
+            )
+            for i, ok in enumerate(results):
+                if ok is not None:
+                    pool.report_health(i, ok)
+            await asyncio.sleep(self._health_interval_s)
+
+    async def _probe(self, member: int) -> bool | None:
+        upstream = self._upstreams[member]
+        if not upstream.health_path:
+            return None
+        timeout = upstream.timeouts.connect_s or 5.0
+        try:
+            response = await self._clients[member].get(
+                upstream.health_path.lstrip("/"), timeout=timeout
+            )
+        except httpx.HTTPError:
+            return False
+        return response.is_success
+
+
+_PATHS = {Endpoint.CHAT: "chat/completions", Endpoint.COMPLETION: "completions"}
+
+
+def _client(
+    upstream: UpstreamConfig, transport: httpx.AsyncBaseTransport | None
+) -> httpx.AsyncClient:
+    headers = {"accept-encoding": "identity", "accept": "text/event-stream"}
+    if upstream.api_key is not None:
+        headers["authorization"] = f"Bearer {upstream.api_key}"
+    headers["content-type"] = "application/json"
+    connections = upstream.max_streams + 2  # and the health checks
+    return httpx.AsyncClient(
+        base_url=upstream.url + "/",
+        headers=headers,
+        timeout=httpx.Timeout(None, connect=upstream.timeouts.connect_s),
+        limits=httpx.Limits(
+            max_connections=connections, max_keepalive_connections=connections
+        ),
+        transport=transport,
+        trust_env=False,
+    )
+
+
+async def _read_some(response: httpx.Response) -> bytes:
+    """Up to ``REFUSAL_BODY_MAX_BYTES`` of a refusal's body (a broken one: ``b""``)."""
+    parts: list[bytes] = []
+    size = 0
+    with contextlib.suppress(httpx.HTTPError):
+        async for data in response.aiter_raw():
+            parts.append(data)
+            size += len(data)
+            if size >= REFUSAL_BODY_MAX_BYTES:
+                break
+    return b"".join(parts)[:REFUSAL_BODY_MAX_BYTES]

@@ -1,0 +1,131 @@
+"""Upstream models from the command line and from a TOML config file.
+
+``sluicegate serve --upstream URL`` (repeatable) serves one model from a pool of
+OpenAI-compatible servers; ``--upstreams FILE`` serves any number, each with its
+own pool, in the format below. Both may be given; every model id is unique.
+
+::
+
+    [[models]]
+    id = "llama-3.1-8b"                # what clients ask for (required)
+    context_length = 131072            # shown in /v1/models (default 0: unknown)
+    max_queued = 256                   # requests that wait for a free stream
+    queue_timeout_s = 30               # the longest such wait, then 503
+    eject_after_failures = 3           # passive ejection ...
+    cooldown_s = 10                    # ... and how long it lasts
+    health_interval_s = 5              # active checks (0: none)
+
+    [[models.upstreams]]
+    url = "http://10.0.0.5:8000/v1"    # an OpenAI-compatible API base (required)
+    model = "meta-llama/Llama-3.1-8B-Instruct"   # its name there (default: id)
+    api_key_env = "VLLM_API_KEY"       # the variable holding its key
+    max_streams = 64                   # streams in flight on it at most
+    continuous_usage = true            # ask for usage on every chunk
+    connect_timeout_s = 5
+    first_token_timeout_s = 120
+    idle_timeout_s = 60
+    total_timeout_s = 600              # or leave out: no total limit
+
+Spec: TOML v1.0.0; the upstream settings are ``upstream_from_dict``'s.
+"""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sluicegate.engines.base import ModelInfo
+from sluicegate.engines.upstream import UpstreamEngine
+
+__all__ = ["engines_from_file", "engines_from_urls"]
+
+_MODEL_KEYS = {
+    "max_queued": int,
+    "queue_timeout_s": float,
+    "eject_after_failures": int,
+    "cooldown_s": float,
+    "health_interval_s": float,
+}
+
+
+def engines_from_urls(
+    urls: Sequence[str], model_id: str, upstream_model: str | None
+) -> UpstreamEngine:
+    """One engine serving ``model_id`` from the pool ``urls``.
+
+    Args:
+        urls: API bases, e.g. ``http://10.0.0.5:8000/v1`` (>= 1).
+        model_id: the id clients use.
+        upstream_model: the model's name on the upstreams; ``None``: ``model_id``.
+
+    Raises:
+        ValueError: a URL that is not http(s).
+    """
+    spec: dict[str, Any] = {"model": upstream_model} if upstream_model else {}
+    return UpstreamEngine.from_config(
+        _model_info(model_id, 0), [{"url": url, **spec} for url in urls], {}
+    )
+
+
+def engines_from_file(path: Path, environ: Mapping[str, str]) -> list[UpstreamEngine]:
+    """One engine per ``[[models]]`` entry of the TOML file at ``path``.
+
+    Raises:
+        ValueError: the file cannot be read or parsed, or an entry is invalid
+            (the message names the file, the entry and the setting).
+    """
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    unknown = sorted(set(document) - {"models"})
+    models = document.get("models")
+    if unknown or not isinstance(models, list) or not models:
+        raise ValueError(
+            f"{path}: expected only [[models]] entries (one at least); "
+            f"got keys {sorted(document)}"
+        )
+    engines = []
+    for number, entry in enumerate(models, 1):
+        try:
+            engines.append(_engine(entry, environ))
+        except ValueError as exc:
+            raise ValueError(f"{path}: models entry {number}: {exc}") from exc
+    return engines
+
+
+def _engine(entry: Any, environ: Mapping[str, str]) -> UpstreamEngine:
+    if not isinstance(entry, dict):
+        raise ValueError(f"expected a table, got {entry!r}")
+    known = {"id", "context_length", "upstreams", *_MODEL_KEYS}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise ValueError(f"unknown settings {unknown}; known: {sorted(known)}")
+    model_id = entry.get("id")
+    if not isinstance(model_id, str) or not model_id:
+        raise ValueError(f"expected a non-empty string as id, got {model_id!r}")
+    context_length = entry.get("context_length", 0)
+    if type(context_length) is not int or context_length < 0:
+        raise ValueError(f"expected context_length >= 0, got {context_length!r}")
+    upstreams = entry.get("upstreams")
+    if not isinstance(upstreams, list) or not upstreams:
+        raise ValueError("expected one [[models.upstreams]] table at least")
+    options: dict[str, Any] = {}
+    for key, kind in _MODEL_KEYS.items():
+        if key in entry:
+            value = entry[key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"expected a number as {key}, got {value!r}")
+            options[key] = kind(value)
+    return UpstreamEngine.from_config(
+        _model_info(model_id, context_length), upstreams, environ, **options
+    )
+
+
+def _model_info(model_id: str, context_length: int) -> ModelInfo:
+    return ModelInfo(
+        model_id, context_length, created=int(time.time()), owned_by="upstream"
+    )

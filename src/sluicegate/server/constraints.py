@@ -1,0 +1,266 @@
+"""Requests to constraints: the grammar structured output and tool calls decode under.
+
+What each chat request asks for, and what its grammar (``Grammar``,
+engines/base.py) lets the model write:
+
+- ``response_format`` ``json_object``: one JSON object; ``json_schema``: one
+  JSON value matching ``json_schema.schema``.
+- ``tool_choice: "required"``: one or more tool-call blocks (exactly one with
+  ``parallel_tool_calls: false``).
+- ``tool_choice`` naming a function: exactly one block, calling it.
+- ``tool_choice: "auto"`` (the default with ``tools``): free text; from the
+  first ``<tool_call>`` on, blocks only (at most one with
+  ``parallel_tool_calls: false``). A lazy grammar: text before the trigger is
+  never masked.
+- ``"auto"`` with a JSON ``response_format``: the JSON value, or blocks from
+  the first token.
+- ``tool_choice: "none"`` or no ``tools``: the response format's constraint
+  alone; ``None`` (free text) for ``text``.
+
+A block is ``<tool_call>{"name": "<name>", "arguments": <JSON object>}</tool_call>``,
+the keys in that order, the arguments matching the tool's ``parameters`` (a tool
+without ``parameters`` takes ``{}``); blocks are separated by one or two spaces
+or newlines, and one or two may follow the last. The grammar writes JSON with
+``", "`` and ``": "`` separators and no other whitespace, so a small model cannot
+run away into blank space.
+
+Every schema is compiled before the response's status is sent: a keyword the
+constraint cannot express (``unimplemented_keywords``; for example ``not``,
+``if``/``then``/``else``, ``uniqueItems``, ``contains``) or a schema that does not
+compile is a ``RequestError`` (400) naming it, with param ``response_format`` or
+``tools``.
+
+Spec: OpenAI API reference, "Create chat completion" (``response_format``,
+``tools``, ``tool_choice``, ``parallel_tool_calls``); docs/tools.md for the block
+format.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sluicegate.core.errors import RequestError
+from sluicegate.engines.base import Grammar
+from sluicegate.engines.llamacpp_grammar import grammar_errors, unimplemented_keywords
+from sluicegate.server.schemas import ChatCompletionRequest
+
+__all__ = ["TOOL_CALL_TRIGGER", "grammar_for", "grammar_for_request"]
+
+TOOL_CALL_TRIGGER = "<tool_call>"
+"""The text that opens a tool-call block, and the trigger of the lazy grammar."""
+
+_JSON_STYLE = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
+_NO_ARGUMENTS: dict[str, Any] = {
+    "type": "object",
+    "properties": {},
+    "additionalProperties": False,
+}
+_ERROR_CHARS = 300  # of llguidance's message, in a 400's message
+
+
+def grammar_for_request(request: ChatCompletionRequest) -> Grammar | None:
+    """``grammar_for`` of a validated chat request's fields.
+
+    Raises:
+        RequestError: as ``grammar_for``.
+    """
+    choice = request.tool_choice
+    return grammar_for(
+        response_format=None
+        if request.response_format is None
+        else request.response_format.model_dump(mode="json", by_alias=True),
+        tools=[t.model_dump(mode="json", exclude_none=True) for t in request.tools],
+        tool_choice=choice if isinstance(choice, str | None) else choice.model_dump(),
+        parallel_tool_calls=request.parallel_tool_calls,
+    )
+
+
+def grammar_for(
+    *,
+    response_format: Mapping[str, Any] | None = None,
+    tools: Sequence[Mapping[str, Any]] = (),
+    tool_choice: str | Mapping[str, Any] | None = None,
+    parallel_tool_calls: bool = True,
+) -> Grammar | None:
+    """The constraint a chat request decodes under, or ``None`` for free text.
+
+    Args:
+        response_format: the request's ``response_format`` as sent (JSON values).
+        tools: the request's ``tools`` (``{"type": "function", "function": {...}}``).
+        tool_choice: ``"none"``, ``"auto"``, ``"required"``, a named function, or
+            ``None`` (``"auto"`` with tools, ``"none"`` without).
+        parallel_tool_calls: ``False``: at most one call (exactly one when
+            required).
+
+    Returns:
+        A ``Grammar`` (lazy, with ``triggers == ("<tool_call>",)``, for ``auto``),
+        or ``None`` when nothing constrains the output.
+
+    Raises:
+        RequestError: a schema keyword the constraint cannot express, a schema
+            that does not compile, or a ``tool_choice`` naming no given tool.
+    """
+    value = _response_schema(response_format)
+    choice = _tool_choice(tool_choice, tools)
+    if value is not None:
+        _check(_json_rule(value), "response_format", "response_format")
+    if choice is None:
+        if value is None:
+            return None
+        return Grammar(f"%llguidance {{}}\nstart: {_json_rule(value)}\n")
+    mode, names = choice
+    rules = _call_rules(tools, names)
+    if mode == "auto" and value is None:
+        more = " (SEP block)*" if parallel_tool_calls else ""
+        top = [
+            f'start: TEXT | head call "</tool_call>"{more} SEP?',
+            f"head[lazy]: TEXT {json.dumps(TOOL_CALL_TRIGGER)}",
+            r"TEXT: /(.|\n)*/",
+        ]
+        triggers: tuple[str, ...] = (TOOL_CALL_TRIGGER,)
+    else:
+        many = parallel_tool_calls and mode != "named"
+        blocks = "block (SEP block)* SEP?" if many else "block SEP?"
+        start = blocks if value is None else f"value | {blocks}"
+        top = [f"start: {start}"]
+        if value is not None:
+            top.append(f"value: {_json_rule(value)}")
+        triggers = ()
+    text = "\n".join(
+        [
+            "%llguidance {}",
+            *top,
+            f"block: {json.dumps(TOOL_CALL_TRIGGER)} call " + '"</tool_call>"',
+            *rules,
+            r"SEP: /[ \n]{1,2}/",
+            "",
+        ]
+    )
+    _check(text, "tools", "the tool-call grammar")
+    return Grammar(text, triggers)
+
+
+def _response_schema(response_format: Mapping[str, Any] | None) -> Any:
+    """The JSON schema ``response_format`` asks for, or ``None`` for text."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise RequestError(
+            f"response_format.type must be text, json_object or json_schema; "
+            f"got {str(kind)[:64]!r}",
+            param="response_format",
+        )
+    spec = response_format.get("json_schema") or {}
+    schema = spec.get("schema") if isinstance(spec, Mapping) else None
+    if schema is None:  # no schema given: any JSON value
+        schema = {}
+    return _as_schema(schema, "response_format", "response_format.json_schema.schema")
+
+
+def _as_schema(schema: Any, param: str, where: str) -> Mapping[str, Any]:
+    if schema is True:
+        return {}
+    if not isinstance(schema, Mapping):
+        raise RequestError(
+            f"{where} must be a JSON schema (an object); got {str(schema)[:64]!r}",
+            param=param,
+        )
+    return schema
+
+
+def _tool_choice(
+    tool_choice: str | Mapping[str, Any] | None, tools: Sequence[Mapping[str, Any]]
+) -> tuple[str, list[str]] | None:
+    """``(mode, tool names)`` with mode ``auto``, ``required`` or ``named``; or
+    ``None`` when no tool may be called."""
+    names = [_tool_name(tool) for tool in tools]
+    if not names or tool_choice == "none":
+        return None
+    if tool_choice is None or tool_choice in ("auto", "required"):
+        return ("required" if tool_choice == "required" else "auto"), names
+    if isinstance(tool_choice, Mapping):
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if name in names:
+            return "named", [str(name)]
+        raise RequestError(
+            f"tool_choice names the function {str(name)[:64]!r}, which is not "
+            f"among the tools given",
+            param="tool_choice",
+        )
+    raise RequestError(
+        f"tool_choice must be none, auto, required or a function; "
+        f"got {str(tool_choice)[:64]!r}",
+        param="tool_choice",
+    )
+
+
+def _tool_name(tool: Mapping[str, Any]) -> str:
+    function = tool.get("function")
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise RequestError("every tool needs a function.name", param="tools")
+    return name
+
+
+def _call_rules(tools: Sequence[Mapping[str, Any]], names: list[str]) -> list[str]:
+    """The ``call`` rule: one alternative per callable tool, its arguments checked."""
+    rules: list[str] = []
+    alternatives: list[str] = []
+    for i, tool in enumerate(tools):
+        name = _tool_name(tool)
+        if name not in names:
+            continue
+        where = f"the parameters of tool {name!r}"
+        parameters = tool["function"].get("parameters")
+        schema = _NO_ARGUMENTS if parameters is None else parameters
+        schema = _as_schema(schema, "tools", where)
+        args = _json_rule(schema)
+        _check(args, "tools", where)
+        head = '{"name": ' + json.dumps(name) + ', "arguments": '
+        rules.append(f"call_{i}: {json.dumps(head)} args_{i} " + '"}"')
+        rules.append(f"args_{i}: {args}")
+        alternatives.append(f"call_{i}")
+    return [f"call: {' | '.join(alternatives)}", *rules]
+
+
+def _json_rule(schema: Mapping[str, Any]) -> str:
+    """A ``%json`` rule body for ``schema``, in this module's JSON style."""
+    styled = {**schema, "x-guidance": _JSON_STYLE}
+    return "%json " + json.dumps(styled, ensure_ascii=False)
+
+
+def _check(rule_or_grammar: str, param: str, where: str) -> None:
+    """Compile it (a rule alone as a whole grammar); a 400 naming what failed."""
+    text = rule_or_grammar
+    if not text.startswith("%llguidance"):
+        text = f"%llguidance {{}}\nstart: {rule_or_grammar}\n"
+    errors = grammar_errors(text)
+    if not errors:
+        return
+    keywords = [k for e in errors for k in unimplemented_keywords(e)]
+    if keywords:
+        listed = ", ".join(repr(k) for k in dict.fromkeys(keywords))
+        raise RequestError(
+            f"{where} uses the JSON-schema keyword(s) {listed}, which constrained "
+            f"decoding cannot express",
+            param=param,
+            code="unsupported_schema",
+        )
+    first = errors[0].strip().splitlines()[0] if errors[0].strip() else "?"
+    raise RequestError(
+        f"{where} cannot be compiled into a grammar: {first[:_ERROR_CHARS]}",
+        param=param,
+        code="unsupported_schema",
+    )

@@ -1,0 +1,449 @@
+"""UpstreamEngine against real servers: a scripted sluicegate, and a fault upstream.
+
+The fault upstream is a raw asyncio HTTP/1.1 server in the test's own loop: each
+test gives it the exact bytes to answer with (quirky streams, a 429 with
+``Retry-After``, a reset mid-stream), so what the engine makes of them is
+checked byte for byte. The scripted sluicegate is a real ``sluicegate serve``
+process: its ``/engine/stats`` shows whether an abort reached it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from sluicegate.core.chunks import Endpoint
+from sluicegate.core.errors import (
+    EngineError,
+    EngineRefused,
+    EngineTimeout,
+    EngineUnavailable,
+)
+from sluicegate.core.events import FinishReason, TextOutput
+from sluicegate.engines.base import (
+    GenerateRequest,
+    ModelInfo,
+    SamplingParams,
+    TextPrompt,
+)
+from sluicegate.engines.upstream import UpstreamEngine, UpstreamOutputs
+from sluicegate.engines.upstream_config import UpstreamConfig, UpstreamTimeouts
+from sluicegate.testing import ServerProcess, free_port, serve_command
+
+pytestmark = pytest.mark.anyio
+
+MODEL = ModelInfo("toy", 4096, 0)
+ABORT_WITHIN_S = 1.0
+"""How soon the upstream must list an aborted request (docs/DESIGN.md, "Engine
+protocol"), measured from ``close()``."""
+GIVE_UP_S = 10.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A real sluicegate on the scripted engine: 20 tokens/s of a long text."""
+    folder = tmp_path_factory.mktemp("upstream")
+    text = folder / "story.txt"
+    text.write_text("once upon a time " * 400, encoding="utf-8")
+    port = free_port()
+    command = serve_command(
+        port,
+        "--engine",
+        "scripted",
+        "--scripted-rate",
+        "20",
+        "--scripted-text",
+        str(text),
+        "--no-ledger",
+        "--log-level",
+        "warning",
+    )
+    with ServerProcess(command, port, log_path=folder / "scripted.log") as server:
+        server.wait_ready()
+        yield server
+
+
+def chat_request(request_id: str = "r1", max_tokens: int = 5) -> GenerateRequest:
+    messages = ({"role": "user", "content": "hi"},)
+    prompt = TextPrompt(Endpoint.CHAT, messages=messages, max_tokens=max_tokens)
+    return GenerateRequest(request_id, (), SamplingParams(max_tokens), prompt)
+
+
+def engine_for(*urls: str, **options: Any) -> UpstreamEngine:
+    timeouts = options.pop("timeouts", UpstreamTimeouts())
+    model = options.pop("model", "toy")
+    configs = [
+        UpstreamConfig(url, model=model, continuous_usage=True, timeouts=timeouts)
+        for url in urls
+    ]
+    options.setdefault("health_interval_s", 0)
+    return UpstreamEngine(MODEL, configs, **options)
+
+
+async def collect(outputs: UpstreamOutputs) -> list[TextOutput]:
+    return [output async for output in outputs]
+
+
+# -- the fault upstream --------------------------------------------------------
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+UNTIL_CLOSED = -1.0
+"""A piece of ``stream``: send nothing more until the client closes."""
+
+
+class FaultUpstream:
+    """Answers each request with the next script; records what was asked."""
+
+    def __init__(self) -> None:
+        self.scripts: list[Script] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.heads: list[bytes] = []
+        self.closed = asyncio.Event()
+
+    async def serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(head)
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.lower() == b"content-length":
+                        length = int(value)
+                self.bodies.append(orjson.loads(await reader.readexactly(length)))
+                await self.scripts.pop(0)(reader, writer)
+                if writer.is_closing():
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            self.closed.set()
+            writer.close()
+
+
+def status(code: int, body: bytes, *headers: str) -> Script:
+    async def script(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        extra = "".join(f"{h}\r\n" for h in headers)
+        writer.write(
+            f"HTTP/1.1 {code} X\r\ncontent-length: {len(body)}\r\n{extra}\r\n".encode()
+            + body
+        )
+        await writer.drain()
+
+    return script
+
+
+def stream(*pieces: bytes | float, reset: bool = False, end: bool = True) -> Script:
+    """A chunked 200 event stream of ``pieces`` (a float: sleep that long)."""
+
+    async def script(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        for piece in pieces:
+            if piece == UNTIL_CLOSED:
+                await writer.drain()
+                await reader.read()  # b"" at the client's close
+                return
+            if isinstance(piece, float):
+                await writer.drain()
+                await asyncio.sleep(piece)
+                continue
+            writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        await writer.drain()
+        if reset:
+            writer.transport.abort()
+        elif end:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    return script
+
+
+def data(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def delta(text: str, finish: str | None = None) -> bytes:
+    return data(
+        {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    )
+
+
+USAGE = data({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2}})
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.fixture
+async def fault() -> AsyncIterator[tuple[FaultUpstream, str]]:
+    upstream = FaultUpstream()
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield upstream, f"http://127.0.0.1:{port}/v1"
+        server.close()
+
+
+# -- against the scripted sluicegate --------------------------------------------
+
+
+async def test_a_stream_from_a_real_sluicegate(scripted: ServerProcess) -> None:
+    engine = engine_for(scripted.base_url + "/v1", model="scripted")
+    try:
+        outputs = engine.generate(chat_request(max_tokens=6))
+        await outputs.accepted()
+        items = await collect(outputs)
+    finally:
+        await engine.aclose()
+    assert items[-1].finish_reason is FinishReason.LENGTH
+    assert items[-1].prompt_tokens is not None
+    assert sum(o.completion_tokens for o in items) == 6
+    assert "".join(o.text for o in items).startswith("once upon")
+    assert engine.stats().finished_requests == 1
+    assert engine.stats().generated_tokens == 6
+
+
+async def test_close_aborts_the_request_upstream(scripted: ServerProcess) -> None:
+    engine = engine_for(scripted.base_url + "/v1", model="scripted")
+    admin = httpx.AsyncClient(base_url=scripted.base_url)
+    try:
+        before = (await admin.get("/engine/stats")).json()
+        outputs = engine.generate(chat_request(max_tokens=2000))
+        await outputs.accepted()
+        first = await outputs.__anext__()
+        assert first.text
+        closed_at = time.monotonic()
+        outputs.close()
+        while True:
+            stats = (await admin.get("/engine/stats")).json()
+            elapsed = time.monotonic() - closed_at
+            if (
+                stats["aborted_requests"] == before["aborted_requests"] + 1
+                and stats["running"] == 0
+                and stats["kv_cells_used"] == 0
+            ):
+                break
+            assert elapsed < GIVE_UP_S, stats
+            await asyncio.sleep(0.01)
+        assert elapsed <= ABORT_WITHIN_S, f"aborted {elapsed:.2f} s after close()"
+        assert engine.stats().aborted_requests == 1
+        assert engine.stats().running == 0
+    finally:
+        await admin.aclose()
+        await engine.aclose()
+
+
+# -- against the fault upstream ---------------------------------------------------
+
+
+async def test_quirks_become_clean_outputs(fault: tuple[FaultUpstream, str]) -> None:
+    upstream, url = fault
+    upstream.scripts.append(
+        stream(
+            b"\xef\xbb\xbf: keep-alive\r\n\r\n",
+            data({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}),
+            b"event: message\r\n" + delta("Hel").replace(b"\n", b"\r\n"),
+            delta("Hello"),
+            delta("Hello!", ""),
+            delta("", "stop"),
+            USAGE,
+            DONE,
+            DONE,
+        )
+    )
+    engine = engine_for(url)
+    try:
+        outputs = engine.generate(chat_request())
+        await outputs.accepted()
+        items = await collect(outputs)
+    finally:
+        await engine.aclose()
+    assert "".join(o.text for o in items) == "Hello!"
+    assert items[-1].finish_reason is FinishReason.STOP
+    assert items[-1].prompt_tokens == 9
+    assert sum(o.completion_tokens for o in items) == 2
+    body = upstream.bodies[0]
+    assert body["stream"] is True
+    assert body["n"] == 1
+    assert body["model"] == "toy"
+    assert body["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
+    assert b"POST /v1/chat/completions" in upstream.heads[0]
+
+
+async def test_a_429_passes_through_with_its_retry_after(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    upstream, url = fault
+    error = orjson.dumps({"error": {"message": "slow down", "code": "rate_limited"}})
+    upstream.scripts.append(status(429, error, "retry-after: 7"))
+    engine = engine_for(url)
+    try:
+        outputs = engine.generate(chat_request())
+        with pytest.raises(EngineRefused) as refused:
+            await outputs.accepted()
+    finally:
+        await engine.aclose()
+    assert refused.value.status == 429
+    assert refused.value.retry_after_s == 7
+    assert refused.value.error_code == "rate_limited"
+    assert str(refused.value) == "slow down"
+
+
+async def test_a_context_overflow_is_a_400_with_the_upstream_message(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    upstream, url = fault
+    message = "This model's maximum context length is 4096 tokens"
+    upstream.scripts.append(
+        status(400, orjson.dumps({"object": "error", "message": message, "code": 400}))
+    )
+    engine = engine_for(url, url)  # a 4xx is not tried elsewhere
+    try:
+        outputs = engine.generate(chat_request())
+        with pytest.raises(EngineRefused) as refused:
+            await outputs.accepted()
+        with pytest.raises(EngineRefused):
+            await collect(outputs)
+    finally:
+        await engine.aclose()
+    assert (refused.value.status, str(refused.value)) == (400, message)
+    assert len(upstream.bodies) == 1
+
+
+async def test_a_refusal_before_content_fails_over(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    upstream, url = fault
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    upstream.scripts += [
+        status(503, b"busy", "retry-after: 1"),
+        stream(delta("ok", "stop"), USAGE, DONE),
+    ]
+    engine = engine_for(dead, url, url)
+    try:
+        outputs = engine.generate(chat_request())
+        await outputs.accepted()
+        items = await collect(outputs)
+        counters = engine.upstream_counters()
+    finally:
+        await engine.aclose()
+    assert "".join(o.text for o in items) == "ok"
+    assert [c.failures_total for c in counters] == [1, 0, 0]
+    assert sum(c.refusals_total for c in counters) == 1
+
+
+async def test_no_reachable_upstream_is_unavailable() -> None:
+    engine = engine_for(f"http://127.0.0.1:{free_port()}/v1")
+    try:
+        outputs = engine.generate(chat_request())
+        with pytest.raises(EngineUnavailable):
+            await outputs.accepted()
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        (stream(delta("a"), reset=True), "broke"),
+        (stream(delta("a")), r"without \[DONE\]"),
+        (stream(delta("a"), data({"error": {"message": "oom"}})), "oom"),
+        (stream(delta("a"), DONE), "without a finish_reason"),
+    ],
+)
+async def test_a_failure_after_content_is_an_error_item(
+    fault: tuple[FaultUpstream, str], script: Script, message: str
+) -> None:
+    upstream, url = fault
+    upstream.scripts.append(script)
+    engine = engine_for(url)
+    try:
+        outputs = engine.generate(chat_request())
+        await outputs.accepted()
+        assert (await outputs.__anext__()).text == "a"
+        with pytest.raises(EngineError, match=message):
+            await outputs.__anext__()
+    finally:
+        await engine.aclose()
+    assert engine.stats().failed_requests == 1
+
+
+async def test_an_upstream_silent_past_the_idle_limit_times_out(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    upstream, url = fault
+    upstream.scripts.append(stream(delta("a"), UNTIL_CLOSED))
+    timeouts = UpstreamTimeouts(idle_s=0.2)
+    engine = engine_for(url, timeouts=timeouts)
+    try:
+        outputs = engine.generate(chat_request())
+        await outputs.accepted()
+        assert (await outputs.__anext__()).text == "a"
+        with pytest.raises(EngineTimeout, match="idle"):
+            await outputs.__anext__()
+        await asyncio.wait_for(upstream.closed.wait(), GIVE_UP_S)
+    finally:
+        await engine.aclose()
+
+
+async def test_the_connection_is_kept_alive_between_streams(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    upstream, url = fault
+    for _ in range(3):
+        upstream.scripts.append(stream(delta("x", "stop"), USAGE, DONE))
+    engine = engine_for(url)
+    try:
+        for i in range(3):
+            await collect(engine.generate(chat_request(f"r{i}")))
+    finally:
+        await engine.aclose()
+    assert len(upstream.bodies) == 3
+    assert not upstream.closed.is_set() or len(upstream.heads) == 3
+
+
+def test_a_config_dict_builds_the_engine(tmp_path: Path) -> None:
+    engine = UpstreamEngine.from_config(
+        MODEL,
+        [
+            {
+                "url": "http://10.0.0.5:8000/v1/",
+                "api_key_env": "KEY",
+                "max_streams": 8,
+                "model": "meta/llama",
+                "first_token_timeout_s": 30,
+                "total_timeout_s": None,
+            }
+        ],
+        {"KEY": "secret"},
+    )
+    (upstream,) = engine._upstreams
+    assert upstream.url == "http://10.0.0.5:8000/v1"
+    assert upstream.api_key == "secret"
+    assert upstream.timeouts.first_token_s == 30.0
+    with pytest.raises(ValueError, match="unknown"):
+        UpstreamEngine.from_config(MODEL, [{"url": "http://x", "speed": 1}], {})
+    with pytest.raises(ValueError, match="api_key_env"):
+        UpstreamEngine.from_config(
+            MODEL, [{"url": "http://x", "api_key_env": "NO"}], {}
+        )
