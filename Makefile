@@ -5,8 +5,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+PEER_VENV := bench/.peer-venv
 
-.PHONY: serve test check setup setup-dev model doctor system-deps clean
+.PHONY: serve test check setup setup-dev model doctor system-deps peer clean
 
 serve: setup model doctor
 	$(BIN)/sluicegate serve --host $(HOST) --port $(PORT)
@@ -52,6 +53,13 @@ doctor: setup model
 # Debian packages the tests drive for real (nginx as a buffering proxy).
 system-deps:
 	scripts/install-system-deps
+
+# The llama-cpp-python server the gateway tests put behind sluicegate, in its own
+# virtual environment (bench/.peer-venv), on the same llama-cpp-python build.
+peer: setup $(PEER_VENV)/.installed
+$(PEER_VENV)/.installed: bench/peer-venv.sh scripts/install-llama-cpp
+	bench/peer-venv.sh
+	touch $@
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*
