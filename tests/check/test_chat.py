@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -57,8 +59,10 @@ def test_chat_in_a_pty_streams_and_ctrl_c_aborts_the_request(tmp_path: Path) -> 
     with serve(args, tmp_path / "s.log") as url:
         pid, fd = pty.fork()
         if pid == 0:  # the child: the chat, on the pseudo-terminal
-            os.execv(sys.executable, [sys.executable, "-m", "sluicegate", "chat",
-                                      "--url", url, "--max-tokens", "400"])  # fmt: skip
+            # faulthandler: a hung chat prints every thread's stack on SIGABRT.
+            os.execve(sys.executable, [sys.executable, "-m", "sluicegate", "chat",
+                                       "--url", url, "--max-tokens", "400"],
+                      {**os.environ, "PYTHONFAULTHANDLER": "1"})  # fmt: skip
         seen = bytearray()
         try:
             read_until(fd, b"you> ", seen)
@@ -69,7 +73,15 @@ def test_chat_in_a_pty_streams_and_ctrl_c_aborts_the_request(tmp_path: Path) -> 
             read_until(fd, b" ", seen, after=first)  # more text, still streaming
             assert b"aborted" not in seen
             os.write(fd, b"\x03")  # Ctrl-C while the answer streams
-            read_until(fd, b"aborted", seen)
+            try:
+                read_until(fd, b"aborted", seen)
+            except AssertionError as exc:
+                os.kill(pid, signal.SIGABRT)  # show where the chat is stuck
+                with contextlib.suppress(AssertionError, OSError):
+                    read_until(fd, b"\x00never", seen)
+                raise AssertionError(
+                    f"no 'aborted' after Ctrl-C: {bytes(seen)!r}"
+                ) from exc
             read_until(fd, b"you> ", seen, after=seen.index(b"aborted"))
             stats = httpx.get(f"{url}/engine/stats").json()
             deadline = time.monotonic() + 5

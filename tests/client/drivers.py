@@ -41,6 +41,10 @@ class StreamDriver:
         else:
             self._deltas = self.stream.__aiter__()
 
+    def interrupt(self) -> None:
+        """``interrupt()``: the same plain method on both sides."""
+        self.stream.interrupt()
+
     async def texts(self, limit: int | None = None) -> list[str]:
         """The delta texts, up to ``limit`` of them (then stop reading, open)."""
         self.start()

@@ -182,6 +182,27 @@ async def test_closing_mid_stream_aborts_and_keeps_what_arrived(
         stream.start()
 
 
+async def test_an_interrupt_mid_stream_aborts_it_like_a_close(client_kind: str) -> None:
+    async with replaying(client_kind, chat_frames(["a", "b", "c"])) as client:
+        stream = client.stream_chat(MESSAGES, model="m")
+        assert await stream.texts(limit=1) == ["a"]
+        stream.interrupt()  # the mock has no socket: only the flag is set
+        result = await stream.result()  # the loop stops before the next chunk
+    assert result.end_state is EndState.ABORTED
+    assert result.text == "a"
+    assert result.transport_error is None
+
+
+async def test_an_interrupt_before_the_head_reads_no_body(client_kind: str) -> None:
+    async with replaying(client_kind, [good_body()]) as client:
+        stream = client.stream_chat(MESSAGES, model="m")
+        stream.interrupt()
+        result = await stream.result()
+    assert result.end_state is EndState.ABORTED
+    assert result.status == 200
+    assert result.text == ""
+
+
 async def test_closing_before_iterating_sends_nothing(client_kind: str) -> None:
     calls: list[httpx.Request] = []
 

@@ -4,16 +4,25 @@ The conversation is kept between turns. After each answer a status line gives
 the end state, time to first token, tokens/s and usage. Ctrl-C while an answer
 streams closes the connection (so the server aborts the request), keeps what
 arrived, and returns to the prompt; Ctrl-C or Ctrl-D at the prompt quits.
+
+The first Ctrl-C of an answer does not raise ``KeyboardInterrupt`` wherever
+Python happens to be (possibly halfway through the HTTP library's bookkeeping):
+its handler calls ``Stream.interrupt()``, which shuts the connection down, and
+the read loop ends as after a close. A second Ctrl-C raises as usual.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
-from sluicegate.client import Client, StreamResult, Timeouts
+from sluicegate.client import Client, Stream, StreamResult, Timeouts
 
 __all__ = ["add_chat", "run_chat", "status_line"]
 
@@ -76,15 +85,37 @@ def _answer(
         temperature=args.temperature,
     )  # fmt: skip
     try:
-        for delta in stream:
-            out.write(delta.text)
-            out.flush()
-    except KeyboardInterrupt:
+        with _interrupt_on_sigint(stream):
+            for delta in stream:
+                out.write(delta.text)
+                out.flush()
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before the handler was set
         stream.close()  # closing the connection is what aborts it server-side
     result = stream.result()
     out.write(f"\n{status_line(result)}\n")
     out.flush()
     return result
+
+
+@contextmanager
+def _interrupt_on_sigint(stream: Stream) -> Iterator[None]:
+    """While the body runs, the first SIGINT interrupts ``stream`` (see the module
+    docstring) and puts the previous handler back for the next one. Only the main
+    thread can set signal handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, previous)
+        stream.interrupt()
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

@@ -24,6 +24,8 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -69,6 +71,8 @@ class Stream:
         self._gen: Generator[TextDelta, None, None] = self._run()
         self._iterated = False
         self._result: StreamResult | None = None
+        self._interrupted = False
+        self._socket: socket.socket | None = None
 
     def __iter__(self) -> Iterator[TextDelta]:
         """The non-empty text deltas of every choice, in wire order.
@@ -107,6 +111,22 @@ class Stream:
         if self._result is None:  # closed before the request was sent
             self._result = self._assembler.flush(0.0, client_gone=True)
 
+    def interrupt(self) -> None:
+        """Give the stream up from a signal handler (or another thread).
+
+        The connection's socket is shut down, so a read in progress returns at
+        once and the stream ends ``aborted``, as after ``close()``. Unlike an
+        exception raised wherever the handler happens to run (Ctrl-C's
+        ``KeyboardInterrupt``), this never interrupts the HTTP library halfway
+        through its own bookkeeping: it sees a connection closed under it. Before
+        the response's head has arrived only a flag is set, read when it does.
+        """
+        self._interrupted = True
+        sock = self._socket
+        if sock is not None:
+            with contextlib.suppress(OSError):  # closed already
+                sock.shutdown(socket.SHUT_RDWR)
+
     def __enter__(self) -> Self:
         return self
 
@@ -128,12 +148,15 @@ class Stream:
                 ending.headed = True
                 elapsed = time.monotonic() - start
                 self._assembler.head(response.status_code, response.headers, elapsed)
+                self._socket = _socket_of(response)
+                if self._interrupted:  # before the head came: nothing to read
+                    return
                 timeouts = response.request.extensions["timeout"]  # read per body
                 timeouts["read"] = self._timeouts.body_read_s(elapsed)
                 for data in response.iter_bytes():
                     elapsed = time.monotonic() - start
                     yield from self._assembler.feed(data, elapsed)
-                    if self._assembler.stopped:
+                    if self._assembler.stopped or self._interrupted:
                         break
                     if self._timeouts.over_total(elapsed):
                         ending.timeout = TimeoutKind.TOTAL
@@ -142,6 +165,10 @@ class Stream:
             ending.client_gone = True
             raise
         finally:
+            self._socket = None
+            if self._interrupted:  # the shut-down socket is not a transport error
+                ending.client_gone = True
+                ending.transport_error = None
             if response is not None:
                 response.close()
             self._result = self._assembler.flush(
@@ -150,6 +177,13 @@ class Stream:
                 timeout=ending.timeout,
                 transport_error=ending.transport_error,
             )
+
+
+def _socket_of(response: httpx.Response) -> socket.socket | None:
+    """The socket under ``response``'s connection (``None`` for a mock transport)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    return sock if isinstance(sock, socket.socket) else None
 
 
 class Client:
