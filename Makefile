@@ -12,7 +12,9 @@ PEER_VENV := bench/.peer-venv
 serve: setup model doctor
 	$(BIN)/sluicegate serve --host $(HOST) --port $(PORT)
 
-test: setup-dev model system-deps doctor
+# The gateway tests also run the llama-cpp-python peer: `peer` (about 40 s the first
+# time on 2 cores once the llama.cpp wheel is built, under a second after that).
+test: setup-dev model system-deps doctor peer
 	scripts/check
 	scripts/test
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sluicegate.doctor import cpu_model, read_cpuinfo
+from sluicegate.cpu import cpu_model, read_cpuinfo
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "builds.json"

@@ -9,7 +9,9 @@ Each column gets a fresh upstream, ``sluicegate serve --engine scripted`` at
   written here (``--upstreams``): the same as ``--upstream
   http://127.0.0.1:PORT/v1`` but without the default per-upstream stream cap,
   which would queue the load (skipped, with a note, while ``sluicegate serve``
-  has no ``--upstream``);
+  has no ``--upstream``). ``--client`` names the HTTP clients of the hop to
+  compare (``engines/upstream_http.py``), one column each: ``sluicegate`` for
+  the engine's default, ``sluicegate/NAME`` for another;
 - ``litellm``: LiteLLM's proxy from ``bench/.litellm-venv`` (made by
   ``bench/litellm-venv.sh``; skipped, with a note, when that is missing), with a
   config file written here: one model, ``openai/scripted`` at the upstream's
@@ -51,7 +53,7 @@ and writes ``bench/results/gateway.json``. Not a test: nothing here asserts a
 timing.
 
 Run: ``.venv/bin/python bench/gateway.py [--n 50 200] [--duration-s 10]
-[--columns direct sluicegate litellm] [--quick]``
+[--columns direct sluicegate litellm] [--client aiohttp httpx] [--quick]``
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from typing import Any
 
 import httpx
 
+from sluicegate.engines.upstream_http import DEFAULT_HOP_CLIENT, HOP_CLIENTS
 from sluicegate.testing import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,10 +99,17 @@ EMPTY_CONTENT = b'"content":""'
 
 @dataclass(frozen=True)
 class Column:
-    """One way into the upstream: its name, and why it was skipped (or ``""``)."""
+    """One way into the upstream: its name, why it was skipped (or ``""``), and
+    for a sluicegate column the HTTP client of its hop."""
 
     name: str
     skipped: str = ""
+    client: str = DEFAULT_HOP_CLIENT
+
+    @property
+    def kind(self) -> str:
+        """``direct``, ``sluicegate`` or ``litellm``."""
+        return self.name.partition("/")[0]
 
 
 def _gateway_support() -> str:
@@ -123,9 +133,18 @@ def _litellm_support() -> str:
     return ""
 
 
-def _columns(names: Sequence[str]) -> list[Column]:
+def _columns(names: Sequence[str], clients: Sequence[str]) -> list[Column]:
     checks = {"sluicegate": _gateway_support, "litellm": _litellm_support}
-    return [Column(n, checks[n]() if n in checks else "") for n in names]
+    columns = []
+    for name in names:
+        skipped = checks[name]() if name in checks else ""
+        if name != "sluicegate":
+            columns.append(Column(name, skipped))
+            continue
+        for client in clients:
+            label = name if client == DEFAULT_HOP_CLIENT else f"{name}/{client}"
+            columns.append(Column(label, skipped, client))
+    return columns
 
 
 def _upstream_command(port: int, rate: float, text: Path) -> list[str]:
@@ -168,7 +187,7 @@ def _litellm_config(path: Path, upstream_port: int) -> Path:
     return path
 
 
-def _sluicegate_config(path: Path, upstream_port: int) -> Path:
+def _sluicegate_config(path: Path, upstream_port: int, client: str) -> Path:
     # The same as --upstream URL, but with no stream cap in the way: the
     # default per-upstream cap (64 streams) would queue the rest of the load,
     # and LiteLLM's column has none.
@@ -176,6 +195,7 @@ def _sluicegate_config(path: Path, upstream_port: int) -> Path:
         f'''[[models]]
 id = "{MODEL}"
 max_queued = 100000
+http_client = "{client}"
 
 [[models.upstreams]]
 url = "http://127.0.0.1:{upstream_port}/v1"
@@ -187,11 +207,13 @@ max_streams = 100000
 
 
 def _gateway_command(
-    name: str, port: int, upstream_port: int, tmp: Path
+    column: Column, port: int, upstream_port: int, tmp: Path
 ) -> tuple[list[str], dict[str, str], str]:
     """The gateway's argv, extra environment and readiness path."""
-    if name == "sluicegate":
-        config = _sluicegate_config(tmp / "upstreams.toml", upstream_port)
+    if column.kind == "sluicegate":
+        config = _sluicegate_config(
+            tmp / "upstreams.toml", upstream_port, column.client
+        )
         return (
             [
                 PYTHON,
@@ -454,9 +476,10 @@ def _row(
 
 
 def _measure_column(
-    column: str, args: argparse.Namespace, tmp: Path
+    spec: Column, args: argparse.Namespace, tmp: Path
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every N through one column, then its abort probes: (rows, probes)."""
+    column = spec.name
     text = tmp / "script.txt"
     upstream_port = free_port()
     with contextlib.ExitStack() as stack:
@@ -467,14 +490,14 @@ def _measure_column(
                 "upstream",
                 args.upstream_cpu,
                 "/health",
-                tmp / f"{column}-upstream.log",
+                tmp / f"{spec.kind}-upstream.log",
             )
         )
         pids = {"upstream": upstream}
         port = upstream_port
         if column != "direct":
             port = free_port()
-            command, env, ready = _gateway_command(column, port, upstream_port, tmp)
+            command, env, ready = _gateway_command(spec, port, upstream_port, tmp)
             pids["gateway"] = stack.enter_context(
                 _process(
                     command,
@@ -482,7 +505,7 @@ def _measure_column(
                     column,
                     args.gateway_cpu,
                     ready,
-                    tmp / f"{column}.log",
+                    tmp / f"{spec.kind}.log",
                     env,
                 )
             )
@@ -595,6 +618,13 @@ def _parser() -> argparse.ArgumentParser:
         default=["direct", "sluicegate", "litellm"],
         choices=["direct", "sluicegate", "litellm"],
     )
+    add(
+        "--client",
+        nargs="+",
+        default=[DEFAULT_HOP_CLIENT],
+        choices=HOP_CLIENTS,
+        help="HTTP clients of sluicegate's hop: one sluicegate column each",
+    )
     add("--upstream-cpu", default="0", help="taskset CPU list of the upstream")
     add("--gateway-cpu", default="1", help="taskset CPU list of a gateway")
     add("--load-cpu", default="1", help="taskset CPU list of the load process")
@@ -635,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.abort_streams, args.abort_wait_s = 2, 3.0
     if (os.cpu_count() or 1) < 2:
         args.upstream_cpu = args.gateway_cpu = args.load_cpu = "0"
-    columns = _columns(args.columns)
+    columns = _columns(args.columns, args.client)
     rows: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
     with _quiet(not args.no_quiet), tempfile.TemporaryDirectory() as name:
@@ -650,7 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if column.skipped:
                 continue
             try:
-                column_rows, column_probes = _measure_column(column.name, args, tmp)
+                column_rows, column_probes = _measure_column(column, args, tmp)
             except ColumnSkipped as why:
                 skipped[column.name] = str(why)
                 continue
@@ -669,6 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "count": os.cpu_count(),
         },
         "litellm_version": _litellm_version(),
+        "http_clients": list(args.client),
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "python": platform.python_version(),

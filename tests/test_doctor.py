@@ -11,15 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.doctor import (
-    CRASHED,
-    FAILED,
-    compiled_features,
-    cpu_flags,
-    diagnose,
-    missing_features,
-    run_child,
-)
+from sluicegate.cpu import compiled_features, cpu_flags, missing_features
+from sluicegate.doctor import CRASHED, FAILED, diagnose, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_INFO = (

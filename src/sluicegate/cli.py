@@ -75,7 +75,7 @@ def _build_engines(args: argparse.Namespace) -> list[Engine]:
         engines.append(_build_engine(args))
     if not upstreams:
         return engines
-    from sluicegate.engines.upstream_file import engines_from_file, engines_from_urls
+    from sluicegate.engines.upstream_file import engine_from_urls, engines_from_file
 
     try:
         if args.upstream:
@@ -84,7 +84,7 @@ def _build_engines(args: argparse.Namespace) -> list[Engine]:
                 "upstream" if local or not args.model_id else args.model_id
             )
             engines.append(
-                engines_from_urls(args.upstream, model_id, args.upstream_model)
+                engine_from_urls(args.upstream, model_id, args.upstream_model)
             )
         if args.upstreams is not None:
             engines.extend(engines_from_file(args.upstreams, os.environ))

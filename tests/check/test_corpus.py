@@ -27,6 +27,19 @@ EXPECTED_FAILS = {
     "usage_every_chunk": {"usage-included"},
     "finish_reason_empty": {"finish-reason-once"},
     "missing_role": {"role-first"},
+    "tool_calls_differ": {"tool-calls-agree"},
+    "tool_call_head_repeated": {"tool-call-deltas"},
+    "tool_finish_stop": {"tool-call-finish"},
+    "tool_arguments_invalid": {"tool-arguments-valid"},
+    "structured_output_invalid": {"structured-output"},
+    "tools_declined": set(),
+}
+TOOL_PROBES = {
+    "tool-calls-agree",
+    "tool-call-deltas",
+    "tool-call-finish",
+    "tool-arguments-valid",
+    "structured-output",
 }
 
 
@@ -54,6 +67,20 @@ def test_a_missing_exchange_is_not_observable_not_a_pass() -> None:
     assert got["multibyte-text"] is Verdict.NOT_OBSERVABLE
     assert got["rejects-invalid"] is Verdict.NOT_OBSERVABLE
     assert got["usage-included"] is Verdict.PASS
+
+
+def test_a_server_that_declines_tools_is_not_observable_not_a_pass() -> None:
+    got = verdicts("tools_declined")
+    assert {p: got[p] for p in TOOL_PROBES} == dict.fromkeys(
+        TOOL_PROBES, Verdict.NOT_OBSERVABLE
+    )
+
+
+def test_the_tool_probes_are_not_observable_without_their_exchanges() -> None:
+    got = verdicts("missing_role")
+    assert {p: got[p] for p in TOOL_PROBES} == dict.fromkeys(
+        TOOL_PROBES, Verdict.NOT_OBSERVABLE
+    )
 
 
 def test_every_probe_states_its_rule_and_source() -> None:

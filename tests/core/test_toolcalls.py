@@ -197,6 +197,14 @@ def test_a_head_the_text_cut_short_is_dropped():
     assert whole('<tool_call>{"name": "get_wea').content == ""
 
 
+def test_a_turn_of_calls_only_drops_what_it_holds_at_the_end():
+    for text in ("<tool_", "  ", " <tool_call"):
+        free, forced = ToolCallParser(["f"]), ToolCallParser(["f"], calls_only=True)
+        assert free.feed(text) == forced.feed(text) == []
+        assert forced.flush() == []
+        assert free.flush() == [text]  # text, in a turn that may have text
+
+
 def test_max_tokens_cutting_the_arguments_leaves_an_open_call():
     parser = _parser()
     parts = parser.feed('<tool_call>{"name": "f", "arguments": {"a": "x\\')

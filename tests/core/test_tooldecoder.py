@@ -129,20 +129,21 @@ def test_choices_parse_apart():
     assert {e.index for e in events if isinstance(e, Delta)} == {0, 1}
 
 
-def test_logprobs_ride_on_the_next_delta_when_the_parser_holds_text():
+def test_logprobs_are_of_content_tokens_only():
     decoder = _decoder(logprobs=True)
-    text = CALL
+    text = "Sure. " + CALL
     events: list[StreamEvent] = []
-    for i, token_id in enumerate(_ids(text)):
+    for token_id in _ids(text):
         events += decoder.feed(
             0, EngineOutput((token_id,), None, (TokenLogprob(token_id, -0.5),))
         )
-        assert i < 38 or events, "held only until the arguments begin"
     events += decoder.feed(
         0, EngineOutput((EOS,), FinishReason.STOP, (TokenLogprob(EOS, -0.1),))
     )
-    tokens = [t for e in events if isinstance(e, Delta) for t in e.logprobs or ()]
-    assert "".join(t.token for t in tokens) == text
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert all(not d.logprobs for d in deltas if d.parts is not None)
+    tokens = [t for d in deltas for t in d.logprobs or ()]
+    assert "".join(t.token for t in tokens) == "Sure. "
     assert events[-2] == Finish(0, FinishReason.TOOL_CALLS)
 
 
@@ -160,15 +161,15 @@ def test_logprobs_of_text_held_at_the_end_go_out_before_the_finish():
     assert [t.token for d in deltas for t in d.logprobs or ()] == ["<"]
 
 
-def test_logprobs_of_a_dropped_head_still_count_before_the_finish():
+def test_a_dropped_head_sends_no_logprobs():
     decoder = _decoder(logprobs=True)
     for token_id in _ids("<tool_call>{"):
         decoder.feed(
             0, EngineOutput((token_id,), None, (TokenLogprob(token_id, -1.0),))
         )
     events = decoder.feed(0, EngineOutput((), FinishReason.LENGTH, ()))
-    (delta,) = [e for e in events if isinstance(e, Delta)]
-    assert (delta.text, len(delta.logprobs or ())) == ("", 12)
+    assert [e for e in events if isinstance(e, Delta)] == []
+    assert events[-2] == Finish(0, FinishReason.LENGTH)
 
 
 def test_text_engines_outputs_are_parsed_too():

@@ -1,4 +1,4 @@
-"""ScriptedEngine, ScriptedTokenizer and the clock: scripts, limits, faults, timing.
+"""ScriptedEngine and ScriptedTokenizer: scripts, limits, faults, timing.
 
 Timing tests run on a ``ManualClock``: they step time instead of sleeping, so
 what they see does not depend on how busy the machine is.
@@ -24,8 +24,6 @@ from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.scripted import (
     DEFAULT_TEXT,
     ScriptedEngine,
-    _Clock,
-    _Sequence,
     parse_faults,
 )
 from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
@@ -515,49 +513,6 @@ async def test_error_rate_fails_a_seeded_share_of_sequences_at_its_step() -> Non
 # --- the clock ---------------------------------------------------------------
 
 
-def _sequence(request_id: str) -> _Sequence:
-    return _Sequence(_request(request_id), iter(()), SequenceOutputs(lambda: None))
-
-
-def test_clock_calls_back_in_due_order_and_never_before_due() -> None:
-    timers = ManualClock()
-    clock = _Clock(timers)
-    calls: list[tuple[str, float]] = []
-    delays_s = {"c": 0.03, "a": 0.01, "b": 0.02, "b2": 0.02}
-    for name, delay_s in delays_s.items():
-        clock.at(
-            delay_s,
-            _sequence(name),
-            lambda seq: calls.append((seq.request.request_id, timers.time())),
-        )
-    timers.advance(0.0099)
-    assert calls == []
-    timers.advance(1.0)
-    assert calls == [
-        ("a", 0.01),
-        ("b", 0.02),
-        ("b2", 0.02),
-        ("c", 0.03),
-    ]  # ties: as added
-
-
-def test_clock_entries_added_while_it_fires_wait_for_the_next_iteration() -> None:
-    # A callback that re-adds itself due now must not spin inside one firing:
-    # each loop iteration (a step of the clock) runs it once.
-    timers = ManualClock()
-    clock = _Clock(timers)
-    seen: list[int] = []
-
-    def again(seq: _Sequence) -> None:
-        seen.append(len(seen))
-        clock.at(timers.time(), seq, again)
-
-    clock.at(timers.time(), _sequence("s"), again)
-    for ran in range(1, 51):
-        timers.step()
-        assert len(seen) == ran
-
-
 def test_an_endless_sequence_at_an_unbounded_rate_yields_between_steps() -> None:
     timers = ManualClock()
     engine = ScriptedEngine(never_finishes=True, tokens_per_s=math.inf, clock=timers)
@@ -599,52 +554,6 @@ async def test_on_the_event_loop_an_unbounded_rate_lets_other_tasks_run() -> Non
         task.cancel()
     engine.abort("r")
     assert engine.stats().running == 0
-
-
-def test_clock_skips_voided_entries_and_still_runs_the_later_ones() -> None:
-    timers = ManualClock()
-    clock = _Clock(timers)
-    calls: list[str] = []
-    sequences = {name: _sequence(name) for name in "abcd"}
-    for delay_s, name in enumerate("abcd", start=1):
-        clock.at(
-            delay_s * 0.005,
-            sequences[name],
-            lambda seq: calls.append(seq.request.request_id),
-        )
-    clock.void(sequences["a"])  # the earliest entry: the timer is armed for it
-    clock.void(sequences["c"])
-    timers.advance(1.0)
-    assert calls == ["b", "d"]
-
-
-def test_an_earlier_entry_added_later_rearms_the_clock_for_its_time() -> None:
-    timers = ManualClock()
-    clock = _Clock(timers)
-    calls: list[tuple[str, float]] = []
-
-    def record(seq: _Sequence) -> None:
-        calls.append((seq.request.request_id, timers.time()))
-
-    clock.at(0.25, _sequence("late"), record)
-    clock.at(0.01, _sequence("early"), record)
-    timers.advance(1.0)
-    assert calls == [("early", 0.01), ("late", 0.25)]
-
-
-@pytest.mark.anyio
-async def test_clock_drops_void_entries_once_they_are_most_of_the_heap() -> None:
-    # Aborted sequences must not stay in the heap (with their prompts) until
-    # their long prefill delay would have ended.
-    loop = asyncio.get_running_loop()
-    clock = _Clock(loop)
-    sequences = [_sequence(f"s{i}") for i in range(200)]
-    for seq in sequences:
-        clock.at(loop.time() + 30, seq, lambda seq: None)
-    for seq in sequences[:150]:
-        clock.void(seq)
-    assert len(clock._heap) <= 100
-    assert {entry[3] for entry in clock._heap} >= set(sequences[150:])
 
 
 @pytest.mark.anyio

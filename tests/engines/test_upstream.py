@@ -26,7 +26,7 @@ from sluicegate.core.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
-from sluicegate.core.events import FinishReason, TextOutput
+from sluicegate.core.events import FinishReason, TextOutput, ToolCallFragment
 from sluicegate.engines.base import (
     GenerateRequest,
     ModelInfo,
@@ -447,3 +447,207 @@ def test_a_config_dict_builds_the_engine(tmp_path: Path) -> None:
         UpstreamEngine.from_config(
             MODEL, [{"url": "http://x", "api_key_env": "NO"}], {}
         )
+
+
+# -- accepted at the first content, not at the 200 ---------------------------------
+
+ROLE = data({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+
+
+def closed_mid_body(*pieces: bytes) -> Script:
+    """A chunked 200 whose connection closes (FIN) after ``pieces``, the body
+    unfinished: the client reads them, then the break."""
+
+    async def script(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        for piece in pieces:
+            writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        await writer.drain()
+        writer.close()
+
+    return script
+
+
+BEFORE_CONTENT = [
+    pytest.param(closed_mid_body(ROLE), "broke", id="closed"),
+    pytest.param(stream(ROLE), r"without \[DONE\]", id="ended"),
+    pytest.param(stream(ROLE, data({"error": {"message": "oom"}})), "oom", id="error"),
+    pytest.param(stream(ROLE, DONE), "without a finish_reason", id="done"),
+]
+
+
+@pytest.mark.parametrize(("script", "message"), BEFORE_CONTENT)
+async def test_a_200_that_fails_before_content_is_a_502_before_any_output(
+    fault: tuple[FaultUpstream, str], script: Script, message: str
+) -> None:
+    upstream, url = fault
+    upstream.scripts.append(script)
+    engine = engine_for(url)
+    try:
+        outputs = engine.generate(chat_request())
+        with pytest.raises(EngineRefused, match=message) as refused:
+            await outputs.accepted()
+        with pytest.raises(EngineRefused):
+            await collect(outputs)
+        counters = engine.upstream_counters()
+    finally:
+        await engine.aclose()
+    assert refused.value.status == 502
+    assert "before any content" in str(refused.value)
+    assert [c.failures_total for c in counters] == [1]
+    assert engine.stats().failed_requests == 1
+
+
+@pytest.mark.parametrize(("script", "message"), BEFORE_CONTENT)
+async def test_a_200_that_fails_before_content_fails_over(
+    fault: tuple[FaultUpstream, str], script: Script, message: str
+) -> None:
+    upstream, url = fault
+    upstream.scripts += [script, stream(ROLE, delta("ok", "stop"), USAGE, DONE)]
+    engine = engine_for(url, url)
+    try:
+        outputs = engine.generate(chat_request())
+        await outputs.accepted()
+        items = await collect(outputs)
+        counters = engine.upstream_counters()
+    finally:
+        await engine.aclose()
+    assert "".join(o.text for o in items) == "ok"
+    assert items[-1].finish_reason is FinishReason.STOP
+    assert sum(o.completion_tokens for o in items) == 2  # the answer's own usage
+    assert [c.failures_total for c in counters] == [1, 0]
+    assert len(upstream.bodies) == 2
+
+
+async def test_the_usage_of_a_stream_that_failed_before_content_is_not_counted(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    upstream, url = fault
+    usage = {"prompt_tokens": 9, "completion_tokens": 40}
+    upstream.scripts += [
+        stream(ROLE, data({"choices": [], "usage": usage})),
+        stream(delta("ok"), delta("", "stop"), DONE),
+    ]
+    engine = engine_for(url, url)
+    try:
+        outputs = engine.generate(chat_request())
+        await outputs.accepted()
+        items = await collect(outputs)
+    finally:
+        await engine.aclose()
+    assert [o.completion_tokens for o in items] == [1, 0]
+    assert items[-1].prompt_tokens is None
+
+
+async def test_an_in_band_status_before_content_is_that_status(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    """vLLM puts an HTTP status in an in-band error's code: a 4xx is the
+    client's answer, and no other upstream is asked."""
+    upstream, url = fault
+    error = {"object": "error", "message": "too long", "type": "BadRequestError"}
+    upstream.scripts.append(stream(data({**error, "code": 400})))
+    engine = engine_for(url, url)
+    try:
+        outputs = engine.generate(chat_request())
+        with pytest.raises(EngineRefused) as refused:
+            await outputs.accepted()
+    finally:
+        await engine.aclose()
+    assert (refused.value.status, str(refused.value)) == (400, "too long")
+    assert len(upstream.bodies) == 1
+
+
+async def test_an_empty_answer_is_accepted_at_its_finish(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    upstream, url = fault
+    upstream.scripts.append(stream(ROLE, delta("", "stop"), USAGE, DONE))
+    engine = engine_for(url)
+    try:
+        outputs = engine.generate(chat_request())
+        await outputs.accepted()
+        items = await collect(outputs)
+    finally:
+        await engine.aclose()
+    assert [(o.text, o.finish_reason) for o in items] == [("", FinishReason.STOP)]
+
+
+# -- tool calls ------------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "get_time"}}]
+
+
+def call_delta(*calls: dict[str, Any], finish: str | None = None) -> bytes:
+    return data(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": list(calls)},
+                    "finish_reason": finish,
+                }
+            ]
+        }
+    )
+
+
+async def test_tool_calls_pass_through_normalized(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    """An upstream that repeats the id and name on every chunk: each comes once."""
+    upstream, url = fault
+    call = {"index": 0, "id": "call_u", "type": "function"}
+    upstream.scripts.append(
+        stream(
+            ROLE,
+            call_delta({**call, "function": {"name": "get_time", "arguments": "{"}}),
+            call_delta({**call, "function": {"name": "get_time", "arguments": "}"}}),
+            call_delta(finish="tool_calls"),
+            data(
+                {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5}}
+            ),
+            DONE,
+        )
+    )
+    extra = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    prompt = TextPrompt(
+        Endpoint.CHAT, ({"role": "user", "content": "time?"},), extra=extra
+    )
+    engine = engine_for(url)
+    try:
+        outputs = engine.generate(GenerateRequest("r1", (), SamplingParams(5), prompt))
+        await outputs.accepted()
+        items = await collect(outputs)
+    finally:
+        await engine.aclose()
+    assert [f for o in items for f in o.tool_calls] == [
+        ToolCallFragment(0, "call_u", "get_time"),
+        ToolCallFragment(0, arguments="{"),
+        ToolCallFragment(0, arguments="}"),
+    ]
+    assert all(o.text == "" for o in items)
+    assert items[-1].finish_reason is FinishReason.TOOL_CALLS
+    assert sum(o.completion_tokens for o in items) == 5
+    body = upstream.bodies[0]
+    assert {k: body[k] for k in extra} == extra
+
+
+async def test_no_content_within_the_first_token_limit_is_a_504(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    """A 200 and the role chunk, then silence: the status waits, then says 504."""
+    upstream, url = fault
+    upstream.scripts.append(stream(ROLE, UNTIL_CLOSED))
+    engine = engine_for(url, timeouts=UpstreamTimeouts(first_token_s=0.2))
+    try:
+        outputs = engine.generate(chat_request())
+        with pytest.raises(EngineRefused, match="time to first token") as refused:
+            await outputs.accepted()
+        await asyncio.wait_for(upstream.closed.wait(), GIVE_UP_S)
+    finally:
+        await engine.aclose()
+    assert refused.value.status == 504

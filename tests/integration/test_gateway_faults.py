@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from sluicegate.check import tools
+from sluicegate.check.probes import describe
 from sluicegate.core.endstate import EndState
 from sluicegate.server.ledger import LedgerRow, read_rows
 
@@ -104,9 +106,27 @@ def test_sluicegate_check_passes_through_a_gateway_to_a_scripted_upstream(
     )
     assert report.exists(), done.stdout + done.stderr
     probes = json.loads(report.read_text())["probes"]
-    failed = [p for p in probes if p["verdict"] != "pass"]
+    # The scripted engine writes its script whatever the request asks, so it
+    # cannot make the forced call or the JSON the tool and schema probes ask for.
+    tool_probes = {
+        describe(probe)[0]
+        for probe in (
+            tools.tool_calls_agree,
+            tools.tool_call_deltas,
+            tools.tool_call_finish,
+            tools.tool_arguments_valid,
+            tools.structured_output,
+        )
+    }
+    failed = [
+        p for p in probes if p["verdict"] != "pass" and p["probe"] not in tool_probes
+    ]
     assert not failed, json.dumps(failed, indent=2, ensure_ascii=False)
-    assert done.returncode == 0
+    assert {p["probe"] for p in probes} >= tool_probes
+    tools_failed = any(
+        p["verdict"] == "fail" for p in probes if p["probe"] in tool_probes
+    )
+    assert done.returncode == (1 if tools_failed else 0)
 
 
 def test_the_scripted_text_arrives_whole_through_the_gateway(
@@ -419,3 +439,87 @@ def test_an_upstream_429_with_retry_after_passes_through(
     assert error["message"] == "rate limit reached for requests"
     assert set(error) >= {"message", "type", "param", "code"}
     assert error["code"] == "rate_limit_exceeded"
+
+
+# -- a 200 that fails before any content --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fails_at_once(start_server: StartServer) -> ServerProcess:
+    """A scripted upstream whose every sequence fails at its first decode step:
+    a 200 and the role chunk, then an in-band error, before any content."""
+    return scripted(start_server, "scripted-error-after-0", "--fault", "error-after:0")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_upstream_that_fails_before_any_content_is_a_status(
+    start_server: StartServer, fails_at_once: ServerProcess, stream: bool
+) -> None:
+    """The upstream's 200 is not the client's: its failure is a 502, no stream."""
+    gateway = start_gateway(
+        start_server,
+        f"gateway-fails-at-once-{stream}",
+        [api_base(fails_at_once)],
+        MODEL,
+    )
+    with httpx.Client(base_url=gateway.base_url, timeout=READ_TIMEOUT_S) as client:
+        direct = record_stream(
+            client, f"{fails_at_once.base_url}{CHAT}", {**HELLO, "stream": True}
+        )
+        response = client.post(CHAT, json={**HELLO, "stream": stream})
+
+    assert direct.status == 200  # asked directly: 200, then the error in band
+    error_event(direct.events)
+    assert response.status_code == 502, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert "before any content" in response.json()["error"]["message"]
+    wait_for_stats(gateway, is_idle)
+    wait_for_stats(fails_at_once, is_idle)
+
+
+def test_an_upstream_that_fails_before_any_content_fails_over(
+    start_server: StartServer, fails_at_once: ServerProcess, plain: ServerProcess
+) -> None:
+    """Listed first, it fails each request it takes; the other upstream answers
+    every one with a normal stream."""
+    gateway = start_gateway(
+        start_server,
+        "gateway-fails-at-once-first",
+        [api_base(fails_at_once), api_base(plain)],
+        MODEL,
+    )
+    failed_before = stats_of(fails_at_once)["failed_requests"]
+    finished_before = stats_of(plain)["finished_requests"]
+    with httpx.Client(base_url=gateway.base_url, timeout=READ_TIMEOUT_S) as client:
+        for stream in (True, False, True):
+            if stream:
+                recorded, choices = collect(client, CHAT, HELLO)
+                assert recorded.status == 200
+                assert choices[0].finish_reason == "stop"
+                assert choices[0].text
+            else:
+                body = complete(client, CHAT, HELLO)
+                assert response_text(body)
+    assert stats_of(plain)["finished_requests"] == finished_before + 3
+    assert stats_of(fails_at_once)["failed_requests"] > failed_before
+
+
+def empty_200(body: dict[str, Any]) -> Reply:
+    """A 200 with event-stream headers, then the connection closes: no event."""
+    return Reply(events=())
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_200_that_closes_without_an_event_is_a_502(
+    start_server: StartServer, stream: bool
+) -> None:
+    with FakeUpstream(empty_200) as silent:
+        gateway = start_gateway(
+            start_server, f"gateway-empty-200-{stream}", [silent.url], MODEL
+        )
+        with httpx.Client(base_url=gateway.base_url, timeout=READ_TIMEOUT_S) as c:
+            response = c.post(CHAT, json={**HELLO, "stream": stream})
+        gateway.stop()
+    assert response.status_code == 502, response.text
+    assert "before any content" in response.json()["error"]["message"]
+    assert silent.requests, "the upstream was asked"

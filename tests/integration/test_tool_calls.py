@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import openai
 import pytest
+from pydantic import BaseModel
 
 from .servers import ServerProcess, StartServer
 
@@ -137,12 +138,9 @@ needs_grammar = pytest.mark.skipif(
 )
 
 
-@needs_grammar
-@pytest.mark.llamacpp
-@pytest.mark.parametrize("stream", [False, True])
-def test_real_model_required_call_is_valid_json(
-    sdk: openai.OpenAI, model_id: str, stream: bool
-) -> None:
+def required_call(model_id: str, **changes: Any) -> dict[str, Any]:
+    """The request the real-model tests vary: ``get_weather``, which the model
+    must call, at temperature 0."""
     kwargs: dict[str, Any] = {
         "model": model_id,
         "messages": ASK,
@@ -151,10 +149,25 @@ def test_real_model_required_call_is_valid_json(
         "max_tokens": 128,
         "temperature": 0,
     }
+    return {**kwargs, **changes}
+
+
+def stream_snapshot(sdk: openai.OpenAI, kwargs: dict[str, Any]) -> Any:
+    """The stream helper's completion, however the answer finished."""
+    with sdk.chat.completions.stream(**kwargs) as events:
+        list(events)  # get_final_completion() raises for "length"
+        return events.current_completion_snapshot
+
+
+@needs_grammar
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("stream", [False, True])
+def test_real_model_required_call_is_valid_json(
+    sdk: openai.OpenAI, model_id: str, stream: bool
+) -> None:
+    kwargs = required_call(model_id)
     if stream:
-        with sdk.chat.completions.stream(**kwargs) as events:
-            list(events)  # get_final_completion() raises for "length"
-            final = events.current_completion_snapshot
+        final = stream_snapshot(sdk, kwargs)
     else:
         final = sdk.chat.completions.create(**kwargs)
     choice = final.choices[0]
@@ -190,19 +203,9 @@ def test_real_model_named_parameterless_call_gets_braces(
 def test_real_model_streamed_call_equals_the_non_streamed_one(
     sdk: openai.OpenAI, model_id: str
 ) -> None:
-    kwargs: dict[str, Any] = {
-        "model": model_id,
-        "messages": ASK,
-        "tools": TOOLS[:1],
-        "tool_choice": "required",
-        "max_tokens": 128,
-        "temperature": 0,
-        "seed": 7,
-    }
+    kwargs = required_call(model_id, seed=7)
     whole = sdk.chat.completions.create(**kwargs)
-    with sdk.chat.completions.stream(**kwargs) as events:
-        list(events)  # get_final_completion() raises for "length"
-        streamed = events.current_completion_snapshot
+    streamed = stream_snapshot(sdk, kwargs)
     assert _calls(streamed.choices[0].message) == _calls(whole.choices[0].message)
     assert streamed.choices[0].finish_reason == whole.choices[0].finish_reason
 
@@ -212,14 +215,7 @@ def test_real_model_streamed_call_equals_the_non_streamed_one(
 def test_real_model_max_tokens_cutting_a_call_is_length(
     sdk: openai.OpenAI, model_id: str
 ) -> None:
-    response = sdk.chat.completions.create(
-        model=model_id,
-        messages=ASK,
-        tools=TOOLS[:1],
-        tool_choice="required",
-        max_tokens=8,
-        temperature=0,
-    )
+    response = sdk.chat.completions.create(**required_call(model_id, max_tokens=8))
     assert response.choices[0].finish_reason == "length"
 
 
@@ -258,3 +254,68 @@ def test_real_model_answers_after_a_tool_result(
     assert choice.finish_reason in ("stop", "length")
     assert choice.message.tool_calls is None
     assert choice.message.content
+
+
+# -- the SDK's accumulating and parsing helpers, on the real model ------------
+
+
+class GetWeather(BaseModel):
+    """The weather in a city."""
+
+    city: str
+    unit: Literal["c", "f"]
+
+
+NAMED_WEATHER: Any = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@needs_grammar
+@pytest.mark.llamacpp
+def test_real_model_stream_helper_final_calls_equal_the_non_streamed_create(
+    sdk: openai.OpenAI, model_id: str
+) -> None:
+    kwargs = required_call(model_id, tool_choice=NAMED_WEATHER, max_tokens=64)
+    whole = sdk.chat.completions.create(**kwargs)
+    with sdk.chat.completions.stream(**kwargs) as events:
+        done = [e for e in events if e.type == "tool_calls.function.arguments.done"]
+        final = events.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert whole.choices[0].finish_reason == "tool_calls"
+    calls = _calls(whole.choices[0].message)
+    assert len(calls) == 1
+    assert _calls(final.choices[0].message) == calls
+    assert [(e.name, e.arguments) for e in done] == calls
+    assert isinstance(json.loads(calls[0][1]), dict)
+
+
+@needs_grammar
+@pytest.mark.llamacpp
+def test_real_model_parse_fills_a_strict_pydantic_tools_arguments(
+    sdk: openai.OpenAI, model_id: str
+) -> None:
+    tool = openai.pydantic_function_tool(GetWeather)
+    assert tool["function"].get("strict") is True
+    kwargs: Any = {
+        "model": model_id,
+        "messages": ASK,
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "GetWeather"}},
+        "max_tokens": 64,
+        "temperature": 0,
+    }
+    whole = sdk.chat.completions.parse(**kwargs)
+    with sdk.chat.completions.stream(**kwargs) as events:
+        streamed = events.get_final_completion()
+    parsed = []
+    for completion in (whole, streamed):
+        choice = completion.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        calls = choice.message.tool_calls or []
+        assert len(calls) == 1
+        call = calls[0]
+        assert call.function.name == "GetWeather"
+        arguments = call.function.parsed_arguments
+        assert isinstance(arguments, GetWeather)
+        assert arguments == GetWeather.model_validate_json(call.function.arguments)
+        parsed.append((call.function.arguments, arguments))
+    assert parsed[0] == parsed[1]

@@ -13,7 +13,7 @@ from sluicegate.engines.base import Grammar
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab
 from sluicegate.model import default_model_path
-from sluicegate.server.constraints import grammar_for
+from sluicegate.server.constraints import NO_TOOL_MARKUP, grammar_for
 
 WEATHER = {
     "type": "function",
@@ -233,3 +233,19 @@ def test_response_formats_admit_only_matching_json(vocab: Any) -> None:
     assert accepts(vocab, both, '{"legs": 4}')
     assert accepts(vocab, both, PARIS)
     assert not accepts(vocab, both, "Hello")
+
+
+@needs_model
+def test_a_turn_that_may_not_call_admits_text_but_no_tool_markup(vocab: Any) -> None:
+    assert accepts(vocab, NO_TOOL_MARKUP, "It is 18 degrees and clear in Paris.")
+    assert accepts(vocab, NO_TOOL_MARKUP, "a < b, and <tool> is a word.\n")
+    assert not accepts(vocab, NO_TOOL_MARKUP, PARIS)
+    assert not accepts(vocab, NO_TOOL_MARKUP, "Sure.\n<tool_response>{}")
+    assert not accepts(vocab, NO_TOOL_MARKUP, "<<tool_x")
+    assert not accepts(vocab, NO_TOOL_MARKUP, "<tool<tool_")
+    assert accepts(vocab, NO_TOOL_MARKUP, "<to<x, a<tool")
+    # The prefix dies at the "_": the mask forbids it, not only the end.
+    tokenizer, compiler = vocab
+    matcher = llguidance.LLMatcher(compiler.lltokenizer(), NO_TOOL_MARKUP.text)
+    ids = tokenizer.encode(PARIS, add_special=False, parse_special=False)
+    assert matcher.validate_tokens(ids) < len(ids)

@@ -8,8 +8,8 @@ from typing import cast
 from sluicegate.engines.base import Tokenizer
 from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
 from sluicegate.server.control_text import ControlText
+from sluicegate.server.messages import ChatMessage
 from sluicegate.server.prompt_text import longest_piece_bytes
-from sluicegate.server.schemas import ChatMessage
 from sluicegate.server.templates import ChatTemplate
 
 TOKENIZER = ScriptedTokenizer()

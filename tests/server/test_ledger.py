@@ -27,7 +27,9 @@ from sluicegate.server.ledger import (
     read_rows,
     usage_totals,
 )
-from sluicegate.server.ledger_writer import SCHEMA_VERSION, LedgerWriter, servers_dir
+from sluicegate.server.ledger_file import SCHEMA_VERSION
+from sluicegate.server.ledger_locks import servers_dir
+from sluicegate.server.ledger_writer import LedgerWriter
 
 from .asgi import CHAT, HELLO, Exchange, exchange
 

@@ -7,7 +7,7 @@ import pytest
 
 from sluicegate.core.errors import RequestError
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
-from sluicegate.server.schemas import ChatMessage
+from sluicegate.server.messages import ChatMessage
 from sluicegate.server.templates import ChatTemplate, encode_prompt
 
 TOKENIZER = ScriptedTokenizer()

@@ -165,12 +165,35 @@ async def test_max_tokens_cutting_a_call_finishes_with_length_in_both_modes():
     assert whole["message"]["tool_calls"][0]["function"] == call["function"]
 
 
-async def test_tool_choice_none_leaves_the_text_as_content():
-    ex = await exchange(_app(), CHAT, _body(tool_choice="none"))
-    choice = json.loads(ex.body)["choices"][0]
+async def test_tool_choice_none_ends_the_answer_where_tool_markup_would_start():
+    app = _app()
+    whole = json.loads((await exchange(app, CHAT, _body(tool_choice="none"))).body)
+    choice = whole["choices"][0]
     assert choice["finish_reason"] == "stop"
     assert "tool_calls" not in choice["message"]
-    assert "<tool_call>" in choice["message"]["content"]
+    assert choice["message"]["content"] == "Let me check.\n"
+    streamed = await exchange(app, CHAT, _body(tool_choice="none", stream=True))
+    assert _calls_of(streamed.payloads()) == []
+    assert "".join(streamed.contents()) == "Let me check.\n"
+    assert _finish_reasons(streamed.payloads()) == {0: "stop"}
+
+
+async def test_tool_choice_none_with_the_stop_string_in_the_output_keeps_the_text():
+    # The tag would be sent as the matched stop string: no markup stop then.
+    body = _body(tool_choice="none", include_stop_str_in_output=True)
+    choice = json.loads((await exchange(_app(), CHAT, body)).body)["choices"][0]
+    assert choice["message"]["content"].startswith("Let me check.\n<tool_call>")
+
+
+async def test_a_forced_call_cut_inside_its_opening_tag_sends_no_content():
+    script = SCRIPT[SCRIPT.index("<tool_call>") :]
+    tokenizer = ScriptedTokenizer()
+    cut = len(tokenizer.encode("<tool_", add_special=False, parse_special=True))
+    body = _body(tool_choice="required", max_tokens=cut, stream=True)
+    streamed = await exchange(_app(script), CHAT, body)
+    assert streamed.contents() == []
+    assert _calls_of(streamed.payloads()) == []
+    assert _finish_reasons(streamed.payloads()) == {0: "length"}
 
 
 async def test_parallel_calls_off_keeps_the_first_call_only():
@@ -241,3 +264,20 @@ async def test_an_unknown_named_tool_is_a_400_before_streaming():
         await ex.run()
     assert ex.status == 400
     assert json.loads(ex.body)["error"]["param"] == "tool_choice"
+
+
+async def test_logprobs_cover_the_content_tokens_alike_streamed_and_not():
+    app = _app()
+    body = _body(logprobs=True, top_logprobs=1)
+    whole = json.loads((await exchange(app, CHAT, body)).body)["choices"][0]
+    streamed = await exchange(app, CHAT, {**body, "stream": True})
+    entries = [
+        entry
+        for p in streamed.payloads()
+        for c in p["choices"]
+        if c.get("logprobs")
+        for entry in c["logprobs"]["content"]
+    ]
+    assert entries == whole["logprobs"]["content"]
+    assert "".join(e["token"] for e in entries) == "Let me check.\n"
+    assert whole["finish_reason"] == "tool_calls"

@@ -16,9 +16,15 @@ __all__ = [
     "N2",
     "NO_USAGE",
     "PLAIN",
+    "SCHEMA",
+    "SCHEMA_PLAIN",
     "STOP_MANY",
     "STOP_ONE",
     "STREAM",
+    "TOOLS",
+    "TOOLS_CUT",
+    "TOOLS_CUT_PLAIN",
+    "TOOLS_PLAIN",
 ]
 
 STREAM = "stream"
@@ -45,3 +51,16 @@ DISCONNECTED = "disconnected"
 """A long streamed answer the recorder closes after its first text."""
 AFTER_DISCONNECT = "after_disconnect"
 """``STREAM`` sent right after ``DISCONNECTED`` was closed."""
+TOOLS = "tools"
+"""A streamed chat offering one function (``get_weather``) with ``tool_choice``
+naming it, temperature 0, ``include_usage``."""
+TOOLS_PLAIN = "tools_plain"
+"""The ``TOOLS`` request without streaming."""
+TOOLS_CUT = "tools_cut"
+"""``TOOLS`` with a ``max_tokens`` too small to finish any call."""
+TOOLS_CUT_PLAIN = "tools_cut_plain"
+"""The ``TOOLS_CUT`` request without streaming."""
+SCHEMA = "schema"
+"""A streamed chat with a ``json_schema`` ``response_format``, temperature 0."""
+SCHEMA_PLAIN = "schema_plain"
+"""The ``SCHEMA`` request without streaming."""

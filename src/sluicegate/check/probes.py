@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from sluicegate.check import framing, semantics
+from sluicegate.check import framing, semantics, tools
 from sluicegate.check.transcript import Transcript
 from sluicegate.check.verdicts import Probe, ProbeResult, Verdict
 
@@ -35,6 +35,11 @@ PROBES: tuple[Probe, ...] = (
     semantics.n_choices,
     semantics.rejects_invalid,
     semantics.disconnect_then_serve,
+    tools.tool_calls_agree,
+    tools.tool_call_deltas,
+    tools.tool_call_finish,
+    tools.tool_arguments_valid,
+    tools.structured_output,
 )
 
 

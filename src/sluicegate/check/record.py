@@ -28,6 +28,42 @@ INVALID_PARAMS: Mapping[str, Mapping[str, Any]] = {
     "temperature": {"temperature": 5},
     "messages": {"messages": "not a list"},
 }
+TOOL_PROMPT = "What is the weather in Paris?"
+WEATHER_TOOL: Mapping[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+            },
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOL_MAX_TOKENS = 64
+"""Room for one call: a model that is made to call needs about 25 tokens."""
+TOOL_CUT_MAX_TOKENS = 3
+"""Too few for any call to ``get_weather``: its arguments need a city."""
+SCHEMA_PROMPT = "Describe a cat as JSON: its name and how many legs it has."
+ANIMAL_FORMAT: Mapping[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "animal",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "legs": {"type": "integer"}},
+            "required": ["name", "legs"],
+            "additionalProperties": False,
+        },
+    },
+}
+SCHEMA_MAX_TOKENS = 64
 
 
 def discover_model(client: Client) -> str:
@@ -150,11 +186,34 @@ def record(
     for what, bad in INVALID_PARAMS.items():
         body = {**_chat(model, PROMPT, **base, **usage), **bad}
         run(f"{names.INVALID}_{what}", partial(_stream, client, body))
+    _record_tools(client, model, run)
     long = _chat(model, PROMPT, temperature=0, max_tokens=512, **usage)
     run(names.DISCONNECTED, lambda: _stream(client, long, close_after_first=True))
     after = _chat(model, PROMPT, **base, **usage)
     run(names.AFTER_DISCONNECT, lambda: _stream(client, after))
     return out
+
+
+def _record_tools(
+    client: Client, model: str, run: Callable[[str, Callable[[], Transcript]], object]
+) -> None:
+    # Each exchange streamed and not, with the same body: the probes compare them.
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    tools = {"tools": [WEATHER_TOOL], "tool_choice": choice, "temperature": 0}
+    call = _chat(model, TOOL_PROMPT, **tools, max_tokens=TOOL_MAX_TOKENS)
+    cut = {**call, "max_tokens": TOOL_CUT_MAX_TOKENS}
+    schema = _chat(
+        model, SCHEMA_PROMPT, response_format=ANIMAL_FORMAT, temperature=0,
+        max_tokens=SCHEMA_MAX_TOKENS,
+    )  # fmt: skip
+    for stream_name, plain_name, body in (
+        (names.TOOLS, names.TOOLS_PLAIN, call),
+        (names.TOOLS_CUT, names.TOOLS_CUT_PLAIN, cut),
+        (names.SCHEMA, names.SCHEMA_PLAIN, schema),
+    ):
+        run(stream_name, partial(_stream, client, {**body, **usage}))
+        run(plain_name, partial(_plain, client, body))
 
 
 def _reference_text(t: Transcript) -> str:

@@ -3,7 +3,9 @@
 ``ChoiceOptions`` says what a choice echoes and which token ids end it;
 ``new_detokenizer`` turns them and a ``Vocabulary`` into the detokenizer of a
 token engine's choice (which ids never become text). ``TextChoiceDecoder`` is the
-decoder of an engine that yields text: it skips all token work.
+decoder of an engine that yields text: it skips all token work. ``new_choice``
+puts a choice's decoders together in the ``ChoiceState`` that ``ResponseDecoder``
+keeps for it.
 """
 
 from __future__ import annotations
@@ -12,12 +14,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sluicegate.core.choice import ChoiceStep
+from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.detokenize import IncrementalDetokenizer
-from sluicegate.core.events import FinishReason
-from sluicegate.core.stops import StopMatcher
+from sluicegate.core.events import FinishReason, TokenLogprob
+from sluicegate.core.logprobs import LogprobAligner
+from sluicegate.core.stops import StopMatcher, StopPattern
 
-__all__ = ["ChoiceOptions", "TextChoiceDecoder", "Vocabulary", "new_detokenizer"]
+__all__ = [
+    "ChoiceDecoding",
+    "ChoiceOptions",
+    "ChoiceState",
+    "TextChoiceDecoder",
+    "Vocabulary",
+    "new_choice",
+    "new_detokenizer",
+]
 
 
 class Vocabulary(Protocol):
@@ -120,3 +131,67 @@ def new_detokenizer(
     else:  # no copy of a large control-token set (Gemma 3 has 6,250)
         skip = special if ending <= special else ending | special
     return IncrementalDetokenizer(vocabulary.pieces, skip, drop_incomplete_tail=True)
+
+
+class ChoiceDecoding(Protocol):
+    """What both decoders share (``feed`` differs: token ids or text)."""
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens the choice has taken so far."""
+        ...
+
+    def flush(self) -> ChoiceStep:
+        """End of the choice: the text held back."""
+        ...
+
+
+@dataclass(eq=False, slots=True)
+class ChoiceState:
+    """One choice of a response, as ``ResponseDecoder`` decodes it.
+
+    Attributes:
+        index: the choice's index (0-based).
+        decoder: its ``ChoiceDecoder`` (token ids) or ``TextChoiceDecoder``.
+        detokenizer: the decoder's detokenizer; ``None``: the engine yields text.
+        echo: text sent before the engine's first token.
+        aligner: cuts the text at token ends, with logprobs; else ``None``.
+        finish_reason: how the choice ended (``None`` while open).
+        engine_done: the engine ended it, or it was named to abort.
+        read_done: nothing more is taken from this choice.
+        released_chars: text the decoder has released (chars).
+    """
+
+    index: int
+    decoder: ChoiceDecoding
+    detokenizer: IncrementalDetokenizer | None
+    echo: str = ""
+    aligner: LogprobAligner[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    engine_done: bool = False
+    read_done: bool = False
+    released_chars: int = 0
+
+
+def new_choice(
+    index: int,
+    options: ChoiceOptions,
+    vocabulary: Vocabulary | None,
+    pattern: StopPattern,
+    *,
+    include_stop_str_in_output: bool,
+    skip_special_tokens: bool,
+    logprobs: bool,
+) -> ChoiceState:
+    """Choice ``index`` of a response: a fresh stop matcher over ``pattern``, and
+    for a token engine (``vocabulary`` given) its detokenizer and, with
+    ``logprobs``, an aligner."""
+    stops = StopMatcher(pattern, include_stop_str_in_output=include_stop_str_in_output)
+    if vocabulary is None:
+        return ChoiceState(index, TextChoiceDecoder(stops), None, options.echo)
+    detokenizer = new_detokenizer(
+        options, vocabulary, skip_special_tokens=skip_special_tokens
+    )
+    aligner = LogprobAligner[TokenLogprob]() if logprobs else None
+    decoder = ChoiceDecoder(detokenizer, stops)
+    return ChoiceState(index, decoder, detokenizer, options.echo, aligner)

@@ -6,7 +6,8 @@ delivers it, writes the events ``feed`` returns, and asks the engine to abort th
 sequences that ``aborts`` and ``flush()`` name. Per choice, token ids go through a
 ``ChoiceDecoder`` (detokenizer, then stop matcher) and, with logprobs, a
 ``LogprobAligner``; an engine that yields text (``TextOutput``) skips all token
-work: its text only meets the stop matcher.
+work: its text only meets the stop matcher, and its tool-call fragments
+(``TextOutput.tool_calls``, shaped by the engine) become ``Delta`` parts.
 
 Invariants:
     - Per choice, in order: ``Delta`` events, then exactly one ``Finish``; text
@@ -31,20 +32,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.choice_setup import (
     ChoiceOptions,
+    ChoiceState,
     TextChoiceDecoder,
     Vocabulary,
-    new_detokenizer,
+    new_choice,
 )
-from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import (
     Delta,
+    DeltaParts,
     End,
     EngineOutput,
     Fail,
@@ -53,15 +53,11 @@ from sluicegate.core.events import (
     StreamEvent,
     TextOutput,
     TokenLogprob,
+    ToolCallFragment,
     Usage,
 )
-from sluicegate.core.logprobs import (
-    LogprobAligner,
-    LogprobToken,
-    TopLogprob,
-    describe_token,
-)
-from sluicegate.core.stops import StopMatcher, StopPattern, compile_stops
+from sluicegate.core.logprobs import describe_logprob
+from sluicegate.core.stops import compile_stops
 
 __all__ = [
     "ENDED_WITHOUT_FINISH",
@@ -79,28 +75,6 @@ ENDED_WITHOUT_FINISH = "The engine ended a sequence without a finish reason"
 """The in-band error of a sequence that ended without a finish reason."""
 
 _NO_EVENTS: tuple[StreamEvent, ...] = ()
-
-
-class _Decoder(Protocol):
-    """What both decoders share (``feed`` differs: token ids or text)."""
-
-    @property
-    def completion_tokens(self) -> int: ...
-
-    def flush(self) -> ChoiceStep: ...
-
-
-@dataclass(eq=False, slots=True)
-class _Choice:
-    index: int
-    decoder: _Decoder
-    detokenizer: IncrementalDetokenizer | None  # None: the engine yields text
-    echo: str = ""
-    aligner: LogprobAligner[TokenLogprob] | None = None
-    finish_reason: FinishReason | None = None
-    engine_done: bool = False  # the engine ended it, or it was named to abort
-    read_done: bool = False  # nothing more is taken from this choice
-    released_chars: int = 0  # text the decoder has released (chars)
 
 
 class ResponseDecoder:
@@ -169,7 +143,7 @@ class ResponseDecoder:
         pattern = compile_stops(stops)  # once per response, shared by its choices
         self._pieces: Sequence[bytes] = () if vocabulary is None else vocabulary.pieces
         self._choices = [
-            _new_choice(
+            new_choice(
                 index,
                 options,
                 vocabulary,
@@ -282,13 +256,18 @@ class ResponseDecoder:
                         self._counted.add(index)
                 text_decoder = self._text_decoders[index]
                 step = text_decoder.feed(item.text, item.completion_tokens)
-                if step.finish_reason is None and item.finish_reason is None:
+                ongoing = step.finish_reason is None and item.finish_reason is None
+                if ongoing and not item.tool_calls:
                     if not step.text:
                         return _NO_EVENTS
                     usage = self.usage if self._continuous_usage else None
                     return (Delta(index, step.text, None, usage),)
                 events = []
                 self._delta(choice, step.text, None, events)
+                if step.finish_reason is None:  # after a stop string: dropped
+                    self._tool_calls(index, item.tool_calls, events)
+                if ongoing:
+                    return events
                 self._finish(choice, item.finish_reason, step, events)
             elif item is None:
                 choice.engine_done = True
@@ -335,7 +314,7 @@ class ResponseDecoder:
                 unended.append(choice.index)
         return tuple(unended)
 
-    def _read(self, choice: _Choice, events: list[StreamEvent]) -> None:
+    def _read(self, choice: ChoiceState, events: list[StreamEvent]) -> None:
         """``choice`` is read to its end; after the last one, ``End``."""
         choice.read_done = True
         self._unread -= 1
@@ -346,7 +325,7 @@ class ResponseDecoder:
 
     def _finish(
         self,
-        choice: _Choice,
+        choice: ChoiceState,
         engine_reason: FinishReason | None,
         step: ChoiceStep,
         events: list[StreamEvent],
@@ -371,7 +350,7 @@ class ResponseDecoder:
         events.append(Finish(choice.index, reason, self._usage_so_far()))
 
     def _feed_with_logprobs(
-        self, choice: _Choice, output: EngineOutput, events: list[StreamEvent]
+        self, choice: ChoiceState, output: EngineOutput, events: list[StreamEvent]
     ) -> ChoiceStep:
         """The step's tokens one by one through the decoder and the aligner."""
         decoder, aligner = self._token_decoders[choice.index], choice.aligner
@@ -394,7 +373,7 @@ class ResponseDecoder:
         return step
 
     def _flush_aligner(
-        self, choice: _Choice, text: str, events: list[StreamEvent]
+        self, choice: ChoiceState, text: str, events: list[StreamEvent]
     ) -> None:
         if choice.aligner is not None:
             aligned = choice.aligner.flush(text)
@@ -402,7 +381,7 @@ class ResponseDecoder:
 
     def _delta(
         self,
-        choice: _Choice,
+        choice: ChoiceState,
         text: str,
         tokens: tuple[tuple[TokenLogprob, int], ...] | None,
         events: list[StreamEvent],
@@ -412,41 +391,24 @@ class ResponseDecoder:
             return
         logprobs = None
         if tokens is not None:
-            offset = len(choice.echo)
+            offset, pieces = len(choice.echo), self._pieces
             logprobs = tuple(
-                self._describe(logprob, offset + start) for logprob, start in tokens
+                describe_logprob(pieces, logprob, offset + start)
+                for logprob, start in tokens
             )
         events.append(Delta(choice.index, text, logprobs, self._usage_so_far()))
 
-    def _describe(self, logprob: TokenLogprob, text_offset: int) -> LogprobToken:
-        pieces = self._pieces
-        token, data = describe_token(pieces, logprob.token_id)
-        top = tuple(
-            TopLogprob(*describe_token(pieces, token_id), value)
-            for token_id, value in logprob.top
-        )
-        return LogprobToken(token, data, logprob.logprob, text_offset, top)
+    def _tool_calls(
+        self,
+        index: int,
+        fragments: tuple[ToolCallFragment, ...],
+        events: list[StreamEvent],
+    ) -> None:
+        """One ``Delta`` per fragment (a text engine's calls): the parts seam the
+        tool-call parser of the local engine feeds too (``core/tooldecoder.py``)."""
+        for fragment in fragments:
+            parts = DeltaParts((fragment,))
+            events.append(Delta(index, "", None, self._usage_so_far(), parts))
 
     def _usage_so_far(self) -> Usage | None:
         return self.usage if self._continuous_usage else None
-
-
-def _new_choice(
-    index: int,
-    options: ChoiceOptions,
-    vocabulary: Vocabulary | None,
-    pattern: StopPattern,
-    *,
-    include_stop_str_in_output: bool,
-    skip_special_tokens: bool,
-    logprobs: bool,
-) -> _Choice:
-    stops = StopMatcher(pattern, include_stop_str_in_output=include_stop_str_in_output)
-    if vocabulary is None:
-        return _Choice(index, TextChoiceDecoder(stops), None, options.echo)
-    detokenizer = new_detokenizer(
-        options, vocabulary, skip_special_tokens=skip_special_tokens
-    )
-    aligner = LogprobAligner[TokenLogprob]() if logprobs else None
-    decoder = ChoiceDecoder(detokenizer, stops)
-    return _Choice(index, decoder, detokenizer, options.echo, aligner)

@@ -121,12 +121,17 @@ class TextOutput:
             output).
         prompt_tokens: the prompt's tokens as the engine counted them (tokens),
             once it knows (at the latest on the last output); ``None`` before.
+        tool_calls: tool-call fragments of this step, already in the shape the
+            client gets (``ToolCallFragment``: a call's start, then pieces of
+            its arguments); ``()`` for none. They skip the stop matcher: stop
+            strings are matched on content only.
     """
 
     text: str
     finish_reason: FinishReason | None = None
     completion_tokens: int = 1
     prompt_tokens: int | None = None
+    tool_calls: tuple[ToolCallFragment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ delta's tokens join to that delta's content, and their ``token`` strings do too
 whenever no token splits a character.
 
 ``chat_logprobs`` and ``completion_logprobs`` build the two OpenAI shapes from
-``LogprobToken`` values (``describe_token`` gives a token's text and bytes).
+``LogprobToken`` values (``describe_token`` gives a token's text and bytes,
+``describe_logprob`` an engine's ``TokenLogprob`` as a ``LogprobToken``).
 
 Invariants (tested):
 
@@ -32,9 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sluicegate.core.errors import LocalProtocolError
+
+if TYPE_CHECKING:  # events imports this module
+    from sluicegate.core.events import TokenLogprob
 
 __all__ = [
     "AlignedStep",
@@ -43,6 +47,7 @@ __all__ = [
     "TopLogprob",
     "chat_logprobs",
     "completion_logprobs",
+    "describe_logprob",
     "describe_token",
 ]
 
@@ -188,6 +193,24 @@ def describe_token(pieces: Sequence[bytes], token_id: int) -> tuple[str, bytes]:
     """
     data = pieces[token_id]
     return data.decode("utf-8", errors="backslashreplace"), data
+
+
+def describe_logprob(
+    pieces: Sequence[bytes], logprob: TokenLogprob, text_offset: int
+) -> LogprobToken:
+    """An engine's ``TokenLogprob`` as wire values: text, bytes, logprob, offset
+    (``text_offset``, chars) and the alternatives, each described by
+    ``describe_token``.
+
+    Raises:
+        IndexError: a token id outside ``pieces``.
+    """
+    token, data = describe_token(pieces, logprob.token_id)
+    top = tuple(
+        TopLogprob(*describe_token(pieces, token_id), value)
+        for token_id, value in logprob.top
+    )
+    return LogprobToken(token, data, logprob.logprob, text_offset, top)
 
 
 def chat_logprobs(tokens: Sequence[LogprobToken]) -> dict[str, Any]:

@@ -111,6 +111,10 @@ class ToolCallParser:
             is content.
         max_calls: the most calls to make (1 when parallel calls are off), or
             ``None`` for no limit; text after the last allowed call is dropped.
+        calls_only: the turn may hold calls only (``tool_choice`` ``required``
+            or a named function, under a grammar that writes nothing else): text
+            held at the end, such as a block's opening cut short by
+            ``max_tokens``, is markup and is dropped, never sent as content.
         new_id: makes each call's id (``new_call_id`` by default).
 
     Attributes:
@@ -119,6 +123,7 @@ class ToolCallParser:
     """
 
     __slots__ = (
+        "_calls_only",
         "_depth",
         "_escape",
         "_held",
@@ -137,10 +142,12 @@ class ToolCallParser:
         tool_names: Iterable[str],
         *,
         max_calls: int | None = None,
+        calls_only: bool = False,
         new_id: Callable[[], str] = new_call_id,
     ) -> None:
         self._names = frozenset(tool_names)
         self._max_calls = max_calls
+        self._calls_only = calls_only
         self._new_id = new_id
         self._state = _State.TEXT
         self._held = ""  # text not decided yet, to be read again with the next
@@ -191,7 +198,8 @@ class ToolCallParser:
         Returns:
             Content that was held (a possible ``<tool_call>`` prefix, or
             whitespace at the start of a turn without calls); nothing for an
-            unfinished block head, for whitespace after a block, or inside a call.
+            unfinished block head, for whitespace after a block, inside a call,
+            or with ``calls_only``.
 
         Raises:
             LocalProtocolError: called twice.
@@ -200,6 +208,8 @@ class ToolCallParser:
         if state is _State.CLOSED:
             raise LocalProtocolError("ToolCallParser.flush() called twice")
         self._state, self._held = _State.CLOSED, ""
+        if self._calls_only:
+            return []
         keep = state is _State.TEXT or (state is _State.AFTER and held.strip(_WS))
         return [held] if keep and held else []
 

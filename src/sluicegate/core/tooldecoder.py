@@ -58,10 +58,13 @@ class ToolCallOptions:
         names: the functions the request offers (and ``tool_choice`` allows).
         max_calls: the most calls per choice (1 without parallel calls), or
             ``None`` for no limit.
+        calls_only: the turn holds calls only (``required`` or a named
+            function): see ``ToolCallParser``.
     """
 
     names: tuple[str, ...]
     max_calls: int | None = None
+    calls_only: bool = False
 
 
 class ToolCallDecoder(ResponseDecoder):
@@ -87,7 +90,12 @@ class ToolCallDecoder(ResponseDecoder):
     ) -> None:
         super().__init__(choices, vocabulary, **options)
         self._parsers = [
-            ToolCallParser(tools.names, max_calls=tools.max_calls, new_id=new_id)
+            ToolCallParser(
+                tools.names,
+                max_calls=tools.max_calls,
+                calls_only=tools.calls_only,
+                new_id=new_id,
+            )
             for _ in choices
         ]
         self._pending: list[tuple[LogprobToken, ...]] = [() for _ in choices]
@@ -126,9 +134,9 @@ class ToolCallDecoder(ResponseDecoder):
         for part in parts:
             if isinstance(part, str):
                 out.append(Delta(index, part, logprobs, source.usage))
-            else:
+            else:  # logprobs are of content tokens only, as OpenAI gives them
                 one = DeltaParts((part,))
-                out.append(Delta(index, "", logprobs, source.usage, one))
+                out.append(Delta(index, "", None, source.usage, one))
             logprobs = None
 
     def _finished(self, finish: Finish, out: list[StreamEvent]) -> None:
@@ -137,10 +145,7 @@ class ToolCallDecoder(ResponseDecoder):
         tail = parser.flush()
         last = Delta(index, "", None, finish.usage)
         self._parsed(last, tail, out)
-        pending = self._pending[index]
-        if pending:  # tokens whose text the parser kept: they still count
-            out.append(Delta(index, "", pending, finish.usage))
-            self._pending[index] = ()
+        self._pending[index] = ()  # held text never sent: no content, no logprobs
         reason = finish.finish_reason
         if reason is FinishReason.STOP and parser.calls and not parser.open_call:
             reason = FinishReason.TOOL_CALLS

@@ -4,7 +4,9 @@
 ``/completions`` response from an OpenAI-compatible server (vLLM, SGLang, TGI,
 llama.cpp's server, Ollama, sluicegate itself), as bytes in any split, and turns
 it into a few plain values: ``UpstreamDelta`` (new text of one choice),
-``UpstreamFinish``, ``Usage`` (each time it changes), ``UpstreamError`` (an
+``UpstreamToolCall`` (a fragment of one of its tool calls, normalized by
+``core/upstream_tools.py``), ``UpstreamFinish``, ``Usage`` (each time it
+changes), ``UpstreamError`` (an
 in-band error, or a stream that breaks the protocol), ``UpstreamDone`` (the first
 ``[DONE]``) and, from ``flush()``, ``UpstreamTruncated`` (the body ended without
 ``[DONE]``). What the gateway sends its own client is built from these values
@@ -35,7 +37,16 @@ Invariants:
     - Nothing follows an ``UpstreamError`` or ``UpstreamDone``; ``flush()``
       returns ``[UpstreamTruncated()]`` exactly when neither was returned.
     - Per choice, the ``UpstreamDelta`` texts are the choice's text, each
-      non-empty, and come before its one ``UpstreamFinish``.
+      non-empty, and come before its one ``UpstreamFinish``; so do its
+      ``UpstreamToolCall`` fragments (a call's start held for its name goes
+      out before the finish, or before an error or the truncation).
+    - A choice that made tool calls finishes ``TOOL_CALLS`` unless the
+      upstream said ``length`` or a call's arguments are not whole JSON (a
+      call cut short is never reported as made): then ``LENGTH`` when the
+      upstream said ``tool_calls`` (llama-cpp-python says so when
+      ``max_tokens`` cuts a call), else ``STOP`` (the call ended on its own,
+      as the local engine reports it). One that made none never finishes
+      ``TOOL_CALLS``.
 
 Cumulative text: a choice is taken to repeat its text cumulatively when its
 second non-empty text is longer than its first and starts with it, and its
@@ -49,8 +60,9 @@ first two texts.
 Deliberate divergences:
 
 - A ``finish_reason`` other than ``length`` and ``max_tokens`` is reported as
-  ``FinishReason.STOP`` (``UpstreamFinish.raw`` keeps the upstream's word),
-  except ``abort`` and ``error``, which are an ``UpstreamError``.
+  ``FinishReason.STOP``, or ``TOOL_CALLS`` when the choice made calls, whatever
+  the upstream's word (``UpstreamFinish.raw`` keeps it), except ``abort`` and
+  ``error``, which are an ``UpstreamError``.
 - Data that is not JSON, or JSON that is not an object, is an
   ``UpstreamError`` (code ``upstream_protocol_error``), not an exception: for
   the gateway it ends the stream like any other upstream failure.
@@ -62,6 +74,7 @@ event stream" (through ``SSEDecoder``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -70,8 +83,10 @@ import orjson
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import LocalProtocolError, RemoteProtocolError, bounded_repr
-from sluicegate.core.events import FinishReason, Usage
+from sluicegate.core.events import FinishReason, ToolCallFragment, Usage
 from sluicegate.core.sse import Event, SSEDecoder
+from sluicegate.core.toolcalls import new_call_id
+from sluicegate.core.upstream_tools import ToolCallNormalizer
 
 __all__ = [
     "PROTOCOL_ERROR_CODE",
@@ -82,6 +97,7 @@ __all__ = [
     "UpstreamFinish",
     "UpstreamItem",
     "UpstreamReader",
+    "UpstreamToolCall",
     "UpstreamTruncated",
 ]
 
@@ -98,6 +114,19 @@ class UpstreamDelta:
 
     index: int
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamToolCall:
+    """A fragment of one of choice ``index``'s tool calls, normalized (chat only).
+
+    ``fragment`` has the local engine's shape: a call's first fragment carries
+    its index (from 0), id and name with ``arguments == ""``; later ones more of
+    its arguments.
+    """
+
+    index: int
+    fragment: ToolCallFragment
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +172,7 @@ class UpstreamTruncated:
 
 UpstreamItem = (
     UpstreamDelta
+    | UpstreamToolCall
     | UpstreamFinish
     | Usage
     | UpstreamError
@@ -168,9 +198,10 @@ class ReaderState(StrEnum):
 class _Choice:
     """Cumulative-text detection and finish bookkeeping of one choice."""
 
-    __slots__ = ("finished", "first", "held", "mode", "seen")
+    __slots__ = ("finished", "first", "held", "mode", "seen", "tools")
 
     def __init__(self) -> None:
+        self.tools: ToolCallNormalizer | None = None  # at its first tool call
         self.mode: bool | None = None  # cumulative? None: not settled yet
         self.first = ""  # the first non-empty text
         self.held = ""  # an ambiguous second text, held back
@@ -223,8 +254,9 @@ class UpstreamReader:
 
     Args:
         endpoint: which API the stream answers: ``Endpoint.CHAT`` reads
-            ``choices[].delta.content``, ``Endpoint.COMPLETION``
-            ``choices[].text``.
+            ``choices[].delta.content`` and ``choices[].delta.tool_calls``,
+            ``Endpoint.COMPLETION`` ``choices[].text``.
+        new_id: makes the id of a tool call the upstream sent none for.
 
     Attributes:
         events: data events read so far (``[DONE]`` included).
@@ -232,11 +264,27 @@ class UpstreamReader:
     After ``flush()`` further calls raise ``LocalProtocolError``.
     """
 
-    __slots__ = ("_choices", "_decoder", "_endpoint", "_state", "_usage", "events")
+    __slots__ = (
+        "_choices",
+        "_decoder",
+        "_endpoint",
+        "_fast",
+        "_new_id",
+        "_state",
+        "_usage",
+        "events",
+    )
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(
+        self, endpoint: Endpoint, *, new_id: Callable[[], str] = new_call_id
+    ) -> None:
         self._endpoint = endpoint
+        self._new_id = new_id
         self._decoder = SSEDecoder()
+        # Whether the decoder stands between two events, past the stream's
+        # first bytes (its BOM) and not after a CR: then ``_feed_plain`` may read
+        # plain events itself.
+        self._fast = False
         self._state = ReaderState.READING
         self._choices: dict[int, _Choice] = {}
         self._usage: Usage | None = None
@@ -275,15 +323,18 @@ class UpstreamReader:
             if state is ReaderState.CLOSED:
                 raise LocalProtocolError("UpstreamReader.feed() after flush()")
             return []
+        out: list[UpstreamItem] = []
+        if self._fast:
+            start = self._feed_plain(data, out)
+            if start == len(data) or self._state is not ReaderState.READING:
+                return out
+            data = data[start:]
         try:
             events = self._decoder.feed(data)
         except RemoteProtocolError as exc:
-            out: list[UpstreamItem] = []
             self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
             return out
-        if not events:
-            return []
-        out = []
+        self._fast = data[-1:] == b"\n" and not self._decoder.pending
         for event in events:
             self._read(event, out)
             if self._state is not ReaderState.READING:
@@ -315,13 +366,53 @@ class UpstreamReader:
 
     # -- internals -----------------------------------------------------------
 
+    def _feed_plain(self, data: bytes, out: list[UpstreamItem]) -> int:
+        """Read the events at the start of ``data`` that are one ``data: `` line
+        each, holding a JSON object or ``[DONE]``, with LF line ends; return
+        where the rest begins (``len(data)`` once the stream ended).
+
+        The fast twin of ``SSEDecoder.feed`` + ``_read`` for what upstreams
+        send almost always (one event per chunk): no text decoding and no
+        ``Event``; orjson checks the UTF-8 itself. Anything else (a comment, a
+        CR, another field, more than one line, invalid UTF-8 or JSON) is left
+        to the decoder, which stays between two events meanwhile.
+        """
+        start = 0
+        size = len(data)
+        while start < size:
+            end = data.find(b"\n\n", start)
+            if end < 0 or not data.startswith(b"data: ", start):
+                return start
+            line = data[start + 6 : end]
+            if b"\n" in line or b"\r" in line:
+                return start
+            if line == b"[DONE]":
+                self.events += 1
+                self._done(out)
+                return size
+            if line[:1] != b"{":
+                return start
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                return start
+            self.events += 1
+            self._object(obj, out)
+            if self._state is not ReaderState.READING:
+                return size
+            start = end + 2
+        return start
+
+    def _done(self, out: list[UpstreamItem]) -> None:
+        self._settle_all(out)
+        out.append(UpstreamDone())
+        self._state = ReaderState.DONE
+
     def _read(self, event: Event, out: list[UpstreamItem]) -> None:
         self.events += 1
         data = event.data
         if data.strip() == "[DONE]":
-            self._settle_all(out)
-            out.append(UpstreamDone())
-            self._state = ReaderState.DONE
+            self._done(out)
             return
         try:
             obj = orjson.loads(data)
@@ -341,7 +432,14 @@ class UpstreamReader:
                 )
                 self._fail(out, why, PROTOCOL_ERROR_CODE)
             return
-        if event.event == "error" or obj.get("error") is not None:
+        if event.event == "error":
+            self._error(obj, out)
+            return
+        self._object(obj, out)
+
+    def _object(self, obj: dict[str, Any], out: list[UpstreamItem]) -> None:
+        """Read one event's JSON object (not of an ``error`` event)."""
+        if obj.get("error") is not None:
             self._error(obj, out)
             return
         if obj.get("object") == "error":  # vLLM's error object, not wrapped
@@ -367,28 +465,43 @@ class UpstreamReader:
             state = self._choices[index] = _Choice()
         if state.finished:
             return  # a repeated finish_reason, or text after it
+        calls = None
         if self._endpoint is Endpoint.CHAT:
             delta = choice.get("delta")
-            text = delta.get("content") if type(delta) is dict else None
+            text, calls = (
+                (delta.get("content"), delta.get("tool_calls"))
+                if type(delta) is dict
+                else (None, None)
+            )
         else:
             text = choice.get("text")
         if type(text) is str and text:
             new = state.feed(text)
             if new:
                 out.append(UpstreamDelta(index, new))
+        if calls:
+            tools = state.tools
+            if tools is None:
+                tools = state.tools = ToolCallNormalizer(self._new_id)
+            out.extend(UpstreamToolCall(index, f) for f in tools.feed(calls))
         reason = choice.get("finish_reason")
         if type(reason) is str and reason:
             if reason in _FAILED_REASONS:
                 why = f"the upstream ended choice {index} with finish_reason {reason!r}"
                 self._fail(out, why)
                 return
-            held = state.settle()
-            if held:
-                out.append(UpstreamDelta(index, held))
+            tools = self._settle(index, state, out)
             state.finished = True
-            finish = (
-                FinishReason.LENGTH if reason in _LENGTH_REASONS else FinishReason.STOP
-            )
+            if reason in _LENGTH_REASONS:
+                finish = FinishReason.LENGTH
+            elif tools is None or not tools.calls:
+                finish = FinishReason.STOP
+            elif not tools.open_call:
+                finish = FinishReason.TOOL_CALLS
+            else:  # an unfinished call: cut short, or it ended on its own
+                finish = (
+                    FinishReason.LENGTH if reason == "tool_calls" else FinishReason.STOP
+                )
             out.append(UpstreamFinish(index, finish, reason))
 
     def _read_usage(self, usage: dict[str, Any], out: list[UpstreamItem]) -> None:
@@ -441,6 +554,17 @@ class UpstreamReader:
     def _settle_all(self, out: list[UpstreamItem]) -> None:
         for index, state in self._choices.items():
             if not state.finished:
-                held = state.settle()
-                if held:
-                    out.append(UpstreamDelta(index, held))
+                state.finished = True
+                self._settle(index, state, out)
+
+    def _settle(
+        self, index: int, state: _Choice, out: list[UpstreamItem]
+    ) -> ToolCallNormalizer | None:
+        """A choice's held text and held tool-call start; its calls, if any."""
+        held = state.settle()
+        if held:
+            out.append(UpstreamDelta(index, held))
+        tools = state.tools
+        if tools is not None:
+            out.extend(UpstreamToolCall(index, f) for f in tools.flush())
+        return tools

@@ -6,8 +6,9 @@ reservation, aborts) plans: one token for every decoding sequence plus a chunk o
 the prompt of sequences still in prefill (at most ``step_tokens`` tokens in all,
 so a long prompt never stalls running streams for more than one step). Sequences
 join and leave between steps. This module keeps what needs llama.cpp: the ctypes
-batch, the samplers, the KV memory, the worker thread and the hand-off of outputs
-to the event loop.
+batch (``llamacpp_batch``), the samplers (``llamacpp_sampling``), the KV memory,
+the worker thread and the hand-off of outputs to the event loop
+(``llamacpp_handoff``).
 
 Threading: the worker thread owns the llama.cpp context; the event loop only
 touches plain Python state under ``_lock``. The outputs of one step reach their
@@ -40,44 +41,31 @@ exits non-zero. A fault in native code kills the process before any of this:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import llama_cpp as llama
-import numpy as np
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, TokenLogprob
 from sluicegate.core.scheduling import BatchScheduler, Phase, PlannedChunk, Scheduled
-from sluicegate.engines.base import (
-    EngineStats,
-    GenerateRequest,
-    ModelInfo,
-    OutputKind,
-    SamplingParams,
-)
+from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo, OutputKind
+from sluicegate.engines.llamacpp_batch import fill_batch, new_context
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler, GrammarError
+from sluicegate.engines.llamacpp_handoff import ABORTED, Handoff
+from sluicegate.engines.llamacpp_sampling import Sampling
+from sluicegate.engines.llamacpp_stats import Counters
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab, quiet_logs
 from sluicegate.engines.outputs import SequenceOutputs
 
 __all__ = ["LlamaCppEngine", "load_vocab"]
 
 log = logging.getLogger(__name__)
-
-_RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
-_RECENT_IDS = 256
-
-
-_ABORTED = None  # delivered when the request was aborted: its outputs end
-
-_Item = EngineOutput | EngineError | None
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -90,32 +78,6 @@ class _Sequence(Scheduled):
 
 
 _Plan = list[PlannedChunk[_Sequence]]
-
-
-def _deliver(items: list[tuple[_Sequence, _Item]]) -> None:
-    """On the event loop: hand each item to its sequence's outputs, in order."""
-    for seq, item in items:
-        if item is None:
-            seq.outputs.end()
-        elif isinstance(item, EngineError):
-            seq.outputs.fail(item)
-        else:
-            seq.outputs.push(item)
-
-
-@dataclass(slots=True)
-class _Counters:
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    wasted_tokens: int = 0
-    finished: int = 0
-    aborted: int = 0
-    failed: int = 0
-    kv_cells_used: int = 0
-    steps: int = 0
-    step_time_s: float = 0.0
-    last_step_tokens: int = 0
-    aborted_ids: deque[str] = field(default_factory=lambda: deque(maxlen=_RECENT_IDS))
 
 
 class LlamaCppEngine:
@@ -165,21 +127,18 @@ class LlamaCppEngine:
         self._n_ctx = min(n_ctx, train_ctx) if train_ctx > 0 else n_ctx
         self._n_parallel = n_parallel
         self._step_tokens = max(step_tokens, n_parallel)
-        threads = n_threads or os.cpu_count() or 1
-        cparams = llama.llama_context_default_params()
-        cparams.n_ctx = self._n_ctx
-        cparams.n_batch = self._step_tokens
-        cparams.n_ubatch = self._step_tokens
-        cparams.n_seq_max = n_parallel
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.kv_unified = True
-        cparams.no_perf = True
-        self._ctx = llama.llama_init_from_model(self._model_ptr, cparams)
+        self._ctx = new_context(
+            self._model_ptr,
+            n_ctx=self._n_ctx,
+            n_parallel=n_parallel,
+            step_tokens=self._step_tokens,
+            n_threads=n_threads or os.cpu_count() or 1,
+        )
         if not self._ctx:
             llama.llama_model_free(self._model_ptr)
             raise EngineError(f"llama.cpp could not create a context of {n_ctx} cells")
         self._memory = llama.llama_get_memory(self._ctx)
+        self._sampling = Sampling(self._ctx, self._tokenizer, self._grammars)
         self._batch = llama.llama_batch_init(self._step_tokens, 0, 1)
         self._model_info = ModelInfo(
             id=model_id or path.stem,
@@ -195,8 +154,8 @@ class LlamaCppEngine:
             queue_limit=queue_limit,
         )
         self._leaked_cells = 0
-        self._pending: list[tuple[_Sequence, _Item]] = []  # see _emit/_flush
-        self._counters = _Counters()
+        self._handoff = Handoff[_Sequence](self._lock)
+        self._counters = Counters()
         self._closed = False
         self._failure: str | None = None  # why the worker died, if it did
         self._fault: BaseException | None = None  # for tests: fail the next step
@@ -249,30 +208,16 @@ class LlamaCppEngine:
             if left is not None:  # it was queued
                 self._counters.aborted += 1
                 self._counters.aborted_ids.append(request_id)
-                self._emit(left, _ABORTED)
+                self._handoff.emit(left, ABORTED)
             self._lock.notify_all()
-        self._flush()
+        self._handoff.flush()
 
     def stats(self) -> EngineStats:
         """Queue depth, running sequences, KV cells used/total, token counters."""
         with self._lock:
-            c = self._counters
-            return EngineStats(
-                queued=len(self._scheduler.waiting),
-                running=len(self._scheduler.running),
-                kv_cells_used=c.kv_cells_used,
+            return self._counters.snapshot(
+                self._scheduler,
                 kv_cells_total=self._n_ctx,
-                prompt_tokens=c.prompt_tokens,
-                generated_tokens=c.generated_tokens,
-                wasted_tokens=c.wasted_tokens,
-                finished_requests=c.finished,
-                aborted_requests=c.aborted,
-                failed_requests=c.failed,
-                running_ids=tuple(self._scheduler.running),
-                aborted_ids=tuple(c.aborted_ids),
-                steps=c.steps,
-                step_time_s=c.step_time_s,
-                last_step_tokens=c.last_step_tokens,
                 failure=self._failure,
                 submit_limit=self._queue_limit,
             )
@@ -343,8 +288,8 @@ class LlamaCppEngine:
             running, queued = self._scheduler.drain()
             for seq in [*running, *queued]:
                 self._counters.failed += 1
-                self._emit(seq, error)
-        self._flush()
+                self._handoff.emit(seq, error)
+        self._handoff.flush()
 
     def _serve(self) -> None:
         scheduler = self._scheduler
@@ -357,52 +302,36 @@ class LlamaCppEngine:
                     return
                 self._reap_aborted()
                 for seq in scheduler.admit():
-                    seq.sampler = _make_sampler(
-                        seq.request.params, self._tokenizer.vocab_size
-                    )
+                    self._sampling.start(seq)
                 plan = scheduler.plan()
                 fault, self._fault = self._fault, None
-            self._flush()
+            self._handoff.flush()
             if plan:
                 self._step(plan, fault)
-                self._flush()
+                self._handoff.flush()
 
     def _drop_all(self) -> None:
         running, queued = self._scheduler.drain()
         for seq in running:
             self._free(seq)
             self._counters.aborted += 1
-            self._emit(seq, _ABORTED)
+            self._handoff.emit(seq, ABORTED)
         for seq in queued:
-            self._emit(seq, _ABORTED)
+            self._handoff.emit(seq, ABORTED)
         self._refresh_kv_cells()
-        self._flush()
+        self._handoff.flush()
 
     def _reap_aborted(self) -> None:
         for seq in self._scheduler.reap():
             self._free(seq)
             self._counters.aborted += 1
             self._counters.aborted_ids.append(seq.request_id)
-            self._emit(seq, _ABORTED)
+            self._handoff.emit(seq, ABORTED)
         self._refresh_kv_cells()
 
     def _step(self, plan: _Plan, fault: BaseException | None) -> None:
         batch = self._batch
-        n = 0
-        logits_at: list[tuple[_Sequence, int]] = []
-        for chunk in plan:
-            seq, tokens, pos = chunk.seq, chunk.tokens, chunk.first_pos
-            for i, token in enumerate(tokens):
-                batch.token[n] = token
-                batch.pos[n] = pos + i
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = seq.slot
-                last = chunk.wants_logits and i == len(tokens) - 1
-                batch.logits[n] = 1 if last else 0
-                if last:
-                    logits_at.append((seq, n))
-                n += 1
-        batch.n_tokens = n
+        n, logits_at = fill_batch(batch, plan)
         started = time.perf_counter()
         try:
             if fault is not None:
@@ -424,34 +353,18 @@ class LlamaCppEngine:
                 if isinstance(logprob, EngineError):  # its grammar failed: it alone
                     self._release(seq)
                     self._counters.failed += 1
-                    self._emit(seq, logprob)
+                    self._handoff.emit(seq, logprob)
                     continue
                 self._accept(seq, token, logprob)
             self._refresh_kv_cells()
 
     def _sample_or_fail(self, seq: _Sequence, idx: int) -> tuple[_Sequence, int, Any]:
         try:
-            return self._sample(seq, idx)
+            token, logprob = self._sampling.sample(seq, idx)
         except GrammarError as exc:
             log.error("sequence %s failed its grammar: %s", seq.request_id, exc)
             return seq, -1, EngineError(f"constrained decoding failed: {exc}")
-
-    def _sample(self, seq: _Sequence, idx: int) -> tuple[_Sequence, int, Any]:
-        grammar = seq.request.params.grammar
-        if grammar is None:
-            token = llama.llama_sampler_sample(seq.sampler, self._ctx, idx)
-        else:
-            if seq.constraint is None:
-                seq.constraint = self._grammars.constraint(grammar, seq.request.params)
-            token = seq.constraint.sample(seq.sampler, self._ctx, idx)
-        k = seq.request.params.logprobs
-        if k is None:
-            return seq, token, None
-        logits = np.ctypeslib.as_array(
-            llama.llama_get_logits_ith(self._ctx, idx),
-            shape=(self._tokenizer.vocab_size,),
-        )
-        return seq, token, _logprob_of(logits, token, k)
+        return seq, token, logprob
 
     def _accept(self, seq: _Sequence, token: int, logprob: TokenLogprob | None) -> None:
         reason = self._scheduler.accept(seq, token)
@@ -459,7 +372,7 @@ class LlamaCppEngine:
         if seq.abort_requested:
             self._counters.wasted_tokens += 1
             return  # reaped before the next step
-        self._emit(
+        self._handoff.emit(
             seq, EngineOutput((token,), reason, None if logprob is None else (logprob,))
         )
         if reason is not None:
@@ -476,32 +389,8 @@ class LlamaCppEngine:
                     continue
                 self._release(seq)
                 self._counters.failed += 1
-                self._emit(seq, error)
+                self._handoff.emit(seq, error)
             self._refresh_kv_cells()
-
-    def _emit(self, seq: _Sequence, item: _Item) -> None:
-        """Queue ``item`` for ``seq``'s consumer (under ``_lock``); see ``_flush``."""
-        self._pending.append((seq, item))
-
-    def _flush(self) -> None:
-        """Send what ``_emit`` queued: one loop callback per event loop.
-
-        Scheduled under ``_lock`` (``call_soon_threadsafe`` never blocks): the
-        worker and an ``abort()`` on the loop both flush, and a batch taken by
-        one must reach the loop before a later step's batch taken by the other.
-        """
-        with self._lock:
-            pending, self._pending = self._pending, []
-            if not pending:
-                return
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, _Item]]]
-            by_loop = {}
-            for seq, item in pending:
-                by_loop.setdefault(seq.loop, []).append((seq, item))
-            for loop, items in by_loop.items():
-                # A closed consumer loop raises RuntimeError: nobody is left.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_deliver, items)
 
     def _release(self, seq: _Sequence) -> None:
         """Remove a running sequence: free its KV cells, sampler and slot."""
@@ -517,9 +406,7 @@ class LlamaCppEngine:
         if left > 0:  # pragma: no cover - only if llama.cpp failed to free
             log.error("sequence %d still holds %d KV cells", seq.slot, left)
             self._leaked_cells += left
-        llama.llama_sampler_free(seq.sampler)
-        seq.sampler = None
-        seq.constraint = None
+        self._sampling.stop(seq)
 
     def _refresh_kv_cells(self) -> None:
         # Bookkeeping, not one llama.cpp call per sequence per step: each ctypes
@@ -527,58 +414,3 @@ class LlamaCppEngine:
         # cost milliseconds. _free() checks llama.cpp's memory itself.
         used = self._scheduler.kv_cells_used
         self._counters.kv_cells_used = used + self._leaked_cells
-
-
-def _logprob_of(logits: Any, token: int, k: int) -> TokenLogprob:
-    """Log-softmax of raw logits: the sampled token and its k best alternatives."""
-    shifted = logits.astype(np.float64) - float(logits.max())
-    log_z = float(np.log(np.exp(shifted).sum()))
-    top: tuple[tuple[int, float], ...] = ()
-    if k > 0:
-        best = np.argpartition(-shifted, k)[:k]
-        best = best[np.argsort(-shifted[best], kind="stable")]
-        top = tuple((int(t), float(shifted[t]) - log_z) for t in best)
-    return TokenLogprob(token, float(shifted[token]) - log_z, top)
-
-
-def _make_sampler(params: SamplingParams, n_vocab: int) -> Any:
-    chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-    add = llama.llama_sampler_chain_add
-    if params.logit_bias:
-        biases = (llama.llama_logit_bias * len(params.logit_bias))()
-        for i, (token, bias) in enumerate(params.logit_bias):
-            biases[i] = llama.llama_logit_bias(token, bias)
-        add(
-            chain,
-            llama.llama_sampler_init_logit_bias(
-                n_vocab, len(params.logit_bias), biases
-            ),
-        )
-    if (
-        params.repetition_penalty != 1.0
-        or params.frequency_penalty
-        or params.presence_penalty
-    ):
-        add(
-            chain,
-            llama.llama_sampler_init_penalties(
-                n_vocab,
-                64,
-                params.repetition_penalty,
-                params.frequency_penalty,
-                params.presence_penalty,
-            ),
-        )
-    if params.temperature <= 0.0:
-        add(chain, llama.llama_sampler_init_greedy())
-        return chain
-    if params.top_k > 0:
-        add(chain, llama.llama_sampler_init_top_k(params.top_k))
-    if params.top_p < 1.0:
-        add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
-    if params.min_p > 0.0:
-        add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
-    add(chain, llama.llama_sampler_init_temp(params.temperature))
-    seed = _RANDOM_SEED if params.seed is None else params.seed & 0xFFFFFFFF
-    add(chain, llama.llama_sampler_init_dist(seed))
-    return chain

@@ -10,8 +10,11 @@ that never finishes.
 
 ``ScriptedTokenizer`` (from ``scripted_vocab``) is its toy byte-piece vocabulary.
 ``ScriptedTextEngine`` (``scripted_text``) yields its text instead of token ids.
-Time comes from a ``Timers`` object (``clocks``): the running event loop by
-default, or a ``ManualClock`` that tests step by hand.
+Each sequence's ids come from ``Scripts`` (``scripted_script``); the CLI's fault
+specs are read by ``parse_faults`` (``scripted_faults``). Time comes from a
+``Timers`` object (``clocks``): the running event loop by default, or a
+``ManualClock`` that tests step by hand; all sequences share one ``HeapClock``
+(``heap_clock``) on it.
 
 Invariants:
     - Each sequence is a chain of event-loop timers (no task) that pushes into
@@ -39,23 +42,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
-import math
 import random
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypedDict
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
-from sluicegate.core.events import EngineOutput, FinishReason, TokenLogprob
+from sluicegate.core.events import EngineOutput, FinishReason
 from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo, OutputKind
-from sluicegate.engines.clocks import Timer, Timers
+from sluicegate.engines.clocks import Timers
+from sluicegate.engines.heap_clock import HeapClock
 from sluicegate.engines.outputs import SequenceOutputs
-from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
+from sluicegate.engines.scripted_faults import Faults, parse_faults
+from sluicegate.engines.scripted_script import (
+    DEFAULT_TEXT,
+    Script,
+    Scripts,
+    scripted_logprob,
+)
+from sluicegate.engines.scripted_vocab import ScriptedTokenizer
 
 __all__ = [
     "DEFAULT_TEXT",
@@ -68,73 +75,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_TEXT = "Hello! Café 日本語 😀 — the quick brown fox streams tokens correctly."
-"""What the default script says (then it ends with ``<end_of_turn>``)."""
-
-Script = str | Sequence[int] | Callable[[GenerateRequest], Iterable[int]]
-"""Text (encoded with special tokens parsed), token ids, or ids per request."""
-
-
-class Faults(TypedDict, total=False):
-    """Fault keyword arguments of ``ScriptedEngine`` (see its ``Args``)."""
-
-    prefill_delay_s: float
-    stall_at_step: int
-    stall_s: float
-    fail_at_step: int
-    fail_rate: float
-    seed: int
-    never_finishes: bool
-
-
-def parse_faults(specs: Iterable[str]) -> Faults:
-    """Fault specs (the CLI's ``--fault``) -> ``ScriptedEngine`` keyword arguments.
-
-    Args:
-        specs: each one of ``error-after:N`` (fail at decode step N, after N
-            steps were delivered), ``error-rate:P:N`` (the same, in a share P of
-            the sequences, drawn from a random generator seeded with ``seed:X``,
-            0 by default), ``prefill-delay:S`` (S seconds before the first token),
-            ``stall:K:S`` (S more seconds before decode step K) and
-            ``never-finishes``. Steps count from 0; seconds may be fractional.
-
-    Returns:
-        The keyword arguments; a later spec of the same kind wins.
-
-    Raises:
-        ValueError: an unknown spec or a malformed number, naming the spec.
-    """
-    faults: Faults = {}
-    for spec in specs:
-        name, *args = spec.split(":")
-        try:
-            if name == "error-after" and len(args) == 1:
-                faults["fail_at_step"] = int(args[0])
-                faults.pop("fail_rate", None)  # every sequence
-            elif name == "error-rate" and len(args) == 2:
-                rate = float(args[0])
-                if not 0.0 <= rate <= 1.0:
-                    raise ValueError("the share is not in [0, 1]")
-                faults["fail_rate"] = rate
-                faults["fail_at_step"] = int(args[1])
-            elif name == "seed" and len(args) == 1:
-                faults["seed"] = int(args[0])
-            elif name == "prefill-delay" and len(args) == 1:
-                faults["prefill_delay_s"] = float(args[0])
-            elif name == "stall" and len(args) == 2:
-                faults["stall_at_step"] = int(args[0])
-                faults["stall_s"] = float(args[1])
-            elif name == "never-finishes" and not args:
-                faults["never_finishes"] = True
-            else:
-                raise ValueError("unknown fault")
-        except ValueError as exc:
-            raise ValueError(
-                "expected error-after:N, error-rate:P:N, seed:X, prefill-delay:S, "
-                f"stall:K:S or never-finishes; got {spec!r}"
-            ) from exc
-    return faults
 
 
 class _Phase(Enum):
@@ -216,8 +156,7 @@ class ScriptedEngine:
         if tokens_per_s <= 0:
             raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s!r}")
         self._tokenizer = tokenizer or ScriptedTokenizer()
-        self._script = f"{DEFAULT_TEXT}<end_of_turn>" if script is None else script
-        self._text_ids: tuple[int, ...] | None = None
+        self._scripts = Scripts(script, self._tokenizer, never_finishes=never_finishes)
         self._model = ModelInfo(model_id, context_length, created=1_700_000_000)
         self._step_s = 1.0 / tokens_per_s
         self._prefill_delay_s = prefill_delay_s
@@ -238,7 +177,9 @@ class ScriptedEngine:
         self._running = 0
         self._closed = False
         self._timers = clock
-        self._clock: _Clock | None = None if clock is None else _Clock(clock)
+        self._clock: HeapClock[_Sequence] | None = None
+        if clock is not None:
+            self._clock = HeapClock(clock)
 
     @property
     def model(self) -> ModelInfo:
@@ -287,11 +228,11 @@ class ScriptedEngine:
         if self._timers is None:
             loop = asyncio.get_running_loop()
             if self._clock is None or self._clock.timers is not loop:
-                self._clock = _Clock(loop)
+                self._clock = HeapClock(loop)
         outputs: SequenceOutputs[EngineOutput] = SequenceOutputs(
             lambda: self.abort(request_id)
         )
-        seq = _Sequence(request, self._script_for(request), outputs)
+        seq = _Sequence(request, self._scripts.for_request(request), outputs)
         params = request.params
         seq.stop_ids = params.stop_token_ids
         if not params.ignore_eos:
@@ -358,31 +299,10 @@ class ScriptedEngine:
         for request_id in list(self._live):
             self.abort(request_id)
 
-    def _script_for(self, request: GenerateRequest) -> Iterator[int]:
-        script = self._script
-        if isinstance(script, str):
-            ids: Iterable[int] = self._encoded_text(script)
-        elif callable(script):
-            ids = script(request)
-        else:
-            ids = script
-        if self._never_finishes:
-            return _endless(ids)
-        return iter(ids)
-
-    def _encoded_text(self, text: str) -> tuple[int, ...]:
-        # Encoded once: the toy tokenizer is pure Python and a long script would
-        # otherwise cost more per request than serving its tokens.
-        if self._text_ids is None:
-            self._text_ids = tuple(
-                self._tokenizer.encode(text, add_special=False, parse_special=True)
-            )
-        return self._text_ids
-
     # -- the schedule: a chain of clock callbacks per sequence, no task -------
     #
     # Each sequence is a chain of callbacks (prefill delay, then one per decode
-    # step) on the engine's ``_Clock`` rather than a task: with thousands of
+    # step) on the engine's ``HeapClock`` rather than a task: with thousands of
     # streams a task per sequence cost a future, a task step and an Event per
     # token, and a loop timer per step cost more than the step itself.
 
@@ -473,103 +393,5 @@ class ScriptedEngine:
         return EngineOutput((token,), reason, (scripted_logprob(token, k, vocab_size),))
 
 
-class _Clock:
-    """Callbacks due at loop times, for many sequences, on one loop timer.
-
-    A heap of ``(due, order, wake, sequence, callback)``; the loop timer is armed
-    for the earliest entry only. An entry whose ``wake`` no longer matches its
-    sequence's was voided (abort) and is skipped. Entries due within half a
-    millisecond of now run together: the loop's own timers are no finer (uvloop
-    rounds to whole milliseconds). An entry added while the clock fires waits for
-    the next loop iteration, so a zero delay still yields to the loop.
-    """
-
-    _SLACK_S = 0.0005
-
-    def __init__(self, timers: Timers) -> None:
-        self.timers = timers
-        """What drives this clock: the event loop (asked once, not per token:
-        ``get_running_loop()`` is a ``getpid`` system call in CPython 3.11), or
-        a ``ManualClock``."""
-        self._heap: list[tuple[float, int, int, _Sequence, Callable[[_Sequence], None]]]
-        self._heap = []
-        self._order = itertools.count()
-        self._timer: Timer | None = None
-        self._timer_due = math.inf
-        self._firing = False
-        self._voided = 0  # voided entries still in the heap
-
-    def at(
-        self, due: float, seq: _Sequence, callback: Callable[[_Sequence], None]
-    ) -> None:
-        """Call ``callback(seq)`` at time ``due`` (seconds), unless voided.
-
-        A sequence has one entry at most: ``at`` again only once it ran.
-        """
-        assert not seq.pending, "one clock entry per sequence"
-        seq.pending = True
-        heapq.heappush(self._heap, (due, next(self._order), seq.wake, seq, callback))
-        if due < self._timer_due and not self._firing:
-            self._arm(due)
-
-    def void(self, seq: _Sequence) -> None:
-        """Drop ``seq``'s entry: it will not run. When voided entries are most of
-        the heap (many aborts during long prefill delays), the heap is rebuilt
-        without them, so that it holds no aborted request for long."""
-        seq.wake += 1
-        seq.pending = False
-        self._voided += 1
-        if not self._firing:
-            self._compact()
-
-    def _compact(self) -> None:
-        if self._voided > 64 and 2 * self._voided > len(self._heap):
-            self._heap = [e for e in self._heap if e[2] == e[3].wake]
-            heapq.heapify(self._heap)
-            self._voided = 0
-
-    def _arm(self, due: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_due = due
-        self._timer = self.timers.call_at(due, self._fire)
-
-    def _fire(self) -> None:
-        self._timer, self._timer_due = None, math.inf
-        heap = self._heap
-        horizon = self.timers.time() + self._SLACK_S
-        added = next(self._order)  # entries from this order on are added now
-        self._firing = True
-        try:
-            while heap and heap[0][0] <= horizon and heap[0][1] < added:
-                _, _, wake, seq, callback = heapq.heappop(heap)
-                if wake != seq.wake:
-                    self._voided -= 1
-                    continue
-                seq.pending = False
-                callback(seq)  # may add entries, due now or later
-        finally:
-            self._firing = False
-            self._compact()
-            if self._heap:
-                self._arm(self._heap[0][0])
-
-
-def scripted_logprob(token_id: int, k: int, vocab_size: int) -> TokenLogprob:
-    """The made-up logprob of a scripted token: ``-(token_id % 7 + 1) / 8``.
-
-    Its ``k`` alternatives are the token itself, then the next ids (wrapping
-    around the vocabulary), each ``0.5`` less likely than the one before.
-    """
-    logprob = -(token_id % 7 + 1) / 8
-    top = tuple(((token_id + i) % vocab_size, logprob - 0.5 * i) for i in range(k))
-    return TokenLogprob(token_id, logprob, top)
-
-
 def _cells(seq: _Sequence) -> int:
     return len(seq.request.prompt_token_ids) + seq.generated
-
-
-def _endless(ids: Iterable[int]) -> Iterator[int]:
-    cached = list(itertools.islice(ids, 1_000_000))
-    return itertools.cycle(cached or [BYTES_START + ord(" ")])

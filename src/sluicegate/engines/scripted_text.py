@@ -32,7 +32,8 @@ from sluicegate.engines.base import (
     TextPrompt,
 )
 from sluicegate.engines.outputs import SequenceOutputs
-from sluicegate.engines.scripted import Script, ScriptedEngine
+from sluicegate.engines.scripted import ScriptedEngine
+from sluicegate.engines.scripted_script import Script
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
 
 __all__ = ["ScriptedTextEngine"]

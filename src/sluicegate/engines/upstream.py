@@ -6,16 +6,23 @@ task per sequence that leases an upstream from the pool (``engines/pool.py``),
 POSTs ``<url>/chat/completions`` or ``<url>/completions`` with ``stream: true``
 and usage included, and pushes ``TextOutput`` into the sequence's
 ``UpstreamOutputs`` as the upstream's bytes are read (``core/upstream.py``
-decides what they mean). Each upstream has one pooled ``httpx.AsyncClient``
-(HTTP/1.1, keep-alive).
+decides what they mean). Each upstream has one pool of HTTP/1.1 keep-alive
+connections, a ``HopClient`` (``engines/upstream_http.py``: aiohttp's by
+default, or httpx's).
 
 Before any content, the sequence may still be refused: ``accepted()`` raises
 ``EngineRefused`` (the upstream's 429 or 503 with its ``Retry-After``, its 4xx
 with its message) or ``EngineUnavailable`` (no upstream could be reached), so
 the server answers with a status. A refusal that another upstream might not
 give (a connect error, 429, 5xx) is first tried on the next eligible upstream.
-Once accepted, a failure (a reset, an in-band error, a stream without
-``[DONE]``, a time limit) is the sequence's ``EngineError``.
+The sequence is accepted at the stream's first content (a text, a tool call or
+a finish), not at the upstream's 200: a 200 whose stream breaks, errs or ends
+before that is such a refusal too (``failure_before_content``). Once accepted,
+a failure (a reset, an in-band error, a stream without ``[DONE]``, a time
+limit) is the sequence's ``EngineError``.
+
+Tool calls (``UpstreamToolCall``, normalized by the reader) go out as
+``TextOutput.tool_calls``, one fragment per output.
 
 Invariants:
     - ``abort()`` and ``UpstreamOutputs.close()`` cancel the sequence's task,
@@ -54,6 +61,7 @@ from sluicegate.core.upstream import (
     UpstreamFinish,
     UpstreamItem,
     UpstreamReader,
+    UpstreamToolCall,
 )
 from sluicegate.engines.base import (
     EngineStats,
@@ -75,9 +83,16 @@ from sluicegate.engines.pool import (
 from sluicegate.engines.upstream_config import (
     REFUSAL_BODY_MAX_BYTES,
     UpstreamConfig,
+    failure_before_content,
     refusal_of,
     request_body,
     upstream_from_dict,
+)
+from sluicegate.engines.upstream_http import (
+    DEFAULT_HOP_CLIENT,
+    HopError,
+    HopResponse,
+    hop_client,
 )
 
 __all__ = ["UpstreamEngine", "UpstreamOutputs"]
@@ -98,11 +113,13 @@ class UpstreamOutputs(SequenceOutputs[TextOutput]):
         self._accept = accept
 
     async def accepted(self) -> None:
-        """Return once an upstream answered 200 and its stream began.
+        """Return once an upstream's stream brought its first content (a text,
+        a tool call or a finish).
 
         Raises:
             EngineRefused: the upstream's status (429/503 with ``Retry-After``,
-                a 4xx with its message), or the pool's 503.
+                a 4xx with its message; a 502 for a 200 whose stream failed
+                before any content), or the pool's 503.
             EngineUnavailable: no upstream could be reached.
             EngineTimeout: the time to first token ran out first.
             EngineError: the sequence ended otherwise before it was accepted.
@@ -157,11 +174,15 @@ class UpstreamEngine:
         max_queued, queue_timeout_s, eject_after_failures, cooldown_s,
             retry_after_s: the pool's (``UpstreamPool``).
         health_interval_s: seconds between active health checks (``0``: none).
-        transport: an httpx transport for every upstream (tests); ``None``:
-            httpx's own.
+        http_client: the HTTP client of every upstream, one of
+            ``HOP_CLIENTS`` (``engines/upstream_http.py``); ``None``:
+            ``"httpx"`` with a ``transport``, else ``DEFAULT_HOP_CLIENT``.
+        transport: an httpx transport for every upstream (tests; httpx's
+            client only); ``None``: httpx's own.
 
     Raises:
-        ValueError: no upstream, or a setting out of range.
+        ValueError: no upstream, a setting out of range, or an unknown
+            ``http_client``.
     """
 
     def __init__(
@@ -175,6 +196,7 @@ class UpstreamEngine:
         cooldown_s: float = 10.0,
         retry_after_s: float = 1.0,
         health_interval_s: float = 5.0,
+        http_client: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not upstreams:
@@ -184,7 +206,9 @@ class UpstreamEngine:
         self._pool_options = (max_queued, queue_timeout_s, eject_after_failures)
         self._pool_times = (cooldown_s, retry_after_s)
         self._health_interval_s = health_interval_s
-        self._clients = [_client(u, transport) for u in self._upstreams]
+        if http_client is None:
+            http_client = DEFAULT_HOP_CLIENT if transport is None else "httpx"
+        self._clients = [hop_client(http_client, u, transport) for u in self._upstreams]
         self._pool: UpstreamPool | None = None
         self._health: asyncio.Task[None] | None = None
         self._sequences: dict[str, _Sequence] = {}
@@ -324,9 +348,11 @@ class UpstreamEngine:
                 if seq.timed_out is None:
                     self._end(seq, "aborted", None)
                 else:
-                    self._end(
-                        seq, "failed", EngineTimeout(f"the {seq.timed_out} ran out")
-                    )
+                    message = f"the {seq.timed_out} ran out"
+                    error: EngineError = EngineTimeout(message)
+                    if not seq.accept.done():  # no content yet: a status
+                        error = EngineRefused(message, 504, code=error.code)
+                    self._end(seq, "failed", error)
             if seq.timed_out is None:
                 raise
         except EngineError as error:
@@ -356,7 +382,7 @@ class UpstreamEngine:
             upstream = self._upstreams[lease.member]
             client = self._clients[lease.member]
             outcome = Outcome.FAILURE
-            response: httpx.Response | None = None
+            response: HopResponse | None = None
             try:
                 seq.lease = lease
                 try:
@@ -370,20 +396,18 @@ class UpstreamEngine:
                     raise EngineError(f"the request cannot be sent: {exc}") from exc
                 path = _PATHS[seq.request.text_prompt.endpoint]  # type: ignore[union-attr]
                 try:
-                    response = await client.send(
-                        client.build_request("POST", path, content=body), stream=True
-                    )
-                except httpx.HTTPError as exc:
+                    response = await client.post(path, body)
+                except HopError as exc:
                     refusal = EngineUnavailable(
                         f"the upstream {upstream.url} could not be reached: {exc!r}"
                     )
                     tried.append(lease.member)
                     continue
-                if response.status_code != 200:
+                if response.status != 200:
                     refused, outcome, again = refusal_of(
-                        response.status_code,
+                        response.status,
                         await _read_some(response),
-                        response.headers.get("retry-after"),
+                        response.header("retry-after"),
                         upstream.url,
                     )
                     if not again:
@@ -391,9 +415,17 @@ class UpstreamEngine:
                     refusal = refused
                     tried.append(lease.member)
                     continue
-                self._accept(seq)
                 outcome = Outcome.SUCCESS  # a client that leaves is no failure
-                outcome = await self._stream(seq, response, lease)
+                try:
+                    outcome = await self._stream(seq, response, lease)
+                except _BeforeContent as failed:  # a 200, then nothing: a refusal
+                    refused, outcome, again = failed.refusal
+                    if not again:
+                        raise refused from None
+                    refusal = refused
+                    seq.usage = None  # the next upstream counts anew
+                    tried.append(lease.member)
+                    continue
                 return
             finally:
                 if seq.timed_out is not None:
@@ -431,11 +463,11 @@ class UpstreamEngine:
             raise
 
     async def _stream(
-        self, seq: _Sequence, response: httpx.Response, lease: Lease
+        self, seq: _Sequence, response: HopResponse, lease: Lease
     ) -> Outcome:
         reader = UpstreamReader(seq.request.text_prompt.endpoint)  # type: ignore[union-attr]
         time = asyncio.get_running_loop().time
-        chunks = response.aiter_raw()
+        chunks = aiter(response)
         try:
             async for data in chunks:
                 items = reader.feed(data)
@@ -446,10 +478,8 @@ class UpstreamEngine:
                         break
             else:
                 ended = self._apply(seq, reader.flush(), lease)
-        except httpx.HTTPError as exc:
-            error = EngineError(f"the upstream stream broke: {exc!r}")
-            self._end(seq, "failed", error)
-            return Outcome.FAILURE
+        except HopError as exc:
+            return self._broken(seq, f"the upstream stream broke: {exc}")
         assert ended is not None, "flush() ends the stream"
         if ended is Outcome.SUCCESS:
             # Read the body's end, so that the connection is kept alive; a peer
@@ -457,7 +487,7 @@ class UpstreamEngine:
             if seq.timer is not None:
                 seq.timer.cancel()
                 seq.timer = None
-            with contextlib.suppress(TimeoutError, httpx.HTTPError):
+            with contextlib.suppress(TimeoutError, HopError):
                 async with asyncio.timeout(DRAIN_S):
                     async for _ in chunks:
                         pass
@@ -474,12 +504,14 @@ class UpstreamEngine:
                     continue  # n is 1; an upstream that sends more is ignored
                 if seq.first_at is None:
                     self._first_token(seq, lease)
-                usage = seq.usage
-                tokens = 1
-                if usage is not None and usage.completion_tokens > seq.emitted + 1:
-                    tokens = usage.completion_tokens - seq.emitted
-                seq.emitted += tokens
-                outputs.push(TextOutput(item.text, None, tokens))
+                outputs.push(TextOutput(item.text, None, _step_tokens(seq)))
+            elif type(item) is UpstreamToolCall:
+                if item.index != 0:
+                    continue
+                if seq.first_at is None:
+                    self._first_token(seq, lease)
+                fragment = (item.fragment,)
+                outputs.push(TextOutput("", None, _step_tokens(seq), None, fragment))
             elif type(item) is Usage:
                 seq.usage = item
             elif type(item) is UpstreamFinish:
@@ -489,18 +521,35 @@ class UpstreamEngine:
                         self._first_token(seq, lease)
             elif type(item) is UpstreamDone:
                 return self._finish(seq)
-            else:
-                message = (
-                    f"the upstream failed: {item.message}"
-                    if type(item) is UpstreamError
-                    else "the upstream's stream ended without [DONE]"
+            elif type(item) is UpstreamError:
+                return self._broken(
+                    seq, item.message, item.code, item.type, "the upstream failed: "
                 )
-                self._end(seq, "failed", EngineError(message))
-                return Outcome.FAILURE
+            else:
+                return self._broken(seq, "the upstream's stream ended without [DONE]")
         return None
 
+    def _broken(
+        self,
+        seq: _Sequence,
+        message: str,
+        code: str | None = None,
+        kind: str | None = None,
+        prefix: str = "",
+    ) -> Outcome:
+        """The stream failed: the sequence's error (``prefix + message``) once
+        accepted; before any content, a refusal (``_BeforeContent``) that
+        ``_serve`` may fail over."""
+        if not seq.accept.done() and seq.lease is not None:
+            url = self._upstreams[seq.lease.member].url
+            raise _BeforeContent(failure_before_content(message, code, kind, url))
+        self._end(seq, "failed", EngineError(prefix + message))
+        return Outcome.FAILURE
+
     def _first_token(self, seq: _Sequence, lease: Lease) -> None:
-        """The first content: the time to first token is over, idle time starts."""
+        """The first content: the sequence is accepted, the time to first token
+        is over, idle time starts."""
+        self._accept(seq)
         seq.first_at = seq.last_at
         lease.first_token()
         if seq.timer is not None:
@@ -509,9 +558,7 @@ class UpstreamEngine:
 
     def _finish(self, seq: _Sequence) -> Outcome:
         if seq.finish is None:
-            error = EngineError("the upstream ended without a finish_reason")
-            self._end(seq, "failed", error)
-            return Outcome.FAILURE
+            return self._broken(seq, "the upstream ended without a finish_reason")
         usage = seq.usage
         tokens = 0
         prompt = None
@@ -600,43 +647,43 @@ class UpstreamEngine:
             return None
         timeout = upstream.timeouts.connect_s or 5.0
         try:
-            response = await self._clients[member].get(
-                upstream.health_path.lstrip("/"), timeout=timeout
+            status = await self._clients[member].get_status(
+                upstream.health_path, timeout
             )
-        except httpx.HTTPError:
+        except HopError:
             return False
-        return response.is_success
+        return 200 <= status < 300
 
 
 _PATHS = {Endpoint.CHAT: "chat/completions", Endpoint.COMPLETION: "completions"}
 
 
-def _client(
-    upstream: UpstreamConfig, transport: httpx.AsyncBaseTransport | None
-) -> httpx.AsyncClient:
-    headers = {"accept-encoding": "identity", "accept": "text/event-stream"}
-    if upstream.api_key is not None:
-        headers["authorization"] = f"Bearer {upstream.api_key}"
-    headers["content-type"] = "application/json"
-    connections = upstream.max_streams + 2  # and the health checks
-    return httpx.AsyncClient(
-        base_url=upstream.url + "/",
-        headers=headers,
-        timeout=httpx.Timeout(None, connect=upstream.timeouts.connect_s),
-        limits=httpx.Limits(
-            max_connections=connections, max_keepalive_connections=connections
-        ),
-        transport=transport,
-        trust_env=False,
-    )
+class _BeforeContent(Exception):
+    """A 200 whose stream failed before any content: ``failure_before_content``'s
+    refusal, outcome and whether to try another upstream."""
+
+    def __init__(self, refusal: tuple[EngineRefused, Outcome, bool]) -> None:
+        super().__init__(refusal[0])
+        self.refusal = refusal
 
 
-async def _read_some(response: httpx.Response) -> bytes:
+def _step_tokens(seq: _Sequence) -> int:
+    """The completion tokens one output stands for: 1, or what the upstream's
+    usage says was generated beyond what was counted."""
+    usage = seq.usage
+    tokens = 1
+    if usage is not None and usage.completion_tokens > seq.emitted + 1:
+        tokens = usage.completion_tokens - seq.emitted
+    seq.emitted += tokens
+    return tokens
+
+
+async def _read_some(response: HopResponse) -> bytes:
     """Up to ``REFUSAL_BODY_MAX_BYTES`` of a refusal's body (a broken one: ``b""``)."""
     parts: list[bytes] = []
     size = 0
-    with contextlib.suppress(httpx.HTTPError):
-        async for data in response.aiter_raw():
+    with contextlib.suppress(HopError):
+        async for data in response:
             parts.append(data)
             size += len(data)
             if size >= REFUSAL_BODY_MAX_BYTES:

@@ -3,7 +3,8 @@
 Pure helpers of ``engines/upstream.py``: the settings of one upstream
 (``UpstreamConfig``, read from a config file's dict by ``upstream_from_dict``),
 the JSON body of a streamed request (``request_body``), and the meaning of an
-upstream's answer other than 200 (``refusal_of``).
+upstream's answer other than 200 (``refusal_of``), or of a 200 whose stream
+fails before any content (``failure_before_content``).
 
 Spec: OpenAI API reference, "Create chat completion", "Create completion" and
 "Error codes"; RFC 9110, section 10.2.3 (``Retry-After``).
@@ -28,6 +29,7 @@ from sluicegate.engines.pool import Outcome
 __all__ = [
     "UpstreamConfig",
     "UpstreamTimeouts",
+    "failure_before_content",
     "refusal_of",
     "request_body",
     "retry_after_s",
@@ -246,6 +248,33 @@ def refusal_of(
         param=param,
     )
     return refusal, Outcome.REFUSED, False
+
+
+def failure_before_content(
+    message: str, code: str | None, kind: str | None, upstream: str
+) -> tuple[EngineRefused, Outcome, bool]:
+    """What an upstream's 200 means when its stream fails before any content.
+
+    The stream broke, ended (with or without ``[DONE]``) or sent an in-band
+    error before its first text, tool call or finish: nothing reached the
+    client, so it is answered as the status the upstream would have given.
+
+    Args:
+        message: what went wrong (the upstream's in-band message, or ours).
+        code: the in-band error's code; an HTTP status there (vLLM sends one)
+            is read as that status.
+        kind: the in-band error's type, or ``None``.
+        upstream: the upstream's URL, for the message.
+
+    Returns:
+        As ``refusal_of`` for an in-band error whose code is a status (400-599);
+        otherwise a 502 to try on another upstream, counted as its failure.
+    """
+    if code is not None and code.isdigit() and 400 <= int(code) <= 599:
+        body = orjson.dumps({"error": {"message": message, "type": kind, "code": code}})
+        return refusal_of(int(code), body, None, upstream)
+    text = f"the upstream {upstream} failed before any content: {message}"
+    return EngineRefused(text, 502, error_type=kind), Outcome.FAILURE, True
 
 
 def _error_fields(body: bytes) -> tuple[str, str | None, str | None, str | None]:

@@ -14,6 +14,7 @@ own pool, in the format below. Both may be given; every model id is unique.
     eject_after_failures = 3           # passive ejection ...
     cooldown_s = 10                    # ... and how long it lasts
     health_interval_s = 5              # active checks (0: none)
+    http_client = "aiohttp"            # or "httpx" (engines/upstream_http.py)
 
     [[models.upstreams]]
     url = "http://10.0.0.5:8000/v1"    # an OpenAI-compatible API base (required)
@@ -39,8 +40,9 @@ from typing import Any
 
 from sluicegate.engines.base import ModelInfo
 from sluicegate.engines.upstream import UpstreamEngine
+from sluicegate.engines.upstream_http import HOP_CLIENTS
 
-__all__ = ["engines_from_file", "engines_from_urls"]
+__all__ = ["engine_from_urls", "engines_from_file"]
 
 _MODEL_KEYS = {
     "max_queued": int,
@@ -51,7 +53,7 @@ _MODEL_KEYS = {
 }
 
 
-def engines_from_urls(
+def engine_from_urls(
     urls: Sequence[str], model_id: str, upstream_model: str | None
 ) -> UpstreamEngine:
     """One engine serving ``model_id`` from the pool ``urls``.
@@ -100,7 +102,7 @@ def engines_from_file(path: Path, environ: Mapping[str, str]) -> list[UpstreamEn
 def _engine(entry: Any, environ: Mapping[str, str]) -> UpstreamEngine:
     if not isinstance(entry, dict):
         raise ValueError(f"expected a table, got {entry!r}")
-    known = {"id", "context_length", "upstreams", *_MODEL_KEYS}
+    known = {"id", "context_length", "upstreams", "http_client", *_MODEL_KEYS}
     unknown = sorted(set(entry) - known)
     if unknown:
         raise ValueError(f"unknown settings {unknown}; known: {sorted(known)}")
@@ -120,6 +122,13 @@ def _engine(entry: Any, environ: Mapping[str, str]) -> UpstreamEngine:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"expected a number as {key}, got {value!r}")
             options[key] = kind(value)
+    if "http_client" in entry:
+        client = entry["http_client"]
+        if client not in HOP_CLIENTS:
+            raise ValueError(
+                f"expected http_client in {list(HOP_CLIENTS)}, got {client!r}"
+            )
+        options["http_client"] = client
     return UpstreamEngine.from_config(
         _model_info(model_id, context_length), upstreams, environ, **options
     )

@@ -17,6 +17,9 @@
 - ``GET /engine/stats``: the engine's ``EngineStats`` as JSON, for operators and
   tests.
 
+Those ``GET`` endpoints are ``info_routes.py``'s; this module keeps the two
+generation endpoints.
+
 Access comes first, before routing (``access.py``, ``_Routes.guard``): the route's
 API key or admin key (401, 403), or for a route that needs no key, the ``Host`` name
 (421). Then admission (``admission.py``): a draining server, or one whose ledger
@@ -44,7 +47,6 @@ docs/DESIGN.md, "Status first, errors in band".
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -60,11 +62,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.endstate import EndState
-from sluicegate.core.errors import (
-    EngineError,
-    ModelNotFound,
-    RequestError,
-)
+from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.engines.base import Engine
 from sluicegate.server.access import API_KEY, Access
 from sluicegate.server.admission import (
@@ -75,24 +73,18 @@ from sluicegate.server.admission import (
     OverQuota,
     Unavailable,
 )
-from sluicegate.server.answers import (
-    error_response,
-    http_error,
-    json_answer,
-    nothing,
-    server_error,
-)
+from sluicegate.server.answers import error_response, http_error, nothing, server_error
 from sluicegate.server.bodies import read_json_object
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.disconnect import DisconnectRace
 from sluicegate.server.generation import Generation
+from sluicegate.server.info_routes import InfoRoutes, shutting_down
 from sluicegate.server.json_response import CompletionResponse
 from sluicegate.server.ledger import Ledger
 from sluicegate.server.meter import Meter
-from sluicegate.server.metrics import CONTENT_TYPE, Metrics
+from sluicegate.server.metrics import Metrics
 from sluicegate.server.models import ServedModel, ServedModels
-from sluicegate.server.openapi import openapi_document
 from sluicegate.server.prepare import (
     Plan,
     admission_floor,
@@ -153,6 +145,7 @@ def create_app(
     """
     engines = [engine] if not isinstance(engine, Sequence) else list(engine)
     routes = _Routes(engines, config or ServerConfig())
+    info = InfoRoutes(routes.models, routes.drain, routes.metrics_, routes.config)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -174,12 +167,12 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
-            Route("/v1/models", routes.list_models, methods=["GET"]),
-            Route("/health", routes.health, methods=["GET"]),
-            Route("/ready", routes.ready, methods=["GET"]),
-            Route("/metrics", routes.metrics, methods=["GET"]),
-            Route("/engine/stats", routes.engine_stats, methods=["GET"]),
-            Route("/openapi.json", routes.openapi, methods=["GET"]),
+            Route("/v1/models", info.list_models, methods=["GET"]),
+            Route("/health", info.health, methods=["GET"]),
+            Route("/ready", info.ready, methods=["GET"]),
+            Route("/metrics", info.metrics, methods=["GET"]),
+            Route("/engine/stats", info.engine_stats, methods=["GET"]),
+            Route("/openapi.json", info.openapi, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
@@ -212,7 +205,7 @@ class _App(Starlette):
 
 
 class _Routes:
-    """The endpoints, sharing one engine, config, chat template and ledger."""
+    """The generation endpoints and the guard, sharing the models, config and ledger."""
 
     def __init__(self, engines: Sequence[Engine], config: ServerConfig) -> None:
         self.models = ServedModels(engines, config.model_aliases, config.chat_template)
@@ -233,7 +226,6 @@ class _Routes:
             admin_keys=config.admin_keys,
             allowed_hosts=config.allowed_hosts,
         )
-        self._openapi = openapi_document()
         self.limits = StreamLimits(
             heartbeat_interval_s=config.heartbeat_interval_s,
             first_token_timeout_s=config.first_token_timeout_s,
@@ -262,56 +254,6 @@ class _Routes:
 
     async def completions(self, request: Request) -> ASGIApp:
         return await self._generate(request, Endpoint.COMPLETION, self._plan_completion)
-
-    async def list_models(self, request: Request) -> Response:
-        cards = []
-        for served in self.models:
-            model = served.engine.model
-            cards.append(
-                {
-                    "id": model.id,
-                    "object": "model",
-                    "created": model.created,
-                    "owned_by": model.owned_by,
-                    "context_length": model.context_length,
-                }
-            )
-        return json_answer({"object": "list", "data": cards})
-
-    async def openapi(self, request: Request) -> Response:
-        return json_answer(self._openapi)
-
-    async def health(self, request: Request) -> Response:
-        for served in self.models:
-            failure = served.engine.stats().failure
-            if failure is not None:
-                payload = {"status": "engine_failed", "failure": failure}
-                if len(self.models) > 1:
-                    payload["model"] = served.id
-                return json_answer(payload, 503)
-        return json_answer({"status": "draining" if self.drain.draining else "ok"})
-
-    async def ready(self, request: Request) -> Response:
-        if self.drain.draining:
-            return error_response(self._draining(), self.config.retry_after_s)
-        return json_answer({"status": "ready"})
-
-    async def metrics(self, request: Request) -> Response:
-        return Response(self.metrics_.render(), media_type=CONTENT_TYPE)
-
-    def _draining(self) -> Unavailable:
-        return Unavailable(
-            "The server is shutting down; retry on another replica",
-            "server_shutting_down",
-            self.config.retry_after_s,
-        )
-
-    async def engine_stats(self, request: Request) -> Response:
-        try:
-            served = self.models.resolve(request.query_params.get("model"))
-        except ModelNotFound as exc:
-            return error_response(exc, self.config.retry_after_s)
-        return json_answer(dataclasses.asdict(served.engine.stats()))
 
     async def _plan_chat(
         self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
@@ -397,7 +339,7 @@ class _Routes:
                 the engine accepted the request.
         """
         if self.drain.draining:
-            raise self._draining()
+            raise shutting_down(self.config)
         if self.ledger.behind:
             raise Unavailable(
                 "The usage ledger cannot keep up (its file is locked); retry later",

@@ -46,10 +46,23 @@ from sluicegate.engines.base import Grammar
 from sluicegate.engines.llamacpp_grammar import grammar_errors, unimplemented_keywords
 from sluicegate.server.schemas import ChatCompletionRequest
 
-__all__ = ["TOOL_CALL_TRIGGER", "grammar_for", "grammar_for_request"]
+__all__ = ["NO_TOOL_MARKUP", "TOOL_CALL_TRIGGER", "grammar_for", "grammar_for_request"]
 
 TOOL_CALL_TRIGGER = "<tool_call>"
 """The text that opens a tool-call block, and the trigger of the lazy grammar."""
+
+# Text without "<tool_", as a regex with no complement (llguidance's ``~`` does
+# not prune a dead prefix): an item is a character other than "<", or a run of
+# partial openings ("<", "<t", ... "<tool") ended by a character that breaks the
+# last one; the text may end inside a partial opening.
+_PARTIAL = "(<|<t|<to|<too|<tool)"
+_BREAK = "(<[^<t]|<t[^<o]|<to[^<o]|<too[^<l]|<tool[^<_])"
+NO_TOOL_MARKUP = Grammar(
+    f"%llguidance {{}}\nstart: TEXT\nTEXT: /([^<]|{_PARTIAL}*{_BREAK})*{_PARTIAL}*/\n"
+)
+"""Free text that never holds ``<tool_``: the constraint of a turn that may not
+call (``tool_choice: "none"``) after a prompt that shows tools or past calls, so
+that the model writes an answer instead of imitating the call blocks it saw."""
 
 _JSON_STYLE = {
     "whitespace_flexible": False,

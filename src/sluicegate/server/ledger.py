@@ -56,7 +56,8 @@ from typing import Literal
 
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
-from sluicegate.server.ledger_writer import OPEN, LedgerWriter, connect
+from sluicegate.server.ledger_file import OPEN, connect
+from sluicegate.server.ledger_writer import LedgerWriter
 
 __all__ = [
     "OPEN",

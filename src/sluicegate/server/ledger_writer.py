@@ -17,12 +17,13 @@ Invariants:
       (a constraint: a bug) is dropped, alone, and logged in full.
     - At start, before any row: the schema is created or migrated (version 1,
       the first release's table, gets ``server_id`` and an index of open rows;
-      version 2 gets ``usage_estimated``),
+      version 2 gets ``usage_estimated``: ``ledger_file.py``),
       then rows left ``open`` by servers that died are marked ``truncated``.
     - Whether a server is alive is told by a lock: each writer holds an
       exclusive ``flock`` on ``<ledger>-servers/<server_id>.lock`` for its life
       (the kernel releases it when the process dies, ``kill -9`` included), so
-      servers sharing one file never mark each other's running requests.
+      servers sharing one file never mark each other's running requests
+      (``ledger_locks.py``).
 
 Deliberate divergence: a row reaches the file a few milliseconds after the
 request ends (at once while nothing holds a lock), not before its response's
@@ -37,10 +38,8 @@ Spec: docs/DESIGN.md, "Metering"; SQLite, "Result and Error Codes"
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-import os
 import queue
 import sqlite3
 import threading
@@ -48,40 +47,26 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import TypeVar
 
-__all__ = ["OPEN", "LedgerWriter", "connect", "servers_dir"]
+from sluicegate.server.ledger_file import (
+    OPEN,
+    Statement,
+    connect,
+    migrate,
+    transaction,
+)
+from sluicegate.server.ledger_locks import (
+    alive,
+    hold_lock,
+    release_lock,
+    servers_dir,
+    sweep_locks,
+)
+
+__all__ = ["LedgerWriter"]
 
 logger = logging.getLogger(__name__)
-
-OPEN: Final = "open"
-"""The ``end_state`` in the file of a request that has not ended yet."""
-
-SCHEMA_VERSION = 3
-"""``PRAGMA user_version`` of a current ledger file (0 or 1: the first release;
-2: before ``usage_estimated``)."""
-
-_TABLE = """
-CREATE TABLE IF NOT EXISTS requests (
-    request_id TEXT PRIMARY KEY,
-    key_id TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    model TEXT,
-    status INTEGER NOT NULL,
-    end_state TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    finish_reasons TEXT NOT NULL,
-    received_at REAL NOT NULL,
-    first_token_at REAL,
-    ended_at REAL NOT NULL,
-    usage_estimated INTEGER NOT NULL DEFAULT 0
-)
-"""
-_OPEN_INDEX = (
-    "CREATE INDEX IF NOT EXISTS requests_open ON requests (server_id) "
-    f"WHERE end_state = '{OPEN}'"
-)
 
 _FIRST_DELAY_S = 0.01
 _MAX_DELAY_S = 1.0
@@ -90,9 +75,6 @@ _BUSY_TIMEOUT_S = 0.1  # SQLite's own wait per try; the backoff is ours
 _MAX_BATCH = 4096  # statements per transaction
 
 _T = TypeVar("_T")
-
-Statement = tuple[str, Sequence[object]]
-"""An SQL statement and its parameters."""
 
 
 class _Flush:
@@ -106,32 +88,6 @@ class _Stop:
 
 class _Abandoned(Exception):
     """``close`` stopped waiting: the thread logs what it holds and ends."""
-
-
-def connect(path: Path, busy_timeout_s: float = 5.0) -> sqlite3.Connection:
-    """A connection to the ledger file at ``path``, in WAL mode, its table made.
-
-    Args:
-        busy_timeout_s: how long each statement waits for another connection's
-            lock before it fails with ``database is locked`` (seconds).
-
-    Raises:
-        sqlite3.Error: ``path`` is not an SQLite file, or it stayed locked.
-    """
-    db = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_s)
-    try:
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute(_TABLE)
-    except BaseException:
-        db.close()
-        raise
-    return db
-
-
-def servers_dir(path: Path) -> Path:
-    """Where the servers writing the ledger at ``path`` hold their locks."""
-    return path.with_name(f"{path.name}-servers")
 
 
 class LedgerWriter:
@@ -152,7 +108,7 @@ class LedgerWriter:
         self._queue: queue.SimpleQueue[Statement | _Flush | _Stop] = queue.SimpleQueue()
         self._in_hand = 0  # statements taken off the queue, not committed yet
         self._abandon = threading.Event()
-        self._lock_fd = _hold_lock(servers_dir(path), self.server_id)
+        self._lock_fd = hold_lock(servers_dir(path), self.server_id)
         self._thread = threading.Thread(
             target=self._run, name=f"ledger-writer {path.name}", daemon=True
         )
@@ -200,7 +156,7 @@ class LedgerWriter:
             db = self._retry(self._open, "open the ledger")
         except _Abandoned:
             self._log_unwritten()
-            _release_lock(servers_dir(self.path), self.server_id, self._lock_fd)
+            release_lock(servers_dir(self.path), self.server_id, self._lock_fd)
             return
         try:
             self._retry(lambda: self._mark_dead_servers(db), "mark dead servers' rows")
@@ -212,7 +168,7 @@ class LedgerWriter:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             db.close()
-            _release_lock(servers_dir(self.path), self.server_id, self._lock_fd)
+            release_lock(servers_dir(self.path), self.server_id, self._lock_fd)
 
     def _serve(self, db: sqlite3.Connection) -> bool:
         """Commit one batch; False once told to stop."""
@@ -254,7 +210,7 @@ class LedgerWriter:
 
     def _commit(self, db: sqlite3.Connection, batch: Sequence[Statement]) -> None:
         try:
-            self._retry(lambda: _transaction(db, batch), "write rows")
+            self._retry(lambda: transaction(db, batch), "write rows")
         except _REFUSED as exc:
             if len(batch) > 1:  # find the statement SQLite refuses; keep the rest
                 for statement in batch:
@@ -305,7 +261,7 @@ class LedgerWriter:
     def _open(self) -> sqlite3.Connection:
         db = connect(self.path, _BUSY_TIMEOUT_S)
         try:
-            _migrate(db)
+            migrate(db)
         except BaseException:
             db.close()
             raise
@@ -318,9 +274,9 @@ class LedgerWriter:
         )
         owners = [owner for (owner,) in cursor]
         folder = servers_dir(self.path)
-        dead = [o for o in owners if o != self.server_id and not _alive(folder, o)]
+        dead = [o for o in owners if o != self.server_id and not alive(folder, o)]
         if not dead:
-            _sweep_locks(folder)
+            sweep_locks(folder)
             return
         marked = 0
         db.execute("BEGIN IMMEDIATE")
@@ -341,7 +297,7 @@ class LedgerWriter:
             marked,
             len(dead),
         )
-        _sweep_locks(folder)
+        sweep_locks(folder)
 
     def _log_unwritten(self) -> None:
         lost = 0
@@ -372,88 +328,6 @@ _REFUSED = (
 """What SQLite says about the statement itself: retrying cannot help."""
 
 
-def _transaction(db: sqlite3.Connection, batch: Sequence[Statement]) -> None:
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        for sql, params in batch:
-            db.execute(sql, params)
-        db.execute("COMMIT")
-    except BaseException:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        raise
-
-
-def _migrate(db: sqlite3.Connection) -> None:
-    """Bring the table to ``SCHEMA_VERSION``, in one transaction."""
-    (version,) = db.execute("PRAGMA user_version").fetchone()
-    if version >= SCHEMA_VERSION:
-        return
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        columns = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
-        if "server_id" not in columns:
-            db.execute("ALTER TABLE requests ADD COLUMN server_id TEXT")
-        if "usage_estimated" not in columns:
-            db.execute(
-                "ALTER TABLE requests ADD COLUMN "
-                "usage_estimated INTEGER NOT NULL DEFAULT 0"
-            )
-        db.execute(_OPEN_INDEX)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-
-
 def _describe(statement: Statement) -> str:
     sql, params = statement
     return json.dumps({"sql": " ".join(sql.split()[:3]), "params": list(params)})
-
-
-def _lock_path(folder: Path, server_id: str) -> Path:
-    return folder / f"{server_id}.lock"
-
-
-def _hold_lock(folder: Path, server_id: str) -> int:
-    """Create and lock this writer's file; the kernel unlocks it when we die."""
-    folder.mkdir(parents=True, exist_ok=True)
-    # Locked under a temporary name, then renamed: a sweep never finds the
-    # file unlocked (it would delete it under us).
-    temporary = folder / f".{server_id}.tmp"
-    fd = os.open(temporary, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.rename(temporary, _lock_path(folder, server_id))
-    return fd
-
-
-def _release_lock(folder: Path, server_id: str, fd: int) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        _lock_path(folder, server_id).unlink()
-    os.close(fd)
-
-
-def _alive(folder: Path, server_id: str | None) -> bool:
-    """Whether the server ``server_id`` still holds its lock."""
-    if server_id is None or not server_id.isalnum():
-        return False
-    try:
-        fd = os.open(_lock_path(folder, server_id), os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def _sweep_locks(folder: Path) -> None:
-    """Delete the lock files of servers that died (their rows are marked)."""
-    for lock in folder.glob("*.lock"):
-        if not _alive(folder, lock.stem):
-            with contextlib.suppress(FileNotFoundError):
-                lock.unlink()

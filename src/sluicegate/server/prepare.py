@@ -16,7 +16,10 @@ An engine that takes text (``OutputKind.TEXT``: an upstream server, which has it
 own template, tokenizer and context window) gets no token work at all: each
 prompt goes to it in the API's terms (``TextPrompt``), ``max_tokens`` is the
 client's (or the configured default), and the engine answers what does not fit
-with its own status before the first byte.
+with its own status before the first byte. ``tools``, ``tool_choice``,
+``parallel_tool_calls`` and ``response_format`` go to it as the client set them:
+it constrains and parses the calls itself, and they come back as tool-call
+fragments (no ``Plan.tools``: no parser of the server's reads its text).
 
 Spec: docs/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
 "Create chat completion" (``max_completion_tokens``, ``n``).
@@ -37,6 +40,7 @@ import anyio.to_thread
 from sluicegate import __version__
 from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import ModelNotFound, RequestError
+from sluicegate.core.toolcalls import OPEN_TAG
 from sluicegate.core.tooldecoder import ToolCallOptions
 from sluicegate.engines.base import (
     Engine,
@@ -48,7 +52,7 @@ from sluicegate.engines.base import (
     Tokenizer,
 )
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.constraints import grammar_for_request
+from sluicegate.server.constraints import NO_TOOL_MARKUP, grammar_for_request
 from sluicegate.server.prompt_text import OFF_LOOP_CHARS, tokenize
 from sluicegate.server.schemas import (
     ChatCompletionRequest,
@@ -293,7 +297,12 @@ async def plan_chat(
     _check_n(request.n, 1, config)
     if engine.output_kind is OutputKind.TEXT:
         messages = tuple(_message_json(m) for m in request.messages)
-        text = TextPrompt(Endpoint.CHAT, messages, stop=tuple(request.stop))
+        text = TextPrompt(
+            Endpoint.CHAT,
+            messages,
+            stop=tuple(request.stop),
+            extra=_constraint_fields(request),
+        )
         return _text_plan(request, response_id, engine, config, model, [text], [""])
     assert template is not None, "an engine of token ids has a chat template"
     tools = resolve_tools(request)
@@ -312,10 +321,32 @@ async def plan_chat(
     else:
         prompt = await anyio.to_thread.run_sync(render)
     ids = await tokenize(prompt)
+    shows_markup = tools is None and _shows_tool_markup(request)
+    if shows_markup and grammar is None:
+        grammar = NO_TOOL_MARKUP
     plan = _plan(request, response_id, engine, config, model, [ids], [""], grammar)
+    if shows_markup and not request.include_stop_str_in_output:
+        # For an engine without grammars; with include_stop_str_in_output the
+        # matched tag would be sent, so not then.
+        return dataclasses.replace(plan, stops=plan.stops + TOOL_MARKUP_STOPS)
     if tools is None:
         return plan
     return dataclasses.replace(plan, tools=tools.decoding)
+
+
+TOOL_MARKUP_STOPS = (OPEN_TAG, "<tool_response")
+"""Where a turn that may not call (``tool_choice: "none"``) ends if the model
+starts to write tool markup anyway (an engine without grammars), as it may
+after calls in the history: the text before is the answer, finish ``stop``."""
+
+
+def _shows_tool_markup(request: ChatCompletionRequest) -> bool:
+    """Whether the prompt shows tools or past calls (in the format of
+    docs/tools.md), so that a turn that may not call could imitate them: such a
+    turn decodes under ``NO_TOOL_MARKUP`` and ends at ``TOOL_MARKUP_STOPS``."""
+    return bool(request.tools) or any(
+        m.role == "tool" or m.tool_calls for m in request.messages
+    )
 
 
 async def plan_completion(
@@ -373,6 +404,28 @@ def _message_json(message: ChatMessage) -> dict[str, Any]:
     """A validated message as the OpenAI API writes it: unset fields left out."""
     fields = message.model_dump(mode="json", exclude_none=True)
     return {name: value for name, value in fields.items() if value != []}
+
+
+def _constraint_fields(request: ChatCompletionRequest) -> dict[str, Any]:
+    """Tools and the response format as the client set them (validated), for an
+    engine that constrains and parses its output itself."""
+    fields: dict[str, Any] = {}
+    if request.tools:
+        fields["tools"] = [
+            tool.model_dump(mode="json", exclude_none=True) for tool in request.tools
+        ]
+    choice = request.tool_choice
+    if choice is not None:
+        fields["tool_choice"] = (
+            choice if isinstance(choice, str) else choice.model_dump(mode="json")
+        )
+    if "parallel_tool_calls" in request.model_fields_set:
+        fields["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.response_format is not None:
+        fields["response_format"] = request.response_format.model_dump(
+            mode="json", by_alias=True, exclude_none=True
+        )
+    return fields
 
 
 def _text_completion_plan(

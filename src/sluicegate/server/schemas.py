@@ -42,7 +42,9 @@ Deliberate divergences from the OpenAI API reference:
   are digits to ``str.isdigit``, but not token ids).
 
 Every value a refusal echoes goes through ``bounded_repr`` (a client's value may
-be megabytes long, or nested deeper than ``repr`` recurses).
+be megabytes long, or nested deeper than ``repr`` recurses). The fields both
+endpoints share are in ``request_fields.py``, a chat message in ``messages.py``;
+a pydantic error becomes its 400 in ``param_errors.py``.
 
 Spec: OpenAI API reference, "Create chat completion" and "Create completion".
 """
@@ -50,25 +52,25 @@ Spec: OpenAI API reference, "Create chat completion" and "Create completion".
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import ErrorDetails
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from typing_extensions import override
 
 from sluicegate.core.errors import RequestError, bounded_repr
+from sluicegate.server.messages import ChatMessage
+from sluicegate.server.param_errors import MAX_NAME_CHARS, request_error, short_name
+from sluicegate.server.request_fields import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_TOKEN_ID_DIGITS,
+    RequestFields,
+    StreamOptions,
+)
 from sluicegate.server.tool_schemas import (
     MAX_TOOLS,
-    MessageToolCall,
     ResponseFormat,
     ToolChoice,
     ToolDefinition,
@@ -96,18 +98,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MAX_STOP_STRINGS = 16
-"""Most stop strings one request may give (OpenAI allows 4)."""
-
-MAX_STOP_CHARS = 1000
-"""Most characters of one stop string. OpenAI publishes no length limit; Amazon
-Bedrock documents 1 to 1,000 characters per stop sequence, which real stops (end
-markers, ``"\\n\\n"``, role prefixes: tens of characters) fit with room to spare.
-The matcher costs time and memory linear in the stops' length (``StopPattern``),
-but it is compiled on the event loop: this keeps one request's stops under
-``MAX_STOP_STRINGS * MAX_STOP_CHARS`` (16,000) characters, compiled once per
-request in 10-20 ms on this project's 2-core machine."""
-
 MAX_MESSAGES = 2048
 """Most messages of one chat request. OpenAI publishes no count; the chat template
 renders on the event loop, and naming the message it refuses takes about
@@ -118,25 +108,13 @@ at 2,048 it takes tens of milliseconds."""
 MAX_TOP_LOGPROBS = 20
 """Most alternatives per token: chat ``top_logprobs``, completions ``logprobs``."""
 
-MAX_LOGIT_BIAS = 100.0
-"""``logit_bias`` values lie in ``[-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS]``."""
-
-MAX_TOKEN_ID_DIGITS = 10
-"""Most digits of a ``logit_bias`` key: token ids are 32-bit (llama.cpp's
-``llama_token``), and a longer key is refused before ``int()`` converts it."""
-
 MAX_UNKNOWN_PARAMETERS = 64
 """Most unknown top-level parameters one request may carry; more is a 400."""
-
-MAX_NAME_CHARS = 64
-"""Most characters of a client's parameter name that a log line or a ``param``
-shows (and that ``MAX_LOGGED_UNKNOWN`` keeps per name)."""
 
 MAX_LOGGED_UNKNOWN = 1024
 """Unknown parameter names logged (and remembered, so as to log each once) per
 process; later new names are not logged."""
 
-_TOKEN_ID = re.compile(rf"[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}", re.ASCII)
 _logged_unknown: set[str] = set()
 _field_names: dict[type[BaseModel], frozenset[str]] = {}  # asked once per model
 
@@ -165,147 +143,7 @@ _UNSUPPORTED_WHY = {
 }
 
 
-class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` and vLLM's ``continuous_usage_stats``."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-
-    include_usage: bool = False
-    """Send a last chunk with ``choices: []`` and the ``usage`` of the response."""
-    continuous_usage_stats: bool = False
-    """Also put the usage so far on every chunk (vLLM extension)."""
-
-
-class ChatMessage(BaseModel):
-    """One message; ``content`` is normalised to a string (``null`` reads ``""``)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    """Who wrote it; ``developer`` is OpenAI's newer name for ``system``;
-    ``tool`` holds a call's result."""
-    content: str
-    """The text (a list of text parts arrives joined with ``"\\n"``)."""
-    tool_calls: list[MessageToolCall] = Field(default_factory=list)
-    """The calls an assistant message made (history)."""
-    tool_call_id: str | None = None
-    """The call a ``tool`` message answers."""
-    name: str | None = None
-    """The participant's name (OpenAI's ``name``); not rendered."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _content_rules(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        role, calls = value.get("role"), value.get("tool_calls")
-        if calls is not None and role != "assistant":
-            raise ValueError("only assistant messages carry tool_calls")
-        if role == "tool" and not isinstance(value.get("tool_call_id"), str):
-            raise ValueError("a tool message needs a string tool_call_id")
-        if value.get("content") is None and role == "assistant" and calls:
-            value = {**value, "content": ""}
-        # ``null`` means "not given": a missing content is then named as such.
-        return {k: v for k, v in value.items() if v is not None}
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _join_text_parts(cls, value: Any) -> Any:
-        if not isinstance(value, list):
-            return value
-        texts = []
-        for part in value:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else part
-                raise ValueError(
-                    f"only text parts are supported; got {bounded_repr(kind)}"
-                )
-            if not isinstance(part.get("text"), str):
-                raise ValueError("a text part needs a string 'text'")
-            texts.append(part["text"])
-        return "\n".join(texts)
-
-
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-
-    model: str | None = None
-    n: int = Field(1, ge=1)
-    stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: int | None = None
-    logit_bias: dict[str, float] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
-    # vLLM's sampling extensions.
-    top_k: int = Field(0, ge=-1)
-    min_p: float = Field(0.0, ge=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0, le=2)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    continuous_usage_stats: bool = False
-
-    @field_validator("stop", mode="before")
-    @classmethod
-    def _stop_as_list(cls, value: Any) -> Any:
-        if value is None:
-            return []
-        value = [value] if isinstance(value, str) else value
-        if isinstance(value, list) and "" in value:
-            raise ValueError("stop strings must not be empty")
-        if isinstance(value, list):
-            for i, stop in enumerate(value):
-                if isinstance(stop, str) and len(stop) > MAX_STOP_CHARS:
-                    raise ValueError(
-                        f"stop[{i}] has {len(stop)} characters; at most "
-                        f"{MAX_STOP_CHARS} are allowed"
-                    )
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias_in_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (value or {}).items():
-            if _TOKEN_ID.fullmatch(key) is None:
-                raise ValueError(
-                    f"keys must be token ids (decimal strings); {bounded_repr(key)} "
-                    f"is not one (ASCII digits, at most {MAX_TOKEN_ID_DIGITS})"
-                )
-            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-                raise ValueError(
-                    f"the bias of token {key} is {bias!r} but must lie in "
-                    f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
-                )
-        return value
-
-    @property
-    def continuous_usage(self) -> bool:
-        """Whether every chunk carries the usage so far (vLLM extension)."""
-        options = self.stream_options
-        return self.continuous_usage_stats or (
-            options is not None and options.continuous_usage_stats
-        )
-
-    @property
-    def include_usage(self) -> bool:
-        """Whether the stream ends with a usage chunk (implied by continuous usage)."""
-        options = self.stream_options
-        return self.continuous_usage or (options is not None and options.include_usage)
-
-    @property
-    def top_logprobs_k(self) -> int | None:
-        """Alternatives per token to report, or ``None`` for no logprobs."""
-        return None
-
-
-class ChatCompletionRequest(_Common):
+class ChatCompletionRequest(RequestFields):
     """``POST /v1/chat/completions``.
 
     Spec: OpenAI API reference, "Create chat completion".
@@ -347,7 +185,7 @@ Prompt = str | list[int]
 """One completions prompt: text, or token ids."""
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(RequestFields):
     """``POST /v1/completions``.
 
     Spec: OpenAI API reference, "Create completion".
@@ -407,7 +245,7 @@ def _is_ids(value: Any) -> bool:
     return isinstance(value, list) and all(type(i) is int for i in value)
 
 
-_Model = TypeVar("_Model", bound=_Common)
+_Model = TypeVar("_Model", bound=RequestFields)
 
 
 def parse_chat_request(body: Mapping[str, Any]) -> ChatCompletionRequest:
@@ -455,7 +293,7 @@ def _parse(
         # ``null`` means "not given", as the reference API reads it.
         request = model.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as exc:
-        raise _request_error(exc.errors()[0]) from exc
+        raise request_error(exc.errors()[0]) from exc
     if request.stream_options is not None and not request.stream:
         raise RequestError(
             "stream_options is only allowed when stream is true",
@@ -465,7 +303,7 @@ def _parse(
     return request
 
 
-def _check_combinations(request: _Common) -> None:
+def _check_combinations(request: RequestFields) -> None:
     """Refuse parameters that are valid alone but not together."""
     if (
         isinstance(request, ChatCompletionRequest)
@@ -513,7 +351,7 @@ def _log_unknown(
             f"The request has {len(unknown)} unknown parameters; at most "
             f"{MAX_UNKNOWN_PARAMETERS} are allowed (and ignored); the first is "
             f"{bounded_repr(first, MAX_NAME_CHARS)}",
-            param=_short_name(first),
+            param=short_name(first),
             code="unknown_parameter",
         )
     for name in unknown:
@@ -532,34 +370,3 @@ def _log_unknown(
             return
         _logged_unknown.add(shown)
         logger.info("ignoring unknown request parameter %s", shown)
-
-
-def _request_error(error: ErrorDetails) -> RequestError:
-    param = _param_name(error["loc"])
-    if error["type"] == "missing":
-        return RequestError(f"Missing required parameter: '{param}'", param=param)
-    message = error["msg"].removeprefix("Value error, ")
-    seen = error.get("input")
-    return RequestError(
-        f"Invalid value for '{param}': {message}; got {bounded_repr(seen)}",
-        param=param,
-        code="invalid_value",
-    )
-
-
-def _param_name(loc: tuple[int | str, ...]) -> str:
-    """``("messages", 0, "role")`` -> ``"messages[0].role"``."""
-    name = ""
-    for part in loc:
-        if isinstance(part, int):
-            name += f"[{part}]"
-        else:  # a dict key (logit_bias) is the client's: cut it
-            part = _short_name(part)
-            name += f".{part}" if name else part
-    return name
-
-
-def _short_name(name: str) -> str:
-    if len(name) <= MAX_NAME_CHARS:
-        return name
-    return name[: MAX_NAME_CHARS - 3] + "..."

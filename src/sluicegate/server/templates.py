@@ -47,8 +47,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from sluicegate.core.errors import RequestError, bounded_repr
 from sluicegate.engines.base import Tokenizer
 from sluicegate.server.control_text import ControlText
+from sluicegate.server.messages import ChatMessage
 from sluicegate.server.prompt_text import PromptText, check_prompt_size
-from sluicegate.server.schemas import ChatMessage
 from sluicegate.server.tools import ToolSetup, template_messages, template_tools
 
 __all__ = ["GEMMA3_TEMPLATE", "ChatTemplate", "encode_prompt", "text_prompt"]

@@ -82,7 +82,9 @@ class ToolSetup:
     def decoding(self) -> ToolCallOptions:
         """What each choice's tool-call parser needs."""
         single = not self.parallel or self.mode == "named"
-        return ToolCallOptions(self.names, 1 if single else None)
+        return ToolCallOptions(
+            self.names, 1 if single else None, calls_only=self.mode != "auto"
+        )
 
 
 def resolve_tools(request: ChatCompletionRequest) -> ToolSetup | None:

@@ -1,0 +1,73 @@
+"""The ctypes side of a step: a llama.cpp context sized for it, a plan in its batch.
+
+``new_context`` makes the context one engine decodes in: ``n_ctx`` KV cells
+shared by all sequences (a unified KV cache), ``n_parallel`` sequence slots, and
+a batch of ``step_tokens`` tokens. ``fill_batch`` writes one step's plan (the
+scheduler's ``PlannedChunk`` list) into a ``llama_batch``: each chunk's tokens
+at their positions in the sequence's slot, with logits asked for where the
+chunk wants the next token sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import llama_cpp as llama
+
+from sluicegate.core.scheduling import PlannedChunk, Scheduled
+
+__all__ = ["fill_batch", "new_context"]
+
+_S = TypeVar("_S", bound=Scheduled)
+
+
+def new_context(
+    model: Any, *, n_ctx: int, n_parallel: int, step_tokens: int, n_threads: int
+) -> Any:
+    """A llama.cpp context over ``model``; a null pointer when llama.cpp fails.
+
+    Args:
+        model: the loaded ``llama_model``.
+        n_ctx: KV cells shared by all sequences (tokens).
+        n_parallel: sequence slots.
+        step_tokens: tokens of one batch (and of one micro-batch).
+        n_threads: CPU threads for decoding, one token or a batch.
+    """
+    cparams = llama.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = step_tokens
+    cparams.n_ubatch = step_tokens
+    cparams.n_seq_max = n_parallel
+    cparams.n_threads = n_threads
+    cparams.n_threads_batch = n_threads
+    cparams.kv_unified = True
+    cparams.no_perf = True
+    return llama.llama_init_from_model(model, cparams)
+
+
+def fill_batch(
+    batch: Any, plan: Sequence[PlannedChunk[_S]]
+) -> tuple[int, list[tuple[_S, int]]]:
+    """Write ``plan`` into ``batch`` (``llama_batch_init`` sized for it).
+
+    Returns:
+        The number of tokens written (also set as ``batch.n_tokens``), and the
+        batch index whose logits each sampling sequence reads, in plan order.
+    """
+    n = 0
+    logits_at: list[tuple[_S, int]] = []
+    for chunk in plan:
+        seq, tokens, pos = chunk.seq, chunk.tokens, chunk.first_pos
+        for i, token in enumerate(tokens):
+            batch.token[n] = token
+            batch.pos[n] = pos + i
+            batch.n_seq_id[n] = 1
+            batch.seq_id[n][0] = seq.slot
+            last = chunk.wants_logits and i == len(tokens) - 1
+            batch.logits[n] = 1 if last else 0
+            if last:
+                logits_at.append((seq, n))
+            n += 1
+    batch.n_tokens = n
+    return n, logits_at

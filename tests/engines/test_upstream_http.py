@@ -1,0 +1,430 @@
+"""The HTTP hop's clients (engines/upstream_http.py), each against real servers.
+
+Every test runs once per client in ``HOP_CLIENTS``. The raw upstream is an
+asyncio HTTP/1.1 server in the test's own loop that answers with the exact bytes
+each test gives it and records what it was sent, so status, headers, body bytes,
+resets and closes are checked on the wire. The last tests run ``UpstreamEngine``
+over each client against a real scripted sluicegate: the same outputs, and an
+abort that reaches the upstream, whichever client carries them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from sluicegate.core.chunks import Endpoint
+from sluicegate.core.events import FinishReason, TextOutput
+from sluicegate.engines.base import (
+    GenerateRequest,
+    ModelInfo,
+    SamplingParams,
+    TextPrompt,
+)
+from sluicegate.engines.upstream import UpstreamEngine
+from sluicegate.engines.upstream_config import UpstreamConfig, UpstreamTimeouts
+from sluicegate.engines.upstream_http import (
+    DEFAULT_HOP_CLIENT,
+    HOP_CLIENTS,
+    HopClient,
+    HopError,
+    HopResponse,
+    hop_client,
+)
+from sluicegate.testing import ServerProcess, free_port, serve_command
+
+pytestmark = pytest.mark.anyio
+
+GIVE_UP_S = 10.0
+ABORT_WITHIN_S = 1.0
+"""How soon the upstream must list an aborted request (docs/DESIGN.md, "Engine
+protocol"), measured from ``close()``."""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=HOP_CLIENTS)
+def client_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+class RawUpstream:
+    """Answers each request with the next answer's bytes; records what came."""
+
+    def __init__(self) -> None:
+        self.answers: list[list[bytes | None]] = []
+        self.requests: list[tuple[bytes, bytes]] = []  # (head, body)
+        self.connections = 0
+        self.eof = asyncio.Event()  # a client closed a connection
+
+    async def serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.lower() == b"content-length":
+                        length = int(value)
+                self.requests.append((head, await reader.readexactly(length)))
+                for piece in self.answers.pop(0):
+                    if piece is None:  # reset the connection here
+                        writer.transport.abort()
+                        return
+                    writer.write(piece)
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.eof.set()
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[tuple[RawUpstream, str]]:
+    upstream = RawUpstream()
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield upstream, f"http://127.0.0.1:{port}/v1"
+        server.close()
+
+
+def chunked(*pieces: bytes, end: bool = True) -> list[bytes | None]:
+    """A 200 event stream, one HTTP chunk per piece."""
+    out: list[bytes | None] = [
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    ]
+    out += [f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in pieces]
+    if end:
+        out.append(b"0\r\n\r\n")
+    return out
+
+
+def client_for(name: str, url: str, api_key: str | None = None) -> HopClient:
+    return hop_client(name, UpstreamConfig(url, api_key=api_key))
+
+
+async def read_body(response: HopResponse) -> bytes:
+    return b"".join([data async for data in response])
+
+
+async def test_a_stream_comes_back_byte_for_byte(
+    raw: tuple[RawUpstream, str], client_name: str
+) -> None:
+    upstream, url = raw
+    pieces = [b"data: 1\n\n", b"data: \xc3", b"\xa9\n\n", b"data: [DONE]\n\n"]
+    upstream.answers.append(chunked(*pieces))
+    client = client_for(client_name, url, api_key="k3y")
+    try:
+        response = await client.post("chat/completions", b'{"stream":true}')
+        assert response.status == 200
+        assert response.header("content-type") == "text/event-stream"
+        assert response.header("retry-after") is None
+        assert await read_body(response) == b"".join(pieces)
+        await response.aclose()
+        await response.aclose()  # idempotent
+    finally:
+        await client.aclose()
+    head, body = upstream.requests[0]
+    assert body == b'{"stream":true}'
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /v1/chat/completions HTTP/1.1"
+    fields = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    assert fields["authorization"] == "Bearer k3y"
+    assert fields["accept-encoding"] == "identity"
+    assert fields["accept"] == "text/event-stream"
+    assert fields["content-type"] == "application/json"
+
+
+async def test_a_refusal_has_its_status_headers_and_body(
+    raw: tuple[RawUpstream, str], client_name: str
+) -> None:
+    upstream, url = raw
+    error = orjson.dumps({"error": {"message": "slow down"}})
+    upstream.answers.append(
+        [
+            b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 7\r\n"
+            + f"content-length: {len(error)}\r\n\r\n".encode()
+            + error
+        ]
+    )
+    client = client_for(client_name, url)
+    try:
+        response = await client.post("completions", b"{}")
+        assert (response.status, response.header("Retry-After")) == (429, "7")
+        assert await read_body(response) == error
+        await response.aclose()
+    finally:
+        await client.aclose()
+    assert upstream.requests[0][0].startswith(b"POST /v1/completions ")
+
+
+async def test_a_finished_body_keeps_its_connection(
+    raw: tuple[RawUpstream, str], client_name: str
+) -> None:
+    upstream, url = raw
+    client = client_for(client_name, url)
+    try:
+        for i in range(3):
+            upstream.answers.append(chunked(b"data: %d\n\n" % i))
+            response = await client.post("chat/completions", b"{}")
+            assert await read_body(response) == b"data: %d\n\n" % i
+            await response.aclose()
+    finally:
+        await client.aclose()
+    assert (len(upstream.requests), upstream.connections) == (3, 1)
+
+
+async def test_closing_an_unfinished_body_closes_its_connection(
+    raw: tuple[RawUpstream, str], client_name: str
+) -> None:
+    upstream, url = raw
+    upstream.answers.append(chunked(b"data: 1\n\n", end=False))
+    client = client_for(client_name, url)
+    try:
+        response = await client.post("chat/completions", b"{}")
+        assert await anext(aiter(response)) == b"data: 1\n\n"
+        await response.aclose()
+        await asyncio.wait_for(upstream.eof.wait(), GIVE_UP_S)
+    finally:
+        await client.aclose()
+
+
+async def test_a_reset_mid_body_is_a_hop_error(
+    raw: tuple[RawUpstream, str], client_name: str
+) -> None:
+    upstream, url = raw
+    upstream.answers.append([*chunked(b"data: 1\n\n", end=False), None])
+    client = client_for(client_name, url)
+    try:
+        response = await client.post("chat/completions", b"{}")
+        with pytest.raises(HopError, match="the body broke"):
+            await read_body(response)
+        await response.aclose()
+    finally:
+        await client.aclose()
+
+
+async def test_a_body_cut_short_is_a_hop_error(
+    raw: tuple[RawUpstream, str], client_name: str
+) -> None:
+    upstream, url = raw
+    upstream.answers.append(
+        [b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\ndata: 1\n\n", None]
+    )
+    client = client_for(client_name, url)
+    try:
+        response = await client.post("chat/completions", b"{}")
+        with pytest.raises(HopError):
+            await read_body(response)
+        await response.aclose()
+    finally:
+        await client.aclose()
+
+
+async def test_no_listener_is_a_hop_error(client_name: str) -> None:
+    client = client_for(client_name, f"http://127.0.0.1:{free_port()}/v1")
+    try:
+        with pytest.raises(HopError, match="no response from"):
+            await client.post("chat/completions", b"{}")
+        with pytest.raises(HopError, match="no answer from"):
+            await client.get_status("/models", 5.0)
+    finally:
+        await client.aclose()
+
+
+async def test_a_malformed_head_is_a_hop_error(
+    raw: tuple[RawUpstream, str], client_name: str
+) -> None:
+    upstream, url = raw
+    upstream.answers.append([b"NOT HTTP AT ALL\r\n\r\n"])
+    client = client_for(client_name, url)
+    try:
+        with pytest.raises(HopError):
+            await client.post("chat/completions", b"{}")
+    finally:
+        await client.aclose()
+
+
+async def test_the_health_check_gets_the_status(
+    raw: tuple[RawUpstream, str], client_name: str
+) -> None:
+    upstream, url = raw
+    upstream.answers.append([b"HTTP/1.1 503 X\r\ncontent-length: 4\r\n\r\nbusy"])
+    client = client_for(client_name, url)
+    try:
+        assert await client.get_status("/models", 5.0) == 503
+    finally:
+        await client.aclose()
+    assert upstream.requests[0][0].startswith(b"GET /v1/models ")
+
+
+async def test_a_silent_health_check_runs_out_of_time(
+    raw: tuple[RawUpstream, str], client_name: str
+) -> None:
+    upstream, url = raw
+    upstream.answers.append([])  # read the request, never answer
+    client = client_for(client_name, url)
+    try:
+        with pytest.raises(HopError):
+            await client.get_status("/models", 0.2)
+    finally:
+        await client.aclose()
+
+
+def test_names_and_transports_are_checked() -> None:
+    config = UpstreamConfig("http://127.0.0.1:9/v1")
+    assert DEFAULT_HOP_CLIENT in HOP_CLIENTS
+    with pytest.raises(ValueError, match="expected an HTTP client"):
+        hop_client("urllib", config)
+    mock = httpx.MockTransport(lambda request: httpx.Response(204))
+    with pytest.raises(ValueError, match="needs the httpx client"):
+        hop_client("aiohttp", config, mock)
+    with pytest.raises(ValueError, match="expected an HTTP client"):
+        UpstreamEngine(MODEL, [config], http_client="urllib")
+    with_transport = UpstreamEngine(MODEL, [config], transport=mock)
+    assert type(with_transport._clients[0]).__name__ == "HttpxHop"
+    assert type(UpstreamEngine(MODEL, [config])._clients[0]).__name__ == "AiohttpHop"
+
+
+async def test_an_httpx_transport_carries_the_requests() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, stream=httpx.ByteStream(b"data: [DONE]\n\n"))
+
+    client = hop_client(
+        "httpx", UpstreamConfig("http://up.example/v1"), httpx.MockTransport(answer)
+    )
+    try:
+        response = await client.post("/chat/completions", b"{}")
+        assert await read_body(response) == b"data: [DONE]\n\n"
+        await response.aclose()
+    finally:
+        await client.aclose()
+    assert str(seen[0].url) == "http://up.example/v1/chat/completions"
+
+
+# -- the engine over each client, against a real scripted sluicegate -------------
+
+MODEL = ModelInfo("scripted", 4096, 0)
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("hop")
+    text = folder / "story.txt"
+    text.write_text("once upon a time, caf\u00e9 \u6f22\u5b57 " * 300, encoding="utf-8")
+    port = free_port()
+    command = serve_command(
+        port,
+        "--engine",
+        "scripted",
+        "--scripted-rate",
+        "50",
+        "--scripted-text",
+        str(text),
+        "--no-ledger",
+        "--log-level",
+        "warning",
+    )
+    with ServerProcess(command, port, log_path=folder / "scripted.log") as server:
+        server.wait_ready()
+        yield server
+
+
+def request(request_id: str, max_tokens: int) -> GenerateRequest:
+    messages = ({"role": "user", "content": "hi"},)
+    prompt = TextPrompt(Endpoint.CHAT, messages=messages, max_tokens=max_tokens)
+    return GenerateRequest(request_id, (), SamplingParams(max_tokens), prompt)
+
+
+def engine_over(name: str, server: ServerProcess) -> UpstreamEngine:
+    config = UpstreamConfig(
+        server.base_url + "/v1", continuous_usage=True, timeouts=UpstreamTimeouts()
+    )
+    return UpstreamEngine(MODEL, [config], health_interval_s=0, http_client=name)
+
+
+async def outputs_of(name: str, server: ServerProcess) -> list[TextOutput]:
+    engine = engine_over(name, server)
+    try:
+        outputs = engine.generate(request("r1", 24))
+        await outputs.accepted()
+        return [output async for output in outputs]
+    finally:
+        await engine.aclose()
+
+
+async def test_every_client_gives_the_same_outputs(scripted: ServerProcess) -> None:
+    results = {name: await outputs_of(name, scripted) for name in HOP_CLIENTS}
+    default = results[DEFAULT_HOP_CLIENT]
+    assert default[-1].finish_reason is FinishReason.LENGTH
+    assert sum(o.completion_tokens for o in default) == 24
+    assert "".join(o.text for o in default).startswith("once upon a time, caf\u00e9")
+    for name, outputs in results.items():
+        assert outputs == default, name
+
+
+async def test_a_close_reaches_the_upstream_over_every_client(
+    scripted: ServerProcess, client_name: str
+) -> None:
+    engine = engine_over(client_name, scripted)
+    admin = httpx.AsyncClient(base_url=scripted.base_url)
+    try:
+        before = (await admin.get("/engine/stats")).json()
+        outputs = engine.generate(request("r2", 2000))
+        await outputs.accepted()
+        assert (await outputs.__anext__()).text
+        closed_at = time.monotonic()
+        outputs.close()
+        while True:
+            stats = (await admin.get("/engine/stats")).json()
+            elapsed = time.monotonic() - closed_at
+            if (
+                stats["aborted_requests"] == before["aborted_requests"] + 1
+                and stats["running"] == 0
+            ):
+                break
+            assert elapsed < GIVE_UP_S, stats
+            await asyncio.sleep(0.01)
+        assert elapsed <= ABORT_WITHIN_S, f"aborted {elapsed:.2f} s after close()"
+    finally:
+        await admin.aclose()
+        await engine.aclose()
+
+
+def test_a_config_file_picks_the_client(tmp_path: Path) -> None:
+    from sluicegate.engines.upstream_file import engines_from_file
+
+    path = tmp_path / "upstreams.toml"
+    for name in HOP_CLIENTS:
+        path.write_text(
+            f'[[models]]\nid = "m"\nhttp_client = "{name}"\n'
+            '[[models.upstreams]]\nurl = "http://127.0.0.1:9/v1"\n',
+            encoding="utf-8",
+        )
+        (engine,) = engines_from_file(path, {})
+        assert type(engine._clients[0]).__name__.lower().startswith(name)
+    path.write_text(
+        '[[models]]\nid = "m"\nhttp_client = "curl"\n'
+        '[[models.upstreams]]\nurl = "http://127.0.0.1:9/v1"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ValueError, match="http_client"):
+        engines_from_file(path, {})
