@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import FinishReason, Usage
-from sluicegate.core.upstream import (
+from sluicegate.core.upstream import UpstreamReader
+from sluicegate.core.upstream_items import (
     PROTOCOL_ERROR_CODE,
     ReaderState,
     UpstreamDelta,
@@ -18,7 +19,6 @@ from sluicegate.core.upstream import (
     UpstreamError,
     UpstreamFinish,
     UpstreamItem,
-    UpstreamReader,
     UpstreamTruncated,
 )
 

@@ -14,13 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluicegate.core.chunks import Endpoint
-from sluicegate.core.upstream import (
+from sluicegate.core.upstream import UpstreamReader
+from sluicegate.core.upstream_items import (
     PROTOCOL_ERROR_CODE,
     UpstreamDelta,
     UpstreamDone,
     UpstreamError,
     UpstreamItem,
-    UpstreamReader,
 )
 
 CHAT = Endpoint.CHAT

@@ -27,13 +27,13 @@ from sluicegate.core.events import (
     join_parts,
 )
 from sluicegate.core.tooldecoder import ToolCallDecoder, ToolCallOptions
-from sluicegate.core.upstream import (
+from sluicegate.core.upstream import UpstreamReader
+from sluicegate.core.upstream_items import (
     UpstreamDelta,
     UpstreamDone,
     UpstreamError,
     UpstreamFinish,
     UpstreamItem,
-    UpstreamReader,
     UpstreamToolCall,
     UpstreamTruncated,
 )

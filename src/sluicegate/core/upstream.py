@@ -40,22 +40,9 @@ Invariants:
       non-empty, and come before its one ``UpstreamFinish``; so do its
       ``UpstreamToolCall`` fragments (a call's start held for its name goes
       out before the finish, or before an error or the truncation).
-    - A choice that made tool calls finishes ``TOOL_CALLS`` unless the
-      upstream said ``length`` or a call's arguments are not whole JSON (a
-      call cut short is never reported as made): then ``LENGTH`` when the
-      upstream said ``tool_calls`` (llama-cpp-python says so when
-      ``max_tokens`` cuts a call), else ``STOP`` (the call ended on its own,
-      as the local engine reports it). One that made none never finishes
-      ``TOOL_CALLS``.
-
-Cumulative text: a choice is taken to repeat its text cumulatively when its
-second non-empty text is longer than its first and starts with it, and its
-third starts with the second. An ambiguous second text (it starts with the
-first) is held back until the third text, the choice's finish or the stream's
-end settles it (at a finish or end it counts as cumulative); from then on a
-cumulative choice sends only what is new after the text so far (a text that
-does not start with it is sent whole). A plain stream pays for this only on its
-first two texts.
+    - A choice's finish reason is ``finish_reason_of``'s
+      (``core/upstream_choice.py``): ``TOOL_CALLS`` only for a choice whose
+      tool calls are all whole.
 
 Deliberate divergences:
 
@@ -75,178 +62,36 @@ event stream" (through ``SSEDecoder``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import orjson
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import LocalProtocolError, RemoteProtocolError, bounded_repr
-from sluicegate.core.events import FinishReason, ToolCallFragment, Usage
+from sluicegate.core.events import Usage
 from sluicegate.core.sse import Event, SSEDecoder
 from sluicegate.core.toolcalls import new_call_id
+from sluicegate.core.upstream_choice import (
+    UpstreamChoice,
+    finish_reason_of,
+    settle_choice,
+)
+from sluicegate.core.upstream_items import (
+    PROTOCOL_ERROR_CODE,
+    ReaderState,
+    UpstreamDelta,
+    UpstreamDone,
+    UpstreamError,
+    UpstreamFinish,
+    UpstreamItem,
+    UpstreamToolCall,
+    UpstreamTruncated,
+)
 from sluicegate.core.upstream_tools import ToolCallNormalizer
 
-__all__ = [
-    "PROTOCOL_ERROR_CODE",
-    "ReaderState",
-    "UpstreamDelta",
-    "UpstreamDone",
-    "UpstreamError",
-    "UpstreamFinish",
-    "UpstreamItem",
-    "UpstreamReader",
-    "UpstreamToolCall",
-    "UpstreamTruncated",
-]
+__all__ = ["UpstreamReader"]
 
-PROTOCOL_ERROR_CODE = "upstream_protocol_error"
-"""``UpstreamError.code`` of a stream that is not an OpenAI event stream."""
-
-_LENGTH_REASONS = frozenset({"length", "max_tokens", "model_length"})
 _FAILED_REASONS = frozenset({"abort", "error"})
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamDelta:
-    """New text of choice ``index`` (non-empty; only what is new)."""
-
-    index: int
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamToolCall:
-    """A fragment of one of choice ``index``'s tool calls, normalized (chat only).
-
-    ``fragment`` has the local engine's shape: a call's first fragment carries
-    its index (from 0), id and name with ``arguments == ""``; later ones more of
-    its arguments.
-    """
-
-    index: int
-    fragment: ToolCallFragment
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamFinish:
-    """Choice ``index`` ended; ``raw`` is the upstream's own ``finish_reason``."""
-
-    index: int
-    finish_reason: FinishReason
-    raw: str
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamError:
-    """An in-band error, or a body that is not an OpenAI event stream.
-
-    Attributes:
-        message: the upstream's message, or what was wrong with the body.
-        type: the upstream's error type, or ``"server_error"``.
-        code: the upstream's code as text (vLLM sends its HTTP status there),
-            ``PROTOCOL_ERROR_CODE`` for a broken body, or ``None``.
-    """
-
-    message: str
-    type: str = "server_error"
-    code: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamDone:
-    """The first ``data: [DONE]``: the upstream completed its stream."""
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamTruncated:
-    """The body ended without ``[DONE]`` and without an in-band error.
-
-    Attributes:
-        partial: whether an incomplete event was cut off at the end.
-    """
-
-    partial: bool = False
-
-
-UpstreamItem = (
-    UpstreamDelta
-    | UpstreamToolCall
-    | UpstreamFinish
-    | Usage
-    | UpstreamError
-    | UpstreamDone
-    | UpstreamTruncated
-)
-"""What ``UpstreamReader`` returns."""
-
-
-class ReaderState(StrEnum):
-    """Where an ``UpstreamReader`` is."""
-
-    READING = "reading"
-    """Events are still expected."""
-    DONE = "done"
-    """``[DONE]`` came; later bytes are ignored."""
-    FAILED = "failed"
-    """An ``UpstreamError`` was returned; later bytes are ignored."""
-    CLOSED = "closed"
-    """``flush()`` was called."""
-
-
-class _Choice:
-    """Cumulative-text detection and finish bookkeeping of one choice."""
-
-    __slots__ = ("finished", "first", "held", "mode", "seen", "tools")
-
-    def __init__(self) -> None:
-        self.tools: ToolCallNormalizer | None = None  # at its first tool call
-        self.mode: bool | None = None  # cumulative? None: not settled yet
-        self.first = ""  # the first non-empty text
-        self.held = ""  # an ambiguous second text, held back
-        self.seen = ""  # cumulative: the upstream's whole text so far
-        self.finished = False
-
-    def feed(self, text: str) -> str:
-        """What of ``text`` (non-empty) is new."""
-        mode = self.mode
-        if mode is False:
-            return text
-        if mode is True:
-            seen = self.seen
-            if text.startswith(seen):
-                self.seen = text
-                return text[len(seen) :]
-            self.seen = seen + text
-            return text
-        if not self.first:
-            self.first = text
-            return text
-        if not self.held:
-            if len(text) > len(self.first) and text.startswith(self.first):
-                self.held = text
-                return ""
-            self.mode = False
-            return text
-        held = self.held
-        self.held = ""
-        if len(text) >= len(held) and text.startswith(held):
-            self.mode = True
-            self.seen = text
-            return text[len(self.first) :]
-        self.mode = False
-        return held + text
-
-    def settle(self) -> str:
-        """End of the choice's text: a held text counts as cumulative."""
-        held = self.held
-        if not held:
-            return ""
-        self.held = ""
-        self.mode = True
-        self.seen = held
-        return held[len(self.first) :]
 
 
 class UpstreamReader:
@@ -286,7 +131,7 @@ class UpstreamReader:
         # plain events itself.
         self._fast = False
         self._state = ReaderState.READING
-        self._choices: dict[int, _Choice] = {}
+        self._choices: dict[int, UpstreamChoice] = {}
         self._usage: Usage | None = None
         self.events = 0
 
@@ -462,7 +307,7 @@ class UpstreamReader:
             index = 0
         state = self._choices.get(index)
         if state is None:
-            state = self._choices[index] = _Choice()
+            state = self._choices[index] = UpstreamChoice()
         if state.finished:
             return  # a repeated finish_reason, or text after it
         calls = None
@@ -490,18 +335,9 @@ class UpstreamReader:
                 why = f"the upstream ended choice {index} with finish_reason {reason!r}"
                 self._fail(out, why)
                 return
-            tools = self._settle(index, state, out)
+            tools = settle_choice(index, state, out)
             state.finished = True
-            if reason in _LENGTH_REASONS:
-                finish = FinishReason.LENGTH
-            elif tools is None or not tools.calls:
-                finish = FinishReason.STOP
-            elif not tools.open_call:
-                finish = FinishReason.TOOL_CALLS
-            else:  # an unfinished call: cut short, or it ended on its own
-                finish = (
-                    FinishReason.LENGTH if reason == "tool_calls" else FinishReason.STOP
-                )
+            finish = finish_reason_of(reason, tools)
             out.append(UpstreamFinish(index, finish, reason))
 
     def _read_usage(self, usage: dict[str, Any], out: list[UpstreamItem]) -> None:
@@ -555,16 +391,4 @@ class UpstreamReader:
         for index, state in self._choices.items():
             if not state.finished:
                 state.finished = True
-                self._settle(index, state, out)
-
-    def _settle(
-        self, index: int, state: _Choice, out: list[UpstreamItem]
-    ) -> ToolCallNormalizer | None:
-        """A choice's held text and held tool-call start; its calls, if any."""
-        held = state.settle()
-        if held:
-            out.append(UpstreamDelta(index, held))
-        tools = state.tools
-        if tools is not None:
-            out.extend(UpstreamToolCall(index, f) for f in tools.flush())
-        return tools
+                settle_choice(index, state, out)

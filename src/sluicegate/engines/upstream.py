@@ -21,16 +21,15 @@ before that is such a refusal too (``failure_before_content``). Once accepted,
 a failure (a reset, an in-band error, a stream without ``[DONE]``, a time
 limit) is the sequence's ``EngineError``.
 
-Tool calls (``UpstreamToolCall``, normalized by the reader) go out as
-``TextOutput.tool_calls``, one fragment per output.
+The parts: a sequence's state (``upstream_sequence.py``), its time limits
+(``upstream_limits.py``), the reading of a 200's stream (``upstream_stream.py``:
+text, tool calls, usage) and the health checks (``upstream_health.py``).
 
 Invariants:
     - ``abort()`` and ``UpstreamOutputs.close()`` cancel the sequence's task,
       which closes the HTTP response at once: the upstream sees the client go
       and aborts its own request (that is what frees its KV cells).
-    - The ``completion_tokens`` of a sequence's outputs add up to the
-      upstream's usage when it reported one (each text counts 1 until then;
-      the last output corrects the sum, never below what was counted).
+    - Token counts follow the upstream's usage (``upstream_stream.py``).
     - Time limits are one timer per sequence, re-armed when it fires and at the
       first token, never per chunk.
 """
@@ -40,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,16 +51,6 @@ from sluicegate.core.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
-from sluicegate.core.events import FinishReason, TextOutput, Usage
-from sluicegate.core.upstream import (
-    UpstreamDelta,
-    UpstreamDone,
-    UpstreamError,
-    UpstreamFinish,
-    UpstreamItem,
-    UpstreamReader,
-    UpstreamToolCall,
-)
 from sluicegate.engines.base import (
     EngineStats,
     GenerateRequest,
@@ -70,7 +58,6 @@ from sluicegate.engines.base import (
     OutputKind,
     Tokenizer,
 )
-from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.pool import (
     Lease,
     Outcome,
@@ -83,85 +70,24 @@ from sluicegate.engines.pool import (
 from sluicegate.engines.upstream_config import (
     REFUSAL_BODY_MAX_BYTES,
     UpstreamConfig,
-    failure_before_content,
     refusal_of,
     request_body,
     upstream_from_dict,
 )
+from sluicegate.engines.upstream_health import check_health
 from sluicegate.engines.upstream_http import (
     DEFAULT_HOP_CLIENT,
     HopError,
     HopResponse,
     hop_client,
 )
+from sluicegate.engines.upstream_limits import arm
+from sluicegate.engines.upstream_sequence import UpstreamOutputs, UpstreamSequence, end
+from sluicegate.engines.upstream_stream import BeforeContent, read_stream
 
 __all__ = ["UpstreamEngine", "UpstreamOutputs"]
 
 logger = logging.getLogger(__name__)
-
-DRAIN_S = 1.0
-"""How long a finished stream's body may take to end after ``[DONE]`` (seconds)."""
-
-
-class UpstreamOutputs(SequenceOutputs[TextOutput]):
-    """``SequenceOutputs`` of one upstream sequence, and ``AcceptingOutputs``."""
-
-    __slots__ = ("_accept",)
-
-    def __init__(self, on_close: Any, accept: asyncio.Future[None]) -> None:
-        super().__init__(on_close)
-        self._accept = accept
-
-    async def accepted(self) -> None:
-        """Return once an upstream's stream brought its first content (a text,
-        a tool call or a finish).
-
-        Raises:
-            EngineRefused: the upstream's status (429/503 with ``Retry-After``,
-                a 4xx with its message; a 502 for a 200 whose stream failed
-                before any content), or the pool's 503.
-            EngineUnavailable: no upstream could be reached.
-            EngineTimeout: the time to first token ran out first.
-            EngineError: the sequence ended otherwise before it was accepted.
-        """
-        await asyncio.shield(self._accept)
-
-
-class _Sequence:
-    """One sequence's task, deadlines and counts."""
-
-    __slots__ = (
-        "accept",
-        "emitted",
-        "finish",
-        "first_at",
-        "last_at",
-        "lease",
-        "outputs",
-        "request",
-        "result",
-        "started",
-        "task",
-        "timed_out",
-        "timer",
-        "usage",
-    )
-
-    def __init__(self, request: GenerateRequest, started: float) -> None:
-        self.request = request
-        self.started = started
-        self.first_at: float | None = None
-        self.last_at = started
-        self.emitted = 0  # completion tokens pushed so far
-        self.usage: Usage | None = None
-        self.finish: FinishReason | None = None
-        self.lease: Lease | None = None
-        self.timed_out: str | None = None
-        self.result: str | None = None  # finished, failed or aborted
-        self.timer: asyncio.TimerHandle | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.accept: asyncio.Future[None]
-        self.outputs: UpstreamOutputs
 
 
 class UpstreamEngine:
@@ -211,7 +137,7 @@ class UpstreamEngine:
         self._clients = [hop_client(http_client, u, transport) for u in self._upstreams]
         self._pool: UpstreamPool | None = None
         self._health: asyncio.Task[None] | None = None
-        self._sequences: dict[str, _Sequence] = {}
+        self._sequences: dict[str, UpstreamSequence] = {}
         self._closed = False
         self._counts = dict.fromkeys(
             ("prompt", "generated", "finished", "aborted", "failed"), 0
@@ -271,7 +197,14 @@ class UpstreamEngine:
                 retry_after_s=retry_after_s,
             )
             if self._health_interval_s > 0:
-                self._health = loop.create_task(self._check_health())
+                self._health = loop.create_task(
+                    check_health(
+                        self._pool,
+                        self._upstreams,
+                        self._clients,
+                        self._health_interval_s,
+                    )
+                )
         return self._pool
 
     def upstream_counters(self) -> list[UpstreamCounters]:
@@ -293,13 +226,13 @@ class UpstreamEngine:
             raise EngineError(f"request {request.request_id!r} is running already")
         pool = self.pool
         loop = asyncio.get_running_loop()
-        seq = _Sequence(request, loop.time())
+        seq = UpstreamSequence(request, loop.time())
         request_id = request.request_id
         seq.accept = loop.create_future()
         seq.outputs = UpstreamOutputs(lambda: self.abort(request_id), seq.accept)
         self._sequences[request_id] = seq
         seq.task = loop.create_task(self._run(seq, pool))
-        self._arm(seq)
+        arm(seq, self._upstreams)
         return seq.outputs
 
     def abort(self, request_id: str) -> None:
@@ -340,41 +273,31 @@ class UpstreamEngine:
 
     # -- one sequence ----------------------------------------------------------
 
-    async def _run(self, seq: _Sequence, pool: UpstreamPool) -> None:
+    async def _run(self, seq: UpstreamSequence, pool: UpstreamPool) -> None:
         try:
             await self._serve(seq, pool)
         except asyncio.CancelledError:
             if seq.result is None:
                 if seq.timed_out is None:
-                    self._end(seq, "aborted", None)
+                    end(seq, "aborted", None)
                 else:
                     message = f"the {seq.timed_out} ran out"
                     error: EngineError = EngineTimeout(message)
                     if not seq.accept.done():  # no content yet: a status
                         error = EngineRefused(message, 504, code=error.code)
-                    self._end(seq, "failed", error)
+                    end(seq, "failed", error)
             if seq.timed_out is None:
                 raise
         except EngineError as error:
             if seq.result is None:
-                self._end(seq, "failed", error)
+                end(seq, "failed", error)
         finally:
             if seq.timer is not None:
                 seq.timer.cancel()
             self._counts[seq.result or "failed"] += 1
             del self._sequences[seq.request.request_id]
 
-    def _end(self, seq: _Sequence, result: str, error: EngineError | None) -> None:
-        """The sequence's last item: its ``error``, or (aborted) its end."""
-        seq.result = result
-        if error is None:
-            self._refuse(seq, EngineError("the request was aborted"))
-            seq.outputs.end()
-        else:
-            self._refuse(seq, error)
-            seq.outputs.fail(error)
-
-    async def _serve(self, seq: _Sequence, pool: UpstreamPool) -> None:
+    async def _serve(self, seq: UpstreamSequence, pool: UpstreamPool) -> None:
         tried: list[int] = []
         refusal: EngineError | None = None
         while True:
@@ -417,8 +340,10 @@ class UpstreamEngine:
                     continue
                 outcome = Outcome.SUCCESS  # a client that leaves is no failure
                 try:
-                    outcome = await self._stream(seq, response, lease)
-                except _BeforeContent as failed:  # a 200, then nothing: a refusal
+                    outcome = await read_stream(
+                        seq, response, lease, self._upstreams, self._counts
+                    )
+                except BeforeContent as failed:  # a 200, then nothing: a refusal
                     refused, outcome, again = failed.refusal
                     if not again:
                         raise refused from None
@@ -462,220 +387,8 @@ class UpstreamEngine:
                 future.result().release(Outcome.SUCCESS)
             raise
 
-    async def _stream(
-        self, seq: _Sequence, response: HopResponse, lease: Lease
-    ) -> Outcome:
-        reader = UpstreamReader(seq.request.text_prompt.endpoint)  # type: ignore[union-attr]
-        time = asyncio.get_running_loop().time
-        chunks = aiter(response)
-        try:
-            async for data in chunks:
-                items = reader.feed(data)
-                if items:
-                    seq.last_at = time()
-                    ended = self._apply(seq, items, lease)
-                    if ended is not None:
-                        break
-            else:
-                ended = self._apply(seq, reader.flush(), lease)
-        except HopError as exc:
-            return self._broken(seq, f"the upstream stream broke: {exc}")
-        assert ended is not None, "flush() ends the stream"
-        if ended is Outcome.SUCCESS:
-            # Read the body's end, so that the connection is kept alive; a peer
-            # that keeps it open past [DONE] loses it.
-            if seq.timer is not None:
-                seq.timer.cancel()
-                seq.timer = None
-            with contextlib.suppress(TimeoutError, HopError):
-                async with asyncio.timeout(DRAIN_S):
-                    async for _ in chunks:
-                        pass
-        return ended
-
-    def _apply(
-        self, seq: _Sequence, items: list[UpstreamItem], lease: Lease
-    ) -> Outcome | None:
-        """Push what ``items`` say; the upstream's outcome once the stream ended."""
-        outputs = seq.outputs
-        for item in items:
-            if type(item) is UpstreamDelta:
-                if item.index != 0:
-                    continue  # n is 1; an upstream that sends more is ignored
-                if seq.first_at is None:
-                    self._first_token(seq, lease)
-                outputs.push(TextOutput(item.text, None, _step_tokens(seq)))
-            elif type(item) is UpstreamToolCall:
-                if item.index != 0:
-                    continue
-                if seq.first_at is None:
-                    self._first_token(seq, lease)
-                fragment = (item.fragment,)
-                outputs.push(TextOutput("", None, _step_tokens(seq), None, fragment))
-            elif type(item) is Usage:
-                seq.usage = item
-            elif type(item) is UpstreamFinish:
-                if item.index == 0:
-                    seq.finish = item.finish_reason
-                    if seq.first_at is None:
-                        self._first_token(seq, lease)
-            elif type(item) is UpstreamDone:
-                return self._finish(seq)
-            elif type(item) is UpstreamError:
-                return self._broken(
-                    seq, item.message, item.code, item.type, "the upstream failed: "
-                )
-            else:
-                return self._broken(seq, "the upstream's stream ended without [DONE]")
-        return None
-
-    def _broken(
-        self,
-        seq: _Sequence,
-        message: str,
-        code: str | None = None,
-        kind: str | None = None,
-        prefix: str = "",
-    ) -> Outcome:
-        """The stream failed: the sequence's error (``prefix + message``) once
-        accepted; before any content, a refusal (``_BeforeContent``) that
-        ``_serve`` may fail over."""
-        if not seq.accept.done() and seq.lease is not None:
-            url = self._upstreams[seq.lease.member].url
-            raise _BeforeContent(failure_before_content(message, code, kind, url))
-        self._end(seq, "failed", EngineError(prefix + message))
-        return Outcome.FAILURE
-
-    def _first_token(self, seq: _Sequence, lease: Lease) -> None:
-        """The first content: the sequence is accepted, the time to first token
-        is over, idle time starts."""
-        self._accept(seq)
-        seq.first_at = seq.last_at
-        lease.first_token()
-        if seq.timer is not None:
-            seq.timer.cancel()
-        self._arm(seq)
-
-    def _finish(self, seq: _Sequence) -> Outcome:
-        if seq.finish is None:
-            return self._broken(seq, "the upstream ended without a finish_reason")
-        usage = seq.usage
-        tokens = 0
-        prompt = None
-        if usage is not None:
-            tokens = max(0, usage.completion_tokens - seq.emitted)
-            prompt = usage.prompt_tokens
-            self._counts["prompt"] += prompt
-        seq.emitted += tokens
-        self._counts["generated"] += seq.emitted
-        seq.result = "finished"
-        seq.outputs.push(TextOutput("", seq.finish, tokens, prompt))
-        return Outcome.SUCCESS
-
-    def _accept(self, seq: _Sequence) -> None:
-        if not seq.accept.done():
-            seq.accept.set_result(None)
-
-    def _refuse(self, seq: _Sequence, error: EngineError) -> None:
-        if not seq.accept.done():
-            seq.accept.set_exception(error)
-            seq.accept.exception()  # retrieved: nobody need await it
-
-    # -- time limits -----------------------------------------------------------
-
-    def _arm(self, seq: _Sequence) -> None:
-        limits = (
-            self._upstreams[0].timeouts
-            if seq.lease is None
-            else (self._upstreams[seq.lease.member].timeouts)
-        )
-        deadlines = [(math.inf, "")]
-        if limits.total_s is not None:
-            deadlines.append((seq.started + limits.total_s, "total time limit"))
-        if seq.first_at is None:
-            if limits.first_token_s is not None:
-                due = seq.started + limits.first_token_s
-                deadlines.append((due, "time to first token limit"))
-        elif limits.idle_s is not None:
-            deadlines.append((seq.last_at + limits.idle_s, "idle time limit"))
-        due, _ = min(deadlines)
-        if due < math.inf:
-            seq.timer = asyncio.get_running_loop().call_at(due, self._check, seq)
-
-    def _check(self, seq: _Sequence) -> None:
-        seq.timer = None
-        task = seq.task
-        if task is None or task.done():
-            return
-        now = asyncio.get_running_loop().time()
-        limits = self._upstreams[0 if seq.lease is None else seq.lease.member].timeouts
-        for limit, since, name in (
-            (limits.total_s, seq.started, "total time limit"),
-            (
-                limits.first_token_s if seq.first_at is None else None,
-                seq.started,
-                "time to first token limit",
-            ),
-            (
-                limits.idle_s if seq.first_at is not None else None,
-                seq.last_at,
-                "idle time limit",
-            ),
-        ):
-            if limit is not None and now >= since + limit:
-                seq.timed_out = name
-                task.cancel()
-                return
-        self._arm(seq)
-
-    # -- health ------------------------------------------------------------------
-
-    async def _check_health(self) -> None:
-        pool = self.pool
-        while True:
-            results = await asyncio.gather(
-                *(self._probe(i) for i in range(len(self._upstreams)))
-            )
-            for i, ok in enumerate(results):
-                if ok is not None:
-                    pool.report_health(i, ok)
-            await asyncio.sleep(self._health_interval_s)
-
-    async def _probe(self, member: int) -> bool | None:
-        upstream = self._upstreams[member]
-        if not upstream.health_path:
-            return None
-        timeout = upstream.timeouts.connect_s or 5.0
-        try:
-            status = await self._clients[member].get_status(
-                upstream.health_path, timeout
-            )
-        except HopError:
-            return False
-        return 200 <= status < 300
-
 
 _PATHS = {Endpoint.CHAT: "chat/completions", Endpoint.COMPLETION: "completions"}
-
-
-class _BeforeContent(Exception):
-    """A 200 whose stream failed before any content: ``failure_before_content``'s
-    refusal, outcome and whether to try another upstream."""
-
-    def __init__(self, refusal: tuple[EngineRefused, Outcome, bool]) -> None:
-        super().__init__(refusal[0])
-        self.refusal = refusal
-
-
-def _step_tokens(seq: _Sequence) -> int:
-    """The completion tokens one output stands for: 1, or what the upstream's
-    usage says was generated beyond what was counted."""
-    usage = seq.usage
-    tokens = 1
-    if usage is not None and usage.completion_tokens > seq.emitted + 1:
-        tokens = usage.completion_tokens - seq.emitted
-    seq.emitted += tokens
-    return tokens
 
 
 async def _read_some(response: HopResponse) -> bytes:

@@ -43,7 +43,6 @@ from typing import Any
 
 from sluicegate.core.errors import RequestError
 from sluicegate.engines.base import Grammar
-from sluicegate.engines.llamacpp_grammar import grammar_errors, unimplemented_keywords
 from sluicegate.server.schemas import ChatCompletionRequest
 
 __all__ = ["NO_TOOL_MARKUP", "TOOL_CALL_TRIGGER", "grammar_for", "grammar_for_request"]
@@ -256,6 +255,14 @@ def _json_rule(schema: Mapping[str, Any]) -> str:
 
 def _check(rule_or_grammar: str, param: str, where: str) -> None:
     """Compile it (a rule alone as a whole grammar); a 400 naming what failed."""
+    # Imported here: llguidance, llama.cpp and numpy cost a server that never
+    # checks a grammar (a gateway, the scripted engine) about 26 MiB and their
+    # start-up; a llama.cpp server has them loaded already.
+    from sluicegate.engines.llamacpp_grammar import (
+        grammar_errors,
+        unimplemented_keywords,
+    )
+
     text = rule_or_grammar
     if not text.startswith("%llguidance"):
         text = f"%llguidance {{}}\nstart: {rule_or_grammar}\n"

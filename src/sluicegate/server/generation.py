@@ -26,6 +26,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
+from typing import cast
 
 from sluicegate.core.decoding import ChoiceOptions, OutputItem
 from sluicegate.core.errors import EngineError, RequestError
@@ -134,8 +135,7 @@ class Generation:
     @property
     def awaits_acceptance(self) -> bool:
         """Whether the engine may still refuse a started choice (``accepted()``)."""
-        outputs: list[object] = list(self._outputs)
-        return any(isinstance(o, AcceptingOutputs) for o in outputs)
+        return any(_accepting(o) is not None for o in self._outputs)
 
     async def accepted(self) -> None:
         """Wait until the engine has accepted every choice, before any byte.
@@ -150,9 +150,9 @@ class Generation:
         """
         tasks: list[asyncio.Future[None]] = []
         for outputs in self._outputs:
-            candidate: object = outputs  # an iterator that may also accept
-            if isinstance(candidate, AcceptingOutputs):
-                tasks.append(asyncio.ensure_future(candidate.accepted()))
+            accepting = _accepting(outputs)
+            if accepting is not None:
+                tasks.append(asyncio.ensure_future(accepting.accepted()))
         if not tasks:
             return
         try:
@@ -179,9 +179,10 @@ class Generation:
             assert outputs is not None, "start() before attach()"
             for event in self._decoder.start(index):
                 outbox.put(event)
-            if isinstance(outputs, ListenableOutputs):
-                self._listened.append(outputs)
-                outputs.listen(functools.partial(self._on_item, index))
+            listenable = _listenable(outputs)
+            if listenable is not None:
+                self._listened.append(listenable)
+                listenable.listen(functools.partial(self._on_item, index))
             else:
                 reader = asyncio.get_running_loop().create_task(
                     self._read(index, outputs)
@@ -256,3 +257,23 @@ async def _aclose(outputs: _Outputs) -> None:
     aclose = getattr(outputs, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+def _accepting(outputs: object) -> AcceptingOutputs | None:
+    """``outputs`` as ``AcceptingOutputs`` when it has ``accepted()``, else ``None``.
+
+    The same test as ``isinstance(outputs, AcceptingOutputs)``, without the
+    runtime protocol check's walk over the protocol's attributes (dozens of
+    calls, twice per request).
+    """
+    if callable(getattr(outputs, "accepted", None)):
+        return cast(AcceptingOutputs, outputs)
+    return None
+
+
+def _listenable(outputs: object) -> ListenableOutputs | None:
+    """``outputs`` as ``ListenableOutputs`` when it has ``listen()``, else ``None``
+    (as ``_accepting``: the protocol's test without its per-call attribute walk)."""
+    if callable(getattr(outputs, "listen", None)):
+        return cast(ListenableOutputs, outputs)
+    return None

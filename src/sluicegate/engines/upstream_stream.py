@@ -1,0 +1,198 @@
+"""One upstream's 200 stream read into its sequence: content, finish, metering, errors.
+
+``read_stream`` feeds the body's bytes to an ``UpstreamReader``
+(``core/upstream.py``) and pushes a ``TextOutput`` for each text or tool-call
+fragment of choice 0 (the upstream engine asks for ``n: 1``). The first content
+accepts the sequence; a failure before it is a ``BeforeContent`` refusal the
+engine may try on another upstream, one after it the sequence's ``EngineError``.
+Tool calls (``UpstreamToolCall``, normalized by the reader) go out as
+``TextOutput.tool_calls``, one fragment per output.
+
+Invariants:
+    - The ``completion_tokens`` of a sequence's outputs add up to the
+      upstream's usage when it reported one (each text counts 1 until then;
+      the last output corrects the sum, never below what was counted).
+    - After ``[DONE]`` the body's end is read for at most ``DRAIN_S``, so that
+      the connection is kept alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from sluicegate.core.errors import EngineError, EngineRefused
+from sluicegate.core.events import TextOutput, Usage
+from sluicegate.core.upstream import UpstreamReader
+from sluicegate.core.upstream_items import (
+    UpstreamDelta,
+    UpstreamDone,
+    UpstreamError,
+    UpstreamFinish,
+    UpstreamItem,
+    UpstreamToolCall,
+)
+from sluicegate.engines.pool import Lease, Outcome
+from sluicegate.engines.upstream_config import UpstreamConfig, failure_before_content
+from sluicegate.engines.upstream_http import HopError, HopResponse
+from sluicegate.engines.upstream_limits import arm
+from sluicegate.engines.upstream_sequence import (
+    UpstreamSequence,
+    accept,
+    end,
+    step_tokens,
+)
+
+__all__ = ["DRAIN_S", "BeforeContent", "read_stream"]
+
+DRAIN_S = 1.0
+"""How long a finished stream's body may take to end after ``[DONE]`` (seconds)."""
+
+
+class BeforeContent(Exception):
+    """A 200 whose stream failed before any content: ``failure_before_content``'s
+    refusal, outcome and whether to try another upstream."""
+
+    def __init__(self, refusal: tuple[EngineRefused, Outcome, bool]) -> None:
+        super().__init__(refusal[0])
+        self.refusal = refusal
+
+
+async def read_stream(
+    seq: UpstreamSequence,
+    response: HopResponse,
+    lease: Lease,
+    upstreams: Sequence[UpstreamConfig],
+    counts: dict[str, int],
+) -> Outcome:
+    """Read a 200's stream into ``seq``'s outputs; the upstream's outcome.
+
+    ``counts`` gets the prompt and generated tokens of a finished sequence.
+
+    Raises:
+        BeforeContent: the stream failed before any content.
+    """
+    reader = UpstreamReader(seq.request.text_prompt.endpoint)  # type: ignore[union-attr]
+    time = asyncio.get_running_loop().time
+    chunks = aiter(response)
+    try:
+        async for data in chunks:
+            items = reader.feed(data)
+            if items:
+                seq.last_at = time()
+                ended = _apply(seq, items, lease, upstreams, counts)
+                if ended is not None:
+                    break
+        else:
+            ended = _apply(seq, reader.flush(), lease, upstreams, counts)
+    except HopError as exc:
+        return _broken(seq, upstreams, f"the upstream stream broke: {exc}")
+    assert ended is not None, "flush() ends the stream"
+    if ended is Outcome.SUCCESS:
+        # Read the body's end, so that the connection is kept alive; a peer
+        # that keeps it open past [DONE] loses it.
+        if seq.timer is not None:
+            seq.timer.cancel()
+            seq.timer = None
+        with contextlib.suppress(TimeoutError, HopError):
+            async with asyncio.timeout(DRAIN_S):
+                async for _ in chunks:
+                    pass
+    return ended
+
+
+def _apply(
+    seq: UpstreamSequence,
+    items: list[UpstreamItem],
+    lease: Lease,
+    upstreams: Sequence[UpstreamConfig],
+    counts: dict[str, int],
+) -> Outcome | None:
+    """Push what ``items`` say; the upstream's outcome once the stream ended."""
+    outputs = seq.outputs
+    for item in items:
+        if type(item) is UpstreamDelta:
+            if item.index != 0:
+                continue  # n is 1; an upstream that sends more is ignored
+            if seq.first_at is None:
+                _first_token(seq, lease, upstreams)
+            outputs.push(TextOutput(item.text, None, step_tokens(seq)))
+        elif type(item) is UpstreamToolCall:
+            if item.index != 0:
+                continue
+            if seq.first_at is None:
+                _first_token(seq, lease, upstreams)
+            fragment = (item.fragment,)
+            outputs.push(TextOutput("", None, step_tokens(seq), None, fragment))
+        elif type(item) is Usage:
+            seq.usage = item
+        elif type(item) is UpstreamFinish:
+            if item.index == 0:
+                seq.finish = item.finish_reason
+                if seq.first_at is None:
+                    _first_token(seq, lease, upstreams)
+        elif type(item) is UpstreamDone:
+            return _finish(seq, upstreams, counts)
+        elif type(item) is UpstreamError:
+            return _broken(
+                seq,
+                upstreams,
+                item.message,
+                item.code,
+                item.type,
+                "the upstream failed: ",
+            )
+        else:
+            return _broken(seq, upstreams, "the upstream's stream ended without [DONE]")
+    return None
+
+
+def _broken(
+    seq: UpstreamSequence,
+    upstreams: Sequence[UpstreamConfig],
+    message: str,
+    code: str | None = None,
+    kind: str | None = None,
+    prefix: str = "",
+) -> Outcome:
+    """The stream failed: the sequence's error (``prefix + message``) once
+    accepted; before any content, a refusal (``BeforeContent``) that
+    the engine may fail over."""
+    if not seq.accept.done() and seq.lease is not None:
+        url = upstreams[seq.lease.member].url
+        raise BeforeContent(failure_before_content(message, code, kind, url))
+    end(seq, "failed", EngineError(prefix + message))
+    return Outcome.FAILURE
+
+
+def _first_token(
+    seq: UpstreamSequence, lease: Lease, upstreams: Sequence[UpstreamConfig]
+) -> None:
+    """The first content: the sequence is accepted, the time to first token
+    is over, idle time starts."""
+    accept(seq)
+    seq.first_at = seq.last_at
+    lease.first_token()
+    if seq.timer is not None:
+        seq.timer.cancel()
+    arm(seq, upstreams)
+
+
+def _finish(
+    seq: UpstreamSequence, upstreams: Sequence[UpstreamConfig], counts: dict[str, int]
+) -> Outcome:
+    if seq.finish is None:
+        return _broken(seq, upstreams, "the upstream ended without a finish_reason")
+    usage = seq.usage
+    tokens = 0
+    prompt = None
+    if usage is not None:
+        tokens = max(0, usage.completion_tokens - seq.emitted)
+        prompt = usage.prompt_tokens
+        counts["prompt"] += prompt
+    seq.emitted += tokens
+    counts["generated"] += seq.emitted
+    seq.result = "finished"
+    seq.outputs.push(TextOutput("", seq.finish, tokens, prompt))
+    return Outcome.SUCCESS
