@@ -185,6 +185,14 @@ async def test_tool_choice_none_with_the_stop_string_in_the_output_keeps_the_tex
     assert choice["message"]["content"].startswith("Let me check.\n<tool_call>")
 
 
+async def test_tool_choice_none_under_a_response_format_adds_no_markup_stop():
+    # The format's grammar constrains the text (the scripted engine ignores it):
+    # no stop string may cut a value that happens to hold a tag.
+    body = _body(tool_choice="none", response_format={"type": "json_object"})
+    choice = json.loads((await exchange(_app(), CHAT, body)).body)["choices"][0]
+    assert choice["message"]["content"].startswith("Let me check.\n<tool_call>")
+
+
 async def test_a_forced_call_cut_inside_its_opening_tag_sends_no_content():
     script = SCRIPT[SCRIPT.index("<tool_call>") :]
     tokenizer = ScriptedTokenizer()

@@ -195,11 +195,13 @@ async def plan_chat(
     else:
         prompt = await anyio.to_thread.run_sync(render)
     ids = await tokenize(prompt)
-    shows_markup = tools is None and _shows_tool_markup(request)
-    if shows_markup and grammar is None:
+    # A response format's grammar keeps markup out already (and a stop string
+    # would cut a JSON string that holds a tag): the guard is for free text.
+    guarded = grammar is None and tools is None and _shows_tool_markup(request)
+    if guarded:
         grammar = NO_TOOL_MARKUP
     plan = _plan(request, response_id, engine, config, model, [ids], [""], grammar)
-    if shows_markup and not request.include_stop_str_in_output:
+    if guarded and not request.include_stop_str_in_output:
         # For an engine without grammars; with include_stop_str_in_output the
         # matched tag would be sent, so not then.
         return dataclasses.replace(plan, stops=plan.stops + TOOL_MARKUP_STOPS)
