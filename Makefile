@@ -7,14 +7,14 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PEER_VENV := bench/.peer-venv
 
-.PHONY: serve test check setup setup-dev model doctor system-deps peer clean
+.PHONY: serve test check setup setup-dev model doctor system-deps js-deps peer clean
 
 serve: setup model doctor
 	$(BIN)/sluicegate serve --host $(HOST) --port $(PORT)
 
 # The gateway tests also run the llama-cpp-python peer: `peer` (about 40 s the first
 # time on 2 cores once the llama.cpp wheel is built, under a second after that).
-test: setup-dev model system-deps doctor peer
+test: setup-dev model system-deps js-deps doctor peer
 	scripts/check
 	scripts/test
 
@@ -56,6 +56,10 @@ doctor: setup model
 system-deps:
 	scripts/install-system-deps
 
+# The JavaScript clients the tests drive (the AI SDK, tests/js), from the lockfile.
+js-deps:
+	scripts/install-js-deps
+
 # The llama-cpp-python server the gateway tests put behind sluicegate, in its own
 # virtual environment (bench/.peer-venv), on the same llama-cpp-python build.
 peer: setup $(PEER_VENV)/.installed
@@ -64,4 +68,4 @@ $(PEER_VENV)/.installed: bench/peer-venv.sh scripts/install-llama-cpp
 	touch $@
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*
+	rm -rf $(VENV) tests/js/node_modules .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*

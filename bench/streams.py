@@ -3,7 +3,9 @@
 Starts two servers, each pinned to CPU 0 with ``taskset``, both running the
 scripted engine at ``--rate`` tokens/s per stream on the same ASCII script:
 
-- ``sluicegate``: ``sluicegate serve --engine scripted``;
+- ``sluicegate``: ``sluicegate serve --engine scripted`` (every event padded,
+  the default);
+- ``sluicegate-plain``: the same with ``--no-obfuscation`` (what padding costs);
 - ``baseline``: ``bench/baseline_server.py`` (Starlette + sse-starlette + a pydantic
   chunk per token, naive per-token re-decode);
 - ``raw``: ``bench/raw_server.py``, the floor: uvloop writing a prebuilt frame per
@@ -28,6 +30,8 @@ Reported per server and N:
 - time to first token p50/p99 (ms), from sending the request;
 - server CPU (share of one core over the load) and CPU us per token, peak RSS
   (MiB, sampled ``VmRSS``);
+- bytes per token: every byte the client received (HTTP head and chunk framing
+  included) over the content events;
 - streams finished, truncated (closed without ``[DONE]``; errored and rejected
   ones counted here too) and timed out (not over ``ramp + 2 x duration + 10`` s
   after the load started: the client gave up on them).
@@ -104,6 +108,7 @@ class LoadStats:
     timed_out: int = 0
     errored: int = 0
     rejected: int = 0
+    bytes_received: int = 0
 
 
 class _Stream(asyncio.Protocol):
@@ -128,6 +133,7 @@ class _Stream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
+        self.stats.bytes_received += len(data)
         buffer = self.buffer + data
         cut = buffer.rfind(CHUNK_END)
         if cut < 0:
@@ -264,6 +270,7 @@ def _run_load(args: argparse.Namespace) -> int:
                 "timed_out": stats.timed_out,
                 "errored": stats.errored,
                 "rejected": stats.rejected,
+                "bytes_per_token": stats.bytes_received / max(stats.events, 1),
                 "load_cpu_share": (time.process_time() - cpu0)
                 / (time.perf_counter() - wall0),
             }
@@ -293,9 +300,21 @@ _TASK_WRITER = (
 )
 
 
+_RESUMABLE = ("sluicegate-resumable", "sluicegate-redis")
+_SLUICEGATES = ("sluicegate", "sluicegate-task", "sluicegate-plain", *_RESUMABLE)
+_redis_url = [""]
+"""The Redis of ``sluicegate-redis`` (``main`` starts one when it is asked for)."""
+
+
 def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
-    if kind in ("sluicegate", "sluicegate-task"):
-        start = ["-m", "sluicegate"] if kind == "sluicegate" else ["-c", _TASK_WRITER]
+    if kind in _SLUICEGATES:
+        task = kind == "sluicegate-task"
+        start = ["-c", _TASK_WRITER] if task else ["-m", "sluicegate"]
+        extra = ["--resumable"] if kind in _RESUMABLE else []
+        if kind == "sluicegate-redis":
+            extra.append(f"--redis={_redis_url[0]}")
+        if kind == "sluicegate-plain":
+            extra.append("--no-obfuscation")
         return [
             PYTHON,
             *start,
@@ -308,6 +327,7 @@ def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
             "--scripted-max-queued=100000",
             "--no-ledger",
             "--log-level=warning",
+            *extra,
         ]
     if kind == "raw":
         return [
@@ -447,6 +467,7 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
         "TTFT p99",
         "CPU",
         "us/tok",
+        "B/tok",
         "RSS MiB",
         "fin",
         "trunc",
@@ -466,6 +487,7 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
             _ms(row["ttft_ms"]["p99"]),
             f"{row['server_cpu_share']:.0%}",
             f"{row['server_cpu_us_per_token']:.0f}",
+            f"{row.get('bytes_per_token', 0):.0f}",
             f"{row['server_rss_mib']:.0f}",
             str(row["finished"]),
             str(row["truncated"] + row["errored"] + row["rejected"]),
@@ -510,6 +532,27 @@ def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _resumable_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Resumable streams (memory store) against the same load with them off."""
+    by = {(r["server"], r["n"]): r for r in rows}
+    out = []
+    for (kind, n), on in by.items():
+        off = by.get(("sluicegate", n))
+        if kind not in _RESUMABLE or off is None:
+            continue
+        out.append(
+            {
+                "store": "redis" if kind == "sluicegate-redis" else "memory",
+                "n": n,
+                "cpu_us_per_token_on_over_off": on["server_cpu_us_per_token"]
+                / max(off["server_cpu_us_per_token"], 1e-9),
+                "itl_added_p99_ms_on": on["itl_added_ms"]["p99"],
+                "itl_added_p99_ms_off": off["itl_added_ms"]["p99"],
+            }
+        )
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
@@ -522,9 +565,32 @@ def _parser() -> argparse.ArgumentParser:
     add(
         "--servers",
         nargs="+",
-        default=["sluicegate", "baseline", "raw"],
-        choices=["sluicegate", "sluicegate-task", "baseline", "raw"],
-        help="sluicegate-task: sluicegate with the task writer instead of eager writes",
+        default=["sluicegate", "sluicegate-plain", "baseline", "raw"],
+        choices=[
+            "sluicegate",
+            "sluicegate-task",
+            "sluicegate-plain",
+            "sluicegate-resumable",
+            "sluicegate-redis",
+            "baseline",
+            "raw",
+        ],
+        help="sluicegate-task: sluicegate with the task writer instead of eager"
+        " writes; sluicegate-plain: sluicegate with --no-obfuscation;"
+        " sluicegate-resumable: every stream resumable (memory store)",
+    )
+    add(
+        "--resumable",
+        action="store_true",
+        help="measure sluicegate with resumable streams on (memory store) next to"
+        " sluicegate with them off",
+    )
+    add(
+        "--store",
+        choices=["memory", "redis"],
+        default="memory",
+        help="the store of --resumable (redis: sluicegate-redis, a redis-server"
+        " started here on the load CPU)",
     )
     add("--server-cpu", default="0", help="taskset CPU list of the servers")
     add("--load-cpu", default="1", help="taskset CPU list of the load process")
@@ -544,6 +610,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_load(args)
     if args.quick:
         args.n, args.duration_s, args.ramp_s = [4, 16], 1.5, 0.2
+    if args.resumable:
+        args.servers = list(dict.fromkeys(["sluicegate", *args.servers]))
+        store = "sluicegate-redis" if args.store == "redis" else "sluicegate-resumable"
+        args.servers.append(store)
     cpus = os.cpu_count() or 1
     if cpus < 2:
         args.server_cpu = args.load_cpu = "0"
@@ -555,6 +625,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeats = int(args.rate * args.duration_s) // 10 + 1
         text.write_text(SENTENCE * repeats, encoding="utf-8")
         with contextlib.ExitStack() as stack:
+            if "sluicegate-redis" in args.servers:
+                sys.path.insert(0, str(Path(__file__).parent))  # bench/ is scripts
+                import resume_store
+
+                _redis_url[0], _ = stack.enter_context(
+                    resume_store.redis_server(int(args.load_cpu.split(",")[0]))
+                )
             servers = {
                 kind: stack.enter_context(
                     _server(kind, args.rate, text, args.server_cpu)
@@ -582,10 +659,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": platform.machine(),
         "rows": rows,
         "ratios": ratios,
+        "resumable": _resumable_ratios(rows),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     _print(rows, ratios)
+    for row in report["resumable"]:
+        print(
+            f"resumable on/off at N={row['n']}: CPU per token x"
+            f"{row['cpu_us_per_token_on_over_off']:.2f}, p99 added ITL "
+            f"{_ms(row['itl_added_p99_ms_on'])} ms (off: "
+            f"{_ms(row['itl_added_p99_ms_off'])} ms)"
+        )
     return 0
 
 

@@ -8,6 +8,11 @@ examples set ``max_examples`` themselves.
 
 from hypothesis import settings
 
+from tests.postgres import postgres, postgres_url
+from tests.redis_server import redis_server, redis_url
+
+__all__ = ["postgres", "postgres_url", "redis_server", "redis_url"]
+
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=200, print_blob=True
 )

@@ -30,6 +30,7 @@ ROW_KEYS = {
     "hop_cpu_share",
     "hop_cpu_us_per_token",
     "upstream_cpu_us_per_token",
+    "bytes_per_token",  # from the load of bench/streams.py
 }
 
 

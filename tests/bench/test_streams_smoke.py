@@ -30,6 +30,7 @@ ROW_KEYS = {
     "server_cpu_share",
     "server_cpu_us_per_token",
     "server_rss_mib",
+    "bytes_per_token",
 }
 
 
@@ -55,7 +56,7 @@ def test_streams_bench_quick_run_reports_every_server_at_every_n(
         report
     )
     runs = {(row["server"], row["n"]) for row in report["rows"]}
-    servers = ("sluicegate", "baseline", "raw")
+    servers = ("sluicegate", "sluicegate-plain", "baseline", "raw")
     assert runs == {(s, n) for s in servers for n in (4, 16)}
     for row in report["rows"]:
         assert set(row) == ROW_KEYS

@@ -15,6 +15,7 @@ ALL = [describe(p)[0] for p in PROBES]
 # The probes each bad transcript must fail; every other probe must not fail.
 EXPECTED_FAILS = {
     "good": set(),
+    "good_padded": set(),
     "truncated": {
         "finish-reason-once",
         "done-once-last",

@@ -157,15 +157,21 @@ async def test_json_schema_output_matches_the_schema(engine: LlamaCppEngine) -> 
         {"logprobs": 2},  # masks every step
         {"repetition_penalty": 1.3},  # masks every step
     ]
-    for i, params in enumerate(variants):
-        text, outputs = await generate(
-            engine,
-            f"js-{i}",
-            "Describe a cat as JSON.",
-            grammar,
-            max_tokens=256,
-            **params,
+    # All variants at once: the engine decodes them in the same steps.
+    results = await asyncio.gather(
+        *(
+            generate(
+                engine,
+                f"js-{i}",
+                "Describe a cat as JSON.",
+                grammar,
+                max_tokens=256,
+                **params,
+            )
+            for i, params in enumerate(variants)
         )
+    )
+    for params, (text, outputs) in zip(variants, results, strict=True):
         assert outputs[-1].finish_reason is FinishReason.STOP
         value = json.loads(text)
         check_schema(value, ANIMAL)
@@ -221,8 +227,13 @@ async def test_auto_is_free_text_or_calls_the_parser_reads(
         "Say hello.",
         "Answer only with <tool_call>{...}</tool_call>: the weather in Rome?",
     ]
-    for i, user in enumerate(prompts):
-        text, outputs = await generate(engine, f"auto-{i}", user, grammar)
+    results = await asyncio.gather(
+        *(
+            generate(engine, f"auto-{i}", user, grammar)
+            for i, user in enumerate(prompts)
+        )
+    )
+    for text, outputs in results:
         content, calls = calls_of(text, ["get_weather"])
         if "<tool_call>" in text and outputs[-1].finish_reason is FinishReason.STOP:
             assert calls  # what follows the trigger is a block

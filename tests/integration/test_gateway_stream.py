@@ -524,7 +524,7 @@ def test_sluicegate_check_passes_through_the_gateway(
     done = subprocess.run(
         [
             *(sys.executable, "-m", "sluicegate", "check", route.gateway.base_url),
-            *("--model", route.model, "--json", str(report)),
+            *("--model", route.model, "--max-tokens", "12", "--json", str(report)),
         ],
         capture_output=True,
         text=True,

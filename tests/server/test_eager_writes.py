@@ -81,7 +81,8 @@ def _shape(ex: Exchange) -> list[Any]:
     """The payloads without id/created, each run of content chunks as one text."""
     shape: list[Any] = []
     for payload in ex.payloads():
-        payload = {k: v for k, v in payload.items() if k not in ("id", "created")}
+        drop = ("id", "created", "obfuscation")
+        payload = {k: v for k, v in payload.items() if k not in drop}
         choices = payload.get("choices") or [{}]
         delta = choices[0].get("delta", {})
         if list(delta) == ["content"] and choices[0]["finish_reason"] is None:

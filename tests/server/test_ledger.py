@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 import threading
@@ -321,7 +322,7 @@ async def test_rows_left_open_by_a_dead_server_are_marked_truncated(
     with sqlite3.connect(path) as db:  # what a server killed mid-stream left
         db.execute(
             "INSERT INTO requests SELECT 'dead-0', key_id, endpoint, model, 200, "
-            "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, 0, ? "
+            "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, 0, 0, ? "
             "FROM requests",
             ("0123456789abcdef0123456789abcdef",),
         )
@@ -359,7 +360,7 @@ def test_a_ledger_file_of_the_first_release_is_migrated(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         columns = [c[1] for c in db.execute("PRAGMA table_info(requests)")]
-        assert columns[-2:] == ["server_id", "usage_estimated"]
+        assert columns[-3:] == ["server_id", "usage_estimated", "resumed"]
     old, new = read_rows(path)
     assert (old.request_id, old.key_id, old.finish_reasons) == (
         "old-1",
@@ -368,6 +369,29 @@ def test_a_ledger_file_of_the_first_release_is_migrated(tmp_path: Path) -> None:
     )
     assert new == _row("new-1", EndState.FINISHED)
     Ledger(path).close()  # a current file is left as it is
+
+
+def test_a_ledger_file_without_the_resumed_column_gets_it(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute(_FIRST_SCHEMA)
+        db.execute("ALTER TABLE requests ADD COLUMN server_id TEXT")
+        db.execute(
+            "ALTER TABLE requests ADD COLUMN usage_estimated INTEGER NOT NULL DEFAULT 0"
+        )
+        db.execute("PRAGMA user_version = 3")
+        db.execute(
+            "INSERT INTO requests VALUES ('old-1', 'bob', '/v1/completions', 'm', "
+            "200, 'finished', 2, 3, '[\"length\"]', 1.0, 1.5, 2.0, NULL, 0)"
+        )
+    assert read_rows(path)[0].resumed == 0  # read before any migration
+    ledger = Ledger(path)
+    resumed = dataclasses.replace(_row("new-1", EndState.ABORTED), resumed=2)
+    ledger.record(resumed)
+    ledger.close()
+    old, new = read_rows(path)
+    assert (old.request_id, old.resumed) == ("old-1", 0)
+    assert new == resumed
 
 
 def test_usage_command_prints_totals(

@@ -189,7 +189,7 @@ async def test_heartbeat_comments_flow_during_a_long_prefill() -> None:
     app = create_app(engine, ServerConfig(heartbeat_interval_s=0.05))
     ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
     before_content = ex.body.split(b'"content"')[0]
-    assert before_content.count(b": keep-alive\n\n") >= 3
+    assert before_content.count(b": keep-alive") >= 3
     assert ex.events()[-1].data == "[DONE]"
     assert "".join(ex.contents()) == DEFAULT_TEXT
 

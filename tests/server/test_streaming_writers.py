@@ -60,14 +60,19 @@ _STABLE_METRICS = re.compile(
 
 
 def _frames(body: bytes) -> list[Any]:
-    """The body's frames, ``id``/``created`` masked, content runs joined."""
+    """The body's frames, ``id``/``created`` masked, content runs joined, the
+    random pad (``obfuscation``, a comment's) dropped."""
     shape: list[Any] = []
     for frame in body.split(b"\n\n"):
+        if frame.startswith(b": keep-alive"):
+            shape.append(b": keep-alive")
+            continue
         if not frame.startswith(b"data: {"):
-            shape.append(frame)  # [DONE], a comment, the empty tail
+            shape.append(frame)  # [DONE], the empty tail
             continue
         payload = json.loads(frame[len(b"data: ") :])
         payload.update(id="-", created=0)
+        payload.pop("obfuscation")  # every event is padded
         choices = payload.get("choices") or [{}]
         text = choices[0].get("delta", {}).get("content", choices[0].get("text"))
         plain = len(choices) == 1 and choices[0].get("finish_reason") is None

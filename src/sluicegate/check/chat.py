@@ -4,6 +4,9 @@ The conversation is kept between turns. After each answer a status line gives
 the end state, time to first token, tokens/s and usage. Ctrl-C while an answer
 streams closes the connection (so the server aborts the request), keeps what
 arrived, and returns to the prompt; Ctrl-C or Ctrl-D at the prompt quits.
+Answers are asked for as resumable streams (``--no-resume``: not), so a network
+hop that drops the connection mid-answer is survived: the client resumes from
+the last event it saw, and the answer goes on where it stopped.
 
 The first Ctrl-C of an answer does not raise ``KeyboardInterrupt`` wherever
 Python happens to be (possibly halfway through the HTTP library's bookkeeping):
@@ -39,6 +42,13 @@ def add_chat(sub: Any) -> None:
     chat.add_argument("--system", help="a system message")
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.add_argument("--temperature", type=float, default=0.7)
+    chat.add_argument(
+        "--no-resume",
+        dest="resumable",
+        action="store_false",
+        help="do not ask for resumable streams (a server that refuses"
+        " stream_options.resumable)",
+    )
     chat.set_defaults(func=run_chat)
 
 
@@ -82,7 +92,7 @@ def _answer(
 ) -> StreamResult:
     stream = client.stream_chat(
         messages, model=args.model, max_tokens=args.max_tokens,
-        temperature=args.temperature,
+        temperature=args.temperature, resumable=args.resumable,
     )  # fmt: skip
     try:
         with _interrupt_on_sigint(stream):

@@ -3,7 +3,8 @@
 ``Client`` (blocking) and ``AsyncClient`` send streaming chat and completion
 requests to any OpenAI-compatible server; every stream ends in one
 ``StreamResult`` whose ``end_state`` is a ``sluicegate.core.EndState``. Outcomes
-are values; only misuse raises (``StreamConsumed``, ``StreamClosed``).
+are values; only misuse raises (``StreamConsumed``, ``StreamClosed``). A
+resumable stream whose connection drops is resumed (``Resumption``).
 """
 
 from sluicegate.client.aio import AsyncClient, AsyncStream
@@ -16,7 +17,7 @@ from sluicegate.client.results import (
     Timing,
     ToolCall,
 )
-from sluicegate.client.shell import Timeouts
+from sluicegate.client.shell import Resumption, Timeouts
 from sluicegate.client.sync import Client, Stream
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "AsyncStream",
     "ChoiceResult",
     "Client",
+    "Resumption",
     "Stream",
     "StreamAssembler",
     "StreamResult",

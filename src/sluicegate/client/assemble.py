@@ -15,6 +15,10 @@ Invariants:
   ``protocol_error`` says why, and the stream counts as truncated (it never
   delivered its end).
 - Bytes after ``[DONE]`` are ignored.
+- A stream whose events carry ``id:`` lines (a resumable one) and that stopped
+  before its end may go on in another response: ``resume()`` names the last id
+  seen and drops any event the cut left half-read; the next response's body is
+  fed as the rest of this one.
 
 Tool calls are exposed (``ChoiceResult.tool_calls``) only when their arguments
 are whole JSON; the rest (cut by ``max_tokens``, say) are kept apart, in
@@ -135,6 +139,10 @@ class StreamAssembler:
         self._gaps: list[float] = []
         self._token_times: list[float] = []
         self._flushed = False
+        self._last_id: str | None = None
+        self._comments = 0  # of the decoders before the current one
+        self.resumes = 0
+        """Times ``resume()`` let the stream go on in another response."""
 
     @property
     def stopped(self) -> bool:
@@ -186,8 +194,49 @@ class StreamAssembler:
         for event in events:
             if self._halted():
                 break
+            self._last_id = event.id
             deltas.extend(self._take(event.data, now_s))
         return deltas
+
+    @property
+    def last_event_id(self) -> str | None:
+        """The ``id`` of the last event taken, or ``None`` (no ``id:`` seen)."""
+        return self._last_id
+
+    @property
+    def unended_id(self) -> str | None:
+        """The last event id of a 200 stream that has not ended (no ``[DONE]``,
+        no error event, no protocol error): what a resume or a cancel names;
+        ``None`` otherwise (or when its events carry no ids)."""
+        if (
+            self._status != 200
+            or self._last_id is None
+            or self._halted()
+            or self._error is not None
+        ):
+            return None
+        return self._last_id
+
+    def resume(self) -> str | None:
+        """The cursor to resume an unended stream from, or ``None`` when it cannot.
+
+        A stream can go on when its status was 200, its events carry ids, and it
+        has not ended (no ``[DONE]``, no error event, no protocol error). Then the
+        half-read event the cut left (if any) is dropped, and the next bytes fed
+        are the resumed response's body.
+
+        Returns:
+            The last event id seen (send it as ``Last-Event-ID``), or ``None``.
+
+        Spec: WHATWG HTML, "9.2.3 Processing model" (reconnection with
+        ``Last-Event-ID``).
+        """
+        if self.unended_id is None:
+            return None
+        self._comments += self._decoder.comments
+        self._decoder = SSEDecoder()
+        self.resumes += 1
+        return self._last_id
 
     def flush(
         self,
@@ -244,7 +293,7 @@ class StreamAssembler:
             usage=self._usage,
             error=self._error,
             events=self._events,
-            comments=self._decoder.comments,
+            comments=self._comments + self._decoder.comments,
             saw_done=self._saw_done,
             timing=Timing(
                 self._head_s,
@@ -258,6 +307,7 @@ class StreamAssembler:
             protocol_error=self._protocol_error,
             transport_error=transport_error,
             timeout=timeout,
+            resumes=self.resumes,
             raw=b"".join(self._raw),
         )
 

@@ -153,6 +153,8 @@ class StreamResult:
         transport_error: the connection failure (refused, reset, cut mid-body),
             else ``None``.
         timeout: which time limit ran out, else ``None``.
+        resumes: times the client resumed the stream after a dropped connection
+            (``Last-Event-ID``); the other fields describe the whole stream.
         raw: the body bytes as received, when the request asked to record them
             (``b""`` otherwise).
     """
@@ -170,6 +172,7 @@ class StreamResult:
     protocol_error: str | None = None
     transport_error: str | None = None
     timeout: TimeoutKind | None = None
+    resumes: int = 0
     raw: bytes = b""
 
     @property

@@ -12,6 +12,14 @@ How the four limits are enforced (the same in both shells, so that they agree):
   computed when the head is sent and when the body starts. A silent server can
   therefore overrun ``total_s`` by at most ``idle_s``.
 
+Resuming (``Resumption``): a stream whose events carry ``id:`` lines and whose
+connection drops before its end is asked for again at
+``<path>/<response id>/events`` with ``Last-Event-ID``, after a backoff, at most
+``max_resumes`` times; ``total_s`` spans every attempt. A resumable stream the
+caller closes (or interrupts) before its end is cancelled on the server
+(``POST <path>/<response id>/cancel``, best effort), so that closing still
+aborts the request there at once, as for any other stream.
+
 Deliberate divergence: a time limit that fires is the client giving up, so an
 unfinished stream then ends ``aborted`` (``classify(client_gone=True)``), with
 ``StreamResult.timeout`` naming the limit.
@@ -19,16 +27,29 @@ unfinished stream then ends ``aborted`` (``classify(client_gone=True)``), with
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 
 from sluicegate.client.results import TimeoutKind
 
-__all__ = ["Ending", "Timeouts", "api_url", "capture", "chat_body", "completion_body"]
+__all__ = [
+    "Ending",
+    "Resumption",
+    "Timeouts",
+    "api_url",
+    "asleep",
+    "capture",
+    "chat_body",
+    "completion_body",
+    "resume_path",
+    "sleep",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +91,43 @@ def _least(a: float | None, b: float | None) -> float | None:
     if a is None:
         return b
     return a if b is None else min(a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class Resumption:
+    """How a client resumes a resumable stream after its connection dropped.
+
+    Attributes:
+        max_resumes: resumes per stream at most (0: never resume).
+        backoff_s: seconds before the first resume; doubled for each next one.
+        max_backoff_s: the longest wait between two resumes (seconds).
+    """
+
+    max_resumes: int = 5
+    backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+
+    def delay_s(self, resumes: int) -> float:
+        """Seconds to wait before resume number ``resumes`` (0 first)."""
+        return min(self.backoff_s * float(1 << min(resumes, 30)), self.max_backoff_s)
+
+
+def resume_path(path: str, cursor: str, action: str = "events") -> str:
+    """The resume endpoint of the stream ``cursor`` names, under ``path``
+    (``chat/completions`` or ``completions``): ``<path>/<response id>/events``
+    (``action="cancel"``: its cancel endpoint)."""
+    response_id = cursor.rpartition(".")[0] or cursor
+    return f"{path}/{response_id}/{action}"
+
+
+def sleep(seconds: float) -> None:
+    """Wait ``seconds`` (the blocking client's twin of ``asleep``)."""
+    time.sleep(seconds)
+
+
+async def asleep(seconds: float) -> None:
+    """Wait ``seconds`` on the running anyio backend."""
+    await anyio.sleep(seconds)
 
 
 class Ending:

@@ -33,15 +33,18 @@ from typing import Any, Self
 
 import httpx
 
+from sluicegate.client import shell
 from sluicegate.client.assemble import StreamAssembler
 from sluicegate.client.results import StreamResult, TextDelta, TimeoutKind
 from sluicegate.client.shell import (
     Ending,
+    Resumption,
     Timeouts,
     api_url,
     capture,
     chat_body,
     completion_body,
+    resume_path,
 )
 from sluicegate.core.errors import StreamClosed, StreamConsumed
 
@@ -53,7 +56,13 @@ class Stream:
 
     Nothing is sent until the stream is first iterated or ``result()`` is called.
     Iterate it at most once (``StreamConsumed`` otherwise); ``close()`` stops
-    reading and closes the connection, so that the server aborts the request.
+    reading and closes the connection, so that the server aborts the request (a
+    resumable one once its grace period ends).
+
+    A stream whose events carry ``id:`` lines (a resumable one) that loses its
+    connection before its end is resumed (``resumption``): the deltas go on
+    where they stopped, each exactly once, as if nothing happened, and
+    ``StreamResult.resumes`` counts the resumes.
     """
 
     def __init__(
@@ -63,10 +72,12 @@ class Stream:
         n: int,
         timeouts: Timeouts,
         record: bool,
+        resumption: Resumption | None = None,
     ) -> None:
         self._http = http
         self._request = request
         self._timeouts = timeouts
+        self._resumption = resumption or Resumption()
         self._assembler = StreamAssembler(n, record=record)
         self._gen: Generator[TextDelta, None, None] = self._run()
         self._iterated = False
@@ -141,13 +152,72 @@ class Stream:
     def _run(self) -> Generator[TextDelta, None, None]:
         start = time.monotonic()
         ending = Ending()
+        request: httpx.Request | None = self._request
+        try:
+            while request is not None:
+                attempt = self._attempt(request, ending, start)
+                try:
+                    yield from attempt
+                finally:  # closed now, so that ``ending`` is complete
+                    attempt.close()
+                request = self._next(ending)
+                if request is not None:
+                    ending = Ending()
+        finally:
+            self._result = self._assembler.flush(
+                time.monotonic() - start,
+                client_gone=ending.client_gone,
+                timeout=ending.timeout,
+                transport_error=ending.transport_error,
+            )
+            if ending.client_gone:
+                self._cancel()
+
+    def _cancel(self) -> None:
+        """Cancel a resumable stream the caller gave up on (best effort)."""
+        cursor = self._assembler.unended_id
+        if cursor is None:
+            return
+        path = self._request.url.path.rstrip("/").rpartition("/v1/")[2]
+        with contextlib.suppress(httpx.HTTPError):  # the server is gone: nothing
+            self._http.post(resume_path(path, cursor, "cancel"), timeout=2.0)
+
+    def _next(self, ending: Ending) -> httpx.Request | None:
+        """The resume request after a dropped connection, or ``None`` (ended)."""
+        resumes = self._assembler.resumes
+        if (
+            ending.transport_error is None
+            or ending.client_gone
+            or self._interrupted
+            or resumes >= self._resumption.max_resumes
+        ):
+            return None
+        cursor = self._assembler.resume()
+        if cursor is None:
+            return None
+        shell.sleep(self._resumption.delay_s(resumes))
+        path = self._request.url.path.rstrip("/").rpartition("/v1/")[2]
+        headers = {"Last-Event-ID": cursor, "Accept": "text/event-stream"}
+        return self._http.build_request(
+            "GET", resume_path(path, cursor), headers=headers
+        )
+
+    def _attempt(
+        self, request: httpx.Request, ending: Ending, start: float
+    ) -> Generator[TextDelta, None, None]:
+        """Send ``request`` and feed its body; ``ending`` says how it ended."""
         response: httpx.Response | None = None
+        first = request is self._request
         try:
             with capture(ending):
-                response = self._http.send(self._request, stream=True)
+                response = self._http.send(request, stream=True)
                 ending.headed = True
                 elapsed = time.monotonic() - start
-                self._assembler.head(response.status_code, response.headers, elapsed)
+                if first:
+                    status, headers = response.status_code, response.headers
+                    self._assembler.head(status, headers, elapsed)
+                elif response.status_code != 200:  # the log is gone: stop here
+                    return
                 self._socket = _socket_of(response)
                 if self._interrupted:  # before the head came: nothing to read
                     return
@@ -171,12 +241,6 @@ class Stream:
                 ending.transport_error = None
             if response is not None:
                 response.close()
-            self._result = self._assembler.flush(
-                time.monotonic() - start,
-                client_gone=ending.client_gone,
-                timeout=ending.timeout,
-                transport_error=ending.transport_error,
-            )
 
 
 def _socket_of(response: httpx.Response) -> socket.socket | None:
@@ -196,6 +260,9 @@ class Client:
         transport: an ``httpx.BaseTransport`` (``httpx.MockTransport`` in
             tests).
         headers: extra request headers.
+        resumption: how a resumable stream is resumed after a dropped
+            connection (default ``Resumption()``: up to 5 times, backoff from
+            0.1 s doubling to 2 s).
 
     Outcomes (finished, errored, truncated, rejected, aborted, timed out,
     connection refused) are values in ``StreamResult``; only misuse raises.
@@ -209,8 +276,10 @@ class Client:
         timeouts: Timeouts | None = None,
         transport: httpx.BaseTransport | None = None,
         headers: Mapping[str, str] | None = None,
+        resumption: Resumption | None = None,
     ) -> None:
         self.timeouts = timeouts or Timeouts()
+        self.resumption = resumption or Resumption()
         sent = dict(headers or {})
         if api_key:
             sent["Authorization"] = f"Bearer {api_key}"
@@ -228,6 +297,7 @@ class Client:
         model: str,
         include_usage: bool = True,
         record: bool = False,
+        resumable: bool = False,
         **params: Any,
     ) -> Stream:
         """The ``Stream`` of ``POST /v1/chat/completions`` with ``stream: true``.
@@ -237,12 +307,14 @@ class Client:
             model: the model name.
             include_usage: ask for the final usage chunk.
             record: keep the raw body in ``StreamResult.raw`` and read to EOF.
+            resumable: ask for a resumable stream (``stream_options.resumable``),
+                which the client resumes after a dropped connection.
             **params: other request fields (``max_tokens``, ``n``, ``stop``...).
 
         Spec: OpenAI API reference, "Create chat completion".
         """
         body = chat_body(messages, model, include_usage, params)
-        return self._stream("chat/completions", body, record)
+        return self._stream("chat/completions", body, record, resumable)
 
     def stream_completion(
         self,
@@ -251,6 +323,7 @@ class Client:
         model: str,
         include_usage: bool = True,
         record: bool = False,
+        resumable: bool = False,
         **params: Any,
     ) -> Stream:
         """The ``Stream`` of ``POST /v1/completions``; as ``stream_chat``.
@@ -258,7 +331,7 @@ class Client:
         Spec: OpenAI API reference, "Create completion" (legacy).
         """
         body = completion_body(prompt, model, include_usage, params)
-        return self._stream("completions", body, record)
+        return self._stream("completions", body, record, resumable)
 
     def chat(
         self,
@@ -297,7 +370,13 @@ class Client:
     ) -> None:
         self.close()
 
-    def _stream(self, path: str, body: dict[str, Any], record: bool) -> Stream:
+    def _stream(
+        self, path: str, body: dict[str, Any], record: bool, resumable: bool
+    ) -> Stream:
+        if resumable:
+            options = dict(body.get("stream_options") or {})
+            body["stream_options"] = {**options, "resumable": True}
         request = self.http.build_request("POST", path, json=body)
         n = int(body.get("n") or 1)
-        return Stream(self.http, request, n, self.timeouts, record)
+        resumption = self.resumption
+        return Stream(self.http, request, n, self.timeouts, record, resumption)

@@ -33,7 +33,10 @@ frames written, the same rule the client applies to the bytes it received, so
 the server's ledger and the client agree.
 
 Frames are ``bytes``: each one complete SSE event (one compact JSON object on one
-``data:`` line, then a blank line), a comment, or ``data: [DONE]``.
+``data:`` line, then a blank line), a comment, or ``data: [DONE]``. Given a
+``Filler``, the machine pads every frame but ``[DONE]`` (``padding.py``): each
+JSON object gets an ``obfuscation`` field last, and heartbeats the size of a
+one-token frame.
 
 Spec: OpenAI API reference, "The chat completion chunk object" and "Create chat
 completion" (``stream``, ``stream_options``); docs/DESIGN.md, "The wire" and
@@ -68,6 +71,14 @@ from sluicegate.core.events import (
     Heartbeat,
     StreamEvent,
     Usage,
+)
+from sluicegate.core.padding import (
+    MIN_STEP_BYTES,
+    Filler,
+    FramePadder,
+    content_chunk,
+    frame_floor,
+    split_padded_frame,
 )
 from sluicegate.core.sse import DONE, encode_comment, encode_event
 
@@ -141,6 +152,9 @@ class StreamMachine:
     Args:
         header: the fields every chunk of this response shares, ``n`` and
             ``include_usage`` included.
+        filler: pad every frame with its characters (``padding.py``); ``None``
+            sends frames unpadded.
+        pad_step_bytes: the padding ladder's first step (bytes, a power of two).
 
     Raises:
         ValueError: ``header.n < 1``.
@@ -150,13 +164,20 @@ class StreamMachine:
         "_finish_reasons",
         "_gone",
         "_header",
+        "_padded_frames",
+        "_padder",
         "_pending",
         "_state",
         "_text_frames",
         "_written",
     )
 
-    def __init__(self, header: ResponseHeader) -> None:
+    def __init__(
+        self,
+        header: ResponseHeader,
+        filler: Filler | None = None,
+        pad_step_bytes: int = MIN_STEP_BYTES,
+    ) -> None:
         if header.n < 1:
             raise ValueError(f"a response has at least one choice, got n={header.n!r}")
         self._header = header
@@ -166,6 +187,16 @@ class StreamMachine:
         # a content chunk then costs one encode of its text, not of the whole
         # chunk. A choice leaves on its ``Finish``.
         self._text_frames = {i: _split_text_frame(header, i) for i in range(header.n)}
+        # Padded: per open choice, (before, between, after) the text's JSON and
+        # the pad, and the padder, which knows the response's floor.
+        self._padded_frames: dict[int, tuple[bytes, bytes, bytes, int]] = {}
+        self._padder: FramePadder | None = None
+        if filler is not None:
+            floor = frame_floor(header)
+            self._padder = FramePadder(filler, floor, pad_step_bytes)
+            self._padded_frames = {
+                i: split_padded_frame(header, i) for i in range(header.n)
+            }
         # What the closing frames returned since the last ``wrote()`` say, and
         # what those written before say: the observations ``classify`` takes.
         self._pending = _Closing()
@@ -257,7 +288,7 @@ class StreamMachine:
                 usage = Usage(header.prompt_tokens, 0)
             role = {"role": "assistant"}
             frames = [
-                _frame(chat_chunk(header, index, role, usage=usage))
+                self._frame(chat_chunk(header, index, role, usage=usage))
                 for index in range(header.n)
             ]
         self._state = next_state
@@ -301,13 +332,20 @@ class StreamMachine:
             if text_frame is not None:
                 if not event.text:
                     return []
-                before, after = text_frame
-                return [before + dumps(event.text) + after]
+                padder = self._padder
+                if padder is None:
+                    before, after = text_frame
+                    return [before + dumps(event.text) + after]
+                before, between, after, size = self._padded_frames[event.index]
+                text = dumps(event.text)
+                pad = padder.fill(size + len(text))
+                return [b"".join((before, text, between, pad, after))]
         next_state = self._next_state(event)
         frames = self._frames(event)
         if isinstance(event, Finish):
             self._finish_reasons[event.index] = event.finish_reason
             del self._text_frames[event.index]
+            self._padded_frames.pop(event.index, None)
             if None not in self._finish_reasons:
                 next_state = StreamState.AWAITING_END
             self._pending = self._pending.plus(_Closing(finishes=1))
@@ -359,23 +397,30 @@ class StreamMachine:
                     chunk = completion_chunk(
                         header, index, text, logprobs=logprobs, usage=usage
                     )
-                return [_frame(chunk)]
+                return [self._frame(chunk)]
             case Finish(index=index, finish_reason=reason, usage=usage):
                 if chat:
-                    return [_frame(chat_chunk(header, index, {}, reason, usage=usage))]
-                return [
-                    _frame(completion_chunk(header, index, "", reason, usage=usage))
-                ]
+                    chunk = chat_chunk(header, index, {}, reason, usage=usage)
+                else:
+                    chunk = completion_chunk(header, index, "", reason, usage=usage)
+                return [self._frame(chunk)]
             case End(usage=usage):
                 if header.include_usage:
-                    return [_frame(usage_chunk(header, usage)), DONE]
+                    return [self._frame(usage_chunk(header, usage)), DONE]
                 return [DONE]
             case Fail(message=message, type=type_, code=code):
-                return [_frame(error_payload(message, type_, None, code))]
+                return [self._frame(error_payload(message, type_, None, code))]
             case _:
                 # TRANSITIONS admits no other event type.
                 assert isinstance(event, Heartbeat)
+                if self._padder is not None:
+                    return [self._padder.comment()]
                 return [_HEARTBEAT]
+
+    def _frame(self, payload: dict[str, Any]) -> bytes:
+        if self._padder is not None:
+            return self._padder.frame(payload)
+        return _frame(payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,9 +453,6 @@ def _split_text_frame(header: ResponseHeader, index: int) -> tuple[bytes, bytes]
     occurrence of the marker's JSON is the text even if the id or model name
     contains the marker.
     """
-    if header.endpoint is Endpoint.CHAT:
-        payload = chat_chunk(header, index, {"content": _TEXT_MARK})
-    else:
-        payload = completion_chunk(header, index, _TEXT_MARK)
+    payload = content_chunk(header, index, _TEXT_MARK)
     before, _, after = _frame(payload).rpartition(dumps(_TEXT_MARK))
     return before, after

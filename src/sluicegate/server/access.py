@@ -1,14 +1,17 @@
 """Who may call which route: API keys, admin keys, and the ``Host`` of open routes.
 
 ``Access.check(scope)`` runs before routing, on every HTTP request. Routes fall in
-three classes:
+four classes:
 
 - probes, ``/health`` and ``/ready``: always open (probes carry no key), never
   checked;
-- operator routes, ``/metrics`` and ``/engine/stats``: an admin key when any is
-  configured; without one they are open while no API key is configured either,
-  and refused (403, ``admin_key_required``) once one is: ``/engine/stats`` lists
-  every tenant's request ids, so an API key does not open it;
+- operator routes, ``/metrics``, ``/engine/stats`` and ``/engine/requests``: an
+  admin key when any is configured; without one they are open while no API key
+  is configured either, and refused (403, ``admin_key_required``) once one is:
+  ``/engine/stats`` lists every tenant's request ids, so an API key does not
+  open it;
+- the playground page, ``/``, ``/playground`` and its files: never a key (a
+  browser cannot send one for a page), always the ``Host`` check below;
 - API routes, everything else (``/v1/*``, ``/openapi.json``, unknown paths): an
   API key when any is configured.
 
@@ -56,17 +59,21 @@ from sluicegate.server.admission import (
 __all__ = [
     "API_KEY",
     "OPERATOR_PATHS",
+    "PAGE_PATH",
     "PROBE_PATHS",
     "REFUSAL_CODES",
     "Access",
     "HostNotAllowed",
+    "is_page_path",
 ]
 
 API_KEY = "sluicegate.api_key"
 """The scope key holding the request's ``ApiKey`` (``None`` without API keys)."""
 
 PROBE_PATHS = frozenset({"/health", "/ready"})
-OPERATOR_PATHS = frozenset({"/metrics", "/engine/stats"})
+OPERATOR_PATHS = frozenset({"/metrics", "/engine/stats", "/engine/requests"})
+PAGE_PATH = "/playground"
+"""The playground page (``playground.py``); its files are under ``PAGE_PATH/``."""
 
 REFUSAL_CODES = (
     "missing_api_key",
@@ -126,6 +133,9 @@ class Access:
         path: str = scope["path"]
         if path in PROBE_PATHS:
             return None
+        if is_page_path(path):
+            self._check_host(scope)
+            return None
         if path in OPERATOR_PATHS:
             if self._admin_keys:
                 bearer_key(Headers(scope=scope), self._admin_keys, "admin")
@@ -157,6 +167,11 @@ class Access:
                         "host_not_allowed",
                     )
                 return
+
+
+def is_page_path(path: str) -> bool:
+    """Whether ``path`` is the playground page, one of its files, or ``/``."""
+    return path in ("/", PAGE_PATH) or path.startswith(PAGE_PATH + "/")
 
 
 def _host_name(value: str) -> str:

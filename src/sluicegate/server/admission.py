@@ -26,8 +26,12 @@ Invariants:
     - Without configured keys every request is ``anonymous`` (quotas still apply,
       shared by all).
 
-Deliberate divergence: the buckets live in this process; several replicas behind a
-load balancer each enforce the full quota.
+The buckets live in this process, unless the server is given a ``SharedQuotas``
+(``redis_quotas.RedisQuotas``, with ``ServerConfig.redis_url``): then every replica
+takes from the same buckets, through ``admit_async`` and ``probe``, and a store it
+cannot reach refuses the request with 503 rather than letting it through unmetered.
+Deliberate divergence: without one, several replicas behind a load balancer each
+enforce the full quota.
 
 Spec: docs/DESIGN.md, "Admission and limits"; OpenAI API reference, "Error
 codes" (401, 403, 429, 503); openai-python, "Retries" (429 and >= 500).
@@ -42,7 +46,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from sluicegate.core.errors import RequestError, SluicegateError
 
@@ -55,6 +59,7 @@ __all__ = [
     "Grant",
     "OverQuota",
     "Quota",
+    "SharedQuotas",
     "TokenBucket",
     "Unauthenticated",
     "Unavailable",
@@ -248,6 +253,44 @@ class Quota:
     tokens_per_minute: float | None = None
 
 
+class SharedQuotas(Protocol):
+    """Token buckets kept outside this process, shared by several replicas."""
+
+    async def take(
+        self, key_id: str, tokens: int, dry_run: bool
+    ) -> tuple[float, float]:
+        """Take one request and ``tokens`` from both buckets or neither; return
+        ``(request_wait_s, token_wait_s)`` (both 0: taken, unless ``dry_run``).
+
+        Raises:
+            Unavailable: the store cannot be reached (503).
+        """
+        ...
+
+    def give(self, key_id: str, requests: int, tokens: int) -> None:
+        """Give back ``requests`` and ``tokens`` (without waiting for the store)."""
+        ...
+
+
+class _Refillable(Protocol):
+    def give(self, amount: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _SharedBucket:
+    """One of a key's shared buckets, as a ``Grant`` gives back to it."""
+
+    shared: SharedQuotas
+    key_id: str
+    requests: bool
+
+    def give(self, amount: float) -> None:
+        if self.requests:
+            self.shared.give(self.key_id, int(amount), 0)
+        else:
+            self.shared.give(self.key_id, 0, int(amount))
+
+
 class Grant:
     """An admitted request's reservation; ``release`` returns the unused tokens.
 
@@ -258,8 +301,8 @@ class Grant:
         self,
         key_id: str,
         reserved: int,
-        bucket: TokenBucket | None,
-        requests: TokenBucket | None = None,
+        bucket: _Refillable | None,
+        requests: _Refillable | None = None,
     ):
         self.key_id = key_id
         self.reserved_tokens = reserved
@@ -294,6 +337,8 @@ class Admission:
         clock: monotonic seconds (tests pass a fake).
         submit_limit: engine sequences an idle engine accepts at once
             (``EngineStats.submit_limit``); ``None``: no such bound.
+        shared: buckets shared with other replicas, used by ``admit_async``
+            and ``probe`` instead of this process's; ``None``: none.
     """
 
     def __init__(
@@ -302,12 +347,15 @@ class Admission:
         quota: Quota | None = None,
         clock: Callable[[], float] = time.monotonic,
         submit_limit: int | None = None,
+        shared: SharedQuotas | None = None,
     ) -> None:
         self._keys = list(keys)
         self._quota = quota or Quota()
         self._clock = clock
         self._submit_limit = submit_limit
         self._buckets: dict[tuple[str, str], TokenBucket] = {}
+        limited = self._quota.requests_per_minute or self._quota.tokens_per_minute
+        self._shared = shared if limited else None
 
     def authenticate(self, headers: Mapping[str, str]) -> ApiKey | None:
         """The key of a request from its ``Authorization: Bearer`` header.
@@ -343,6 +391,63 @@ class Admission:
             OverQuota: a bucket is short; ``retry_after_s`` is when it will not be
                 (429). Nothing is taken then.
         """
+        key_id = self._check(key, model, tokens, sequences)
+        now = self._clock()
+        requests = self._bucket(key_id, "requests", now)
+        token_bucket = self._bucket(key_id, "tokens", now)
+        request_wait = requests.wait_s(1, now) if requests is not None else 0.0
+        token_wait = (
+            token_bucket.wait_s(tokens, now) if token_bucket is not None else 0.0
+        )
+        if request_wait or token_wait:
+            raise _over_quota(request_wait, token_wait)
+        if requests is not None:
+            requests.take(1)
+        if token_bucket is not None:
+            token_bucket.take(tokens)
+        return Grant(key_id, tokens, token_bucket, requests)
+
+    async def admit_async(
+        self, key: ApiKey | None, model: str, tokens: int, sequences: int = 1
+    ) -> Grant:
+        """``admit``, from the shared buckets when the server has them.
+
+        Raises:
+            Unavailable: the shared buckets cannot be reached (503); and what
+                ``admit`` raises.
+        """
+        shared = self._shared
+        if shared is None:
+            return self.admit(key, model, tokens, sequences)
+        key_id = self._check(key, model, tokens, sequences)
+        request_wait, token_wait = await shared.take(key_id, tokens, dry_run=False)
+        if request_wait or token_wait:
+            raise _over_quota(request_wait, token_wait)
+        quota = self._quota
+        return Grant(
+            key_id,
+            tokens,
+            _SharedBucket(shared, key_id, False) if quota.tokens_per_minute else None,
+            _SharedBucket(shared, key_id, True) if quota.requests_per_minute else None,
+        )
+
+    async def probe(
+        self, key: ApiKey | None, model: str, tokens: int, sequences: int = 1
+    ) -> None:
+        """Raise what ``admit_async`` would raise now; take nothing."""
+        shared = self._shared
+        if shared is None:
+            self.admit(key, model, tokens, sequences).refund()
+            return
+        key_id = self._check(key, model, tokens, sequences)
+        request_wait, token_wait = await shared.take(key_id, tokens, dry_run=True)
+        if request_wait or token_wait:
+            raise _over_quota(request_wait, token_wait)
+
+    def _check(
+        self, key: ApiKey | None, model: str, tokens: int, sequences: int
+    ) -> str:
+        """The key id, once the checks that no wait would change have passed."""
         if key is not None and key.models and model not in key.models:
             raise Forbidden(
                 f"This API key has no access to the model {model!r}",
@@ -357,35 +462,16 @@ class Admission:
                 param="n",
                 code="n_over_capacity",
             )
-        key_id = key.key_id if key is not None else ANONYMOUS
-        now = self._clock()
-        requests = self._bucket(key_id, "requests", now)
-        token_bucket = self._bucket(key_id, "tokens", now)
-        if token_bucket is not None and tokens > token_bucket.capacity:
+        capacity = self._quota.tokens_per_minute
+        if capacity is not None and tokens > capacity:
             raise RequestError(
                 f"This request reserves {tokens} tokens (prompt + n * max_tokens); "
-                f"the quota is {token_bucket.capacity:g} tokens per minute, so it "
+                f"the quota is {capacity:g} tokens per minute, so it "
                 "can never run: lower max_tokens or n",
                 param="max_tokens",
                 code="tokens_over_quota",
             )
-        request_wait = requests.wait_s(1, now) if requests is not None else 0.0
-        token_wait = (
-            token_bucket.wait_s(tokens, now) if token_bucket is not None else 0.0
-        )
-        if request_wait or token_wait:
-            error = OverQuota(
-                "Rate limit reached for requests or tokens per minute",
-                "rate_limit_exceeded",
-                max(1, math.ceil(max(request_wait, token_wait))),
-            )
-            error.tokens_only = not request_wait
-            raise error
-        if requests is not None:
-            requests.take(1)
-        if token_bucket is not None:
-            token_bucket.take(tokens)
-        return Grant(key_id, tokens, token_bucket, requests)
+        return key.key_id if key is not None else ANONYMOUS
 
     def _bucket(self, key_id: str, kind: str, now: float) -> TokenBucket | None:
         limit = (
@@ -399,3 +485,13 @@ class Admission:
         if bucket is None:
             bucket = self._buckets[key_id, kind] = TokenBucket(limit, now)
         return bucket
+
+
+def _over_quota(request_wait_s: float, token_wait_s: float) -> OverQuota:
+    error = OverQuota(
+        "Rate limit reached for requests or tokens per minute",
+        "rate_limit_exceeded",
+        max(1, math.ceil(max(request_wait_s, token_wait_s))),
+    )
+    error.tokens_only = not request_wait_s
+    return error

@@ -15,7 +15,9 @@
   ``Retry-After`` once the server drains (``shutdown.py``);
 - ``GET /metrics``: Prometheus text exposition (``metrics.py``);
 - ``GET /engine/stats``: the engine's ``EngineStats`` as JSON, for operators and
-  tests.
+  tests;
+- ``GET /`` and ``GET /playground``: the web playground (``playground.py``), and
+  ``GET /engine/requests``: the ledger's newest rows, which its server view shows.
 
 Those ``GET`` endpoints are ``info_routes.py``'s; this module keeps the two
 generation endpoints.
@@ -38,8 +40,10 @@ and wrong methods (405) included. Every request is recorded once in
 admitted one has an ``open`` row in its file from admission to its end. No
 middleware is installed: in particular no GZip, which would buffer event streams;
 event-stream bodies skip any middleware added inside the app
-(``sse_response.BODY_SEND``), so wrap the app from outside. The engine is closed when
-the app shuts down.
+(``sse_response.BODY_SEND``), so wrap the app from outside. CORS, when
+``config.cors_origins`` names origins, is ``cors.py``'s, before the guard: it
+answers their preflights and adds its headers to every response start. The
+engine is closed when the app shuts down.
 
 Spec: OpenAI API reference, "Chat", "Completions", "Models" and "Error codes";
 docs/DESIGN.md, "Status first, errors in band".
@@ -47,6 +51,7 @@ docs/DESIGN.md, "Status first, errors in band".
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -64,7 +69,7 @@ from sluicegate.core.chunks import Endpoint
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.engines.base import Engine
-from sluicegate.server.access import API_KEY, Access
+from sluicegate.server.access import API_KEY, PAGE_PATH, Access
 from sluicegate.server.admission import (
     ANONYMOUS,
     Admission,
@@ -77,6 +82,7 @@ from sluicegate.server.answers import error_response, http_error, nothing, serve
 from sluicegate.server.bodies import read_json_object
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.cors import Cors
 from sluicegate.server.disconnect import DisconnectRace
 from sluicegate.server.generation import Generation
 from sluicegate.server.info_routes import InfoRoutes, shutting_down
@@ -85,6 +91,7 @@ from sluicegate.server.ledger import Ledger
 from sluicegate.server.meter import Meter
 from sluicegate.server.metrics import Metrics
 from sluicegate.server.models import ServedModel, ServedModels
+from sluicegate.server.playground import PlaygroundRoutes
 from sluicegate.server.prepare import (
     Plan,
     admission_floor,
@@ -92,6 +99,10 @@ from sluicegate.server.prepare import (
     plan_chat,
     plan_completion,
 )
+from sluicegate.server.redis_client import connect
+from sluicegate.server.redis_quotas import RedisQuotas
+from sluicegate.server.redis_store import open_redis_store
+from sluicegate.server.resumable import AttachExisting, ResumableStreams, open_store
 from sluicegate.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -128,9 +139,9 @@ def create_app(
     asked for another (``/engine/stats?model=ID``).
 
     The app's ``state`` holds ``engine`` (the default one), ``models``
-    (``ServedModels``), ``config``, ``ledger`` (a ``Ledger``
-    with one row per request, in ``config.ledger_path`` when set), ``live`` (the
-    running responses' buffers), ``drain`` (``Drain``: run it to shut down
+    (``ServedModels``), ``config``, ``ledger`` (a ``Ledger`` with one row per
+    request, in ``config.ledger_path`` or ``ledger_url`` when set), ``live``
+    (the running responses' buffers), ``drain`` (``Drain``: run it to shut down
     gracefully) and ``metrics`` (``Metrics``; ``serve`` counts the connection
     refusals of ``connections.py`` with its ``refuse``). On shutdown every
     engine is closed (every KV cell freed), then the ledger (what its writer
@@ -146,15 +157,18 @@ def create_app(
     engines = [engine] if not isinstance(engine, Sequence) else list(engine)
     routes = _Routes(engines, config or ServerConfig())
     info = InfoRoutes(routes.models, routes.drain, routes.metrics_, routes.config)
+    page = PlaygroundRoutes(routes.ledger, routes.config.retry_after_s)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loop_lag = routes.metrics_.watch_loop()
         yield
         loop_lag.stop()
+        await routes.resumable.aclose()  # producers record their rows first
         for served in routes.models:
             await served.engine.aclose()
         await routes.ledger.aclose()
+        await routes.close_redis()
         stats = routes.engine.stats()
         logger.info(
             "stopped: %d KV cells used, %d running, %d queued; ledger closed",
@@ -167,23 +181,49 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route(
+                "/v1/chat/completions/{response_id}/events",
+                routes.resumable.events,
+                methods=["GET"],
+            ),
+            Route(
+                "/v1/completions/{response_id}/events",
+                routes.resumable.events,
+                methods=["GET"],
+            ),
+            Route(
+                "/v1/chat/completions/{response_id}/cancel",
+                routes.resumable.cancel,
+                methods=["POST"],
+            ),
+            Route(
+                "/v1/completions/{response_id}/cancel",
+                routes.resumable.cancel,
+                methods=["POST"],
+            ),
             Route("/v1/models", info.list_models, methods=["GET"]),
             Route("/health", info.health, methods=["GET"]),
             Route("/ready", info.ready, methods=["GET"]),
             Route("/metrics", info.metrics, methods=["GET"]),
             Route("/engine/stats", info.engine_stats, methods=["GET"]),
             Route("/openapi.json", info.openapi, methods=["GET"]),
+            Route("/engine/requests", page.recent_requests, methods=["GET"]),
+            Route("/", page.root, methods=["GET"]),
+            Route(PAGE_PATH, page.page, methods=["GET"]),
+            Route(PAGE_PATH + "/{name}", page.asset, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
         lifespan=lifespan,
     )
     app.guard = routes.guard
+    app.cors = Cors(routes.config.cors_origins) if routes.config.cors_origins else None
     app.state.engine = routes.engine
     app.state.models = routes.models
     app.state.config = routes.config
     app.state.ledger = routes.ledger
     app.state.live = routes.live
     app.state.drain = routes.drain
+    app.state.resumable = routes.resumable
     app.state.metrics = routes.metrics_
     return app
 
@@ -193,10 +233,17 @@ class _App(Starlette):
     and ``guard`` before routing: a response it returns is the answer."""
 
     guard: Callable[[Scope], Response | None] | None = None
+    cors: Cors | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             scope[BODY_SEND] = send
+            if self.cors is not None:  # before the guard: a preflight has no key
+                preflight = self.cors.preflight(scope)
+                if preflight is not None:
+                    await preflight(scope, receive, send)
+                    return
+                send = self.cors.wrap(scope, send)
             refusal = self.guard(scope) if self.guard is not None else None
             if refusal is not None:
                 await refusal(scope, receive, send)
@@ -211,11 +258,21 @@ class _Routes:
         self.models = ServedModels(engines, config.model_aliases, config.chat_template)
         engine = self.engine = self.models.default.engine
         self.config = config
-        self.ledger = Ledger(config.ledger_path)
+        self.ledger = Ledger(
+            config.ledger_path, url=config.ledger_url, lease_s=config.ledger_lease_s
+        )
+        # Shared quotas (and logs) when a Redis is configured; redis-py loads then.
+        self.redis = connect(config.redis_url) if config.redis_url else None
+        self.quotas = (
+            RedisQuotas(self.redis, config.quota, config.retry_after_s)
+            if self.redis is not None
+            else None
+        )
         self.admission = Admission(
             config.api_keys,
             config.quota,
             submit_limit=engine.stats().submit_limit,
+            shared=self.quotas,
         )
         self.live = LiveStreams()
         self.drain = Drain(self.live)
@@ -233,8 +290,24 @@ class _Routes:
             max_buffer_bytes=config.max_stream_buffer_bytes,
             stuck_timeout_s=config.stuck_stream_timeout_s,
             interval_s=config.stream_interval_s,
+            cadence_s=config.cadence_s,
             retain_frames=config.stream_retain_frames,
         )
+        self.resumable = ResumableStreams(
+            open_store(config)
+            if self.redis is None
+            else open_redis_store(self.redis, config),
+            config,
+            self.limits,
+            self.live,
+        )
+
+    async def close_redis(self) -> None:
+        """Send the quota give-backs in flight, then close the Redis connections."""
+        if self.quotas is not None:
+            await self.quotas.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
 
     def guard(self, scope: Scope) -> Response | None:
         """Check the route's key or ``Host`` (``access.py``); the refusal, if any.
@@ -259,7 +332,7 @@ class _Routes:
         self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
     ) -> Plan:
         request = parse_chat_request(body)
-        served = self._check_admissible(key, request, small)
+        served = await self._check_admissible(key, request, small)
         return await plan_chat(
             request, response_id, served.engine, served.template, self.config
         )
@@ -268,10 +341,10 @@ class _Routes:
         self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
     ) -> Plan:
         request = parse_completion_request(body)
-        served = self._check_admissible(key, request, small)
+        served = await self._check_admissible(key, request, small)
         return await plan_completion(request, response_id, served.engine, self.config)
 
-    def _check_admissible(
+    async def _check_admissible(
         self,
         key: ApiKey | None,
         request: ChatCompletionRequest | CompletionRequest,
@@ -287,7 +360,7 @@ class _Routes:
         served = self.models.resolve(request.model)
         tokens, sequences = admission_floor(request)
         try:
-            self.admission.admit(key, served.id, tokens, sequences).refund()
+            await self.admission.probe(key, served.id, tokens, sequences)
         except OverQuota as error:
             if not (small and error.tokens_only):
                 raise
@@ -302,6 +375,9 @@ class _Routes:
         meter.metrics = self.metrics_
         try:
             generation = await self._admit(request, planner, meter)
+        except AttachExisting as retry:  # its row is the first request's
+            meter.recorded = True
+            return retry.response
         except ClientDisconnect:  # gone while sending its body: nothing to answer
             meter.record(EndState.ABORTED, CLIENT_CLOSED)
             return nothing
@@ -316,12 +392,26 @@ class _Routes:
         meter.open()
         plan = meter.plan
         assert plan is not None, "_admit() plans before it starts a generation"
+        if self.resumable.wanted(plan):
+            return await self.resumable.start(generation, plan, meter)
         if plan.stream:
-            return EventStreamResponse(
-                generation, plan.header, self.limits, meter.record, self.live
-            )
+            return self._event_stream(generation, plan, meter)
         return CompletionResponse(
             generation, plan.header, meter.record, self.limits, self.live
+        )
+
+    def _event_stream(
+        self, generation: Generation, plan: Plan, meter: Meter
+    ) -> EventStreamResponse:
+        """The stream's response, with the request's padding and cadence, or the
+        server's where the request sets none."""
+        config, limits = self.config, self.limits
+        padded = config.obfuscation if plan.obfuscation is None else plan.obfuscation
+        cadence_s = config.cadence_s if plan.cadence_s is None else plan.cadence_s
+        if cadence_s != limits.cadence_s:
+            limits = dataclasses.replace(limits, cadence_s=cadence_s)
+        return EventStreamResponse(
+            generation, plan.header, limits, meter.record, self.live, padded=padded
         )
 
     async def _admit(
@@ -342,7 +432,8 @@ class _Routes:
             raise shutting_down(self.config)
         if self.ledger.behind:
             raise Unavailable(
-                "The usage ledger cannot keep up (its file is locked); retry later",
+                "The usage ledger cannot keep up (its file is locked or its database"
+                " unreachable); retry later",
                 "ledger_behind",
                 self.config.retry_after_s,
             )
@@ -352,10 +443,18 @@ class _Routes:
         declared = request.headers.get("content-length")  # checked by the read
         small = declared is not None and int(declared) <= EXACT_RETRY_AFTER_BYTES
         plan = meter.plan = await planner(body, meter.response_id, key, small)
-        grant = meter.grant = self.admission.admit(
+        grant = meter.grant = await self.admission.admit_async(
             key, plan.header.model, plan.reserve_tokens, len(plan.choices)
         )
         engine = self.models.resolve(plan.header.model).engine
+        resumable = self.resumable.wanted(plan)
+        if resumable:  # before the engine: a retry with its key attaches instead
+            key_header = request.headers.get("idempotency-key")
+            try:
+                await self.resumable.open(plan, meter.key_id, key_header, body)
+            except BaseException:
+                grant.refund()
+                raise
         generation = Generation(engine, plan)
         try:
             generation.start()
@@ -370,5 +469,11 @@ class _Routes:
                     raise ClientDisconnect
         except (EngineError, RequestError):
             grant.refund()  # the engine refused it (a full queue): it cost nothing
+            if resumable:
+                await self.resumable.close_unstarted(plan)
+            raise
+        except ClientDisconnect:
+            if resumable:
+                await self.resumable.close_unstarted(plan)
             raise
         return generation

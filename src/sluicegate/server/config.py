@@ -37,14 +37,17 @@ class ServerConfig:
         api_keys: accepted keys (``Authorization: Bearer``) of the API routes
             (``/v1/*``, ``/openapi.json``, and any unknown path); empty: no auth.
         admin_keys: accepted keys of the operator routes (``/metrics``,
-            ``/engine/stats``). Empty: those routes are open while ``api_keys``
-            is empty too, and refused (403) once it is not, since
-            ``/engine/stats`` shows every key's requests. ``/health`` and
+            ``/engine/stats``, ``/engine/requests``). Empty: those routes are
+            open while ``api_keys`` is empty too, and refused (403) once it is
+            not, since ``/engine/stats`` shows every key's requests. ``/health`` and
             ``/ready`` never need a key.
         allowed_hosts: ``Host`` names a route that needs no key accepts, besides
             IP literals and ``localhost`` names (a DNS-rebinding page sends its
             own name); ``"*"`` accepts any; others get 421. ``None``: no check
             (embedding behind a front that checks); ``serve`` always sets it.
+        cors_origins: web origins (``http(s)://host[:port]``, or ``"*"``) whose
+            pages may call the server from a browser (``cors.py``); empty: none
+            (no CORS header, no preflight answered).
         quota: per-key requests/minute and tokens/minute (429 past them).
         retry_after_s: ``Retry-After`` seconds of a 503 (overload, draining).
         first_token_timeout_s: seconds to the first token before the in-band
@@ -58,10 +61,35 @@ class ServerConfig:
             stream is aborted.
         stream_interval_s: pacing, at most one event per stream per interval
             (the first token excepted); 0 disables.
+        obfuscation: pad every event of a stream so that its size does not
+            tell its text (``core/padding.py``); a request's
+            ``stream_options.include_obfuscation`` overrides it.
+        cadence_s: send each stream's events on a clock of this period
+            (seconds; 0: as they come); a request's
+            ``stream_options.cadence_ms`` overrides it.
         stream_retain_frames: frames of each event stream kept in its event log
             once written (frames; 0: none). Nothing replays them yet: the seam
             for resumable streams.
+        resumable_streams: whether an event stream is resumable when its request
+            does not say (``stream_options.resumable``); see
+            docs/resumable-streams.md.
+        resume_grace_s: seconds a resumable stream keeps generating with no
+            reader attached before its engine request is aborted.
+        max_log_bytes: bytes of frames kept per resumable stream (older frames
+            go first; a resume before them gets 410).
+        max_store_bytes: bytes of frames kept over all resumable streams
+            (finished ones go first; new resumable streams get 503 while live
+            ones fill it).
+        resume_ttl_s: seconds a finished resumable stream stays readable.
+        redis_url: the Redis (``redis://host:port/db``) that holds the per-key
+            quotas and the resumable streams' logs, shared by every replica
+            pointed at it; ``None``: both in this process.
         ledger_path: the SQLite ledger file; ``None`` keeps rows in memory only.
+        ledger_url: a ``postgresql://`` URL of a ledger database that replicas
+            share, instead of ``ledger_path``; see ``ledger_pg.py``.
+        ledger_lease_s: with ``ledger_url``: seconds without a heartbeat after
+            which this server counts as dead and a replica marks its open rows
+            ``truncated``.
         chat_template: Jinja source that replaces the model's chat template
             (``--chat-template FILE``); ``None`` keeps the model's own.
     """
@@ -74,6 +102,7 @@ class ServerConfig:
     api_keys: tuple[ApiKey, ...] = ()
     admin_keys: tuple[ApiKey, ...] = ()
     allowed_hosts: tuple[str, ...] | None = None
+    cors_origins: tuple[str, ...] = ()
     quota: Quota = field(default_factory=Quota)
     retry_after_s: int = 1
     first_token_timeout_s: float | None = None
@@ -81,8 +110,18 @@ class ServerConfig:
     max_stream_buffer_bytes: int = 1024 * 1024
     stuck_stream_timeout_s: float = 30.0
     stream_interval_s: float = 0.0
+    obfuscation: bool = True
+    cadence_s: float = 0.0
     stream_retain_frames: int = 0
+    resumable_streams: bool = False
+    resume_grace_s: float = 30.0
+    max_log_bytes: int = 1024 * 1024
+    max_store_bytes: int = 256 * 1024 * 1024
+    resume_ttl_s: float = 600.0
+    redis_url: str | None = None
     ledger_path: Path | None = None
+    ledger_url: str | None = None
+    ledger_lease_s: float = 10.0
     chat_template: str | None = None
 
     def __post_init__(self) -> None:
@@ -115,6 +154,18 @@ class ServerConfig:
             raise ValueError(
                 f"stream_retain_frames must be >= 0, got {self.stream_retain_frames!r}"
             )
+        if self.resume_grace_s < 0 or self.resume_ttl_s <= 0:
+            raise ValueError(
+                "expected resume_grace_s >= 0 and resume_ttl_s > 0, got "
+                f"{self.resume_grace_s!r} and {self.resume_ttl_s!r}"
+            )
+        if self.max_log_bytes < 1 or self.max_store_bytes < self.max_log_bytes:
+            raise ValueError(
+                "expected max_log_bytes >= 1 and max_store_bytes >= max_log_bytes, "
+                f"got {self.max_log_bytes!r} and {self.max_store_bytes!r}"
+            )
+        if not 0 <= self.cadence_s <= 1.0:
+            raise ValueError(f"cadence_s must be in [0, 1], got {self.cadence_s!r}")
         if self.stream_interval_s < 0:
             raise ValueError(
                 f"stream_interval_s must be >= 0, got {self.stream_interval_s!r}"

@@ -52,12 +52,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
 from sluicegate.server.ledger_file import OPEN, connect
 from sluicegate.server.ledger_writer import LedgerWriter
+
+if TYPE_CHECKING:
+    from sluicegate.server.ledger_pg import PgLedgerWriter
 
 __all__ = [
     "OPEN",
@@ -85,6 +88,7 @@ _NAMES = (
     "first_token_at",
     "ended_at",
     "usage_estimated",
+    "resumed",
 )
 _COLUMNS = ", ".join(_NAMES)
 _INSERT = (
@@ -135,6 +139,8 @@ class LedgerRow:
             an upstream server's request cut short before it reported its usage
             (what arrived is counted, one token per chunk where the upstream
             gives no counts per chunk).
+        resumed: times a resumable stream was resumed (reads of its log after
+            the first connection's); 0 for every other request.
     """
 
     request_id: str
@@ -150,6 +156,7 @@ class LedgerRow:
     ended_at: float
     key_id: str = "anonymous"
     usage_estimated: bool = False
+    resumed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,11 +181,16 @@ class _Running:
 
 class Ledger:
     """One row per request: in memory (newest ``max_rows``) and, with ``path``, in
-    an SQLite file written by one thread (``LedgerWriter``).
+    an SQLite file written by one thread (``LedgerWriter``), or with ``url``, in
+    a PostgreSQL database that replicas share (``ledger_pg.PgLedgerWriter``).
 
     Args:
         path: the SQLite file (created with its folder; an older ledger file is
-            migrated); ``None``: memory only.
+            migrated); ``None``: memory only (unless ``url``).
+        url: a ``postgresql://`` URL, instead of ``path`` (the tables are made
+            when missing; psycopg is imported only then).
+        lease_s: with ``url``: seconds after this server's last heartbeat past
+            which a replica marks its open rows ``truncated``.
         max_rows: the most ended rows kept in memory; older rows go first.
         progress_interval_s: seconds between writes of open rows' token counts.
         max_backlog: statements waiting for the file past which ``behind``.
@@ -187,6 +199,8 @@ class Ledger:
     Raises:
         sqlite3.Error: ``path`` is not an SQLite database.
         OSError: its folder cannot be made or written.
+        ValueError: ``url`` is not a PostgreSQL URL, or both are given.
+        ImportError: ``url`` without psycopg installed.
     """
 
     def __init__(
@@ -197,15 +211,24 @@ class Ledger:
         progress_interval_s: float = 1.0,
         max_backlog: int = 50_000,
         close_timeout_s: float = 30.0,
+        url: str | None = None,
+        lease_s: float = 10.0,
     ) -> None:
         self.path = path
+        self.url = url
         self._rows: deque[LedgerRow] = deque(maxlen=max_rows)
         self._running: dict[str, _Running] = {}
         self._progress_interval_s = progress_interval_s
         self._max_backlog = max_backlog
         self._ticker: asyncio.TimerHandle | None = None
-        self._writer: LedgerWriter | None = None
-        if path is not None:
+        self._writer: LedgerWriter | PgLedgerWriter | None = None
+        if url is not None:
+            if path is not None:
+                raise ValueError(f"expected a path or a URL, got both: {path}")
+            from sluicegate.server.ledger_pg import PgLedgerWriter
+
+            self._writer = PgLedgerWriter(url, close_timeout_s, lease_s=lease_s)
+        elif path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             _check_database(path)
             self._writer = LedgerWriter(path, close_timeout_s)
@@ -214,6 +237,11 @@ class Ledger:
     def rows(self) -> list[LedgerRow]:
         """A copy of the in-memory rows, oldest first."""
         return list(self._rows)
+
+    @property
+    def durable(self) -> bool:
+        """Whether rows go to a file or a database (a crash keeps them)."""
+        return self.path is not None or self.url is not None
 
     @property
     def backlog(self) -> int:
@@ -324,6 +352,7 @@ def _values(row: LedgerRow, state: str, server_id: str) -> tuple[object, ...]:
         row.first_token_at,
         row.ended_at,
         int(row.usage_estimated),
+        row.resumed,
         server_id,
     )
 
@@ -370,7 +399,7 @@ def read_rows(path: Path) -> list[LedgerRow]:
 
 def _row(values: tuple[object, ...]) -> LedgerRow:
     (rid, key_id, endpoint, model, status, state, prompt, completion) = values[:8]
-    reasons, received, first, ended, estimated = values[8:]
+    reasons, received, first, ended, estimated, resumed = values[8:]
     assert isinstance(reasons, str)
     return LedgerRow(
         request_id=str(rid),
@@ -386,6 +415,7 @@ def _row(values: tuple[object, ...]) -> LedgerRow:
         ended_at=float(str(ended)),
         key_id=str(key_id),
         usage_estimated=bool(estimated),
+        resumed=int(str(resumed)),
     )
 
 

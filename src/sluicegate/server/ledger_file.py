@@ -4,8 +4,8 @@
 it is missing; ``migrate`` brings a table of an older release to
 ``SCHEMA_VERSION`` in one transaction: version 1 (the first release's table) gets
 ``server_id`` and an index of the ``open`` rows, version 2 gets
-``usage_estimated``. ``transaction`` runs statements in one ``BEGIN
-IMMEDIATE`` transaction, all or none.
+``usage_estimated``, version 3 gets ``resumed``. ``transaction`` runs statements
+in one ``BEGIN IMMEDIATE`` transaction, all or none.
 
 Spec: SQLite, "Write-Ahead Logging", "ALTER TABLE", "PRAGMA user_version".
 """
@@ -22,9 +22,9 @@ __all__ = ["OPEN", "SCHEMA_VERSION", "Statement", "connect", "migrate", "transac
 OPEN: Final = "open"
 """The ``end_state`` in the file of a request that has not ended yet."""
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of a current ledger file (0 or 1: the first release;
-2: before ``usage_estimated``)."""
+2: before ``usage_estimated``; 3: before ``resumed``)."""
 
 _TABLE = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS requests (
     received_at REAL NOT NULL,
     first_token_at REAL,
     ended_at REAL NOT NULL,
-    usage_estimated INTEGER NOT NULL DEFAULT 0
+    usage_estimated INTEGER NOT NULL DEFAULT 0,
+    resumed INTEGER NOT NULL DEFAULT 0
 )
 """
 _OPEN_INDEX = (
@@ -108,6 +109,10 @@ def migrate(db: sqlite3.Connection) -> None:
             db.execute(
                 "ALTER TABLE requests ADD COLUMN "
                 "usage_estimated INTEGER NOT NULL DEFAULT 0"
+            )
+        if "resumed" not in columns:
+            db.execute(
+                "ALTER TABLE requests ADD COLUMN resumed INTEGER NOT NULL DEFAULT 0"
             )
         db.execute(_OPEN_INDEX)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

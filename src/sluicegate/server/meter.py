@@ -42,6 +42,7 @@ class Meter:
         "received_at",
         "recorded",
         "response_id",
+        "resumed",
     )
 
     def __init__(self, ledger: Ledger, response_id: str, path: str) -> None:
@@ -55,11 +56,13 @@ class Meter:
         self.grant: Grant | None = None
         self.metrics: Metrics | None = None
         self.recorded = False
+        self.resumed = 0
+        """Times a resumable response was resumed (set before ``record``)."""
 
     def open(self) -> None:
         """Write this admitted request's ``open`` row (the status it will have:
         200 for a stream, 0 until a JSON answer's status is known)."""
-        if self.ledger.path is None:
+        if not self.ledger.durable:
             return  # memory only: nothing to recover after a crash
         plan = self.plan
         status = 200 if plan is not None and plan.stream else 0
@@ -101,4 +104,5 @@ class Meter:
             ended_at=time.time(),
             key_id=self.key_id,
             usage_estimated=generation.usage_estimated if generation else False,
+            resumed=self.resumed,
         )

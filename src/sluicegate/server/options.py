@@ -15,11 +15,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 
 from sluicegate.server.admission import ApiKey, Quota, read_keys_file
+from sluicegate.server.ledger_pg_schema import is_url, redact
+
+if TYPE_CHECKING:
+    from sluicegate.server.ledger import UsageTotal
 
 __all__ = [
     "add_serve_options",
@@ -46,8 +50,8 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         "--admin-key",
         action="append",
         default=[],
-        help="key of /metrics and /engine/stats (repeatable); without one they"
-        " are open only while no API key is set",
+        help="key of /metrics, /engine/stats and /engine/requests (repeatable);"
+        " without one they are open only while no API key is set",
     )
     add(
         "--allowed-host",
@@ -57,13 +61,41 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         help="a Host name accepted besides IP addresses, localhost and --host,"
         " while no key guards a route (repeatable; '*': any)",
     )
+    add(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin (http://host:port) whose pages may call this server"
+        " from a browser (repeatable; '*': any; default: none)",
+    )
     add("--requests-per-minute", type=float, help="per-key request quota")
     add("--tokens-per-minute", type=float, help="per-key prompt+max_tokens quota")
+    add(
+        "--redis",
+        metavar="URL",
+        help="redis://host:port/db holding the quotas and resumable logs, shared"
+        " by every replica given the same URL (default: in this process)",
+    )
+    _add_resume_options(serve)
     add("--first-token-timeout-s", type=float, help="time to first token limit")
     add("--request-timeout-s", type=float, help="total time limit of a request")
     add("--stream-buffer-bytes", type=int, default=1024 * 1024)
     add("--stuck-stream-timeout", type=float, default=30.0, help="seconds")
     add("--stream-interval-ms", type=float, default=0.0, help="event pacing")
+    add(
+        "--no-obfuscation",
+        action="store_true",
+        help="do not pad stream events by default (a request's"
+        " stream_options.include_obfuscation still can)",
+    )
+    add(
+        "--cadence-ms",
+        type=float,
+        default=0.0,
+        help="send stream events on a fixed clock of this period, padded, an"
+        " empty event when no token is ready (0: off; default: %(default)s)",
+    )
     add(
         "--default-max-tokens",
         type=int,
@@ -71,9 +103,53 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         help="max_tokens of a request that sets none (0: all the context leaves);"
         " the engine reserves prompt + max_tokens KV cells per request",
     )
-    add("--ledger", type=Path, help="SQLite ledger file (default: data dir)")
+    add(
+        "--ledger",
+        metavar="PATH|URL",
+        help="SQLite ledger file (default: data dir), or a postgresql:// URL of a"
+        " ledger database that replicas share",
+    )
+    add(
+        "--ledger-lease-s",
+        type=float,
+        default=10.0,
+        help="with a postgresql:// ledger: seconds without a heartbeat after which"
+        " a replica marks this server's running requests truncated"
+        " (default: %(default)s)",
+    )
     add("--no-ledger", action="store_true", help="keep the ledger in memory only")
     _add_http_options(serve)
+
+
+def _add_resume_options(serve: argparse.ArgumentParser) -> None:
+    add = serve.add_argument
+    add(
+        "--resumable",
+        action="store_true",
+        help="make event streams resumable unless a request sets"
+        " stream_options.resumable to false (default: only those that ask)",
+    )
+    add(
+        "--resume-grace-s",
+        type=float,
+        default=30.0,
+        help="seconds a resumable stream generates with no reader before it is"
+        " aborted (default: %(default)s)",
+    )
+    add(
+        "--resume-ttl-s",
+        type=float,
+        default=600.0,
+        help="seconds a finished resumable stream stays readable"
+        " (default: %(default)s)",
+    )
+    add("--max-log-bytes", type=int, default=1 << 20, help="bytes kept per stream")
+    add(
+        "--max-store-bytes",
+        type=int,
+        default=256 << 20,
+        help="bytes kept over all resumable streams (default: 256 MiB)",
+    )
 
 
 def _add_http_options(serve: argparse.ArgumentParser) -> None:
@@ -130,20 +206,32 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
             keys += read_keys_file(args.api_keys_file)
         except (OSError, ValueError) as exc:
             raise SystemExit(f"sluicegate: --api-keys-file: {exc}") from exc
-    ledger = None if args.no_ledger else (args.ledger or default_ledger_path())
+    ledger = None if args.no_ledger else (args.ledger or str(default_ledger_path()))
+    url = ledger if ledger is not None and is_url(ledger) else None
     return {
         "api_keys": tuple(keys),
         "admin_keys": tuple(ApiKey(k) for k in args.admin_key),
         # The bound name is one that clients use; IP literals and localhost
         # names are always accepted (access.py).
         "allowed_hosts": (args.host, *args.allowed_host),
+        "cors_origins": tuple(args.cors_origin),
         "quota": Quota(args.requests_per_minute, args.tokens_per_minute),
         "first_token_timeout_s": args.first_token_timeout_s,
         "request_timeout_s": args.request_timeout_s,
         "max_stream_buffer_bytes": args.stream_buffer_bytes,
         "stuck_stream_timeout_s": args.stuck_stream_timeout,
         "stream_interval_s": args.stream_interval_ms / 1000.0,
-        "ledger_path": ledger,
+        "obfuscation": not args.no_obfuscation,
+        "cadence_s": args.cadence_ms / 1000.0,
+        "ledger_path": None if ledger is None or url else Path(ledger),
+        "ledger_url": url,
+        "ledger_lease_s": args.ledger_lease_s,
+        "redis_url": args.redis,
+        "resumable_streams": args.resumable,
+        "resume_grace_s": args.resume_grace_s,
+        "resume_ttl_s": args.resume_ttl_s,
+        "max_log_bytes": args.max_log_bytes,
+        "max_store_bytes": args.max_store_bytes,
         "default_max_tokens": args.default_max_tokens or None,
     }
 
@@ -209,9 +297,11 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
 
 
 def add_usage_command(sub: Any) -> None:
-    """Add ``sluicegate usage [--ledger PATH]`` to the subcommands ``sub``."""
+    """Add ``sluicegate usage [--ledger PATH|URL]`` to the subcommands ``sub``."""
     usage = sub.add_parser("usage", help="ledger totals per API key and end state")
-    usage.add_argument("--ledger", type=Path, help="SQLite ledger file")
+    usage.add_argument(
+        "--ledger", metavar="PATH|URL", help="SQLite ledger file or postgresql:// URL"
+    )
     usage.set_defaults(func=_usage)
 
 
@@ -219,16 +309,14 @@ def _usage(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sluicegate.server.ledger import usage_totals
-
-    path: Path = args.ledger or default_ledger_path()
-    if not path.is_file():
-        print(f"sluicegate: no ledger at {path}", file=sys.stderr)
+    target: str = args.ledger or str(default_ledger_path())
+    totals = _totals(target)
+    if totals is None:
         return 2
-    table = Table(title=f"usage ({path})")
+    table = Table(title=f"usage ({redact(target)})")
     for column in ("key", "end state", "requests", "prompt", "completion"):
         table.add_column(column, justify="left" if " " in column else "right")
-    for t in usage_totals(path):
+    for t in totals:
         table.add_row(
             t.key_id,
             str(t.end_state),
@@ -238,3 +326,28 @@ def _usage(args: argparse.Namespace) -> int:
         )
     Console().print(table)
     return 0
+
+
+def _totals(target: str) -> list[UsageTotal] | None:
+    """The totals of the ledger file or URL ``target``; ``None`` (said on stderr)
+    when there is no such file or the database cannot be read."""
+    if not is_url(target):
+        from sluicegate.server.ledger import usage_totals
+
+        path = Path(target)
+        if not path.is_file():
+            print(f"sluicegate: no ledger at {path}", file=sys.stderr)
+            return None
+        return usage_totals(path)
+    import psycopg
+
+    from sluicegate.server.ledger_pg_read import usage_totals as database_totals
+
+    try:
+        return database_totals(target)
+    except psycopg.Error as exc:
+        print(
+            f"sluicegate: cannot read the ledger at {redact(target)}: {exc}",
+            file=sys.stderr,
+        )
+        return None

@@ -70,6 +70,11 @@ class Plan:
         continuous_usage: put the usage so far on every chunk.
         tools: the functions each choice's text may call (parsed into
             ``tool_calls``), or ``None`` for plain text.
+        resumable: ``stream_options.resumable`` (``None``: the server's default).
+        obfuscation: pad the stream's events (``include_obfuscation``);
+            ``None``: the server's default.
+        cadence_s: send the stream's events on a clock of this period
+            (seconds, 0: off); ``None``: the server's default.
     """
 
     header: ResponseHeader
@@ -83,6 +88,9 @@ class Plan:
     continuous_usage: bool = False
     text_prompts: tuple[TextPrompt, ...] = ()
     tools: ToolCallOptions | None = None
+    resumable: bool | None = None
+    obfuscation: bool | None = None
+    cadence_s: float | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -185,6 +193,9 @@ def plan_of(
         skip_special_tokens=request.skip_special_tokens,
         logprobs=request.top_logprobs_k,
         continuous_usage=request.continuous_usage,
+        resumable=request.resumable,
+        obfuscation=request.include_obfuscation,
+        cadence_s=request.cadence_s,
     )
 
 

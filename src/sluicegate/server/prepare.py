@@ -64,9 +64,10 @@ __all__ = [
 
 
 def new_response_id(endpoint: Endpoint) -> str:
-    """A fresh response id: ``chatcmpl-<24 hex>`` or ``cmpl-<24 hex>``."""
+    """A fresh response id: ``chatcmpl-<32 hex>`` or ``cmpl-<32 hex>``: 128 random
+    bits, so that an id (which names a resumable stream) cannot be guessed."""
     prefix = "chatcmpl" if endpoint is Endpoint.CHAT else "cmpl"
-    return f"{prefix}-{secrets.token_hex(12)}"
+    return f"{prefix}-{secrets.token_hex(16)}"
 
 
 def resolve_model(requested: str | None, engine: Engine, config: ServerConfig) -> str:

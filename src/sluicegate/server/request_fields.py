@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sluicegate.core.errors import bounded_repr
 
 __all__ = [
+    "MAX_CADENCE_MS",
     "MAX_LOGIT_BIAS",
     "MAX_STOP_CHARS",
     "MAX_STOP_STRINGS",
@@ -49,8 +50,14 @@ MAX_TOKEN_ID_DIGITS = 10
 _TOKEN_ID = re.compile(rf"[0-9]{{1,{MAX_TOKEN_ID_DIGITS}}}", re.ASCII)
 
 
+MAX_CADENCE_MS = 1000.0
+"""The longest ``stream_options.cadence_ms`` a request may ask for (ms)."""
+
+
 class StreamOptions(BaseModel):
-    """``stream_options``: ``include_usage`` and vLLM's ``continuous_usage_stats``."""
+    """``stream_options``: ``include_usage``, vLLM's ``continuous_usage_stats``,
+    OpenAI's ``include_obfuscation``, and this server's ``resumable`` and
+    ``cadence_ms``."""
 
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
@@ -58,6 +65,15 @@ class StreamOptions(BaseModel):
     """Send a last chunk with ``choices: []`` and the ``usage`` of the response."""
     continuous_usage_stats: bool = False
     """Also put the usage so far on every chunk (vLLM extension)."""
+    resumable: bool | None = None
+    """Keep the stream's events so a dropped client can resume it (``None``: the
+    server's default; see docs/resumable-streams.md)."""
+    include_obfuscation: bool | None = None
+    """Pad every event of the stream (``core/padding.py``); ``None``: the
+    server's default (on unless ``--no-obfuscation``)."""
+    cadence_ms: float | None = Field(None, ge=0, le=MAX_CADENCE_MS)
+    """Send events on a clock of this period (ms; 0: off); ``None``: the
+    server's default (``--cadence-ms``)."""
 
 
 class RequestFields(BaseModel):
@@ -134,6 +150,26 @@ class RequestFields(BaseModel):
         """Whether the stream ends with a usage chunk (implied by continuous usage)."""
         options = self.stream_options
         return self.continuous_usage or (options is not None and options.include_usage)
+
+    @property
+    def resumable(self) -> bool | None:
+        """``stream_options.resumable``: ``None`` when the request did not say."""
+        options = self.stream_options
+        return None if options is None else options.resumable
+
+    @property
+    def include_obfuscation(self) -> bool | None:
+        """``stream_options.include_obfuscation``, ``None`` when not given."""
+        options = self.stream_options
+        return None if options is None else options.include_obfuscation
+
+    @property
+    def cadence_s(self) -> float | None:
+        """``stream_options.cadence_ms`` in seconds, ``None`` when not given."""
+        options = self.stream_options
+        if options is None or options.cadence_ms is None:
+            return None
+        return options.cadence_ms / 1000.0
 
     @property
     def top_logprobs_k(self) -> int | None:

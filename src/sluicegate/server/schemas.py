@@ -32,6 +32,10 @@ Deliberate divergences from the OpenAI API reference:
   ``skip_special_tokens``, ``add_generation_prompt`` (chat) and
   ``continuous_usage_stats`` (top level or in ``stream_options``; it implies
   ``include_usage``).
+- ``stream_options.cadence_ms`` (0 to ``MAX_CADENCE_MS``) is this server's
+  own: events on a fixed clock (see docs/side-channels.md).
+  ``stream_options.include_obfuscation`` is OpenAI's; its default here is the
+  server's setting (on unless ``serve --no-obfuscation``).
 - ``null`` for any parameter means "not given" (its default applies).
 - Unknown parameters are ignored, and logged once per name (the first
   ``MAX_LOGGED_UNKNOWN`` names of the process, each cut to

@@ -20,6 +20,14 @@ Invariants:
       always re-raised.
     - A buffer over its byte bound, or a write the client has not accepted within
       ``stuck_timeout_s``, aborts the engine request and closes (``aborted``).
+    - Padded (``padded=True``), every frame's size is a step of the machine's
+      ladder (``core/padding.py``), its pad drawn from a generator seeded with
+      128 bits of the operating system's CSPRNG, per stream.
+    - With a cadence (``StreamLimits.cadence_s``), a write goes out on every
+      tick of a fixed clock started at the headers and nowhere else: what came
+      since the last tick, coalesced, or one heartbeat (padded: the size of a
+      one-token event) when nothing did. The first token waits at most one tick.
+      Padded on a clock, the ladder's first step is ``CADENCE_STEP_BYTES``.
 
 Spec: docs/DESIGN.md, "The wire", "Slow consumers" and "End states";
 WHATWG HTML, "9.2 Server-sent events".
@@ -31,6 +39,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import secrets
 from typing import ClassVar
 
 from starlette.types import Receive, Scope, Send
@@ -40,6 +49,7 @@ from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.event_log import EventLog
 from sluicegate.core.events import Fail, Heartbeat, StreamEvent
+from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.stream import StreamMachine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.disconnect import CLIENT_GONE, DisconnectRace
@@ -81,6 +91,9 @@ Middleware added inside the app does not see stream bodies; wrap the app from
 outside instead."""
 
 _HEARTBEAT = Heartbeat()
+CADENCE_STEP_BYTES = 64
+"""The padding ladder's first step on a clock (bytes): a 50 ms tick of a CPU
+model (a few tokens of a few bytes) fits in it."""
 
 
 class EventStreamResponse:
@@ -94,6 +107,8 @@ class EventStreamResponse:
         on_end: told the end state (``StreamMachine.outcome``) and status 200.
         live: where the stream's buffer is registered while it runs (the
             graceful drain puts its shutdown ``Fail`` there).
+        padded: pad every frame (``core/padding.py``, the ``obfuscation``
+            field); the server's default is on (``ServerConfig.obfuscation``).
 
     A timeout or a shutdown ends the stream with one in-band error event (codes
     ``first_token_timeout``, ``request_timeout``, ``server_shutdown``), state
@@ -116,9 +131,14 @@ class EventStreamResponse:
         limits: StreamLimits,
         on_end: OnEnd,
         live: LiveStreams | None = None,
+        *,
+        padded: bool = False,
     ) -> None:
         self._generation = generation
-        self._machine = StreamMachine(header)
+        filler = Filler(secrets.randbits(128)) if padded else None
+        # On a clock an event carries a tick's tokens: one step holds more.
+        step = CADENCE_STEP_BYTES if limits.cadence_s > 0 else MIN_STEP_BYTES
+        self._machine = StreamMachine(header, filler, step)
         self.log = EventLog(limits.retain_frames)
         """Every frame of the body, numbered, in the order written."""
         self._limits = limits
@@ -190,10 +210,14 @@ class EventStreamResponse:
             limits.heartbeat_interval_s, limits.stuck_timeout_s, buffer.poke, stuck
         )
         paced = limits.interval_s > 0
-        make_writer = TaskWriter if paced else type(self).writer
+        cadenced = limits.cadence_s > 0
+        make_writer = TaskWriter if paced or cadenced else type(self).writer
         log = self.log
         writer = make_writer(machine, send, watch, buffer, log)
         try:
+            if cadenced:
+                await self._write_on_clock(buffer, writer, limits.cadence_s)
+                return
             while machine.end_state is None:
                 await buffer.wait()
                 if not await writer.settle() or machine.end_state is not None:
@@ -215,6 +239,31 @@ class EventStreamResponse:
         finally:
             writer.close()
             watch.cancel()
+
+    async def _write_on_clock(
+        self, buffer: StreamBuffer, writer: TaskWriter, cadence_s: float
+    ) -> None:
+        """Write on every tick of a clock of period ``cadence_s`` (seconds) until
+        the machine ends: what the buffer holds (coalesced), else a heartbeat.
+
+        A tick missed (a slow write) starts the clock again from now, so ticks
+        never bunch up.
+        """
+        machine, log = self._machine, self.log
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while machine.end_state is None:
+            due += cadence_s
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                due -= delay
+            events = buffer.drain()
+            # Nothing ready, or only what sends nothing (an empty delta).
+            frames = self._frames(events) or machine.feed(_HEARTBEAT)
+            if not await writer.write(b"".join(log.through(frames))):
+                return
 
     def _frames(self, events: list[StreamEvent]) -> list[bytes]:
         machine = self._machine

@@ -37,6 +37,7 @@ from sluicegate.server.admission import (
     Unauthenticated,
     Unavailable,
 )
+from sluicegate.server.event_store import IdempotencyConflict
 from sluicegate.server.streaming import (
     FIRST_TOKEN_TIMEOUT,
     REQUEST_TIMEOUT,
@@ -52,6 +53,7 @@ convention; it never goes on the wire)."""
 STATUS_OF_CLASS: Mapping[type[object], int] = {
     RequestError: 400,
     ModelNotFound: 404,
+    IdempotencyConflict: 409,
     BodyTooLarge: 413,
     UnsupportedMediaType: 415,
     AdmissionError: 400,

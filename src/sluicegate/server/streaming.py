@@ -82,6 +82,10 @@ class StreamLimits:
             (0: write as soon as events come); what comes meanwhile is coalesced.
         retain_frames: frames of an event stream its ``EventLog`` keeps once
             written, for ``replay`` (frames; 0: none, the live path only).
+        cadence_s: write an event stream on a clock of this period (seconds;
+            0: off): each tick writes what came since the last, coalesced, or
+            one empty (padded) event when nothing did; ``interval_s`` is then
+            not used.
     """
 
     heartbeat_interval_s: float = 15.0
@@ -91,6 +95,7 @@ class StreamLimits:
     stuck_timeout_s: float = 30.0
     interval_s: float = 0.0
     retain_frames: int = 0
+    cadence_s: float = 0.0
 
 
 @contextlib.contextmanager

@@ -1,0 +1,78 @@
+"""Reading the PostgreSQL ledger: its ended rows and its totals per key.
+
+The twins of ``ledger.read_rows`` and ``ledger.usage_totals`` for a ledger URL:
+the same queries, rows and totals, so ``sluicegate usage`` prints the same
+table over a file or a database that hold the same rows. The schema is made
+first if missing (an empty ledger reads as empty, as a new SQLite file does).
+
+Spec: docs/DESIGN.md, "Metering"; libpq, "Connection URIs".
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+from sluicegate.core.endstate import EndState
+from sluicegate.server.ledger import _NAMES, OPEN, LedgerRow, UsageTotal, _row
+from sluicegate.server.ledger_pg_schema import ensure_schema
+
+__all__ = ["read_rows", "usage_totals"]
+
+_CONNECT_TIMEOUT_S = 10
+
+
+def _connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    db: psycopg.Connection[tuple[object, ...]] = psycopg.connect(
+        url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S
+    )
+    try:
+        ensure_schema(db)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def read_rows(url: str) -> list[LedgerRow]:
+    """Every ended row of the ledger at ``url``, in order of end.
+
+    Rows still ``open`` are left out; those of a server whose lease expired are
+    here once a live replica has marked them ``truncated``.
+
+    Raises:
+        psycopg.Error: the database cannot be reached or read.
+    """
+    with _connect(url) as db:
+        cursor = db.execute(
+            f"SELECT {', '.join(_NAMES)} FROM requests "
+            f"WHERE end_state != '{OPEN}' ORDER BY ended_at"
+        )
+        return [_row(values) for values in cursor]
+
+
+def usage_totals(url: str) -> list[UsageTotal]:
+    """Requests and tokens per (key id, end state), sorted by key then state.
+
+    Requests still running are counted under ``OPEN``.
+
+    Raises:
+        psycopg.Error: the database cannot be reached or read.
+    """
+    with _connect(url) as db:
+        cursor = db.execute(
+            # SUM of bigint is numeric in PostgreSQL: back to bigint. COLLATE "C"
+            # sorts by code point, as SQLite does.
+            "SELECT key_id, end_state, COUNT(*), SUM(prompt_tokens)::bigint, "
+            "SUM(completion_tokens)::bigint FROM requests GROUP BY key_id, end_state "
+            'ORDER BY key_id COLLATE "C", end_state COLLATE "C"'
+        )
+        return [
+            UsageTotal(
+                str(key),
+                OPEN if state == OPEN else EndState(str(state)),
+                int(str(n)),
+                int(str(p)),
+                int(str(c)),
+            )
+            for key, state, n, p, c in cursor
+        ]

@@ -1,0 +1,207 @@
+"""The ASGI app that streams a resumable response's log to one reader.
+
+``LogStreamResponse`` is what the first ``POST`` of a resumable stream answers
+with, and what each resume (``GET .../events``) answers with: the log's frames
+after a cursor, each with an ``id:`` line naming its cursor, then the live ones
+as the producer appends them, until the log's last frame. The producer
+(``resumable_producer.py``) writes into the store and never waits on a reader.
+
+Invariants:
+    - The checks (unknown id, another key's log, an evicted cursor) were made
+      before this app runs: its first batch is already read (the store yields it
+      at once), so the status is always 200.
+    - Each frame goes out as ``id: <response_id>.<seq>`` then the frame's own
+      bytes; ``: keep-alive`` comment lines (no ``id:``) go out after
+      ``heartbeat_interval_s`` of silence; writes never interleave.
+    - A reader that leaves, or whose write waits more than ``stuck_timeout_s``
+      (it cannot keep up), or that falls behind the log's bound
+      (``CursorEvicted`` mid-stream), is cut: the body ends without a terminator
+      and the client may resume from the last ``id:`` it saw.
+    - When the producer's replica dies (``ProducerLost``, a shared store only),
+      the reader writes one in-band error event (``producer_lost``), then ends.
+
+Deliberate divergence: a heartbeat is the line ``: keep-alive`` with no blank
+line after it (the live path sends a blank line too): the openai SDK, once it
+has seen an ``id``, dispatches an empty event at every blank line and fails on
+it; to WHATWG, and to ``core.sse``, a comment line is a comment line either way.
+
+Spec: WHATWG HTML, "9.2 Server-sent events" (``id`` field, ``Last-Event-ID``);
+docs/resumable-streams.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.types import Receive, Scope, Send
+
+from sluicegate.core.chunks import dumps, error_payload
+from sluicegate.core.sse import encode_comment
+from sluicegate.server.disconnect import DisconnectRace
+from sluicegate.server.event_store import CursorEvicted, Frames, ProducerLost
+from sluicegate.server.sse_response import BODY_SEND, SSE_HEADERS
+from sluicegate.server.streaming import StreamLimits
+from sluicegate.server.write_watch import WriteWatch
+
+__all__ = ["PRODUCER_LOST", "LogStreamResponse"]
+
+logger = logging.getLogger(__name__)
+
+PRODUCER_LOST = "producer_lost"
+"""Error code of the in-band error a reader writes when the producer died."""
+
+# A comment line without the blank line after it: an event stream with ids makes
+# the openai SDK dispatch an empty event at every blank line (it keeps the last
+# id), which it then fails to parse; WHATWG ignores a comment line either way.
+_KEEP_ALIVE = encode_comment("keep-alive").rstrip(b"\n") + b"\n"
+
+
+class LogStreamResponse:
+    """An ASGI app: a resumable response's log from a cursor, then its live tail.
+
+    Args:
+        response_id: the response whose log is read.
+        first: the first batch of ``batches``, already read (checks passed).
+        batches: the rest of the store's ``read``.
+        limits: ``heartbeat_interval_s`` and ``stuck_timeout_s`` are used.
+    """
+
+    def __init__(
+        self,
+        response_id: str,
+        first: Frames,
+        batches: AsyncIterator[Frames],
+        limits: StreamLimits,
+    ) -> None:
+        self._prefix = response_id.encode()
+        self._first = first
+        self._batches = batches
+        self._limits = limits
+        self._sending = False  # a write is in flight (the task's or a heartbeat's)
+        self._beat: asyncio.Task[None] | None = None  # a heartbeat's write
+        self.cut: str | None = None
+        """Why the reader was cut (``None``: it read to the end)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the status, then the frames, until the log ends or the reader is cut."""
+        start, send = send, scope.get(BODY_SEND, send)
+        try:
+            await start(
+                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
+            )
+            ended = await self._follow(receive, send)
+        except OSError:
+            ended = False  # the connection broke
+        finally:
+            await _close(self._batches)
+        if ended:
+            with contextlib.suppress(OSError):
+                await _body(send, b"", more_body=False)
+
+    async def _follow(self, receive: Receive, send: Send) -> bool:
+        """Write every batch; True when the log ended, False when cut."""
+        limits = self._limits
+        with DisconnectRace(receive) as race:
+            stuck = functools.partial(
+                race.stop, f"no byte accepted for {limits.stuck_timeout_s:g} s"
+            )
+
+            def beat() -> None:  # bound late: the watch is made just below
+                self._start_heartbeat(send, watch)
+
+            watch = WriteWatch(
+                limits.heartbeat_interval_s, limits.stuck_timeout_s, beat, stuck
+            )
+            try:
+                await self._write(self._first, send, watch)
+                async for batch in self._batches:  # once per token: kept flat
+                    if self._beat is not None:
+                        await self._beat
+                    prefix = self._prefix
+                    if len(batch) == 1:
+                        seq, frame = batch[0]
+                        body = b"id: %s.%d\n%s" % (prefix, seq, frame)
+                    else:
+                        body = b"".join(
+                            b"id: %s.%d\n%s" % (prefix, seq, f) for seq, f in batch
+                        )
+                    self._sending = True
+                    watch.writing()
+                    await send(
+                        {"type": "http.response.body", "body": body, "more_body": True}
+                    )
+                    watch.wrote()
+                    self._sending = False
+            except CursorEvicted:
+                self.cut = "fell behind the log's bound"
+                return False
+            except ProducerLost:
+                payload = error_payload(
+                    "The server producing this stream stopped",
+                    "server_error",
+                    None,
+                    PRODUCER_LOST,
+                )
+                await self._send(send, b"data: " + dumps(payload) + b"\n\n", watch)
+                return True
+            finally:
+                watch.cancel()
+                if self._beat is not None:
+                    self._beat.cancel()
+        if race.reason is not None:
+            self.cut = race.reason
+            return False
+        return True
+
+    async def _write(self, batch: Frames, send: Send, watch: WriteWatch) -> None:
+        if not batch:
+            return
+        prefix = self._prefix
+        body = b"".join(b"id: %s.%d\n%s" % (prefix, seq, f) for seq, f in batch)
+        await self._send(send, body, watch)
+
+    async def _send(self, send: Send, body: bytes, watch: WriteWatch) -> None:
+        if self._beat is not None:  # a heartbeat is in flight: after it
+            await self._beat
+        self._sending = True
+        watch.writing()
+        await _body(send, body)
+        watch.wrote()
+        self._sending = False
+
+    def _start_heartbeat(self, send: Send, watch: WriteWatch) -> None:
+        """``WriteWatch``'s poke on silence: one ``: keep-alive``, in a task of
+        its own (the reader's task waits on the store), unless a write is in
+        flight; the reader's next write waits for it."""
+        if self._sending or self._beat is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._beat = loop.create_task(self._heartbeat(send, watch))
+
+    async def _heartbeat(self, send: Send, watch: WriteWatch) -> None:
+        try:
+            with contextlib.suppress(OSError):  # the reader's own write sees it
+                await self._send_now(send, _KEEP_ALIVE, watch)
+        finally:
+            self._beat = None
+
+    async def _send_now(self, send: Send, body: bytes, watch: WriteWatch) -> None:
+        self._sending = True
+        watch.writing()
+        await _body(send, body)
+        watch.wrote()
+        self._sending = False
+
+
+async def _close(batches: AsyncIterator[Frames]) -> None:
+    aclose = getattr(batches, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def _body(send: Send, body: bytes, *, more_body: bool = True) -> None:
+    await send({"type": "http.response.body", "body": body, "more_body": more_body})

@@ -1,0 +1,371 @@
+"""Resumable streams: which streams are, their producers, and the resume endpoint.
+
+``ResumableStreams`` is the app's one registry of resumable streams over one
+``EventStore`` (``event_store.py``; ``MemoryEventStore`` by default):
+
+- ``wanted(plan)``: a stream is resumable when its request says so
+  (``stream_options.resumable``) or, when it does not say, when the server
+  default (``ServerConfig.resumable_streams``) does;
+- ``open``: before the engine is asked, the log is created in the store,
+  bound to the caller's key id (and to its ``Idempotency-Key``, with a hash of
+  the body): a retry with the same key and body attaches to the first log, one
+  with another body is refused (409), a full store refuses (503);
+- ``start``: the ``Producer`` task generates into the log; the first
+  connection is only the log's first reader (``LogStreamResponse``);
+- ``cancel``: ``POST .../{id}/cancel`` aborts a stream its client gave up on
+  on purpose (the client's ``close()``), without waiting for the grace period;
+- ``events``: ``GET /v1/chat/completions/{id}/events`` (and completions): the
+  log after the cursor in ``Last-Event-ID`` (or ``?after=``), then the live
+  tail. Unknown id, another key's log and an expired one answer the same 404;
+  an evicted cursor 410 (``cursor_evicted``); a malformed cursor 400.
+
+Cursors: ``<response_id>.<seq>``, ``seq`` the frame's number in the log (0
+first); a bare ``<seq>`` is accepted too. ``Last-Event-ID`` wins over
+``?after=`` (an ``EventSource`` reconnects to the same URL with the header).
+
+Spec: WHATWG HTML, "9.2 Server-sent events", "Last-Event-ID"; IETF draft
+"The Idempotency-Key HTTP Header Field"; docs/resumable-streams.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sluicegate.core.chunks import dumps, error_payload
+from sluicegate.core.endstate import EndState
+from sluicegate.core.errors import RequestError
+from sluicegate.server.access import API_KEY
+from sluicegate.server.admission import ANONYMOUS, Unavailable
+from sluicegate.server.answers import json_answer
+from sluicegate.server.buffer import LiveStreams
+from sluicegate.server.config import ServerConfig
+from sluicegate.server.event_store import (
+    CursorEvicted,
+    EventStore,
+    IdempotencyConflict,
+    LogNotFound,
+    StoreError,
+    StoreFull,
+)
+from sluicegate.server.event_store_memory import MemoryEventStore
+from sluicegate.server.generation import Generation
+from sluicegate.server.log_response import LogStreamResponse
+from sluicegate.server.meter import Meter
+from sluicegate.server.plan import Plan
+from sluicegate.server.resumable_producer import Producer
+from sluicegate.server.streaming import StreamLimits
+
+__all__ = [
+    "CURSOR_EVICTED",
+    "MAX_CURSOR_CHARS",
+    "MAX_IDEMPOTENCY_KEY_CHARS",
+    "AttachExisting",
+    "IdempotencyConflict",
+    "ResumableStreams",
+    "body_hash",
+    "open_store",
+    "parse_cursor",
+]
+
+logger = logging.getLogger(__name__)
+
+CURSOR_EVICTED = "cursor_evicted"
+"""Error code of the 410 for a cursor whose frames were dropped."""
+
+MAX_CURSOR_CHARS = 128
+"""Longest cursor accepted (``Last-Event-ID`` or ``?after=``), in characters."""
+
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+"""Longest ``Idempotency-Key`` accepted, in characters."""
+
+_SEQ = re.compile(r"[0-9]{1,12}", re.ASCII)
+_KEY = re.compile(r"[\x21-\x7e]+", re.ASCII)
+_NOT_FOUND = error_payload(
+    "No resumable stream with that id", "invalid_request_error", None, "not_found"
+)
+
+
+def open_store(config: ServerConfig) -> EventStore:
+    """The store of ``config``'s resumable streams: in this process's memory,
+    bounded by ``max_log_bytes``, ``max_store_bytes`` and ``resume_ttl_s``."""
+    return MemoryEventStore(
+        config.max_log_bytes, config.max_store_bytes, config.resume_ttl_s
+    )
+
+
+class AttachExisting(Exception):
+    """The ``Idempotency-Key`` names a kept log: answer with it, generate nothing.
+
+    Attributes:
+        response: the reader of that log, from its first frame.
+    """
+
+    def __init__(self, response: LogStreamResponse) -> None:
+        super().__init__("attach to the kept log")
+        self.response = response
+
+
+def parse_cursor(text: str, response_id: str) -> int:
+    """The ``after`` sequence number a cursor names (``-1``: from the start).
+
+    Args:
+        text: ``<response_id>.<seq>``, ``<seq>``, or ``""`` (no cursor).
+        response_id: the response the path names; a cursor must name it too.
+
+    Raises:
+        RequestError: longer than ``MAX_CURSOR_CHARS``, not of that shape, or
+            naming another response (400, ``param="Last-Event-ID"``).
+    """
+    if not text:
+        return -1
+    prefix, dot, seq = text.rpartition(".")
+    if (
+        len(text) > MAX_CURSOR_CHARS
+        or (dot and prefix != response_id)
+        or _SEQ.fullmatch(seq) is None
+    ):
+        raise RequestError(
+            "expected a cursor '<response id>.<seq>' of this response, or '<seq>'",
+            param="Last-Event-ID",
+            code="invalid_cursor",
+        )
+    return int(seq)
+
+
+def body_hash(body: dict[str, Any]) -> str:
+    """A hash of a request body, the same for the same JSON object (keys sorted)."""
+    return hashlib.sha256(dumps(_sorted(body))).hexdigest()
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
+
+
+class ResumableStreams:
+    """The app's resumable streams over one store (see the module doc).
+
+    Args:
+        store: where the logs are kept.
+        config: the server default, the grace period, ``retry_after_s``.
+        limits: each producer's and reader's limits.
+        live: where producers' buffers are registered (graceful drain).
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        config: ServerConfig,
+        limits: StreamLimits,
+        live: LiveStreams,
+    ) -> None:
+        self.store = store
+        self._config = config
+        self._limits = limits
+        self._live = live
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._producers: dict[str, tuple[str, Producer]] = {}  # id -> owner, it
+        self.check_interval_s = min(1.0, max(config.resume_grace_s / 4, 0.05))
+        """Seconds between a producer's checks of its readers."""
+
+    def wanted(self, plan: Plan) -> bool:
+        """Whether ``plan``'s response is resumable (a stream that asked, or the
+        server default when it did not say)."""
+        if not plan.stream:
+            return False
+        asked = plan.resumable
+        return self._config.resumable_streams if asked is None else asked
+
+    async def open(
+        self, plan: Plan, owner: str, idempotency_key: str | None, body: dict[str, Any]
+    ) -> None:
+        """Create ``plan``'s log, readable by ``owner`` only, before any generation.
+
+        Raises:
+            AttachExisting: ``owner``'s ``idempotency_key`` names a kept log made
+                by the same body: answer with it.
+            IdempotencyConflict: it names one made by another body (409).
+            RequestError: the key is empty, too long or not visible ASCII (400).
+            Unavailable: the store is full of live logs, or cannot be reached
+                (503).
+        """
+        claim = None
+        if idempotency_key is not None:
+            if (
+                len(idempotency_key) > MAX_IDEMPOTENCY_KEY_CHARS
+                or _KEY.fullmatch(idempotency_key) is None
+            ):
+                raise RequestError(
+                    f"expected an Idempotency-Key of 1 to {MAX_IDEMPOTENCY_KEY_CHARS}"
+                    " visible ASCII characters",
+                    param="Idempotency-Key",
+                )
+            claim = (idempotency_key, body_hash(body))
+        response_id = plan.header.id
+        try:
+            bound = await self.store.create(response_id, owner, claim)
+        except StoreFull as exc:
+            raise Unavailable(
+                str(exc), "resume_store_full", self._config.retry_after_s
+            ) from exc
+        except StoreError as exc:  # the shared store cannot be reached
+            raise Unavailable(
+                str(exc), "resume_store_unavailable", self._config.retry_after_s
+            ) from exc
+        if bound is None:
+            return
+        assert claim is not None, "only a claim finds a bound log"
+        if bound[1] != claim[1]:
+            raise IdempotencyConflict(
+                "This Idempotency-Key was used with another request body",
+                param="Idempotency-Key",
+                code="idempotency_key_reused",
+            )
+        reader = await self._reader(bound[0], owner, -1)
+        if reader is None:  # forgotten between the two calls
+            raise RequestError(
+                "The stream this Idempotency-Key named is gone; use another key",
+                param="Idempotency-Key",
+            )
+        raise AttachExisting(reader)
+
+    async def close_unstarted(self, plan: Plan) -> None:
+        """``open`` succeeded but the request went no further (the engine refused
+        it, the client left): end the log with one error event, so that a retry
+        its ``Idempotency-Key`` attaches sees why, never an empty stream (the key
+        stays bound for the log's TTL: a retry after a refusal takes a new key).
+        """
+        payload = error_payload(
+            "This request was not started (see the status of its first answer)",
+            "server_error",
+            None,
+            "not_started",
+        )
+        response_id = plan.header.id
+        await self.store.append(response_id, [b"data: " + dumps(payload) + b"\n\n"])
+        await self.store.finish(response_id)
+
+    async def start(
+        self, generation: Generation, plan: Plan, meter: Meter
+    ) -> LogStreamResponse:
+        """Run the producer in a task; returns the first reader's response."""
+
+        async def on_end(state: EndState) -> None:
+            meter.resumed = await self.store.resumed(plan.header.id)
+            meter.record(state, 200)
+
+        padded = plan.obfuscation  # the request's, else the server's default
+        producer = Producer(
+            self.store,
+            generation,
+            plan.header,
+            self._limits,
+            self._live,
+            self._config.resume_grace_s,
+            on_end,
+            self.check_interval_s,
+            padded=self._config.obfuscation if padded is None else padded,
+        )
+        response_id = plan.header.id
+        reader = await self._reader(response_id, meter.key_id, -1)
+        task = asyncio.get_running_loop().create_task(producer.run())
+        self._tasks.add(task)
+        self._producers[response_id] = (meter.key_id, producer)
+
+        def ended(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            self._producers.pop(response_id, None)
+
+        task.add_done_callback(ended)
+        assert reader is not None, "open() created the log"
+        return reader
+
+    async def events(self, request: Request) -> Response | LogStreamResponse:
+        """``GET /v1/{chat/completions,completions}/{id}/events``: resume.
+
+        Returns:
+            The log after the cursor, then its live tail (200, event stream);
+            404 (the same body for an unknown id, another key's, an expired
+            one, a stream that was not resumable); 410 ``cursor_evicted``;
+            400 for a malformed cursor.
+        """
+        response_id = request.path_params["response_id"]
+        prefix = "cmpl-" if request.scope["path"].startswith("/v1/completions") else ""
+        key = request.scope.get(API_KEY)
+        owner = key.key_id if key is not None else ANONYMOUS
+        cursor = request.headers.get("last-event-id")
+        if cursor is None:
+            cursor = request.query_params.get("after", "")
+        if not response_id.startswith(prefix or "chatcmpl-"):
+            return json_answer(_NOT_FOUND, 404)
+        try:
+            after = parse_cursor(cursor, response_id)
+            reader = await self._reader(response_id, owner, after)
+        except RequestError as exc:
+            payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
+            return json_answer(payload, 400)
+        except CursorEvicted as exc:
+            payload = error_payload(
+                str(exc), "invalid_request_error", "Last-Event-ID", CURSOR_EVICTED
+            )
+            return json_answer(payload, 410)
+        except StoreError as exc:  # the shared store cannot be reached
+            payload = error_payload(
+                str(exc), "server_error", None, "resume_store_unavailable"
+            )
+            retry = {"Retry-After": str(self._config.retry_after_s)}
+            return json_answer(payload, 503, retry)
+        if reader is None:
+            return json_answer(_NOT_FOUND, 404)
+        return reader
+
+    async def cancel(self, request: Request) -> Response:
+        """``POST /v1/{chat/completions,completions}/{id}/cancel``: stop a stream.
+
+        Returns:
+            200 ``{"id": ..., "cancelled": true}`` when this server produces
+            that stream for this key (it is aborted now, as if its grace ran
+            out); the resume endpoint's 404 otherwise (unknown, another key's,
+            ended, or produced by another replica).
+        """
+        response_id = request.path_params["response_id"]
+        key = request.scope.get(API_KEY)
+        owner = key.key_id if key is not None else ANONYMOUS
+        producing = self._producers.get(response_id)
+        if producing is None or producing[0] != owner:
+            return json_answer(_NOT_FOUND, 404)
+        producing[1].cancel()
+        return json_answer({"id": response_id, "cancelled": True})
+
+    async def _reader(
+        self, response_id: str, owner: str, after: int
+    ) -> LogStreamResponse | None:
+        """A reader of the log after ``after``; ``None`` when there is none to
+        read (``LogNotFound``). Raises ``CursorEvicted``."""
+        batches = self.store.read(response_id, owner, after)
+        try:
+            first = await anext(batches)
+        except LogNotFound:
+            return None
+        except StopAsyncIteration:
+            first = []
+        return LogStreamResponse(response_id, first, batches, self._limits)
+
+    async def aclose(self) -> None:
+        """Cancel every producer (each finishes its log and records its row),
+        then close the store."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.store.aclose()

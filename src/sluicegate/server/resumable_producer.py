@@ -1,0 +1,238 @@
+"""The producer of one resumable stream: its generation, written into its log.
+
+A resumable stream is not written to a connection: its ``Producer`` runs in a
+task of its own, feeds the generation's events to a ``StreamMachine`` and
+appends the frames to the store, whoever reads them (``log_response.py``). It
+never waits on a reader. While no reader is attached for ``grace_s`` seconds,
+it puts a ``Fail`` (``resume_grace_expired``) into its buffer: the machine
+writes that error event into the log (a late resume sees why the stream
+ended), the engine request is aborted and its KV cells freed.
+
+A store that can append without awaiting (``SyncAppend``: the memory store) is
+fed from the engine's callback while the producer's task waits with nothing
+queued (the buffer's ``direct``, as ``writers.EagerWriter`` does for a
+connection): no task wake-up per token. Any other store is fed by the task;
+both write the same frames (``tests/server/test_resumable_streams.py``).
+
+Invariants:
+    - The end state is the producer's, not a connection's: ``finished`` or
+      ``errored`` from the machine's outcome, ``aborted`` when the grace ran out
+      the buffer overflowed, or
+      the client cancelled it (``cancel``).
+    - The log is finished whatever ends the producer (the end, an error, a
+      cancel at shutdown), then ``on_end`` is called once.
+    - Readers are checked (and the producer's lease refreshed) every
+      ``check_interval_s``: the grace runs out within one interval of its end.
+
+Spec: docs/resumable-streams.md, "Disconnect policy".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from sluicegate.core.chunks import ResponseHeader
+from sluicegate.core.endstate import EndState
+from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.events import Fail, StreamEvent
+from sluicegate.core.padding import MIN_STEP_BYTES, Filler
+from sluicegate.core.stream import StreamMachine
+from sluicegate.server.buffer import LiveStreams, StreamBuffer
+from sluicegate.server.event_store import EventStore
+from sluicegate.server.generation import INTERNAL_ERROR_MESSAGE, Generation
+from sluicegate.server.streaming import StreamLimits, attached
+
+__all__ = ["BUFFER_FULL", "CANCELLED", "GRACE_EXPIRED", "Producer", "SyncAppend"]
+
+logger = logging.getLogger(__name__)
+
+GRACE_EXPIRED = "resume_grace_expired"
+"""Error code of the event that ends a stream nobody resumed in time."""
+
+CANCELLED = "cancelled"
+"""Error code of the event that ends a stream its client cancelled."""
+
+BUFFER_FULL = "stream_buffer_full"
+"""Error code of the event that ends a stream whose store fell behind the engine."""
+
+
+class SyncAppend(Protocol):
+    """A store that appends at once, without a coroutine (the memory store)."""
+
+    def append_nowait(self, response_id: str, frames: Sequence[bytes]) -> None:
+        """``EventStore.append``, done before it returns."""
+        ...
+
+
+class Producer:
+    """Generates one resumable response into its log, whoever reads it.
+
+    Args:
+        store: where the log is (``create``-d already).
+        generation: already ``start()``-ed.
+        header: what every chunk shares.
+        limits: the stream's deadlines and buffer bound (heartbeats are the
+            readers').
+        live: where the producer's buffer is registered (the graceful drain
+            puts its shutdown ``Fail`` there).
+        grace_s: seconds without a reader before the engine request is aborted.
+        on_end: awaited once with the end state when the producer ends.
+        check_interval_s: seconds between checks of the readers (and leases).
+        padded: pad every frame (``core/padding.py``, the ``obfuscation`` field),
+            as a live stream would be. A resumable stream has no cadence.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        generation: Generation,
+        header: ResponseHeader,
+        limits: StreamLimits,
+        live: LiveStreams,
+        grace_s: float,
+        on_end: Callable[[EndState], Awaitable[None]],
+        check_interval_s: float = 1.0,
+        *,
+        padded: bool = False,
+    ) -> None:
+        self._store = store
+        self._generation = generation
+        # Padded as a live stream is (core/padding.py): the log keeps the padded
+        # frames, so a resume replays the same sizes.
+        filler = Filler(secrets.randbits(128)) if padded else None
+        self._machine = StreamMachine(header, filler, MIN_STEP_BYTES)
+        self._id = header.id
+        self._limits = limits
+        self._live = live
+        self._grace_s = grace_s
+        self._on_end = on_end
+        self._check_s = check_interval_s
+        self._failure: Exception | None = None  # met in the engine's callback
+        self._buffer: StreamBuffer | None = None
+        self.abandoned: str | None = None
+        """Why the producer gave up (grace ran out, buffer full), or ``None``."""
+
+    async def run(self) -> None:
+        """Produce until the machine ends; finish the log; report the end state."""
+        machine, store = self._machine, self._store
+        try:
+            await store.append(self._id, machine.start())
+            machine.wrote()
+            await self._produce()
+        except asyncio.CancelledError:
+            machine.write_failed()  # the server stops: nothing more goes out
+            raise
+        except Exception:  # the producer task's outermost frame: log, one error
+            logger.exception("resumable stream %s failed", self._id)
+            await self._fail_internal()
+        finally:
+            self._generation.abort_unfinished()
+            await store.finish(self._id)
+            state = EndState.ABORTED if self.abandoned else machine.outcome
+            await self._on_end(state)
+
+    async def _produce(self) -> None:
+        limit = self._limits.max_buffer_bytes
+        buffer = StreamBuffer(
+            limit, lambda: self._give_up(buffer, "buffer full", BUFFER_FULL)
+        )
+        self._buffer = buffer
+        append_nowait = getattr(self._store, "append_nowait", None)
+        if append_nowait is not None:
+            buffer.direct = functools.partial(self._direct, buffer, append_nowait)
+        with attached(self._generation, buffer, self._live, self._limits):
+            watcher = asyncio.get_running_loop().create_task(self._watch(buffer))
+            try:
+                await self._write(buffer)
+            finally:
+                buffer.direct = None
+                watcher.cancel()
+
+    async def _write(self, buffer: StreamBuffer) -> None:
+        machine, store, response_id = self._machine, self._store, self._id
+        while machine.end_state is None:
+            await buffer.wait()
+            failure, self._failure = self._failure, None
+            if failure is not None:
+                raise failure
+            frames = self._frames(buffer.drain())
+            if frames:
+                await store.append(response_id, frames)
+                machine.wrote()
+
+    def _direct(
+        self,
+        buffer: StreamBuffer,
+        append_nowait: Callable[[str, Sequence[bytes]], None],
+        event: StreamEvent,
+    ) -> None:
+        """The buffer's ``direct``: one event, from the engine's callback, into
+        the log; the task is poked once the machine ended, or on a failure."""
+        machine = self._machine
+        try:
+            frames = machine.feed(event)
+            if frames:
+                append_nowait(self._id, frames)
+                machine.wrote()
+        except Exception as exc:  # the task raises it: nothing reaches the engine
+            self._failure = exc
+            buffer.poke()
+            return
+        if machine.end_state is not None:
+            buffer.poke()
+
+    def _frames(self, events: list[StreamEvent]) -> list[bytes]:
+        machine = self._machine
+        frames: list[bytes] = []
+        for event in events:
+            # The machine may have ended in the engine's callback (a give up
+            # there) while tokens already on their way were queued: dropped.
+            if machine.end_state is not None:
+                break
+            frames += machine.feed(event)
+        return frames
+
+    async def _watch(self, buffer: StreamBuffer) -> None:
+        """Every ``check_interval_s``: lease; count the time without a reader."""
+        store, response_id, loop = self._store, self._id, asyncio.get_running_loop()
+        alone_since: float | None = None
+        while True:
+            await asyncio.sleep(self._check_s)
+            await store.lease(response_id)
+            if await store.attached(response_id):
+                alone_since = None
+                continue
+            now = loop.time()
+            alone_since = now if alone_since is None else alone_since
+            if now - alone_since >= self._grace_s:
+                message = f"No reader resumed this stream within {self._grace_s:g} s"
+                self._give_up(buffer, message, GRACE_EXPIRED)
+                return
+
+    def cancel(self) -> None:
+        """Its client gave the stream up on purpose: abort it now (``cancelled``
+        error event, end state ``aborted``); nothing happens once it ended."""
+        if self._buffer is not None:
+            self._give_up(self._buffer, "The client cancelled this stream", CANCELLED)
+
+    def _give_up(self, buffer: StreamBuffer, reason: str, code: str) -> None:
+        # Once the machine ended (its end written from the engine's callback,
+        # the task not yet run), the stream ended as written: nothing to give up.
+        if self.abandoned is None and self._machine.end_state is None:
+            self.abandoned = reason
+            logger.info("resumable stream %s aborted: %s", self._id, reason)
+            buffer.put(Fail(reason, code=code))
+
+    async def _fail_internal(self) -> None:
+        try:
+            fail = Fail(INTERNAL_ERROR_MESSAGE, code="internal_error")
+            frames = self._machine.feed(fail)
+        except LocalProtocolError:
+            return  # the machine had ended: its outcome is what was written
+        await self._store.append(self._id, frames)
+        self._machine.wrote()

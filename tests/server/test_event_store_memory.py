@@ -1,0 +1,213 @@
+"""MemoryEventStore: replay then live, bounds, TTL, owners, idempotency keys."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sluicegate.server.event_store import (
+    CursorEvicted,
+    EventStore,
+    Frames,
+    LogNotFound,
+    StoreFull,
+)
+from sluicegate.server.event_store_memory import MemoryEventStore
+
+pytestmark = pytest.mark.anyio
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def frame(i: int, size: int = 10) -> bytes:
+    return f"{i:0{size}d}".encode()
+
+
+async def take(batches: AsyncIterator[Frames]) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    async for batch in batches:
+        out += batch
+    return out
+
+
+def test_is_an_event_store() -> None:
+    store: EventStore = MemoryEventStore()  # mypy checks the protocol here
+    assert isinstance(store, MemoryEventStore)
+    assert len(store) == 0
+
+
+def test_bounds_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_log_bytes"):
+        MemoryEventStore(max_log_bytes=0)
+
+
+async def test_a_finished_log_replays_from_every_cursor() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    await store.append("r", [frame(0), frame(1)])
+    await store.append("r", [frame(2)])
+    await store.finish("r")
+    await store.finish("r")  # twice: nothing changes
+    for after in range(-1, 4):
+        got = await take(store.read("r", "k", after))
+        assert got == [(i, frame(i)) for i in range(after + 1, 3)]
+    assert await store.resumed("r") == 4
+    assert store.nbytes == 30
+
+
+async def test_a_reader_follows_the_live_tail_and_ends_with_the_log() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    await store.append("r", [frame(0)])
+    reader = store.read("r", "k", -1)
+    assert await anext(reader) == [(0, frame(0))]
+    assert await store.attached("r")
+    waiting = asyncio.ensure_future(anext(reader))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await store.append("r", [frame(1), frame(2)])
+    assert await waiting == [(1, frame(1)), (2, frame(2))]
+    await store.finish("r")
+    with pytest.raises(StopAsyncIteration):
+        await anext(reader)
+    assert not await store.attached("r")
+
+
+async def test_the_first_batch_comes_at_once_even_when_empty() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    reader = store.read("r", "k", -1)
+    assert await anext(reader) == []
+    await reader.aclose()  # type: ignore[attr-defined]  # an async generator
+    assert not await store.attached("r")
+
+
+async def test_a_cancelled_reader_leaves_the_other_readers_waiting() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    first, second = store.read("r", "k", -1), store.read("r", "k", -1)
+    assert await anext(first) == await anext(second) == []
+    one = asyncio.ensure_future(anext(first))
+    two = asyncio.ensure_future(anext(second))
+    await asyncio.sleep(0)
+    one.cancel()
+    await asyncio.sleep(0)
+    await store.append("r", [frame(0)])
+    assert await two == [(0, frame(0))]
+    assert one.cancelled()
+
+
+async def test_another_owner_and_an_unknown_id_are_not_found() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "alice")
+    for response_id, owner in (("r", "bob"), ("x", "alice")):
+        with pytest.raises(LogNotFound):
+            await anext(store.read(response_id, owner, -1))
+    assert not await store.attached("x")
+    assert await store.resumed("x") == 0
+
+
+async def test_a_log_over_its_bound_drops_its_oldest_frames() -> None:
+    store = MemoryEventStore(max_log_bytes=25)
+    await store.create("r", "k")
+    await store.append("r", [frame(i) for i in range(5)])
+    assert store.nbytes == 20  # frames 3 and 4 kept
+    with pytest.raises(CursorEvicted):
+        await anext(store.read("r", "k", 1))
+    await store.finish("r")
+    assert await take(store.read("r", "k", 2)) == [(3, frame(3)), (4, frame(4))]
+
+
+async def test_a_frame_larger_than_the_bound_is_kept_alone() -> None:
+    store = MemoryEventStore(max_log_bytes=5)
+    await store.create("r", "k")
+    await store.append("r", [frame(0), frame(1)])
+    await store.finish("r")
+    assert await take(store.read("r", "k", 0)) == [(1, frame(1))]
+
+
+async def test_a_reader_that_falls_behind_the_bound_is_told() -> None:
+    store = MemoryEventStore(max_log_bytes=25)
+    await store.create("r", "k")
+    await store.append("r", [frame(0)])
+    reader = store.read("r", "k", -1)
+    assert await anext(reader) == [(0, frame(0))]
+    await store.append("r", [frame(i) for i in range(1, 6)])
+    with pytest.raises(CursorEvicted):
+        await anext(reader)
+
+
+async def test_a_finished_log_expires_after_its_ttl() -> None:
+    clock = Clock()
+    store = MemoryEventStore(ttl_s=10, clock=clock)
+    await store.create("old", "k")
+    await store.finish("old")
+    clock.now += 5
+    await store.create("new", "k")
+    await store.finish("new")
+    clock.now += 6  # "old" is 11 s old, "new" 6 s
+    with pytest.raises(LogNotFound):
+        await anext(store.read("old", "k", -1))
+    assert await take(store.read("new", "k", -1)) == []
+    clock.now += 5
+    with pytest.raises(LogNotFound):
+        await anext(store.read("new", "k", -1))
+    assert len(store) == 0
+
+
+async def test_a_full_store_evicts_finished_logs_then_refuses() -> None:
+    store = MemoryEventStore(max_log_bytes=30, max_store_bytes=40)
+    await store.create("a", "k")
+    await store.append("a", [frame(0), frame(1)])
+    await store.finish("a")
+    await store.create("b", "k")
+    await store.append("b", [frame(0), frame(1), frame(2)])  # 50 bytes: a goes
+    with pytest.raises(LogNotFound):
+        await anext(store.read("a", "k", -1))
+    assert store.nbytes == 30
+    await store.append("b", [frame(3)])  # only live logs: b trims itself
+    assert store.nbytes == 30
+    await store.create("c", "k")
+    await store.append("c", [frame(0)])  # 40 bytes: full of live logs
+    with pytest.raises(StoreFull):
+        await store.create("d", "k")
+    await store.finish("c")
+    await store.create("d", "k")  # c is finished: it makes room
+    assert len(store) == 2
+
+
+async def test_an_idempotency_key_binds_its_owner_to_one_log() -> None:
+    store = MemoryEventStore()
+    assert await store.create("r1", "alice", ("key", "h1")) is None
+    assert await store.create("r2", "alice", ("key", "h2")) == ("r1", "h1")
+    assert await store.create("r3", "bob", ("key", "h3")) is None  # per owner
+    await store.finish("r1")
+    await store.aclose()
+    assert await store.create("r4", "alice", ("key", "h4")) is None
+
+
+async def test_appends_to_a_forgotten_log_are_dropped() -> None:
+    store = MemoryEventStore()
+    await store.append("gone", [frame(0)])
+    await store.finish("gone")
+    assert store.nbytes == 0
+
+
+async def test_aclose_ends_waiting_readers() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    reader = store.read("r", "k", -1)
+    assert await anext(reader) == []
+    waiting = asyncio.ensure_future(anext(reader))
+    await asyncio.sleep(0)
+    await store.aclose()
+    with pytest.raises(StopAsyncIteration):
+        await waiting

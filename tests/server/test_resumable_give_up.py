@@ -1,0 +1,121 @@
+"""A resumable stream given up on (cancel, grace) as its generation goes on or ends.
+
+The producer is fed from the engine's callback while its task waits; a cancel
+then ends the machine at once, and the tokens already on their way (the engine
+is aborted only when the task runs) come after it. They are dropped, and a give
+up that comes after the machine ended changes nothing: no internal error is
+logged, and a stream that ended is recorded as it ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import cast
+
+import pytest
+
+from sluicegate.core.chunks import Endpoint, ResponseHeader
+from sluicegate.core.endstate import EndState
+from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
+from sluicegate.server.buffer import LiveStreams, StreamBuffer
+from sluicegate.server.event_store_memory import MemoryEventStore
+from sluicegate.server.generation import Generation
+from sluicegate.server.resumable_producer import Producer
+from sluicegate.server.streaming import StreamLimits
+
+pytestmark = pytest.mark.anyio
+
+ID = "chatcmpl-" + "0" * 32
+
+
+class FakeGeneration:
+    """What a producer asks of its generation: a buffer to attach, an abort."""
+
+    def __init__(self) -> None:
+        self.buffer: StreamBuffer | None = None
+        self.aborted = False
+
+    def attach(self, buffer: StreamBuffer) -> None:
+        self.buffer = buffer
+
+    def detach(self) -> None:
+        self.buffer = None
+
+    def abort_unfinished(self) -> None:
+        self.aborted = True
+
+
+Started = tuple[Producer, FakeGeneration, "asyncio.Task[None]", list[EndState]]
+
+
+async def started(store: MemoryEventStore) -> Started:
+    """A producer whose task waits with nothing queued (fed directly now)."""
+    await store.create(ID, "k")
+    generation = FakeGeneration()
+    ended: list[EndState] = []
+
+    async def on_end(state: EndState) -> None:
+        ended.append(state)
+
+    header = ResponseHeader(ID, 0, "m", Endpoint.CHAT)
+    producer = Producer(
+        store,
+        cast(Generation, generation),
+        header,
+        StreamLimits(),
+        LiveStreams(),
+        30.0,
+        on_end,
+    )
+    task = asyncio.get_running_loop().create_task(producer.run())
+    await asyncio.sleep(0)  # the task runs up to its first buffer.wait()
+    assert generation.buffer is not None
+    assert generation.buffer.direct is not None
+    return producer, generation, task, ended
+
+
+async def frames_of(store: MemoryEventStore) -> bytes:
+    batches = [batch async for batch in store.read(ID, "k", -1)]
+    return b"".join(frame for batch in batches for _, frame in batch)
+
+
+async def test_tokens_after_a_cancel_are_dropped_without_an_internal_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryEventStore()
+    producer, generation, task, ended = await started(store)
+    buffer = generation.buffer
+    assert buffer is not None
+    buffer.put(Delta(0, "a"))  # written from the callback
+    producer.cancel()  # so is the error event: the machine ended
+    buffer.put(Delta(0, "b"))  # in flight before the engine is aborted
+    buffer.put(Delta(0, "c"))
+    await task
+    assert ended == [EndState.ABORTED]
+    assert generation.aborted
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    body = await frames_of(store)
+    assert b'"content":"a"' in body
+    assert body.count(b'"code":"cancelled"') == 1
+    assert b'"content":"b"' not in body
+
+
+async def test_a_cancel_after_the_stream_ended_changes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryEventStore()
+    producer, generation, task, ended = await started(store)
+    buffer = generation.buffer
+    assert buffer is not None
+    buffer.put(Delta(0, "a"))
+    buffer.put(Finish(0, FinishReason.STOP))
+    buffer.put(End(Usage(1, 1)))  # the machine ended; the task is not yet run
+    producer.cancel()
+    await task
+    assert ended == [EndState.FINISHED]
+    assert producer.abandoned is None
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    body = await frames_of(store)
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert b"cancelled" not in body
