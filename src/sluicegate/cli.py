@@ -139,12 +139,12 @@ def _serve(args: argparse.Namespace) -> int:
     # httpx logs every upstream request at INFO: one line per stream is noise.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     template = _chat_template(args.chat_template)
-    config = ServerConfig(
-        heartbeat_interval_s=args.heartbeat_s,
-        chat_template=template,
-        **config_fields(args),
-    )
     try:
+        config = ServerConfig(  # a setting out of range: one line, no traceback
+            heartbeat_interval_s=args.heartbeat_s,
+            chat_template=template,
+            **config_fields(args),
+        )
         app = create_app(engines, config)
     except ValueError as exc:  # e.g. two models with one id
         raise SystemExit(f"sluicegate: {exc}") from exc

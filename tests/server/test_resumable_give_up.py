@@ -88,7 +88,7 @@ async def test_tokens_after_a_cancel_are_dropped_without_an_internal_error(
     buffer = generation.buffer
     assert buffer is not None
     buffer.put(Delta(0, "a"))  # written from the callback
-    producer.cancel()  # so is the error event: the machine ended
+    assert producer.cancel()  # so is the error event: the machine ended
     buffer.put(Delta(0, "b"))  # in flight before the engine is aborted
     buffer.put(Delta(0, "c"))
     await task
@@ -111,7 +111,7 @@ async def test_a_cancel_after_the_stream_ended_changes_nothing(
     buffer.put(Delta(0, "a"))
     buffer.put(Finish(0, FinishReason.STOP))
     buffer.put(End(Usage(1, 1)))  # the machine ended; the task is not yet run
-    producer.cancel()
+    assert not producer.cancel()
     await task
     assert ended == [EndState.FINISHED]
     assert producer.abandoned is None

@@ -342,9 +342,8 @@ class ResumableStreams:
         key = request.scope.get(API_KEY)
         owner = key.key_id if key is not None else ANONYMOUS
         producing = self._producers.get(response_id)
-        if producing is None or producing[0] != owner:
-            return json_answer(_NOT_FOUND, 404)
-        producing[1].cancel()
+        if producing is None or producing[0] != owner or not producing[1].cancel():
+            return json_answer(_NOT_FOUND, 404)  # ended ones too, task or not
         return json_answer({"id": response_id, "cancelled": True})
 
     async def _reader(

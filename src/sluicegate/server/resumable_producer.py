@@ -138,9 +138,11 @@ class Producer:
 
     async def _produce(self) -> None:
         limit = self._limits.max_buffer_bytes
-        buffer = StreamBuffer(
-            limit, lambda: self._give_up(buffer, "buffer full", BUFFER_FULL)
-        )
+
+        def overflow() -> None:
+            self._give_up(buffer, "buffer full", BUFFER_FULL)
+
+        buffer = StreamBuffer(limit, overflow)
         self._buffer = buffer
         append_nowait = getattr(self._store, "append_nowait", None)
         if append_nowait is not None:
@@ -214,19 +216,28 @@ class Producer:
                 self._give_up(buffer, message, GRACE_EXPIRED)
                 return
 
-    def cancel(self) -> None:
+    def cancel(self) -> bool:
         """Its client gave the stream up on purpose: abort it now (``cancelled``
-        error event, end state ``aborted``); nothing happens once it ended."""
-        if self._buffer is not None:
-            self._give_up(self._buffer, "The client cancelled this stream", CANCELLED)
+        error event, end state ``aborted``); nothing happens once it ended.
 
-    def _give_up(self, buffer: StreamBuffer, reason: str, code: str) -> None:
+        Returns:
+            Whether this call aborted it (``False``: it had ended, or was being
+            given up already).
+        """
+        if self._buffer is None:
+            return False
+        reason = "The client cancelled this stream"
+        return self._give_up(self._buffer, reason, CANCELLED)
+
+    def _give_up(self, buffer: StreamBuffer, reason: str, code: str) -> bool:
         # Once the machine ended (its end written from the engine's callback,
         # the task not yet run), the stream ended as written: nothing to give up.
         if self.abandoned is None and self._machine.end_state is None:
             self.abandoned = reason
             logger.info("resumable stream %s aborted: %s", self._id, reason)
             buffer.put(Fail(reason, code=code))
+            return True
+        return False
 
     async def _fail_internal(self) -> None:
         try:
