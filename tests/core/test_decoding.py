@@ -107,7 +107,7 @@ def test_a_stop_string_names_the_sequence_to_abort_and_drops_what_follows() -> N
         Delta(0, "Caf"),
         Delta(0, "é"),
         Delta(0, " "),
-        Finish(0, STOP),
+        Finish(0, STOP, stop_sequence="costs"),
         End(Usage(3, 4)),
     ]
     assert decoder.aborts == [0]
@@ -236,7 +236,7 @@ def test_text_items_skip_token_work_and_count_as_the_engine_says() -> None:
     assert decoder.first_token_at == 42.0
     assert decoder.feed(0, TextOutput(" costs 5", None, 2)) == (Delta(0, " costs "),)
     assert decoder.feed(0, TextOutput("€ more", None, 2)) == [
-        Finish(0, STOP),
+        Finish(0, STOP, stop_sequence="5€"),
         End(Usage(3, 7)),
     ]
     assert decoder.aborts == [0]
@@ -343,7 +343,11 @@ def test_with_logprobs_the_last_step_flushes_the_aligner(
     if stops:
         assert (text, tokens) == ("Caf costs ", ["Caf", " costs", " 5"])
         assert decoder.aborts == [0]
-        assert events[-2:] == [Finish(0, STOP), End(Usage(3, 3))]
+        assert events[-2:] == [
+            Finish(0, STOP, stop_sequence=stops[0]),
+            End(Usage(3, 3)),
+        ]
+        assert decoder.stop_sequences == (stops[0],)
     else:
         assert (text, tokens) == ("Caf costs 5.\n", ["Caf", " costs", " 5", ".\n"])
         assert events[-2:] == [Finish(0, LENGTH), End(Usage(3, 4))]

@@ -410,7 +410,9 @@ START = (ToolCallFragment(0, "call_a", "get_time"),)
 def test_calls_of_the_step_that_matched_a_stop_string_are_dropped() -> None:
     decoder = ResponseDecoder([ChoiceOptions()], None, prompt_tokens=0, stops=["!"])
     events = decoder.feed(0, TextOutput("hi!", None, 1, None, START))
-    assert events == [Delta(0, "hi"), Finish(0, FinishReason.STOP), End(Usage(0, 1))]
+    stopped = Finish(0, FinishReason.STOP, stop_sequence="!")
+    assert events == [Delta(0, "hi"), stopped, End(Usage(0, 1))]
+    assert decoder.stop_sequences == ("!",)
     assert decoder.feed(0, TextOutput("", None, 1, None, START)) == ()
 
 

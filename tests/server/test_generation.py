@@ -104,7 +104,7 @@ async def test_listened_and_iterated_outputs_give_the_same_events(
 async def test_a_stop_string_aborts_its_engine_sequence() -> None:
     engine = ScriptedEngine(never_finishes=True, tokens_per_s=10_000)
     events = await _run(engine, _plan(stops=("quick",)))
-    assert events[-2:-1] == [Finish(0, FinishReason.STOP)]
+    assert events[-2:-1] == [Finish(0, FinishReason.STOP, stop_sequence="quick")]
     assert isinstance(events[-1], End)
     assert _texts(events) == DEFAULT_TEXT.split("quick")[0]
     assert engine.stats().aborted_ids == ("cmpl-t-0",)

@@ -2,9 +2,9 @@
 
 Each case runs once with ``EagerWriter`` and once with ``TaskWriter`` on a fresh
 app. Bytes are compared frame by frame with the per-response ``id`` and
-``created`` masked, and each run of content chunks of one choice joined (how
-many tokens one write carries depends on how late the loop wakes the writer;
-the frames' bytes otherwise do not).
+``created`` masked, and each choice's content chunks joined (how many tokens
+one write carries, and how choices interleave, depends on how late the loop
+wakes the writer; the frames' bytes otherwise do not).
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ _STABLE_METRICS = re.compile(
 
 def _frames(body: bytes) -> list[Any]:
     """The body's frames, ``id``/``created`` masked, content runs joined, the
-    random pad (``obfuscation``, a comment's) dropped."""
+    random pad (``obfuscation``, a comment's) dropped. How several choices'
+    content chunks interleave depends on timing too, so each choice's content is
+    joined whole, and the joined texts come last."""
     shape: list[Any] = []
+    texts: dict[int, str] = {}
     for frame in body.split(b"\n\n"):
         if frame.startswith(b": keep-alive"):
             shape.append(b": keep-alive")
@@ -77,14 +80,11 @@ def _frames(body: bytes) -> list[Any]:
         text = choices[0].get("delta", {}).get("content", choices[0].get("text"))
         plain = len(choices) == 1 and choices[0].get("finish_reason") is None
         if text and plain and payload.get("usage") is None:
-            key = ("content", choices[0]["index"])
-            if shape and isinstance(shape[-1], list) and shape[-1][0] == key:
-                shape[-1][1] += text
-                continue
-            shape.append([key, text])
+            index = choices[0]["index"]
+            texts[index] = texts.get(index, "") + text
             continue
         shape.append(payload)
-    return shape
+    return [*shape, texts]
 
 
 def _row(ledger: Ledger) -> tuple[Any, ...]:

@@ -83,6 +83,11 @@ class TextChoiceDecoder:
         self._stops = stops
         self.completion_tokens = 0
 
+    @property
+    def stop(self) -> str | None:
+        """The stop string that matched, or ``None``."""
+        return self._stops.stop
+
     def feed(self, text: str, tokens: int) -> ChoiceStep:
         """Take one step's ``text`` (standing for ``tokens`` tokens).
 
@@ -143,6 +148,11 @@ class ChoiceDecoding(Protocol):
 
     def flush(self) -> ChoiceStep:
         """End of the choice: the text held back."""
+        ...
+
+    @property
+    def stop(self) -> str | None:
+        """The stop string that matched, or ``None``."""
         ...
 
 

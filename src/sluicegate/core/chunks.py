@@ -53,10 +53,15 @@ __all__ = [
 
 
 class Endpoint(StrEnum):
-    """Which OpenAI object the chunks are (the value is the chunks' ``object``)."""
+    """Which API a response answers (the value is its chunks' or object's ``object``
+    or ``type``): chat and text completions, the Responses API, Anthropic's
+    Messages API. The last two are written by their own stream machines
+    (``core/wire.py``)."""
 
     CHAT = "chat.completion.chunk"
     COMPLETION = "text_completion"
+    RESPONSES = "response"
+    MESSAGES = "message"
 
 
 @dataclass(frozen=True, slots=True)

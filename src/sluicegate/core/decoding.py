@@ -192,6 +192,11 @@ class ResponseDecoder:
         """Each choice's finish reason, by index (``None`` while open)."""
         return tuple(c.finish_reason for c in self._choices)
 
+    @property
+    def stop_sequences(self) -> tuple[str | None, ...]:
+        """Each choice's matched stop string, by index (``None`` for none)."""
+        return tuple(c.decoder.stop for c in self._choices)
+
     def closed(self, index: int) -> bool:
         """Whether choice ``index`` takes nothing more (ended, or ``flush()``)."""
         return self._choices[index].read_done
@@ -347,7 +352,8 @@ class ResponseDecoder:
                 self._flush_aligner(choice, tail.text, events)
             reason = tail.finish_reason or engine_reason
         choice.finish_reason = reason
-        events.append(Finish(choice.index, reason, self._usage_so_far()))
+        usage = self._usage_so_far()
+        events.append(Finish(choice.index, reason, usage, choice.decoder.stop))
 
     def _feed_with_logprobs(
         self, choice: ChoiceState, output: EngineOutput, events: list[StreamEvent]

@@ -274,11 +274,14 @@ _set_parts = vars(Delta)["parts"].__set__
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """Choice ``index`` ended with ``finish_reason`` (``usage`` as on ``Delta``)."""
+    """Choice ``index`` ended with ``finish_reason`` (``usage`` as on ``Delta``);
+    ``stop_sequence`` is the stop string that ended it, when one did (Anthropic's
+    Messages API names it; the OpenAI chunks do not)."""
 
     index: int
     finish_reason: FinishReason
     usage: Usage | None = None
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,7 @@ from sluicegate.core.sse import DONE, encode_comment, encode_event
 
 __all__ = [
     "TRANSITIONS",
+    "Closing",
     "Endpoint",
     "ResponseHeader",
     "Start",
@@ -199,8 +200,8 @@ class StreamMachine:
             }
         # What the closing frames returned since the last ``wrote()`` say, and
         # what those written before say: the observations ``classify`` takes.
-        self._pending = _Closing()
-        self._written = _Closing()
+        self._pending = Closing()
+        self._written = Closing()
         self._gone = False
 
     @property
@@ -254,7 +255,7 @@ class StreamMachine:
         pending = self._pending
         if pending.finishes or pending.done or pending.error is not None:
             self._written = self._written.plus(pending)
-            self._pending = _Closing()
+            self._pending = Closing()
 
     def write_failed(self) -> None:
         """Report that writing stopped before the frames since the last ``wrote()``
@@ -262,7 +263,7 @@ class StreamMachine:
         it. Idempotent. ``feed()`` may still be called (its frames count for
         nothing); ``outcome`` is final from here on."""
         self._gone = True
-        self._pending = _Closing()
+        self._pending = Closing()
 
     @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
@@ -348,12 +349,12 @@ class StreamMachine:
             self._padded_frames.pop(event.index, None)
             if None not in self._finish_reasons:
                 next_state = StreamState.AWAITING_END
-            self._pending = self._pending.plus(_Closing(finishes=1))
+            self._pending = self._pending.plus(Closing(finishes=1))
         elif isinstance(event, End):
-            self._pending = self._pending.plus(_Closing(done=True))
+            self._pending = self._pending.plus(Closing(done=True))
         elif isinstance(event, Fail):
             payload = error_payload(event.message, event.type, None, event.code)
-            self._pending = self._pending.plus(_Closing(error=payload["error"]))
+            self._pending = self._pending.plus(Closing(error=payload["error"]))
         self._state = next_state
         return frames
 
@@ -424,15 +425,15 @@ class StreamMachine:
 
 
 @dataclass(frozen=True, slots=True)
-class _Closing:
+class Closing:
     """What some closing frames say: finish chunks, ``[DONE]``, the error event."""
 
     finishes: int = 0
     done: bool = False
     error: Mapping[str, Any] | None = None
 
-    def plus(self, later: _Closing) -> _Closing:
-        return _Closing(
+    def plus(self, later: Closing) -> Closing:
+        return Closing(
             self.finishes + later.finishes,
             self.done or later.done,
             self.error if self.error is not None else later.error,

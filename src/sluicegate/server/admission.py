@@ -149,7 +149,8 @@ def key_id_of(secret: str) -> str:
 def bearer_key(
     headers: Mapping[str, str], keys: Iterable[ApiKey], role: str = "API"
 ) -> ApiKey:
-    """The one of ``keys`` that the ``Authorization: Bearer`` header presents.
+    """The one of ``keys`` that the ``Authorization: Bearer`` header presents (or,
+    for API keys without that header, ``x-api-key`` as Anthropic's clients send).
 
     Args:
         headers: the request's headers (lower-case names).
@@ -162,7 +163,10 @@ def bearer_key(
             matches (``invalid_<role>_key``), 401.
     """
     code = role.lower()
-    scheme, _, presented = headers.get("authorization", "").partition(" ")
+    authorization = headers.get("authorization", "")
+    if not authorization and role == "API" and "x-api-key" in headers:
+        authorization = "Bearer " + headers["x-api-key"]
+    scheme, _, presented = authorization.partition(" ")
     if scheme.lower() != "bearer" or not presented.strip():
         raise Unauthenticated(
             f"Missing {role} key: send 'Authorization: Bearer <key>'",

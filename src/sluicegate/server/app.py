@@ -88,6 +88,8 @@ from sluicegate.server.generation import Generation
 from sluicegate.server.info_routes import InfoRoutes, shutting_down
 from sluicegate.server.json_response import CompletionResponse
 from sluicegate.server.ledger import Ledger
+from sluicegate.server.messages_api import anthropic_shape
+from sluicegate.server.messages_routes import MESSAGES_PATHS, MessagesRoutes
 from sluicegate.server.meter import Meter
 from sluicegate.server.metrics import Metrics
 from sluicegate.server.models import ServedModel, ServedModels
@@ -119,6 +121,8 @@ __all__ = ["create_app"]
 logger = logging.getLogger(__name__)
 
 _Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
+ErrorAnswer = Callable[[RequestError | EngineError | AdmissionError, int], Response]
+"""Answers a refusal before the first byte (the error, ``Retry-After`` seconds)."""
 
 # A request short only of tokens/minute quota whose body is at most this many
 # bytes is still planned, so that its 429 carries the wait for what it really
@@ -156,6 +160,7 @@ def create_app(
     """
     engines = [engine] if not isinstance(engine, Sequence) else list(engine)
     routes = _Routes(engines, config or ServerConfig())
+    messages = MessagesRoutes(routes)
     info = InfoRoutes(routes.models, routes.drain, routes.metrics_, routes.config)
     page = PlaygroundRoutes(routes.ledger, routes.config.retry_after_s)
 
@@ -181,6 +186,8 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/v1/messages", messages.create, methods=["POST"]),
+            Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
             Route(
                 "/v1/chat/completions/{response_id}/events",
                 routes.resumable.events,
@@ -319,7 +326,10 @@ class _Routes:
             scope[API_KEY] = self.access.check(scope)
         except AdmissionError as exc:
             self.metrics_.refuse(exc.code)
-            return error_response(exc, self.config.retry_after_s)
+            answer = error_response(exc, self.config.retry_after_s)
+            if scope["path"] in MESSAGES_PATHS:
+                return anthropic_shape(answer)
+            return answer
         return None
 
     async def chat_completions(self, request: Request) -> ASGIApp:
@@ -367,9 +377,16 @@ class _Routes:
         return served
 
     async def _generate(
-        self, request: Request, endpoint: Endpoint, planner: _Planner
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        planner: _Planner,
+        errors: ErrorAnswer = error_response,
     ) -> ASGIApp:
-        """Everything up to the first byte; then the streaming or JSON response."""
+        """Everything up to the first byte; then the streaming or JSON response.
+
+        ``errors`` answers a refusal before the first byte in the API's own
+        shape (OpenAI's by default)."""
         # scope["path"], not request.url.path: that builds a URL per request.
         meter = Meter(self.ledger, new_response_id(endpoint), request.scope["path"])
         meter.metrics = self.metrics_
@@ -382,7 +399,7 @@ class _Routes:
             meter.record(EndState.ABORTED, CLIENT_CLOSED)
             return nothing
         except (RequestError, EngineError, AdmissionError) as exc:
-            response = error_response(exc, self.config.retry_after_s)
+            response = errors(exc, self.config.retry_after_s)
             meter.record(EndState.REJECTED, response.status_code)
             return response
         finally:

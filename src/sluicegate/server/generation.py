@@ -98,6 +98,11 @@ class Generation:
         return self._decoder.usage_estimated
 
     @property
+    def stop_sequences(self) -> tuple[str | None, ...]:
+        """Each choice's matched stop string (``None`` for none)."""
+        return self._decoder.stop_sequences
+
+    @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
         """Each choice's finish reason, by index (``None`` while open)."""
         return self._decoder.finish_reasons

@@ -28,12 +28,12 @@ from sluicegate.core.chunks import (
     ResponseHeader,
     chat_completion,
     dumps,
-    error_payload,
     text_completion,
 )
 from sluicegate.core.endstate import EndState, classify_body
 from sluicegate.core.events import Delta, DeltaParts, End, Fail, join_parts
 from sluicegate.core.logprobs import LogprobToken
+from sluicegate.core.wire import Whole, error_body, whole_body
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.disconnect import DisconnectRace
 from sluicegate.server.generation import Generation
@@ -94,7 +94,14 @@ class CompletionResponse:
                 status, body = 200, self._payload(collected)
             else:
                 status = status_of(fail)
-                body = error_payload(fail.message, fail.type, None, fail.code)
+                body = error_body(
+                    self._header.endpoint,
+                    status,
+                    fail.message,
+                    fail.type,
+                    None,
+                    fail.code,
+                )
             try:
                 await _send_json(send, status, body)
                 written = True
@@ -131,10 +138,16 @@ class CompletionResponse:
             if self._generation.wants_logprobs
             else (None,) * self._header.n
         )
-        if self._header.endpoint is Endpoint.CHAT:
-            calls = [parts.tool_calls if parts else () for parts in collected.parts]
+        endpoint = self._header.endpoint
+        calls = [parts.tool_calls if parts else () for parts in collected.parts]
+        if endpoint is Endpoint.CHAT:
             return chat_completion(self._header, choices, usage, logprobs, calls)
-        return text_completion(self._header, choices, usage, logprobs)
+        if endpoint is Endpoint.COMPLETION:
+            return text_completion(self._header, choices, usage, logprobs)
+        ((text, reason),) = choices  # one output: Responses and Messages
+        stop = self._generation.stop_sequences[0]
+        whole = Whole(text, reason, usage, tuple(calls[0]), stop)
+        return whole_body(self._header, whole)
 
 
 class _Collected:

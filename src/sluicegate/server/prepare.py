@@ -64,10 +64,18 @@ __all__ = [
 
 
 def new_response_id(endpoint: Endpoint) -> str:
-    """A fresh response id: ``chatcmpl-<32 hex>`` or ``cmpl-<32 hex>``: 128 random
-    bits, so that an id (which names a resumable stream) cannot be guessed."""
-    prefix = "chatcmpl" if endpoint is Endpoint.CHAT else "cmpl"
-    return f"{prefix}-{secrets.token_hex(16)}"
+    """A fresh response id: ``chatcmpl-<32 hex>``, ``cmpl-<32 hex>``, ``resp_<32
+    hex>`` (Responses) or ``msg_<32 hex>`` (Messages): 128 random bits, so that an
+    id (which names a resumable stream) cannot be guessed."""
+    return _ID_PREFIXES[endpoint] + secrets.token_hex(16)
+
+
+_ID_PREFIXES = {
+    Endpoint.CHAT: "chatcmpl-",
+    Endpoint.COMPLETION: "cmpl-",
+    Endpoint.RESPONSES: "resp_",
+    Endpoint.MESSAGES: "msg_",
+}
 
 
 def resolve_model(requested: str | None, engine: Engine, config: ServerConfig) -> str:

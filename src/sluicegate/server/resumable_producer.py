@@ -41,7 +41,7 @@ from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import Fail, StreamEvent
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire import stream_machine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.event_store import EventStore
 from sluicegate.server.generation import INTERNAL_ERROR_MESSAGE, Generation
@@ -105,7 +105,7 @@ class Producer:
         # Padded as a live stream is (core/padding.py): the log keeps the padded
         # frames, so a resume replays the same sizes.
         filler = Filler(secrets.randbits(128)) if padded else None
-        self._machine = StreamMachine(header, filler, MIN_STEP_BYTES)
+        self._machine = stream_machine(header, filler, MIN_STEP_BYTES)
         self._id = header.id
         self._limits = limits
         self._live = live

@@ -50,7 +50,7 @@ from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.event_log import EventLog
 from sluicegate.core.events import Fail, Heartbeat, StreamEvent
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire import stream_machine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.disconnect import CLIENT_GONE, DisconnectRace
 from sluicegate.server.generation import Generation
@@ -138,7 +138,7 @@ class EventStreamResponse:
         filler = Filler(secrets.randbits(128)) if padded else None
         # On a clock an event carries a tick's tokens: one step holds more.
         step = CADENCE_STEP_BYTES if limits.cadence_s > 0 else MIN_STEP_BYTES
-        self._machine = StreamMachine(header, filler, step)
+        self._machine = stream_machine(header, filler, step)
         self.log = EventLog(limits.retain_frames)
         """Every frame of the body, numbered, in the order written."""
         self._limits = limits

@@ -32,7 +32,7 @@ from starlette.types import Send
 
 from sluicegate.core.event_log import EventLog
 from sluicegate.core.events import Delta, StreamEvent
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire import Wire
 from sluicegate.server.buffer import StreamBuffer
 from sluicegate.server.write_watch import WriteWatch
 
@@ -58,7 +58,7 @@ class TaskWriter:
 
     def __init__(
         self,
-        machine: StreamMachine,
+        machine: Wire,
         send: Send,
         watch: WriteWatch,
         buffer: StreamBuffer,
@@ -127,7 +127,7 @@ class EagerWriter(TaskWriter):
 
     def __init__(
         self,
-        machine: StreamMachine,
+        machine: Wire,
         send: Send,
         watch: WriteWatch,
         buffer: StreamBuffer,
@@ -277,7 +277,5 @@ class Resume:
             logger.debug("an abandoned write did not close", exc_info=True)
 
 
-WriterType = Callable[
-    [StreamMachine, Send, WriteWatch, StreamBuffer, EventLog], TaskWriter
-]
+WriterType = Callable[[Wire, Send, WriteWatch, StreamBuffer, EventLog], TaskWriter]
 """What builds a stream's writer: ``TaskWriter`` or ``EagerWriter``."""

@@ -1,0 +1,379 @@
+"""The Messages API's stream machine and bodies: Anthropic's events from the core's.
+
+``MessagesStream`` takes the same events as ``stream.StreamMachine`` (one choice)
+and writes Anthropic's streaming events, each ``event: <type>`` then one
+``data:`` line of compact JSON whose ``type`` repeats the event's name:
+
+::
+
+    start()          message_start (usage: input_tokens, output_tokens 0)
+    Delta text       content_block_start {type: text} when no text block is
+                     open (closing a tool_use block first), then
+                     content_block_delta {text_delta}
+    Delta tool call  content_block_stop of the open block, content_block_start
+                     {type: tool_use, id, name, input: {}} on the call's first
+                     fragment, content_block_delta {input_json_delta} per
+                     piece of its arguments
+    Finish           content_block_stop of the open block
+    End              message_delta {stop_reason, stop_sequence; usage},
+                     message_stop
+    Fail             one error event {type: error, error: {type, message}};
+                     nothing after it
+    Heartbeat        ping
+
+The states and their legal events are ``stream.TRANSITIONS``; ``outcome`` is
+``classify()`` of what was written, as for chat: finished once ``message_stop``
+was written, errored once the error event was, aborted when the writing failed
+before either. Frames are not padded (the Messages API has no padding field).
+
+Spec: Anthropic API reference, "Messages" and "Streaming messages"; "Errors".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from sluicegate.core.chunks import ResponseHeader, dumps
+from sluicegate.core.endstate import EndState, classify
+from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.events import (
+    Delta,
+    End,
+    Fail,
+    Finish,
+    FinishReason,
+    StreamEvent,
+    ToolCallFragment,
+    Usage,
+)
+from sluicegate.core.padding import MIN_STEP_BYTES, Filler
+from sluicegate.core.stream import TRANSITIONS, Closing, Start, StreamState
+
+__all__ = [
+    "ERROR_TYPES",
+    "MessagesStream",
+    "message_body",
+    "message_error_body",
+    "stop_reason",
+]
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+"""HTTP status -> Anthropic's error ``type``; any other status is ``api_error``
+(a 4xx not listed: ``invalid_request_error``)."""
+
+_STOP_REASONS = {
+    FinishReason.LENGTH: "max_tokens",
+    FinishReason.TOOL_CALLS: "tool_use",
+}
+_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def stop_reason(reason: FinishReason | None, stop_sequence: str | None) -> str | None:
+    """Anthropic's ``stop_reason`` for a finish: ``end_turn``, ``stop_sequence``
+    (a stop string matched), ``max_tokens`` or ``tool_use``; ``None`` for none."""
+    if reason is None:
+        return None
+    if reason is FinishReason.STOP:
+        return "end_turn" if stop_sequence is None else "stop_sequence"
+    return _STOP_REASONS[reason]
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
+
+
+class MessagesStream:
+    """feed(event) -> Anthropic SSE frames (bytes); see the module docstring.
+
+    Args:
+        header: the response's shared fields (``n`` must be 1;
+            ``prompt_tokens`` is the usage's ``input_tokens``).
+        filler: accepted for the ``Wire`` interface; frames are not padded.
+        pad_step_bytes: likewise unused.
+
+    Raises:
+        ValueError: ``header.n != 1``.
+    """
+
+    __slots__ = (
+        "_block",
+        "_gone",
+        "_header",
+        "_index",
+        "_pending",
+        "_reason",
+        "_state",
+        "_stop",
+        "_written",
+    )
+
+    def __init__(
+        self,
+        header: ResponseHeader,
+        filler: Filler | None = None,
+        pad_step_bytes: int = MIN_STEP_BYTES,
+    ) -> None:
+        del filler, pad_step_bytes
+        if header.n != 1:
+            raise ValueError(f"a message has one output, got n={header.n!r}")
+        self._header = header
+        self._state = StreamState.NEW
+        self._reason: FinishReason | None = None
+        self._stop: str | None = None
+        # The open content block: None, "text", or the tool call's index.
+        self._block: str | int | None = None
+        self._index = -1  # the open (or last) content block's index
+        self._pending = Closing()
+        self._written = Closing()
+        self._gone = False
+
+    @property
+    def header(self) -> ResponseHeader:
+        """The response's shared fields."""
+        return self._header
+
+    @property
+    def state(self) -> StreamState:
+        """The current state."""
+        return self._state
+
+    @property
+    def end_state(self) -> EndState | None:
+        """``FINISHED`` or ``ERRORED`` once terminal; ``None`` before."""
+        if self._state is StreamState.FINISHED:
+            return EndState.FINISHED
+        if self._state is StreamState.ERRORED:
+            return EndState.ERRORED
+        return None
+
+    @property
+    def outcome(self) -> EndState:
+        """The stream's end state from what was written (``classify``)."""
+        w = self._written
+        return classify(200, w.finishes, 1, w.done, w.error, client_gone=self._gone)
+
+    @property
+    def finish_reasons(self) -> tuple[FinishReason | None, ...]:
+        """The one output's finish reason (``None`` while it is open)."""
+        return (self._reason,)
+
+    def wrote(self) -> None:
+        """Report that every frame returned so far was written.
+
+        Raises:
+            LocalProtocolError: after ``write_failed()``.
+        """
+        if self._gone:
+            raise LocalProtocolError("wrote() after write_failed()")
+        self._written = self._written.plus(self._pending)
+        self._pending = Closing()
+
+    def write_failed(self) -> None:
+        """Report that writing stopped before the frames since ``wrote()``."""
+        self._gone = True
+        self._pending = Closing()
+
+    def start(self) -> list[bytes]:
+        """``[message_start]``.
+
+        Raises:
+            LocalProtocolError: not in state ``NEW``.
+        """
+        self._state = self._next(Start())
+        header = self._header
+        message: dict[str, Any] = {
+            "id": header.id,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": header.model,
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": header.prompt_tokens, "output_tokens": 0},
+        }
+        return [_event("message_start", {"type": "message_start", "message": message})]
+
+    def feed(self, event: StreamEvent) -> list[bytes]:
+        """Take one event; the frames to write now, in order (module docstring).
+
+        Raises:
+            LocalProtocolError: the event is not allowed in this state, or names
+                a choice other than 0; nothing changes.
+        """
+        next_state = self._next(event)
+        frames: list[bytes] = []
+        match event:
+            case Delta(text=text, parts=parts):
+                if text:
+                    self._text(text, frames)
+                if parts is not None:
+                    for fragment in parts.tool_calls:
+                        self._call(fragment, frames)
+            case Finish(finish_reason=reason, stop_sequence=stop):
+                self._close(frames)
+                self._reason = reason
+                self._stop = stop
+                next_state = StreamState.AWAITING_END
+                self._pending = self._pending.plus(Closing(finishes=1))
+            case End(usage=usage):
+                frames += self._end(usage)
+                self._pending = self._pending.plus(Closing(done=True))
+            case Fail(message=message):
+                body = message_error_body(_status_of(event), message)
+                frames.append(_event("error", body))
+                self._pending = self._pending.plus(Closing(error=body["error"]))
+            case _:
+                frames.append(_PING)
+        self._state = next_state
+        return frames
+
+    def _next(self, event: StreamEvent | Start) -> StreamState:
+        next_state = TRANSITIONS.get((self._state, type(event)))
+        if next_state is None:
+            raise LocalProtocolError(
+                f"{type(event).__name__} is not allowed in state {self._state.name}"
+            )
+        if isinstance(event, Delta | Finish) and event.index != 0:
+            raise LocalProtocolError(
+                f"{type(event).__name__} for choice {event.index!r}, but a message"
+                " has one output"
+            )
+        return next_state
+
+    def _open(
+        self, block: str | int, content: dict[str, Any], frames: list[bytes]
+    ) -> None:
+        self._close(frames)
+        self._index += 1
+        self._block = block
+        payload = {
+            "type": "content_block_start",
+            "index": self._index,
+            "content_block": content,
+        }
+        frames.append(_event("content_block_start", payload))
+
+    def _close(self, frames: list[bytes]) -> None:
+        if self._block is not None:
+            payload = {"type": "content_block_stop", "index": self._index}
+            frames.append(_event("content_block_stop", payload))
+            self._block = None
+
+    def _text(self, text: str, frames: list[bytes]) -> None:
+        if self._block != "text":
+            self._open("text", {"type": "text", "text": ""}, frames)
+        delta = {"type": "text_delta", "text": text}
+        payload = {"type": "content_block_delta", "index": self._index, "delta": delta}
+        frames.append(_event("content_block_delta", payload))
+
+    def _call(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
+        if fragment.name is not None or self._block != fragment.index:
+            block = {
+                "type": "tool_use",
+                "id": fragment.id or "",
+                "name": fragment.name or "",
+                "input": {},
+            }
+            self._open(fragment.index, block, frames)
+        if fragment.arguments:
+            delta = {"type": "input_json_delta", "partial_json": fragment.arguments}
+            payload = {
+                "type": "content_block_delta",
+                "index": self._index,
+                "delta": delta,
+            }
+            frames.append(_event("content_block_delta", payload))
+
+    def _end(self, usage: Usage) -> list[bytes]:
+        delta = {
+            "stop_reason": stop_reason(self._reason, self._stop),
+            "stop_sequence": self._stop,
+        }
+        counts = {
+            "input_tokens": usage.prompt_tokens,
+            "output_tokens": usage.completion_tokens,
+        }
+        payload = {"type": "message_delta", "delta": delta, "usage": counts}
+        return [
+            _event("message_delta", payload),
+            _event("message_stop", {"type": "message_stop"}),
+        ]
+
+
+def _status_of(fail: Fail) -> int:
+    """The status a ``Fail`` would have had before the stream: overloaded for an
+    engine that was unavailable or shutting down, else a server error."""
+    if fail.code in {"engine_unavailable", "server_shutdown", "overloaded"}:
+        return 529
+    return 500
+
+
+def message_body(header: ResponseHeader, whole: Any) -> dict[str, Any]:
+    """The non-streamed ``message`` object of a finished response.
+
+    Args:
+        header: id and model.
+        whole: a ``wire.Whole``: text, finish reason, usage, calls, stop string.
+
+    Returns:
+        ``{id, type: "message", role: "assistant", model, content: [text block
+        (when there is text), tool_use blocks with ``input`` the parsed
+        arguments], stop_reason, stop_sequence, usage: {input_tokens,
+        output_tokens}}``.
+
+    Spec: Anthropic API reference, "Messages", the response.
+    """
+    content: list[dict[str, Any]] = []
+    if whole.text:
+        content.append({"type": "text", "text": whole.text})
+    for call in whole.tool_calls:
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call.id or "",
+                "name": call.name or "",
+                "input": _input(call.arguments),
+            }
+        )
+    return {
+        "id": header.id,
+        "type": "message",
+        "role": "assistant",
+        "model": header.model,
+        "content": content,
+        "stop_reason": stop_reason(whole.finish_reason, whole.stop_sequence),
+        "stop_sequence": whole.stop_sequence,
+        "usage": {
+            "input_tokens": whole.usage.prompt_tokens,
+            "output_tokens": whole.usage.completion_tokens,
+        },
+    }
+
+
+def _input(arguments: str) -> Any:
+    """A call's arguments as the ``input`` object (``{}`` for none)."""
+    if not arguments:
+        return {}
+    try:
+        return orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return {}
+
+
+def message_error_body(status: int, message: str) -> dict[str, Any]:
+    """``{"type": "error", "error": {"type", "message"}}`` for HTTP ``status``
+    (``ERROR_TYPES``; ``api_error`` for a 5xx not listed)."""
+    default = "invalid_request_error" if 400 <= status < 500 else "api_error"
+    kind = ERROR_TYPES.get(status, default)
+    return {"type": "error", "error": {"type": kind, "message": message}}

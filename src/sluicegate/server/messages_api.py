@@ -1,0 +1,294 @@
+"""Anthropic's Messages API in front of the chat path: its body in, a chat request out.
+
+A ``POST /v1/messages`` body is validated by its own models (so a 400 names the
+Messages API's parameter), then translated into a chat-completions request that
+the chat planner checks and tokenizes as any other (same template, tools,
+grammar, stop matcher, limits and engines, upstream ones included):
+
+::
+
+    system (text or text blocks)         -> a system message
+    messages[].content text blocks       -> the message's text
+    assistant tool_use {id, name, input} -> tool_calls, arguments = JSON of input
+    user tool_result {tool_use_id, ...}  -> a tool message (tool_call_id)
+    max_tokens, stop_sequences           -> max_tokens, stop
+    tools[{name, description, input_schema}] -> function tools
+    tool_choice auto|any|tool|none       -> auto|required|named|none;
+        disable_parallel_tool_use        -> parallel_tool_calls false
+
+Image and document blocks are refused (400 naming them). The answer is written
+by ``core/messages_wire.py``; errors before the stream are in Anthropic's shape
+(``error_answer``).
+
+Spec: Anthropic API reference, "Messages", "Count message tokens", "Errors".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import Response
+
+from sluicegate.core.errors import EngineError, RequestError
+from sluicegate.core.messages_wire import message_error_body
+from sluicegate.server.admission import AdmissionError
+from sluicegate.server.answers import error_response, json_answer
+from sluicegate.server.param_errors import request_error
+from sluicegate.server.request_fields import MAX_STOP_STRINGS
+from sluicegate.server.schemas import ChatCompletionRequest, parse_chat_request
+
+__all__ = [
+    "MessagesRequest",
+    "anthropic_shape",
+    "error_answer",
+    "parse_messages_request",
+    "to_chat_request",
+]
+
+MAX_BLOCKS = 1024
+"""Most content blocks in one message (a bound on the work of one request)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class TextBlock(_Model):
+    """``{"type": "text", "text"}``."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Model):
+    """An assistant's call: ``{"type": "tool_use", "id", "name", "input"}``."""
+
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(_Model):
+    """A call's result: ``{"type": "tool_result", "tool_use_id", "content"}``."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")
+]
+
+
+class Message(_Model):
+    """One turn: ``role`` and a string or content blocks."""
+
+    role: Literal["user", "assistant"]
+    content: str | list[Block] = Field(max_length=MAX_BLOCKS)
+
+
+class Tool(_Model):
+    """``{"name", "description", "input_schema"}``."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolChoice(_Model):
+    """``{"type": "auto"|"any"|"tool"|"none", "name", "disable_parallel_tool_use"}``."""
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class MessagesRequest(_Model):
+    """A ``POST /v1/messages`` (or ``count_tokens``) body.
+
+    ``max_tokens`` is required to create a message, not to count its tokens.
+
+    Spec: Anthropic API reference, "Messages".
+    """
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: ToolChoice | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+
+
+_REFUSED_BLOCKS = frozenset({"image", "document", "search_result", "thinking"})
+
+
+def parse_messages_request(
+    body: dict[str, Any], *, counting: bool = False
+) -> MessagesRequest:
+    """Validate a Messages body.
+
+    Args:
+        body: the decoded JSON object.
+        counting: for ``count_tokens``: ``max_tokens`` may be left out.
+
+    Raises:
+        RequestError: 400 naming the parameter (``messages[0].content[1].type``),
+            e.g. a missing ``max_tokens`` or an image block.
+    """
+    _refuse_blocks(body.get("messages"))
+    try:
+        request = MessagesRequest.model_validate(
+            {k: v for k, v in body.items() if v is not None}
+        )
+    except ValidationError as exc:
+        raise request_error(exc.errors()[0]) from exc
+    if request.max_tokens is None and not counting:
+        raise RequestError(
+            "Missing required parameter: 'max_tokens'", param="max_tokens"
+        )
+    return request
+
+
+def _refuse_blocks(messages: object) -> None:
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind in _REFUSED_BLOCKS:
+                raise RequestError(
+                    f"Content blocks of type {kind!r} are not supported (this server"
+                    " serves text models)",
+                    param=f"messages[{i}].content[{j}].type",
+                    code="unsupported_content",
+                )
+
+
+def to_chat_request(
+    request: MessagesRequest, *, max_tokens: int = 1
+) -> ChatCompletionRequest:
+    """The chat-completions request that asks for what ``request`` asks.
+
+    Args:
+        request: a validated Messages body.
+        max_tokens: the limit when ``request`` has none (``count_tokens``).
+
+    Raises:
+        RequestError: 400 from the chat checks (e.g. a tool schema the
+            constraint cannot express, naming the keyword).
+    """
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": _text(request.system)})
+    for message in request.messages:
+        messages += _chat_messages(message)
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": messages,
+        "max_tokens": request.max_tokens or max_tokens,
+        "stream": request.stream,
+    }
+    if request.stream:
+        body["stream_options"] = {"include_usage": True}
+    if request.stop_sequences:
+        body["stop"] = request.stop_sequences
+    for name in ("temperature", "top_p", "top_k"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    if request.tools:
+        body["tools"] = [_chat_tool(tool) for tool in request.tools]
+    if request.tool_choice is not None:
+        body.update(_chat_tool_choice(request.tool_choice, bool(request.tools)))
+    return parse_chat_request(body)
+
+
+def _text(content: str | list[TextBlock]) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(block.text for block in content)
+
+
+def _chat_messages(message: Message) -> list[dict[str, Any]]:
+    """One Messages turn as chat messages: text, calls, and one tool message per
+    result (results first, as they answer the previous turn's calls)."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            arguments = orjson.dumps(block.input).decode()
+            function = {"name": block.name, "arguments": arguments}
+            calls.append({"id": block.id, "type": "function", "function": function})
+        else:
+            text = _text(block.content)
+            content = f"Error: {text}" if block.is_error else text
+            results.append(
+                {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}
+            )
+    out = results
+    if texts or calls or not results:
+        turn: dict[str, Any] = {"role": message.role, "content": "\n".join(texts)}
+        if calls:
+            turn["tool_calls"] = calls
+        out = [*results, turn]
+    return out
+
+
+def _chat_tool(tool: Tool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: ToolChoice, has_tools: bool) -> dict[str, Any]:
+    if choice.type == "tool" and choice.name is None:
+        raise RequestError(
+            "tool_choice of type 'tool' needs a name", param="tool_choice.name"
+        )
+    if choice.type == "none" or not has_tools:
+        return {"tool_choice": "none"} if has_tools else {}
+    out: dict[str, Any] = {"parallel_tool_calls": not choice.disable_parallel_tool_use}
+    if choice.type == "tool":
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        out["tool_choice"] = "required" if choice.type == "any" else "auto"
+    return out
+
+
+def error_answer(
+    exc: RequestError | EngineError | AdmissionError, retry_after_s: int
+) -> Response:
+    """The answer of a refusal before the first byte, in Anthropic's shape:
+    ``{"type": "error", "error": {"type", "message"}}``, the status and
+    ``Retry-After`` of ``answers.error_response``."""
+    return anthropic_shape(error_response(exc, retry_after_s))
+
+
+def anthropic_shape(answer: Response) -> Response:
+    """``answer`` (an OpenAI-shaped error) with its body in Anthropic's shape."""
+    status = answer.status_code
+    message = json.loads(bytes(answer.body))["error"]["message"]
+    retry = answer.headers.get("retry-after")
+    headers = {"Retry-After": retry} if retry is not None else None
+    return json_answer(message_error_body(status, message), status, headers)

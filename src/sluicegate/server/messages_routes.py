@@ -1,0 +1,109 @@
+"""The Messages API's routes: ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
+
+Both go through the chat path (``messages_api.to_chat_request``); a message is
+then planned, admitted, metered and streamed as any generation, written by
+``core/messages_wire.py``, its refusals in Anthropic's shape.
+
+Spec: Anthropic API reference, "Messages" and "Count message tokens".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from sluicegate.core.chunks import Endpoint
+from sluicegate.core.errors import EngineError, RequestError
+from sluicegate.server.admission import AdmissionError, ApiKey
+from sluicegate.server.answers import json_answer
+from sluicegate.server.bodies import read_json_object
+from sluicegate.server.config import ServerConfig
+from sluicegate.server.messages_api import (
+    error_answer,
+    parse_messages_request,
+    to_chat_request,
+)
+from sluicegate.server.models import ServedModel, ServedModels
+from sluicegate.server.plan import Plan
+from sluicegate.server.prepare import plan_chat
+from sluicegate.server.schemas import ChatCompletionRequest
+
+__all__ = ["MessagesRoutes", "with_endpoint"]
+
+MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+"""The paths whose refusals (the guard's too) are in Anthropic's shape."""
+
+_Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
+
+
+class _Generating(Protocol):
+    """What the routes need of the app's generation routes (``app._Routes``)."""
+
+    models: ServedModels
+    config: ServerConfig
+
+    async def _generate(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        planner: _Planner,
+        errors: Callable[..., Response],
+    ) -> ASGIApp: ...
+
+    async def _check_admissible(
+        self, key: ApiKey | None, request: ChatCompletionRequest, small: bool
+    ) -> ServedModel: ...
+
+
+def with_endpoint(plan: Plan, endpoint: Endpoint) -> Plan:
+    """``plan``, its responses written by ``endpoint``'s stream machine."""
+    header = dataclasses.replace(plan.header, endpoint=endpoint)
+    return dataclasses.replace(plan, header=header)
+
+
+class MessagesRoutes:
+    """The two Messages endpoints over the app's generation routes."""
+
+    def __init__(self, routes: _Generating) -> None:
+        self._routes = routes
+
+    async def create(self, request: Request) -> ASGIApp:
+        """``POST /v1/messages``: a message, streamed or whole."""
+        return await self._routes._generate(
+            request, Endpoint.MESSAGES, self._plan, error_answer
+        )
+
+    async def _plan(
+        self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
+    ) -> Plan:
+        routes = self._routes
+        chat = to_chat_request(parse_messages_request(body))
+        served = await routes._check_admissible(key, chat, small)
+        plan = await plan_chat(
+            chat, response_id, served.engine, served.template, routes.config
+        )
+        return with_endpoint(plan, Endpoint.MESSAGES)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, the prompt's
+        tokens through the model's chat template; nothing is generated.
+
+        An engine that takes text (an upstream server) counts no tokens here:
+        ``input_tokens`` is then 0.
+        """
+        config = self._routes.config
+        try:
+            body = await read_json_object(request, config.max_body_bytes)
+            chat = to_chat_request(parse_messages_request(body, counting=True))
+            served = self._routes.models.resolve(chat.model)
+            plan = await plan_chat(
+                chat, "count_tokens", served.engine, served.template, config
+            )
+        except (RequestError, EngineError, AdmissionError) as exc:
+            return error_answer(exc, config.retry_after_s)
+        return json_answer({"input_tokens": plan.header.prompt_tokens})
