@@ -51,7 +51,11 @@ RULES: tuple[tuple[str, str], ...] = (
     # Our own names.
     (r"\bAsync(Client|Stream)\b", r"\1"),
     (r"\b__a(iter|next|enter|exit)__\b", r"__\1__"),
-    (r"\ba(close|result|chat|complete|sleep|stream_chat|stream_completion)\b", r"\1"),
+    (
+        r"\ba(close|result|chat|complete|sleep"
+        r"|stream_(?:chat|completion|responses|messages))\b",
+        r"\1",
+    ),
 )
 _COMPILED = tuple((re.compile(pattern), repl) for pattern, repl in RULES)
 

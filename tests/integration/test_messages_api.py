@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import httpx
@@ -23,6 +23,12 @@ from .test_disconnect import assert_aborted, new_running_id
 from .wire import NO_END_TOKENS, RawExchange, engine_stats
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
+
+
+def _body(error: anthropic.APIStatusError) -> dict[str, Any]:
+    """The error's JSON body."""
+    return cast(dict[str, Any], error.body)
+
 
 KEY = "sk-messages-test"
 GREEDY = {"temperature": 0}
@@ -67,15 +73,15 @@ def test_a_stream_has_anthropic_events_in_order_and_equals_the_whole_message(
     assert kinds[:2] == ["message_start", "content_block_start"]
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(kinds[2:-3]) == {"content_block_delta"}
-    start = events[0].message  # type: ignore[union-attr]
+    start = events[0].message
     assert start.id.startswith("msg_")
     assert start.content == []
     assert start.usage.input_tokens == whole.usage.input_tokens > 0
-    text = "".join(e.delta.text for e in events[2:-3])  # type: ignore[union-attr]
+    text = "".join(e.delta.text for e in events[2:-3])
     assert [{"type": "text", "text": text}] == _blocks(whole)
     delta = events[-2]
-    assert delta.delta.stop_reason == whole.stop_reason == "max_tokens"  # type: ignore[union-attr]
-    assert delta.usage.output_tokens == whole.usage.output_tokens == 16  # type: ignore[union-attr]
+    assert delta.delta.stop_reason == whole.stop_reason == "max_tokens"
+    assert delta.usage.output_tokens == whole.usage.output_tokens == 16
     with claude.messages.stream(**kw, extra_body=GREEDY) as stream:
         final = stream.get_final_message()
     assert _blocks(final) == _blocks(whole)
@@ -99,7 +105,7 @@ def test_a_stop_sequence_is_held_back_and_named(
         final = stream.get_final_message()
     assert final.stop_reason == "stop_sequence"
     assert final.stop_sequence == whole.stop_sequence
-    assert "".join(texts) == whole.content[0].text  # type: ignore[union-attr]
+    assert "".join(texts) == whole.content[0].text
     assert whole.stop_sequence not in "".join(texts)
 
 
@@ -117,17 +123,17 @@ def test_a_forced_tool_call_is_one_tool_use_block_streamed_and_not(
     whole = claude.messages.create(**kw)
     assert whole.stop_reason == "tool_use"
     (call,) = [b for b in whole.content if b.type == "tool_use"]
-    assert call.name == "get_weather"  # type: ignore[union-attr]
-    assert set(call.input) == {"city"}  # type: ignore[union-attr]
+    assert call.name == "get_weather"
+    assert set(call.input) == {"city"}
     events = list(claude.messages.create(**kw, stream=True))
     starts = [e for e in events if e.type == "content_block_start"]
-    assert [s.content_block.type for s in starts][-1] == "tool_use"  # type: ignore[union-attr]
+    assert [s.content_block.type for s in starts][-1] == "tool_use"
     pieces = [
-        e.delta.partial_json  # type: ignore[union-attr]
+        e.delta.partial_json
         for e in events
-        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"  # type: ignore[union-attr]
+        if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
     ]
-    assert json.loads("".join(pieces)) == call.input  # type: ignore[union-attr]
+    assert json.loads("".join(pieces)) == call.input
     with claude.messages.stream(**kw) as stream:
         final = stream.get_final_message()
     assert _blocks(final) == _blocks(whole)
@@ -183,8 +189,8 @@ def test_errors_are_in_anthropic_shape_before_the_stream(
 ) -> None:
     with pytest.raises(anthropic.BadRequestError) as bad:
         claude.messages.create(model=model_id, max_tokens=0, messages=HELLO)
-    assert bad.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
-    assert "max_tokens" in bad.value.body["error"]["message"]  # type: ignore[index]
+    assert _body(bad.value)["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in _body(bad.value)["error"]["message"]
     missing = http.post("/v1/messages", json={"model": model_id, "messages": HELLO})
     assert missing.status_code == 400
     assert missing.json() == {
@@ -207,7 +213,7 @@ def test_errors_are_in_anthropic_shape_before_the_stream(
     assert "'image'" in refused.json()["error"]["message"]
     with pytest.raises(anthropic.NotFoundError) as unknown:
         claude.messages.create(model="no-such-model", max_tokens=4, messages=HELLO)
-    assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert _body(unknown.value)["error"]["type"] == "not_found_error"
 
 
 def test_closing_a_message_stream_aborts_the_engine(
@@ -293,8 +299,34 @@ def test_the_api_key_may_come_as_x_api_key_and_a_wrong_one_is_a_401(
         wrong.messages.create(model="default", max_tokens=4, messages=HELLO)
     wrong.close()
     assert refused.value.status_code == 401
-    assert refused.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    assert _body(refused.value)["error"]["type"] == "authentication_error"
     right = anthropic.Anthropic(base_url=scripted.base_url, api_key=KEY, max_retries=0)
     counted = right.messages.count_tokens(model="default", messages=HELLO)
     right.close()
     assert counted.input_tokens > 0
+
+
+def test_structured_output_is_json_of_the_schema_streamed_and_not(
+    claude: anthropic.Anthropic, model_id: str
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    kw: Any = {
+        "model": model_id,
+        "max_tokens": 32,
+        "messages": [{"role": "user", "content": "Name a cat, as JSON."}],
+        "output_config": {"format": {"type": "json_schema", "schema": schema}},
+        "extra_body": GREEDY,
+    }
+    whole = claude.messages.create(**kw)
+    assert whole.stop_reason == "end_turn"
+    value = json.loads(whole.content[0].text)
+    assert set(value) == {"name"}
+    assert isinstance(value["name"], str)
+    with claude.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert _blocks(final) == _blocks(whole)

@@ -46,6 +46,10 @@ def _add_check(sub: Any) -> None:
         "--timeout-s", type=float, default=60.0, help="first-byte and idle limit"
     )
     check.add_argument("--rules", action="store_true", help="show each rule")
+    check.add_argument(
+        "--api", choices=("chat", "responses", "messages", "all"), default="chat",
+        help="which API to grade (default: chat completions)",
+    )  # fmt: skip
     check.set_defaults(func=run_check)
 
 
@@ -55,7 +59,7 @@ def run_check(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from sluicegate.check.probes import failed, run_probes
+    from sluicegate.check.probes import API_PROBES, failed, run_probes
     from sluicegate.check.report import print_table, results_json
     from sluicegate.check.transcript import dump_recording, load_recording
 
@@ -76,7 +80,7 @@ def run_check(args: argparse.Namespace) -> int:
         model, recording = got
         if args.save:
             Path(args.save).write_bytes(dump_recording(recording))
-    results = run_probes(recording)
+    results = run_probes(recording, API_PROBES[getattr(args, "api", "chat")])
     print_table(console, results, f"sluicegate check {url} ({model})", args.rules)
     if args.json:
         Path(args.json).write_bytes(results_json(url, model, results))
@@ -87,7 +91,7 @@ def _record(
     console: Any, args: argparse.Namespace
 ) -> tuple[str, dict[str, Any]] | None:
     from sluicegate.check import names
-    from sluicegate.check.record import discover_model, record
+    from sluicegate.check.record import discover_model
     from sluicegate.client import Client, Timeouts
 
     limit = args.timeout_s
@@ -95,11 +99,30 @@ def _record(
     with Client(args.url, api_key=args.api_key, timeouts=timeouts) as client:
         model = args.model or discover_model(client)
         with console.status("probing") as status:
-            recording = record(
-                client, model, max_tokens=args.max_tokens,
-                progress=lambda name: status.update(f"probing: {name}"),
-            )  # fmt: skip
-    if recording[names.STREAM].status is None:
+            recording = _record_apis(client, model, args, status)
+    first = recording.get(names.STREAM) or next(iter(recording.values()), None)
+    if first is None or first.status is None:
         console.print(f"[red]cannot reach {args.url}")
         return None
     return model, recording
+
+
+def _record_apis(
+    client: Any, model: str, args: argparse.Namespace, status: Any
+) -> dict[str, Any]:
+    from sluicegate.check.record import record
+    from sluicegate.check.record_events import record_messages, record_responses
+
+    api = getattr(args, "api", "chat")
+    kw = {
+        "max_tokens": args.max_tokens,
+        "progress": lambda name: status.update(f"probing: {name}"),
+    }
+    recording: dict[str, Any] = {}
+    if api in ("chat", "all"):
+        recording.update(record(client, model, **kw))
+    if api in ("responses", "all"):
+        recording.update(record_responses(client, model, **kw))
+    if api in ("messages", "all"):
+        recording.update(record_messages(client, model, **kw))
+    return recording

@@ -11,11 +11,25 @@ import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from sluicegate.check import framing, semantics, tools
+from sluicegate.check import (
+    framing,
+    messages_probes,
+    responses_probes,
+    semantics,
+    tools,
+)
 from sluicegate.check.transcript import Transcript
 from sluicegate.check.verdicts import Probe, ProbeResult, Verdict
 
-__all__ = ["PROBES", "describe", "failed", "run_probes"]
+__all__ = [
+    "API_PROBES",
+    "MESSAGES_PROBES",
+    "PROBES",
+    "RESPONSES_PROBES",
+    "describe",
+    "failed",
+    "run_probes",
+]
 
 PROBES: tuple[Probe, ...] = (
     framing.content_type,
@@ -41,6 +55,19 @@ PROBES: tuple[Probe, ...] = (
     tools.tool_arguments_valid,
     tools.structured_output,
 )
+RESPONSES_PROBES: tuple[Probe, ...] = tuple(
+    getattr(responses_probes, name) for name in responses_probes.__all__
+)
+MESSAGES_PROBES: tuple[Probe, ...] = tuple(
+    getattr(messages_probes, name) for name in messages_probes.__all__
+)
+API_PROBES: dict[str, tuple[Probe, ...]] = {
+    "chat": PROBES,
+    "responses": RESPONSES_PROBES,
+    "messages": MESSAGES_PROBES,
+    "all": PROBES + RESPONSES_PROBES + MESSAGES_PROBES,
+}
+"""The probes ``check --api`` runs for each choice."""
 
 
 def describe(probe: Probe) -> tuple[str, str, str]:

@@ -33,6 +33,7 @@ import httpx
 
 from sluicegate.client import shell
 from sluicegate.client.assemble import StreamAssembler
+from sluicegate.client.assemble_events import EventApi, EventStreamAssembler
 from sluicegate.client.results import StreamResult, TextDelta, TimeoutKind
 from sluicegate.client.shell import (
     Ending,
@@ -71,12 +72,17 @@ class AsyncStream:
         timeouts: Timeouts,
         record: bool,
         resumption: Resumption | None = None,
+        api: EventApi | None = None,
     ) -> None:
         self._http = http
         self._request = request
         self._timeouts = timeouts
         self._resumption = resumption or Resumption()
-        self._assembler = StreamAssembler(n, record=record)
+        self._assembler: StreamAssembler | EventStreamAssembler = (
+            StreamAssembler(n, record=record)
+            if api is None
+            else EventStreamAssembler(api, record=record)
+        )
         self._gen: AsyncGenerator[TextDelta, None] = self._run()
         self._iterated = False
         self._result: StreamResult | None = None
@@ -333,6 +339,50 @@ class AsyncClient:
         body = completion_body(prompt, model, include_usage, params)
         return self._stream("completions", body, record, resumable)
 
+    def astream_responses(
+        self,
+        input: str | Sequence[Mapping[str, Any]],
+        *,
+        model: str,
+        record: bool = False,
+        **params: Any,
+    ) -> AsyncStream:
+        """The ``AsyncStream`` of ``POST /v1/responses`` with ``stream: true``.
+
+        Args:
+            input: the prompt text, or Responses input items.
+            model: the model name.
+            record: keep the raw body in ``StreamResult.raw`` and read to EOF.
+            **params: other request fields (``max_output_tokens``...).
+
+        Spec: OpenAI API reference, "Responses: create a response".
+        """
+        body = {"model": model, "input": input, **params, "stream": True}
+        return self._typed("responses", body, record)
+
+    def astream_messages(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        model: str,
+        max_tokens: int,
+        record: bool = False,
+        **params: Any,
+    ) -> AsyncStream:
+        """The ``AsyncStream`` of ``POST /v1/messages`` with ``stream: true``.
+
+        Args:
+            messages: Anthropic messages (``system`` goes in ``params``).
+            model: the model name.
+            max_tokens: the answer limit, in tokens (required by the API).
+            record: keep the raw body in ``StreamResult.raw`` and read to EOF.
+            **params: other request fields (``stop_sequences``, ``system``...).
+
+        Spec: Anthropic API, "Messages: create a message".
+        """
+        body = {"model": model, "messages": list(messages), "max_tokens": max_tokens}
+        return self._typed("messages", {**body, **params, "stream": True}, record)
+
     async def achat(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -369,6 +419,12 @@ class AsyncClient:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    def _typed(self, api: EventApi, body: dict[str, Any], record: bool) -> AsyncStream:
+        request = self.http.build_request("POST", api, json=body)
+        return AsyncStream(
+            self.http, request, 1, self.timeouts, record, self.resumption, api
+        )
 
     def _stream(
         self, path: str, body: dict[str, Any], record: bool, resumable: bool

@@ -104,6 +104,7 @@ from sluicegate.server.prepare import (
 from sluicegate.server.redis_client import connect
 from sluicegate.server.redis_quotas import RedisQuotas
 from sluicegate.server.redis_store import open_redis_store
+from sluicegate.server.responses_routes import ResponsesRoutes
 from sluicegate.server.resumable import AttachExisting, ResumableStreams, open_store
 from sluicegate.server.schemas import (
     ChatCompletionRequest,
@@ -161,6 +162,7 @@ def create_app(
     engines = [engine] if not isinstance(engine, Sequence) else list(engine)
     routes = _Routes(engines, config or ServerConfig())
     messages = MessagesRoutes(routes)
+    responses = ResponsesRoutes(routes)
     info = InfoRoutes(routes.models, routes.drain, routes.metrics_, routes.config)
     page = PlaygroundRoutes(routes.ledger, routes.config.retry_after_s)
 
@@ -186,6 +188,7 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/v1/responses", responses.create, methods=["POST"]),
             Route("/v1/messages", messages.create, methods=["POST"]),
             Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
             Route(

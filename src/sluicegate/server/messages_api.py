@@ -15,6 +15,7 @@ grammar, stop matcher, limits and engines, upstream ones included):
     tools[{name, description, input_schema}] -> function tools
     tool_choice auto|any|tool|none       -> auto|required|named|none;
         disable_parallel_tool_use        -> parallel_tool_calls false
+    output_config.format json_schema     -> response_format json_schema (strict)
 
 Image and document blocks are refused (400 naming them). The answer is written
 by ``core/messages_wire.py``; errors before the stream are in Anthropic's shape
@@ -109,6 +110,20 @@ class ToolChoice(_Model):
     disable_parallel_tool_use: bool = False
 
 
+class OutputFormat(_Model):
+    """``{"type": "json_schema", "schema"}``: the answer is JSON matching it."""
+
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Model):
+    """``output_config``: its ``format`` (structured output); ``effort`` is
+    accepted and has no effect on these models."""
+
+    format: OutputFormat | None = None
+
+
 class MessagesRequest(_Model):
     """A ``POST /v1/messages`` (or ``count_tokens``) body.
 
@@ -129,6 +144,7 @@ class MessagesRequest(_Model):
     tool_choice: ToolChoice | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
 
 
 _REFUSED_BLOCKS = frozenset({"image", "document", "search_result", "thinking"})
@@ -211,6 +227,10 @@ def to_chat_request(
         value = getattr(request, name)
         if value is not None:
             body[name] = value
+    output = request.output_config
+    if output is not None and output.format is not None:
+        schema = {"name": "output", "schema": output.format.json_schema, "strict": True}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     if request.tools:
         body["tools"] = [_chat_tool(tool) for tool in request.tools]
     if request.tool_choice is not None:

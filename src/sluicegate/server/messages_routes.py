@@ -33,7 +33,7 @@ from sluicegate.server.plan import Plan
 from sluicegate.server.prepare import plan_chat
 from sluicegate.server.schemas import ChatCompletionRequest
 
-__all__ = ["MessagesRoutes", "with_endpoint"]
+__all__ = ["MESSAGES_PATHS", "Generating", "MessagesRoutes", "with_endpoint"]
 
 MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 """The paths whose refusals (the guard's too) are in Anthropic's shape."""
@@ -41,7 +41,7 @@ MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 _Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
 
 
-class _Generating(Protocol):
+class Generating(Protocol):
     """What the routes need of the app's generation routes (``app._Routes``)."""
 
     models: ServedModels
@@ -69,7 +69,7 @@ def with_endpoint(plan: Plan, endpoint: Endpoint) -> Plan:
 class MessagesRoutes:
     """The two Messages endpoints over the app's generation routes."""
 
-    def __init__(self, routes: _Generating) -> None:
+    def __init__(self, routes: Generating) -> None:
         self._routes = routes
 
     async def create(self, request: Request) -> ASGIApp:

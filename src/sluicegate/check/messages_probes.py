@@ -1,0 +1,215 @@
+"""Probes of ``POST /v1/messages`` streams (Anthropic Messages API).
+
+Each probe is pure: a recording in, a ``ProbeResult`` out; exchanges are named
+``messages_*`` (see ``check.record_events``). A server without the API (404)
+grades ``not-observable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sluicegate.check.event_streams import (
+    Events,
+    each_stream,
+    events_of,
+    unavailable,
+)
+from sluicegate.check.transcript import Transcript, json_body
+from sluicegate.check.verdicts import ProbeResult, clip, fail, passed
+
+__all__ = [
+    "messages_content_type",
+    "messages_event_order",
+    "messages_matches_plain",
+    "messages_max_tokens",
+    "messages_rejects_invalid",
+    "messages_stop_sequence",
+    "messages_usage",
+]
+
+STREAM = "messages_stream"
+PLAIN = "messages_plain"
+STOP = "messages_stop"
+MAX = "messages_max"
+INVALID = "messages_invalid"
+STREAMS = (STREAM, STOP, MAX)
+_BLOCK = ("content_block_start", "content_block_delta", "content_block_stop")
+
+
+def messages_content_type(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """A Messages stream is answered with ``Content-Type: text/event-stream``.
+
+    Spec: Anthropic API, "Streaming Messages".
+    """
+    missing = unavailable(recording, STREAM)
+    if missing:
+        return missing
+    kind = recording[STREAM].headers.get("content-type", "")
+    if kind.split(";")[0].strip() != "text/event-stream":
+        return fail(f"content-type {kind!r} (status {recording[STREAM].status})")
+    return passed(kind)
+
+
+def _blocks(events: Events) -> str | None:
+    state: dict[Any, str] = {}
+    for i, (name, obj) in enumerate(events):
+        if name not in _BLOCK:
+            continue
+        index, seen = obj.get("index"), state.get(obj.get("index"))
+        if name == "content_block_start" and seen is None:
+            state[index] = "open"
+        elif name in _BLOCK[1:] and seen == "open":
+            state[index] = "closed" if name == "content_block_stop" else "open"
+        else:
+            return f"{name} of block {index} at {i} when it is {seen or 'unopened'}"
+    if "open" in state.values():
+        return "a block is never closed"
+    return None
+
+
+def _order(events: Events) -> str | None:
+    types = [name for name, _ in events if name != "ping"]
+    if types[:1] != ["message_start"] or types[-2:] != [
+        "message_delta",
+        "message_stop",
+    ]:
+        return f"starts {types[:1]}, ends {types[-2:]}"
+    if types.count("message_stop") != 1 or types.count("message_delta") != 1:
+        return "message_delta and message_stop must come once each"
+    return _blocks(events)
+
+
+def messages_event_order(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """message_start first; blocks started before their deltas and stopped once;
+    one message_delta then one message_stop, last.
+
+    Spec: Anthropic API, "Streaming Messages: event flow".
+    """
+    return each_stream(recording, STREAMS, _order)
+
+
+def _delta(t: Transcript) -> Mapping[str, Any]:
+    events, _ = events_of(t)
+    found = [obj for name, obj in events if name == "message_delta"]
+    return found[-1] if found else {}
+
+
+def messages_usage(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """message_start carries input usage; message_delta's cumulative
+    ``usage.output_tokens`` is at least 1.
+
+    Spec: Anthropic API, "Streaming Messages: event flow".
+    """
+    missing = unavailable(recording, STREAM)
+    if missing:
+        return missing
+    events, _ = events_of(recording[STREAM])
+    start = events[0][1].get("message") if events else None
+    first = start.get("usage") if isinstance(start, dict) else None
+    usage = _delta(recording[STREAM]).get("usage")
+    out = usage.get("output_tokens") if isinstance(usage, dict) else None
+    if not isinstance(first, dict) or not isinstance(first.get("input_tokens"), int):
+        return fail(f"message_start usage {clip(first)}")
+    if not isinstance(out, int) or out < 1:
+        return fail(f"message_delta usage {clip(usage)}")
+    return passed(f"input {first['input_tokens']}, output {out}")
+
+
+def streamed_text(t: Transcript) -> str:
+    """The concatenated ``text_delta`` texts of a stream."""
+    events, _ = events_of(t)
+    deltas = (o.get("delta") for n, o in events if n == "content_block_delta")
+    return "".join(
+        str(d.get("text", "")) for d in deltas
+        if isinstance(d, dict) and d.get("type") == "text_delta"
+    )  # fmt: skip
+
+
+def _stop_reason(t: Transcript) -> Any:
+    delta = _delta(t).get("delta")
+    return delta.get("stop_reason") if isinstance(delta, dict) else None
+
+
+def messages_matches_plain(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """At temperature 0 the streamed text and stop_reason equal the
+    non-streamed message's.
+
+    Spec: Anthropic API, "Messages: create a message".
+    """
+    missing = unavailable(recording, STREAM) or unavailable(recording, PLAIN)
+    if missing:
+        return missing
+    body = json_body(recording[PLAIN])
+    content = body.get("content") if isinstance(body, dict) else None
+    if not isinstance(content, list):
+        return fail(f"non-streamed body {clip(recording[PLAIN].body)}")
+    text = "".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+    got, reason = streamed_text(recording[STREAM]), _stop_reason(recording[STREAM])
+    if got != text or reason != body.get("stop_reason"):
+        return fail(f"{clip(got)}/{reason} != {clip(text)}/{body.get('stop_reason')}")
+    return passed(clip(got))
+
+
+def messages_stop_sequence(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """A matched stop sequence ends with stop_reason ``stop_sequence``, names
+    it, and is not in the text.
+
+    Spec: Anthropic API, "Messages: stop_sequences".
+    """
+    missing = unavailable(recording, STOP)
+    if missing:
+        return missing
+    t = recording[STOP]
+    stops = t.request.get("stop_sequences") or []
+    delta = _delta(t).get("delta")
+    delta = delta if isinstance(delta, dict) else {}
+    text = streamed_text(t)
+    if (
+        delta.get("stop_reason") != "stop_sequence"
+        or delta.get("stop_sequence") not in stops
+    ):
+        return fail(f"delta {clip(delta)} for stops {clip(stops)}")
+    if any(s in text for s in stops):
+        return fail(f"text {clip(text)} holds a stop sequence")
+    return passed(f"stopped at {delta.get('stop_sequence')!r}")
+
+
+def messages_max_tokens(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """A too-small ``max_tokens`` ends with stop_reason ``max_tokens``.
+
+    Spec: Anthropic API, "Messages: stop_reason".
+    """
+    missing = unavailable(recording, MAX)
+    if missing:
+        return missing
+    reason = _stop_reason(recording[MAX])
+    return (
+        passed("max_tokens")
+        if reason == "max_tokens"
+        else fail(f"stop_reason {reason!r}")
+    )
+
+
+def messages_rejects_invalid(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """An invalid request is a 400 before any stream, with body
+    ``{"type": "error", "error": {"type", "message"}}``.
+
+    Spec: Anthropic API, "Errors".
+    """
+    missing = unavailable(recording, INVALID)
+    if missing:
+        return missing
+    t = recording[INVALID]
+    body = json_body(t)
+    error = body.get("error") if isinstance(body, dict) else None
+    ok = isinstance(error, dict) and error.get("type") and error.get("message")
+    if (
+        t.status != 400
+        or not isinstance(body, dict)
+        or body.get("type") != "error"
+        or not ok
+    ):
+        return fail(f"status {t.status}, body {clip(t.body)}")
+    return passed(f"400 {error['type']}")  # type: ignore[index]

@@ -1,0 +1,103 @@
+"""Record the Responses and Messages exchanges ``check --api`` grades.
+
+The I/O half for ``check.responses_probes`` and ``check.messages_probes``: each
+request is sent once, the whole body read, and kept as a ``Transcript`` under
+the name the probes look up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from sluicegate.check.transcript import Transcript, json_body
+from sluicegate.client import Client
+
+__all__ = ["record_messages", "record_responses"]
+
+PROMPT = "List the numbers from one to twelve in words, separated by commas."
+MAX_SMALL = 16
+"""The smallest ``max_output_tokens`` OpenAI accepts; the prompt needs more."""
+
+
+def _post(client: Client, path: str, body: dict[str, Any]) -> Transcript:
+    start = time.monotonic()
+    try:
+        response = client.http.post(path, json=body)
+    except httpx.HTTPError as exc:
+        return Transcript(request=body, path=path, status=None, body=str(exc).encode())
+    return Transcript(
+        request=body, path=path, status=response.status_code,
+        headers=dict(response.headers), body=response.content,
+        elapsed_s=time.monotonic() - start,
+    )  # fmt: skip
+
+
+def record_responses(
+    client: Client, model: str, *, max_tokens: int = 24,
+    progress: Callable[[str], None] = lambda name: None,
+) -> dict[str, Transcript]:  # fmt: skip
+    """Send the ``responses_*`` exchanges (stops after a 404: no such API).
+
+    Returns:
+        ``{name: Transcript}`` with the names ``check.responses_probes`` reads.
+    """
+    base = {"model": model, "input": PROMPT, "temperature": 0}
+    bodies = {
+        "responses_stream": {**base, "max_output_tokens": max_tokens, "stream": True},
+        "responses_plain": {**base, "max_output_tokens": max_tokens},
+        "responses_max": {**base, "max_output_tokens": MAX_SMALL, "stream": True},
+        "responses_invalid": {**base, "temperature": 5, "stream": True},
+    }
+    return _send(client, "responses", bodies, progress)
+
+
+def record_messages(
+    client: Client, model: str, *, max_tokens: int = 24,
+    progress: Callable[[str], None] = lambda name: None,
+) -> dict[str, Transcript]:  # fmt: skip
+    """Send the ``messages_*`` exchanges (stops after a 404: no such API).
+
+    Returns:
+        ``{name: Transcript}`` with the names ``check.messages_probes`` reads.
+    """
+    base = {
+        "model": model, "temperature": 0, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }  # fmt: skip
+    first = {"messages_stream": {**base, "stream": True}, "messages_plain": dict(base)}
+    out = _send(client, "messages", first, progress)
+    if out.get("messages_plain") is None or out["messages_plain"].status != 200:
+        return out
+    bodies = {
+        "messages_stop": {**base, "stream": True, "stop_sequences": _stop(out)},
+        "messages_max": {**base, "max_tokens": 1, "stream": True},
+        "messages_invalid": {**base, "max_tokens": -1, "stream": True},
+    }
+    return {**out, **_send(client, "messages", bodies, progress)}
+
+
+def _stop(out: dict[str, Transcript]) -> list[str]:
+    # A piece from the middle of the reference text, so the stop spans tokens.
+    body = json_body(out["messages_plain"])
+    content = body.get("content") if isinstance(body, dict) else None
+    blocks = content if isinstance(content, list) else []
+    text = "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+    third = max(1, len(text) // 3)
+    return [text[third : third + 4] or "\n\n"]
+
+
+def _send(
+    client: Client, path: str, bodies: dict[str, dict[str, Any]],
+    progress: Callable[[str], None],
+) -> dict[str, Transcript]:  # fmt: skip
+    out: dict[str, Transcript] = {}
+    for name, body in bodies.items():
+        progress(name)
+        out[name] = _post(client, path, body)
+        if out[name].status in (404, None):
+            break
+    return out

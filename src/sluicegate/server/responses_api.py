@@ -1,0 +1,267 @@
+"""The Responses API in front of the chat path: its body in, a chat request out.
+
+A ``POST /v1/responses`` body is validated by its own models (so a 400 names the
+Responses API's parameter), then translated into a chat-completions request
+that the chat planner checks and tokenizes as any other:
+
+::
+
+    instructions                          -> a system message first
+    input: a string                       -> one user message
+    input items: {role, content}          -> messages (input_text/output_text
+                                             parts joined)
+    {type: function_call, call_id, ...}   -> an assistant message's tool_calls
+    {type: function_call_output, ...}     -> a tool message (tool_call_id)
+    max_output_tokens                     -> max_tokens
+    tools [{type: function, name, ...}]   -> chat function tools
+    tool_choice none|auto|required|{type: function, name}
+    text.format text|json_object|json_schema -> response_format
+
+Images, files, non-function tools, ``background`` and ``previous_response_id``
+are refused with a 400 naming them (not served here). The answer is written by
+``core/responses_wire.py``.
+
+Spec: OpenAI API reference, "Responses", "Create a model response".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sluicegate.core.errors import RequestError
+from sluicegate.server.param_errors import request_error
+from sluicegate.server.schemas import ChatCompletionRequest, parse_chat_request
+
+__all__ = ["ResponsesRequest", "parse_responses_request", "to_chat_request"]
+
+MAX_ITEMS = 1024
+"""Most input items in one request (a bound on the work of one request)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class FunctionTool(_Model):
+    """``{"type": "function", "name", "description", "parameters", "strict"}``."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(_Model):
+    """``{"type": "function", "name"}``: this function must be called."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+
+
+class TextFormat(_Model):
+    """``text.format``: ``text``, ``json_object`` or ``json_schema``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "output"
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextOptions(_Model):
+    """``text``: its ``format``."""
+
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(_Model):
+    """A ``POST /v1/responses`` body.
+
+    Spec: OpenAI API reference, "Create a model response".
+    """
+
+    model: str
+    input: str | list[dict[str, Any]] = Field(max_length=MAX_ITEMS)
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    tools: list[FunctionTool] = Field(default_factory=list)
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool = True
+    text: TextOptions | None = None
+    stream: bool = False
+    store: bool = True
+    background: bool = False
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+
+_NOT_SERVED = {
+    "background": "background responses are not served by this server",
+    "previous_response_id": "responses are not stored by this server",
+    "conversation": "conversations are not stored by this server",
+}
+
+
+def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
+    """Validate a Responses body.
+
+    Raises:
+        RequestError: 400 naming the parameter (``input[1].content[0].type``,
+            ``tools[0].type``, ``background``...).
+    """
+    for name, why in _NOT_SERVED.items():
+        if body.get(name) not in (None, False):
+            raise RequestError(
+                f"The parameter '{name}' is not supported ({why})",
+                param=name,
+                code="unsupported_parameter",
+            )
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for i, tool in enumerate(tools):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if kind != "function":
+                raise RequestError(
+                    f"Only function tools are supported; got type {kind!r}",
+                    param=f"tools[{i}].type",
+                    code="unsupported_parameter",
+                )
+    try:
+        return ResponsesRequest.model_validate(
+            {k: v for k, v in body.items() if v is not None}
+        )
+    except ValidationError as exc:
+        raise request_error(exc.errors()[0]) from exc
+
+
+def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
+    """The chat-completions request that asks for what ``request`` asks.
+
+    Raises:
+        RequestError: 400 for an input item or part this server cannot take,
+            naming it, or from the chat checks.
+    """
+    messages: list[dict[str, Any]] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    if isinstance(request.input, str):
+        messages.append({"role": "user", "content": request.input})
+    else:
+        for i, item in enumerate(request.input):
+            _add_item(messages, item, f"input[{i}]")
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": messages,
+        "stream": request.stream,
+        "parallel_tool_calls": request.parallel_tool_calls,
+    }
+    if request.stream:
+        body["stream_options"] = {"include_usage": True}
+    for name in ("temperature", "top_p"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    if request.max_output_tokens is not None:
+        body["max_tokens"] = request.max_output_tokens
+    if request.tools:
+        body["tools"] = [_chat_tool(tool) for tool in request.tools]
+    choice = request.tool_choice
+    if isinstance(choice, NamedFunction):
+        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif choice is not None:
+        body["tool_choice"] = choice
+    if request.text is not None and request.text.format is not None:
+        body["response_format"] = _response_format(request.text.format)
+    return parse_chat_request(body)
+
+
+def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], at: str) -> None:
+    """Append ``item`` as chat messages (a function call joins the assistant
+    message before it, when that one only holds calls)."""
+    kind = item.get("type", "message")
+    if kind == "function_call":
+        function = {
+            "name": _str(item, "name", at),
+            "arguments": item.get("arguments", ""),
+        }
+        call = {
+            "id": _str(item, "call_id", at),
+            "type": "function",
+            "function": function,
+        }
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+            last["tool_calls"].append(call)
+        else:
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output", "")
+        text = output if isinstance(output, str) else _parts(output, f"{at}.output")
+        messages.append(
+            {"role": "tool", "tool_call_id": _str(item, "call_id", at), "content": text}
+        )
+    elif kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise RequestError(f"Invalid role {role!r}", param=f"{at}.role")
+        content = item.get("content", "")
+        text = content if isinstance(content, str) else _parts(content, f"{at}.content")
+        messages.append({"role": role, "content": text})
+    else:
+        raise RequestError(
+            f"Input items of type {kind!r} are not supported",
+            param=f"{at}.type",
+            code="unsupported_parameter",
+        )
+
+
+def _str(item: dict[str, Any], name: str, at: str) -> str:
+    value = item.get(name)
+    if not isinstance(value, str) or not value:
+        raise RequestError(
+            f"Missing required parameter: '{at}.{name}'", param=f"{at}.{name}"
+        )
+    return value
+
+
+def _parts(parts: object, at: str) -> str:
+    """Text parts (``input_text``, ``output_text``) joined with newlines."""
+    if not isinstance(parts, list):
+        raise RequestError("Expected a string or a list of parts", param=at)
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text"):
+            raise RequestError(
+                f"Content parts of type {kind!r} are not supported (this server"
+                " serves text models)",
+                param=f"{at}[{j}].type",
+                code="unsupported_content",
+            )
+        texts.append(str(part.get("text", "")))
+    return "\n".join(texts)
+
+
+def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    for name in ("description", "parameters", "strict"):
+        value = getattr(tool, name)
+        if value is not None:
+            function[name] = value
+    return {"type": "function", "function": function}
+
+
+def _response_format(fmt: TextFormat) -> dict[str, Any]:
+    if fmt.type != "json_schema":
+        return {"type": fmt.type}
+    schema: dict[str, Any] = {"name": fmt.name, "schema": fmt.json_schema or {}}
+    if fmt.strict is not None:
+        schema["strict"] = fmt.strict
+    return {"type": "json_schema", "json_schema": schema}
