@@ -22,6 +22,7 @@ from enum import StrEnum
 from sluicegate.core.logprobs import LogprobToken
 
 __all__ = [
+    "CANCELLED",
     "Delta",
     "DeltaParts",
     "End",
@@ -304,6 +305,10 @@ class Fail:
     message: str
     type: str = "server_error"
     code: str | None = None
+
+
+CANCELLED = "cancelled"
+"""``Fail.code`` of a stream its client cancelled on purpose (``.../cancel``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,8 @@ that counts from 0 by one:
                      response.incomplete {incomplete_details: {reason:
                      max_output_tokens}} when the output was cut by the limit
     Fail             response.failed {response: {status: failed, error}};
-                     nothing after it
+                     nothing after it (status cancelled for code cancelled:
+                     the Responses API has no event of its own for it)
     Heartbeat        an SSE comment (the Responses API has no ping event)
 
 Every ``response`` snapshot comes from ``response_object``. The states and
@@ -44,6 +45,7 @@ from sluicegate.core.chunks import ResponseHeader, dumps
 from sluicegate.core.endstate import EndState, classify
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
+    CANCELLED,
     Delta,
     DeltaParts,
     End,
@@ -134,6 +136,7 @@ class ResponsesStream:
         "_pending",
         "_reason",
         "_seq",
+        "_snapshot",
         "_state",
         "_written",
     )
@@ -157,6 +160,7 @@ class ResponsesStream:
         self._pending = Closing()
         self._written = Closing()
         self._gone = False
+        self._snapshot: dict[str, Any] | None = None
 
     @property
     def header(self) -> ResponseHeader:
@@ -189,6 +193,12 @@ class ResponsesStream:
         return (self._reason,)
 
     @property
+    def snapshot(self) -> dict[str, Any] | None:
+        """The last ``response`` object written (``response.created``, then the
+        terminal event's); ``None`` before ``start()``."""
+        return self._snapshot
+
+    @property
     def output(self) -> list[dict[str, Any]]:
         """The output items so far, as the ``response`` object lists them."""
         return [_copy(item) for item in self._output]
@@ -216,7 +226,7 @@ class ResponsesStream:
             LocalProtocolError: not in state ``NEW``.
         """
         self._state = self._next(Start())
-        snapshot = response_object(self._header, "in_progress", [])
+        snapshot = self._snapshot = response_object(self._header, "in_progress", [])
         return [
             self._event("response.created", {"response": snapshot}),
             self._event("response.in_progress", {"response": snapshot}),
@@ -248,8 +258,9 @@ class ResponsesStream:
                 self._pending = self._pending.plus(Closing(done=True))
             case Fail(message=message, code=code):
                 error = {"code": code or "server_error", "message": message}
-                snapshot = response_object(
-                    self._header, "failed", self._output, error=error
+                status = "cancelled" if code == CANCELLED else "failed"
+                snapshot = self._snapshot = response_object(
+                    self._header, status, self._output, error=error
                 )
                 frames.append(self._event("response.failed", {"response": snapshot}))
                 self._pending = self._pending.plus(Closing(error=error))
@@ -359,7 +370,7 @@ class ResponsesStream:
 
     def _terminal(self, usage: Usage) -> bytes:
         if self._reason is FinishReason.LENGTH:
-            snapshot = response_object(
+            snapshot = self._snapshot = response_object(
                 self._header,
                 "incomplete",
                 self._output,
@@ -367,7 +378,9 @@ class ResponsesStream:
                 incomplete_reason="max_output_tokens",
             )
             return self._event("response.incomplete", {"response": snapshot})
-        snapshot = response_object(self._header, "completed", self._output, usage)
+        snapshot = self._snapshot = response_object(
+            self._header, "completed", self._output, usage
+        )
         return self._event("response.completed", {"response": snapshot})
 
 

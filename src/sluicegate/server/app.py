@@ -68,6 +68,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineError, RequestError
+from sluicegate.core.wire import Wire
 from sluicegate.engines.base import Engine
 from sluicegate.server.access import API_KEY, PAGE_PATH, Access
 from sluicegate.server.admission import (
@@ -162,7 +163,7 @@ def create_app(
     engines = [engine] if not isinstance(engine, Sequence) else list(engine)
     routes = _Routes(engines, config or ServerConfig())
     messages = MessagesRoutes(routes)
-    responses = ResponsesRoutes(routes)
+    responses = ResponsesRoutes(routes, routes.resumable)
     info = InfoRoutes(routes.models, routes.drain, routes.metrics_, routes.config)
     page = PlaygroundRoutes(routes.ledger, routes.config.retry_after_s)
 
@@ -188,7 +189,7 @@ def create_app(
         routes=[
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
-            Route("/v1/responses", responses.create, methods=["POST"]),
+            *responses.routes(),
             Route("/v1/messages", messages.create, methods=["POST"]),
             Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
             Route(
@@ -385,11 +386,13 @@ class _Routes:
         endpoint: Endpoint,
         planner: _Planner,
         errors: ErrorAnswer = error_response,
+        ended: Callable[[Wire], Awaitable[None]] | None = None,
     ) -> ASGIApp:
         """Everything up to the first byte; then the streaming or JSON response.
 
         ``errors`` answers a refusal before the first byte in the API's own
-        shape (OpenAI's by default)."""
+        shape (OpenAI's by default); ``ended`` is the hook of a resumable
+        stream's end (``ResumableStreams.start``)."""
         # scope["path"], not request.url.path: that builds a URL per request.
         meter = Meter(self.ledger, new_response_id(endpoint), request.scope["path"])
         meter.metrics = self.metrics_
@@ -413,7 +416,7 @@ class _Routes:
         plan = meter.plan
         assert plan is not None, "_admit() plans before it starts a generation"
         if self.resumable.wanted(plan):
-            return await self.resumable.start(generation, plan, meter)
+            return await self.resumable.start(generation, plan, meter, ended)
         if plan.stream:
             return self._event_stream(generation, plan, meter)
         return CompletionResponse(

@@ -73,6 +73,8 @@ class ServerConfig:
         resumable_streams: whether an event stream is resumable when its request
             does not say (``stream_options.resumable``); see
             docs/resumable-streams.md.
+        store_responses: whether a Responses API request that does not set
+            ``store`` is stored (retrievable, chainable); see docs/apis.md.
         resume_grace_s: seconds a resumable stream keeps generating with no
             reader attached before its engine request is aborted.
         max_log_bytes: bytes of frames kept per resumable stream (older frames
@@ -114,6 +116,7 @@ class ServerConfig:
     cadence_s: float = 0.0
     stream_retain_frames: int = 0
     resumable_streams: bool = False
+    store_responses: bool = False
     resume_grace_s: float = 30.0
     max_log_bytes: int = 1024 * 1024
     max_store_bytes: int = 256 * 1024 * 1024

@@ -34,6 +34,8 @@ Invariants:
     - An idempotency key is bound per owner, to one log, for as long as that log
       is kept; with it the store keeps the hash of the request body that made it
       (never the body).
+    - A log's record (``set_record``) lives and dies with the log, behind the
+      same owner check; ``delete`` forgets both at once.
 """
 
 from __future__ import annotations
@@ -140,6 +142,22 @@ class EventStore(Protocol):
         Raises later:
             ProducerLost: the producer's lease lapsed before ``finish``.
         """
+        ...
+
+    async def set_record(self, response_id: str, record: bytes) -> None:
+        """Keep ``record`` (a small document the API keeps with a response, e.g.
+        the Responses API's input items) with the log, for as long as the log is
+        kept; a second call replaces it; a log that is gone takes nothing."""
+        ...
+
+    async def record(self, response_id: str, owner: str) -> bytes | None:
+        """The log's record; ``None`` for none, an unknown id, another owner's
+        log or an expired one (the same answer for each)."""
+        ...
+
+    async def delete(self, response_id: str, owner: str) -> bool:
+        """Forget ``owner``'s log now (frames, record, idempotency binding);
+        its readers end. Returns whether there was one to forget."""
         ...
 
     async def aclose(self) -> None:

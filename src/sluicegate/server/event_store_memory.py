@@ -6,6 +6,8 @@ append is O(1) per frame and a replay from a cursor is an index. Readers wait
 on a future each, set by each append and by ``finish``.
 
 Invariants:
+    - A log's record (``set_record``) counts in the store's bytes, not in the
+      log's own bound.
     - A log holds at most ``max_log_bytes`` bytes of frames (the frame's own
       bytes; a frame larger than the bound is kept alone); older frames go first.
     - All logs together hold at most ``max_store_bytes``: past it the finished
@@ -51,6 +53,7 @@ class _Log:
     finished_at: float | None = None
     readers: int = 0
     reads: int = 0
+    record: bytes = b""
     # One future per waiting reader: a shared one would be cancelled for all
     # when one reader's task is cancelled while it waits.
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
@@ -221,6 +224,33 @@ class MemoryEventStore:
         finally:
             log.readers -= 1
 
+    async def set_record(self, response_id: str, record: bytes) -> None:
+        """See ``EventStore.set_record``; the record counts in the store's bytes
+        (not in the log's own bound: it never pushes frames out)."""
+        log = self._logs.get(response_id)
+        if log is None:
+            return
+        self.nbytes += len(record) - len(log.record)
+        log.record = record
+
+    async def record(self, response_id: str, owner: str) -> bytes | None:
+        """See ``EventStore.record``."""
+        self._sweep()
+        log = self._logs.get(response_id)
+        if log is None or log.owner != owner or not log.record:
+            return None
+        return log.record
+
+    async def delete(self, response_id: str, owner: str) -> bool:
+        """See ``EventStore.delete``."""
+        self._sweep()
+        log = self._logs.get(response_id)
+        if log is None or log.owner != owner:
+            return False
+        self._finished.pop(response_id, None)
+        self._forget(response_id)
+        return True
+
     async def aclose(self) -> None:
         """Forget every log; readers waiting on one end."""
         logs, self._logs = self._logs, {}
@@ -270,9 +300,10 @@ class MemoryEventStore:
         log = self._logs.pop(response_id)
         if log.idempotency is not None:
             self._bound.pop((log.owner, log.idempotency[0]), None)
-        self.nbytes -= log.nbytes
+        freed = log.nbytes + len(log.record)
+        self.nbytes -= freed
         log.wake()
-        return log.nbytes
+        return freed
 
 
 def _since(log: _Log, after: int) -> list[tuple[int, bytes]]:

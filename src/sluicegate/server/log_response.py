@@ -77,6 +77,8 @@ class LogStreamResponse:
         batches: AsyncIterator[Frames],
         limits: StreamLimits,
     ) -> None:
+        self.response_id = response_id
+        """The response whose log is read."""
         self._prefix = response_id.encode()
         self._first = first
         self._batches = batches
@@ -85,6 +87,22 @@ class LogStreamResponse:
         self._beat: asyncio.Task[None] | None = None  # a heartbeat's write
         self.cut: str | None = None
         """Why the reader was cut (``None``: it read to the end)."""
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        """The log's frames (without ``id:`` lines), read here rather than sent;
+        the log is closed when the iteration ends or is closed."""
+        try:
+            for _, frame in self._first:
+                yield frame
+            async for batch in self._batches:
+                for _, frame in batch:
+                    yield frame
+        finally:
+            await _close(self._batches)
+
+    async def aclose(self) -> None:
+        """Stop reading without sending anything (the reader detaches)."""
+        await _close(self._batches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the status, then the frames, until the log ends or the reader is cut."""

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import EngineError, RequestError
+from sluicegate.core.wire import Wire
 from sluicegate.server.admission import AdmissionError, ApiKey
 from sluicegate.server.answers import json_answer
 from sluicegate.server.bodies import read_json_object
@@ -53,6 +54,7 @@ class Generating(Protocol):
         endpoint: Endpoint,
         planner: _Planner,
         errors: Callable[..., Response],
+        ended: Callable[[Wire], Awaitable[None]] | None = None,
     ) -> ASGIApp: ...
 
     async def _check_admissible(

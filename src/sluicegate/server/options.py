@@ -130,6 +130,12 @@ def _add_resume_options(serve: argparse.ArgumentParser) -> None:
         " stream_options.resumable to false (default: only those that ask)",
     )
     add(
+        "--store-responses",
+        action="store_true",
+        help="store Responses API responses unless a request sets store to false"
+        " (default: only those that ask, and background ones)",
+    )
+    add(
         "--resume-grace-s",
         type=float,
         default=30.0,
@@ -228,6 +234,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "ledger_lease_s": args.ledger_lease_s,
         "redis_url": args.redis,
         "resumable_streams": args.resumable,
+        "store_responses": args.store_responses,
         "resume_grace_s": args.resume_grace_s,
         "resume_ttl_s": args.resume_ttl_s,
         "max_log_bytes": args.max_log_bytes,

@@ -75,6 +75,9 @@ class Plan:
             ``None``: the server's default.
         cadence_s: send the stream's events on a clock of this period
             (seconds, 0: off); ``None``: the server's default.
+        background: a resumable stream that keeps generating with no reader for
+            as long as it runs (the Responses API's ``background``), instead of
+            for the grace period.
     """
 
     header: ResponseHeader
@@ -91,6 +94,7 @@ class Plan:
     resumable: bool | None = None
     obfuscation: bool | None = None
     cadence_s: float | None = None
+    background: bool = False
 
     @property
     def prompt_tokens(self) -> int:

@@ -8,7 +8,8 @@ last lease while it runs):
   ``f``; after the last frame, ``finish`` adds the end entry (field ``e``).
 - ``P meta:R``: a hash: ``owner``, ``next`` (frames appended), ``first`` (the
   oldest kept frame's seq), ``bytes`` (frame bytes kept), ``done``, ``reads``,
-  ``hash`` and ``idem`` (the idempotency binding and its key's name).
+  ``hash`` and ``idem`` (the idempotency binding and its key's name),
+  ``record`` (``set_record``'s document, when one was kept).
 - ``P lease:R``: the producer's lease (``PX lease_s``); gone while ``done`` is
   not set means the producer was lost.
 - ``P readers:R``: a sorted set of reader ids scored by their lease's end (ms).
@@ -28,7 +29,7 @@ Spec: Redis documentation, "Scripting with Lua", "Streams" (explicit entry ids).
 
 from __future__ import annotations
 
-__all__ = ["ATTACH", "ATTACHED", "CREATE", "REFRESH", "WRITE"]
+__all__ = ["ATTACH", "ATTACHED", "CREATE", "FORGET", "REFRESH", "SET_RECORD", "WRITE"]
 
 _COMMON = """
 local function now_ms()
@@ -248,3 +249,23 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return redis.call('ZCARD', KEYS[1])
 """
 """KEYS: the readers set. Returns how many readers' leases have not ended."""
+
+SET_RECORD = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'record', ARGV[1])
+  return 1
+end
+return 0
+"""
+"""KEYS: the meta hash. ARGV: the record. Returns 1 when kept, 0 (a log gone)."""
+
+FORGET = (
+    _COMMON
+    + """
+local P, R, owner = ARGV[1], ARGV[2], ARGV[3]
+if redis.call('HGET', P .. 'meta:' .. R, 'owner') ~= owner then return 0 end
+forget(P, R)
+return 1
+"""
+)
+"""ARGV: prefix, id, owner. Forgets the log when ``owner``'s; returns 1, else 0."""

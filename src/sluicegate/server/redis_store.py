@@ -55,7 +55,7 @@ from sluicegate.server.event_store import (
     StoreFull,
 )
 from sluicegate.server.redis_client import redis_errors
-from sluicegate.server.redis_lua import ATTACH, ATTACHED, CREATE
+from sluicegate.server.redis_lua import ATTACH, ATTACHED, CREATE, FORGET, SET_RECORD
 from sluicegate.server.redis_tail import Follower, RedisTail
 from sluicegate.server.redis_writer import LogWriter
 
@@ -115,6 +115,8 @@ class RedisEventStore:
         self._create = client.register_script(CREATE)
         self._attach = client.register_script(ATTACH)
         self._attached = client.register_script(ATTACHED)
+        self._set_record = client.register_script(SET_RECORD)
+        self._forget = client.register_script(FORGET)
         self._live: set[str] = set()  # created here, not finished yet
         self._tail = RedisTail(
             client, prefix, block_ms, lease_s / 3, self._lease_ms, self._live
@@ -200,6 +202,30 @@ class RedisEventStore:
             RedisUnavailable: Redis cannot be reached (first or later).
         """
         return self._read(response_id, owner, after)
+
+    async def set_record(self, response_id: str, record: bytes) -> None:
+        """See ``EventStore.set_record`` (a field of the log's meta hash: it
+        expires and is forgotten with the log)."""
+        with redis_errors("keeping a record"):
+            await self._set_record(keys=[self._key("meta", response_id)], args=[record])
+
+    async def record(self, response_id: str, owner: str) -> bytes | None:
+        """See ``EventStore.record``."""
+        with redis_errors("reading a record"):
+            kept, record = await self._client.hmget(
+                self._key("meta", response_id), "owner", "record"
+            )
+        if kept is None or kept.decode() != owner or not record:
+            return None
+        return bytes(record)
+
+    async def delete(self, response_id: str, owner: str) -> bool:
+        """See ``EventStore.delete``: this server's readers of the log end with
+        ``CursorEvicted`` (the log is gone), as for an eviction."""
+        await self._writer.flush()
+        with redis_errors("deleting a log"):
+            forgotten = await self._forget(args=[self._prefix, response_id, owner])
+        return int(forgotten) == 1
 
     @property
     def flushes(self) -> int:

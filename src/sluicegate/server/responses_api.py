@@ -17,15 +17,21 @@ that the chat planner checks and tokenizes as any other:
     tool_choice none|auto|required|{type: function, name}
     text.format text|json_object|json_schema -> response_format
 
-Images, files, non-function tools, ``background`` and ``previous_response_id``
-are refused with a 400 naming them (not served here). The answer is written by
-``core/responses_wire.py``.
+    stream_options.include_obfuscation    -> stream_options.include_obfuscation
+
+A stored response (``store``, ``background``; see ``response_store.py``) is
+asked of the chat path as a resumable stream (``stream_options.resumable``)
+whatever the client asked, so that its events are kept in the log; the items
+of a ``previous_response_id`` come first in its input. Images, files,
+non-function tools and ``conversation`` are refused with a 400 naming them (not
+served here). The answer is written by ``core/responses_wire.py``.
 
 Spec: OpenAI API reference, "Responses", "Create a model response".
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,7 +40,12 @@ from sluicegate.core.errors import RequestError
 from sluicegate.server.param_errors import request_error
 from sluicegate.server.schemas import ChatCompletionRequest, parse_chat_request
 
-__all__ = ["ResponsesRequest", "parse_responses_request", "to_chat_request"]
+__all__ = [
+    "ResponsesRequest",
+    "input_items",
+    "parse_responses_request",
+    "to_chat_request",
+]
 
 MAX_ITEMS = 1024
 """Most input items in one request (a bound on the work of one request)."""
@@ -78,6 +89,12 @@ class TextOptions(_Model):
     format: TextFormat | None = None
 
 
+class StreamOptions(_Model):
+    """``stream_options``: ``include_obfuscation`` pads the stream's events."""
+
+    include_obfuscation: bool | None = None
+
+
 class ResponsesRequest(_Model):
     """A ``POST /v1/responses`` body.
 
@@ -95,7 +112,8 @@ class ResponsesRequest(_Model):
     parallel_tool_calls: bool = True
     text: TextOptions | None = None
     stream: bool = False
-    store: bool = True
+    stream_options: StreamOptions | None = None
+    store: bool | None = None
     background: bool = False
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
@@ -103,9 +121,8 @@ class ResponsesRequest(_Model):
 
 
 _NOT_SERVED = {
-    "background": "background responses are not served by this server",
-    "previous_response_id": "responses are not stored by this server",
-    "conversation": "conversations are not stored by this server",
+    "conversation": "conversations are not kept by this server; use"
+    " previous_response_id",
 }
 
 
@@ -114,7 +131,7 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
 
     Raises:
         RequestError: 400 naming the parameter (``input[1].content[0].type``,
-            ``tools[0].type``, ``background``...).
+            ``tools[0].type``, ``store`` false with ``background``...).
     """
     for name, why in _NOT_SERVED.items():
         if body.get(name) not in (None, False):
@@ -134,15 +151,38 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
                     code="unsupported_parameter",
                 )
     try:
-        return ResponsesRequest.model_validate(
+        request = ResponsesRequest.model_validate(
             {k: v for k, v in body.items() if v is not None}
         )
     except ValidationError as exc:
         raise request_error(exc.errors()[0]) from exc
+    if request.background and request.store is False:
+        raise RequestError(
+            "A background response must be stored: set 'store' to true",
+            param="store",
+            code="invalid_value",
+        )
+    return request
 
 
-def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
+def input_items(request: ResponsesRequest) -> list[dict[str, Any]]:
+    """``input`` as a list of items (a string is one user message)."""
+    if isinstance(request.input, str):
+        return [{"type": "message", "role": "user", "content": request.input}]
+    return list(request.input)
+
+
+def to_chat_request(
+    request: ResponsesRequest,
+    stored: bool = False,
+    history: Sequence[dict[str, Any]] = (),
+) -> ChatCompletionRequest:
     """The chat-completions request that asks for what ``request`` asks.
+
+    Args:
+        stored: ask for a resumable stream, whatever ``request.stream`` says.
+        history: the items of the previous response (its input, then its
+            output), put before ``request``'s own input.
 
     Raises:
         RequestError: 400 for an input item or part this server cannot take,
@@ -151,19 +191,29 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
     messages: list[dict[str, Any]] = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})
+    for i, item in enumerate(history):
+        _add_item(messages, item, f"previous_response_id.items[{i}]")
     if isinstance(request.input, str):
         messages.append({"role": "user", "content": request.input})
     else:
         for i, item in enumerate(request.input):
             _add_item(messages, item, f"input[{i}]")
+    stream = request.stream or stored
     body: dict[str, Any] = {
         "model": request.model,
         "messages": messages,
-        "stream": request.stream,
+        "stream": stream,
         "parallel_tool_calls": request.parallel_tool_calls,
     }
-    if request.stream:
-        body["stream_options"] = {"include_usage": True}
+    if stream:
+        options: dict[str, Any] = {"include_usage": True}
+        if stored:
+            options["resumable"] = True
+        asked = request.stream_options
+        padded = asked.include_obfuscation if asked is not None else None
+        if padded is not None:
+            options["include_obfuscation"] = padded
+        body["stream_options"] = options
     for name in ("temperature", "top_p"):
         value = getattr(request, name)
         if value is not None:

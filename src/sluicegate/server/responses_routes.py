@@ -1,49 +1,167 @@
-"""The Responses API's route: ``POST /v1/responses``, through the chat path.
+"""The Responses API's routes: create, retrieve, cancel and delete a response.
 
 A Responses body goes through ``responses_api.to_chat_request``; it is then
 planned, admitted, metered and streamed as any generation, written by
 ``core/responses_wire.py``; its refusals are in OpenAI's error shape.
 
-Spec: OpenAI API reference, "Create a model response".
+A stored response (``response_store.py``) is a resumable stream whatever the
+client asked; its ``POST`` is answered by what the client asked for:
+
+::
+
+    stream   background   the answer
+    true     any          the log's event stream (each event with an id: line)
+    false    true         the response object at once (in_progress)
+    false    false        the response object once it ended (``WholeFromLog``)
+
+A background response keeps generating with no reader until it ends or is
+cancelled; another stored one, for the grace period (``resume_grace_s``).
+
+Spec: OpenAI API reference, "Create a model response", "Get a model response",
+"Cancel a response", "Delete a model response".
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from typing import Any
 
 from starlette.requests import Request
+from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from sluicegate.core.chunks import Endpoint
-from sluicegate.server.admission import ApiKey
-from sluicegate.server.answers import error_response
+from sluicegate.core.responses_wire import response_object
+from sluicegate.core.wire import Wire
+from sluicegate.server.admission import ANONYMOUS, ApiKey
+from sluicegate.server.answers import error_response, json_answer
+from sluicegate.server.log_response import LogStreamResponse
 from sluicegate.server.messages_routes import Generating, with_endpoint
 from sluicegate.server.plan import Plan
 from sluicegate.server.prepare import plan_chat
-from sluicegate.server.responses_api import parse_responses_request, to_chat_request
+from sluicegate.server.response_store import StoredResponses, WholeFromLog
+from sluicegate.server.responses_api import (
+    ResponsesRequest,
+    input_items,
+    parse_responses_request,
+    to_chat_request,
+)
+from sluicegate.server.resumable import ResumableStreams, owner_of
 
 __all__ = ["ResponsesRoutes"]
 
 
-class ResponsesRoutes:
-    """``POST /v1/responses`` over the app's generation routes."""
+@dataclasses.dataclass(slots=True)
+class _Asked:
+    """What one ``POST`` asked, kept by its planner for its answer; ``kept`` is
+    set once its first record is written (its end hook waits for it)."""
 
-    def __init__(self, routes: Generating) -> None:
+    request: ResponsesRequest | None = None
+    items: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    plan: Plan | None = None
+    record: dict[str, Any] | None = None
+    kept: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+class ResponsesRoutes:
+    """The Responses API's endpoints over the app's generation routes.
+
+    Args:
+        routes: the app's generation routes.
+        resumable: the app's resumable streams (where stored responses go).
+    """
+
+    def __init__(self, routes: Generating, resumable: ResumableStreams) -> None:
         self._routes = routes
+        self._resumable = resumable
+        self._stored = StoredResponses(resumable)
+
+    def routes(self) -> list[Route]:
+        """The Starlette routes of the four endpoints."""
+        one = "/v1/responses/{response_id}"
+        stored = self._stored
+        return [
+            Route("/v1/responses", self.create, methods=["POST"]),
+            Route(one, stored.retrieve, methods=["GET"]),
+            Route(one, stored.delete, methods=["DELETE"]),
+            Route(one + "/cancel", stored.cancel, methods=["POST"]),
+        ]
 
     async def create(self, request: Request) -> ASGIApp:
-        """``POST /v1/responses``: a response, streamed or whole."""
-        return await self._routes._generate(
-            request, Endpoint.RESPONSES, self._plan, error_response
-        )
+        """``POST /v1/responses``: a response, streamed or whole, stored or not."""
+        asked = _Asked()
+
+        async def plan(
+            body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
+        ) -> Plan:
+            return await self._plan(asked, body, response_id, key, small)
+
+        async def ended(machine: Wire) -> None:
+            await asked.kept.wait()
+            if asked.record is not None:
+                await self._stored.ended(asked.record, machine)
+
+        try:
+            answer = await self._routes._generate(
+                request, Endpoint.RESPONSES, plan, error_response, ended
+            )
+            ask, planned = asked.request, asked.plan
+            if not isinstance(answer, LogStreamResponse) or planned is None:
+                return answer  # not stored, or refused
+            assert ask is not None, "the planner parsed the request"
+            if answer.response_id != planned.header.id:
+                return await self._retried(request, answer, ask)  # the key's log
+            asked.record = await self._stored.keep(
+                planned.header, asked.items, ask.background
+            )
+        finally:
+            asked.kept.set()
+        if ask.stream:
+            return answer
+        if ask.background:
+            await answer.aclose()  # nobody reads it: it runs on its own
+            snapshot = response_object(planned.header, "in_progress", [])
+            return json_answer({**snapshot, "background": True})
+        return WholeFromLog(answer)
+
+    async def _retried(
+        self, request: Request, answer: LogStreamResponse, ask: ResponsesRequest
+    ) -> ASGIApp:
+        """A retry that its ``Idempotency-Key`` attached to a kept response:
+        answered as the first ``POST`` was, from that response."""
+        if ask.stream:
+            return answer
+        if not ask.background:
+            return WholeFromLog(answer)
+        await answer.aclose()
+        return await self._stored.current(answer.response_id, owner_of(request))
 
     async def _plan(
-        self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
+        self,
+        asked: _Asked,
+        body: dict[str, Any],
+        response_id: str,
+        key: ApiKey | None,
+        small: bool,
     ) -> Plan:
         routes = self._routes
-        chat = to_chat_request(parse_responses_request(body))
+        ask = parse_responses_request(body)
+        default = routes.config.store_responses
+        stored = ask.background or (default if ask.store is None else ask.store)
+        history: list[dict[str, Any]] = []
+        if ask.previous_response_id is not None:
+            owner = key.key_id if key is not None else ANONYMOUS
+            history = await self._stored.history(ask.previous_response_id, owner)
+        chat = to_chat_request(ask, stored, history)
         served = await routes._check_admissible(key, chat, small)
         plan = await plan_chat(
             chat, response_id, served.engine, served.template, routes.config
         )
-        return with_endpoint(plan, Endpoint.RESPONSES)
+        plan = dataclasses.replace(
+            with_endpoint(plan, Endpoint.RESPONSES), background=ask.background
+        )
+        if stored:
+            asked.request, asked.plan = ask, plan
+            asked.items = [*history, *input_items(ask)]
+        return plan

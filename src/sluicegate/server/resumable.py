@@ -32,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -41,6 +43,7 @@ from starlette.responses import Response
 from sluicegate.core.chunks import dumps, error_payload
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import RequestError
+from sluicegate.core.wire import Wire
 from sluicegate.server.access import API_KEY
 from sluicegate.server.admission import ANONYMOUS, Unavailable
 from sluicegate.server.answers import json_answer
@@ -71,6 +74,7 @@ __all__ = [
     "ResumableStreams",
     "body_hash",
     "open_store",
+    "owner_of",
     "parse_cursor",
 ]
 
@@ -139,6 +143,12 @@ def parse_cursor(text: str, response_id: str) -> int:
     return int(seq)
 
 
+def owner_of(request: Request) -> str:
+    """The key id a request's logs belong to (``ANONYMOUS`` without keys)."""
+    key = request.scope.get(API_KEY)
+    return key.key_id if key is not None else ANONYMOUS
+
+
 def body_hash(body: dict[str, Any]) -> str:
     """A hash of a request body, the same for the same JSON object (keys sorted)."""
     return hashlib.sha256(dumps(_sorted(body))).hexdigest()
@@ -174,9 +184,15 @@ class ResumableStreams:
         self._limits = limits
         self._live = live
         self._tasks: set[asyncio.Task[None]] = set()
-        self._producers: dict[str, tuple[str, Producer]] = {}  # id -> owner, it
+        # id -> its owner, its producer, the producer's task
+        self._producers: dict[str, tuple[str, Producer, asyncio.Task[None]]] = {}
         self.check_interval_s = min(1.0, max(config.resume_grace_s / 4, 0.05))
         """Seconds between a producer's checks of its readers."""
+
+    @property
+    def retry_after_s(self) -> int:
+        """The ``Retry-After`` of a 503 (seconds)."""
+        return self._config.retry_after_s
 
     def wanted(self, plan: Plan) -> bool:
         """Whether ``plan``'s response is resumable (a stream that asked, or the
@@ -256,11 +272,26 @@ class ResumableStreams:
         await self.store.finish(response_id)
 
     async def start(
-        self, generation: Generation, plan: Plan, meter: Meter
+        self,
+        generation: Generation,
+        plan: Plan,
+        meter: Meter,
+        ended: Callable[[Wire], Awaitable[None]] | None = None,
     ) -> LogStreamResponse:
-        """Run the producer in a task; returns the first reader's response."""
+        """Run the producer in a task; returns the first reader's response.
+
+        Args:
+            ended: awaited with the stream machine once its log is finished,
+                before the ledger row is recorded (a ``background`` plan's
+                producer never waits for a reader: it runs to its end).
+        """
 
         async def on_end(state: EndState) -> None:
+            if ended is not None:
+                try:
+                    await ended(producer.machine)
+                except Exception:  # the row is recorded whatever the hook met
+                    logger.exception("end of resumable stream %s", plan.header.id)
             meter.resumed = await self.store.resumed(plan.header.id)
             meter.record(state, 200)
 
@@ -271,7 +302,7 @@ class ResumableStreams:
             plan.header,
             self._limits,
             self._live,
-            self._config.resume_grace_s,
+            math.inf if plan.background else self._config.resume_grace_s,
             on_end,
             self.check_interval_s,
             padded=self._config.obfuscation if padded is None else padded,
@@ -280,13 +311,13 @@ class ResumableStreams:
         reader = await self._reader(response_id, meter.key_id, -1)
         task = asyncio.get_running_loop().create_task(producer.run())
         self._tasks.add(task)
-        self._producers[response_id] = (meter.key_id, producer)
+        self._producers[response_id] = (meter.key_id, producer, task)
 
-        def ended(task: asyncio.Task[None]) -> None:
+        def done(task: asyncio.Task[None]) -> None:
             self._tasks.discard(task)
             self._producers.pop(response_id, None)
 
-        task.add_done_callback(ended)
+        task.add_done_callback(done)
         assert reader is not None, "open() created the log"
         return reader
 
@@ -301,8 +332,6 @@ class ResumableStreams:
         """
         response_id = request.path_params["response_id"]
         prefix = "cmpl-" if request.scope["path"].startswith("/v1/completions") else ""
-        key = request.scope.get(API_KEY)
-        owner = key.key_id if key is not None else ANONYMOUS
         cursor = request.headers.get("last-event-id")
         if cursor is None:
             cursor = request.query_params.get("after", "")
@@ -310,13 +339,31 @@ class ResumableStreams:
             return json_answer(_NOT_FOUND, 404)
         try:
             after = parse_cursor(cursor, response_id)
-            reader = await self._reader(response_id, owner, after)
         except RequestError as exc:
             payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
             return json_answer(payload, 400)
+        return await self.resume(response_id, owner_of(request), after)
+
+    async def resume(
+        self,
+        response_id: str,
+        owner: str,
+        after: int,
+        param: str = "Last-Event-ID",
+        not_found: dict[str, Any] = _NOT_FOUND,
+    ) -> Response | LogStreamResponse:
+        """A reader of ``owner``'s log after frame ``after`` (``-1``: all).
+
+        Returns:
+            The reader (200, event stream); ``not_found`` with 404 (unknown,
+            another key's, expired); 410 ``cursor_evicted`` naming ``param``;
+            503 ``resume_store_unavailable``.
+        """
+        try:
+            reader = await self._reader(response_id, owner, after)
         except CursorEvicted as exc:
             payload = error_payload(
-                str(exc), "invalid_request_error", "Last-Event-ID", CURSOR_EVICTED
+                str(exc), "invalid_request_error", param, CURSOR_EVICTED
             )
             return json_answer(payload, 410)
         except StoreError as exc:  # the shared store cannot be reached
@@ -326,7 +373,7 @@ class ResumableStreams:
             retry = {"Retry-After": str(self._config.retry_after_s)}
             return json_answer(payload, 503, retry)
         if reader is None:
-            return json_answer(_NOT_FOUND, 404)
+            return json_answer(not_found, 404)
         return reader
 
     async def cancel(self, request: Request) -> Response:
@@ -339,12 +386,26 @@ class ResumableStreams:
             ended, or produced by another replica).
         """
         response_id = request.path_params["response_id"]
-        key = request.scope.get(API_KEY)
-        owner = key.key_id if key is not None else ANONYMOUS
         producing = self._producers.get(response_id)
-        if producing is None or producing[0] != owner or not producing[1].cancel():
+        if (
+            producing is None
+            or producing[0] != owner_of(request)
+            or not producing[1].cancel()
+        ):
             return json_answer(_NOT_FOUND, 404)  # ended ones too, task or not
         return json_answer({"id": response_id, "cancelled": True})
+
+    async def stop(self, response_id: str, owner: str, timeout_s: float = 5.0) -> bool:
+        """Cancel the stream this server produces for ``owner`` (as ``cancel``),
+        then wait up to ``timeout_s`` for its producer to end: its log finished,
+        its ``ended`` hook run. Returns whether this server was producing it."""
+        producing = self._producers.get(response_id)
+        if producing is None or producing[0] != owner:
+            return False
+        _, producer, task = producing
+        producer.cancel()
+        await asyncio.wait([task], timeout=timeout_s)
+        return True
 
     async def _reader(
         self, response_id: str, owner: str, after: int

@@ -39,23 +39,20 @@ from typing import Protocol
 from sluicegate.core.chunks import ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.events import Fail, StreamEvent
+from sluicegate.core.events import CANCELLED, Fail, StreamEvent
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
-from sluicegate.core.wire import stream_machine
+from sluicegate.core.wire import Wire, stream_machine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.event_store import EventStore
 from sluicegate.server.generation import INTERNAL_ERROR_MESSAGE, Generation
 from sluicegate.server.streaming import StreamLimits, attached
 
-__all__ = ["BUFFER_FULL", "CANCELLED", "GRACE_EXPIRED", "Producer", "SyncAppend"]
+__all__ = ["BUFFER_FULL", "GRACE_EXPIRED", "Producer", "SyncAppend"]
 
 logger = logging.getLogger(__name__)
 
 GRACE_EXPIRED = "resume_grace_expired"
 """Error code of the event that ends a stream nobody resumed in time."""
-
-CANCELLED = "cancelled"
-"""Error code of the event that ends a stream its client cancelled."""
 
 BUFFER_FULL = "stream_buffer_full"
 """Error code of the event that ends a stream whose store fell behind the engine."""
@@ -116,6 +113,11 @@ class Producer:
         self._buffer: StreamBuffer | None = None
         self.abandoned: str | None = None
         """Why the producer gave up (grace ran out, buffer full), or ``None``."""
+
+    @property
+    def machine(self) -> Wire:
+        """The stream machine that writes the log (its outcome, its output)."""
+        return self._machine
 
     async def run(self) -> None:
         """Produce until the machine ends; finish the log; report the end state."""
