@@ -19,6 +19,7 @@ from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
+    CANCELLED,
     Delta,
     DeltaParts,
     End,
@@ -53,6 +54,11 @@ def events(frames: list[bytes]) -> list[dict[str, Any]]:
 def outcome(machine: Any) -> EndState:
     """``machine.outcome`` now (a call, so that type checkers do not narrow it)."""
     return machine.outcome  # type: ignore[no-any-return]
+
+
+def snapshot(machine: Any) -> dict[str, Any] | None:
+    """``machine.snapshot`` now."""
+    return machine.snapshot  # type: ignore[no-any-return]
 
 
 def ended(machine: Any) -> EndState | None:
@@ -145,6 +151,25 @@ def test_the_length_limit_is_incomplete_and_a_fail_is_response_failed() -> None:
     assert events(other.feed(Fail("x")))[0]["response"]["error"]["code"] == (
         "server_error"
     )
+
+
+def test_the_snapshot_is_the_last_response_and_a_cancel_is_cancelled() -> None:
+    machine = ResponsesStream(HEADER)
+    assert snapshot(machine) is None
+    first = events(machine.start())[0]["response"]
+    assert snapshot(machine) == first
+    frames = machine.feed(Delta(0, "par")) + machine.feed(Fail("stop", code=CANCELLED))
+    cancelled = events(frames)[-1]
+    assert cancelled["type"] == "response.failed"  # no event of its own
+    assert cancelled["response"]["status"] == "cancelled"
+    assert snapshot(machine) == cancelled["response"]
+    assert cancelled["response"]["output"][0]["content"][0]["text"] == "par"
+    done = ResponsesStream(HEADER)
+    done.start()
+    done.feed(Delta(0, "ok"))
+    terminal = events(done.feed(Finish(0, FinishReason.STOP)) + done.feed(End(USAGE)))
+    assert done.snapshot == terminal[-1]["response"]
+    assert terminal[-1]["response"]["status"] == "completed"
 
 
 def test_outcome_and_illegal_events() -> None:

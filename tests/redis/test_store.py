@@ -337,3 +337,38 @@ async def test_redis_going_away_ends_readers_and_breaks_the_log(tmp_path):
             await store.aclose()
         for client in clients:
             await client.aclose()
+
+
+async def test_a_record_is_read_on_another_replica_and_expires_with_its_log(stores):
+    producer, reader = stores(ttl_s=0.3), stores(ttl_s=0.3)
+    await producer.create("r1", "alice")
+    assert await reader.record("r1", "alice") is None
+    await producer.set_record("r1", b'{"input":[]}')
+    await producer.set_record("r1", b'{"input":[1]}')
+    assert await reader.record("r1", "alice") == b'{"input":[1]}'
+    assert await reader.record("r1", "mallory") is None
+    assert await reader.record("r2", "alice") is None
+    await producer.set_record("gone", b"{}")  # a log that is gone takes nothing
+    assert await reader.record("gone", "alice") is None
+    await producer.append("r1", frames("a"))
+    await producer.finish("r1")
+    with anyio.fail_after(10):
+        while True:
+            if await reader.record("r1", "alice") is None:
+                break
+            await anyio.sleep(0.05)
+
+
+async def test_delete_on_another_replica_forgets_the_log_and_its_key(stores):
+    producer, other = stores(), stores()
+    await producer.create("r1", "alice", ("key", "h1"))
+    await producer.append("r1", frames("a"))
+    await producer.set_record("r1", b"{}")
+    await producer.finish("r1")
+    assert not await other.delete("r1", "mallory")
+    assert await other.delete("r1", "alice")
+    assert not await other.delete("r1", "alice")
+    with pytest.raises(LogNotFound):
+        await read_all(other)
+    assert await other.record("r1", "alice") is None
+    assert await producer.create("r2", "alice", ("key", "h2")) is None  # key freed

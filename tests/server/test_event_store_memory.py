@@ -211,3 +211,41 @@ async def test_aclose_ends_waiting_readers() -> None:
     await store.aclose()
     with pytest.raises(StopAsyncIteration):
         await waiting
+
+
+async def test_a_record_lives_and_dies_with_its_log_behind_the_owner_check() -> None:
+    clock = Clock()
+    store = MemoryEventStore(ttl_s=10, clock=clock)
+    await store.create("r", "alice", ("key", "h"))
+    await store.append("r", [frame(0)])
+    assert await store.record("r", "alice") is None  # none kept yet
+    await store.set_record("r", b'{"input":[]}')
+    await store.set_record("r", b'{"input":[1]}')  # replaced, counted once
+    assert await store.record("r", "alice") == b'{"input":[1]}'
+    assert await store.record("r", "bob") is None
+    assert await store.record("unknown", "alice") is None
+    assert store.nbytes == len(frame(0)) + len(b'{"input":[1]}')
+    await store.set_record("gone", b"{}")  # a log that is gone takes nothing
+    await store.finish("r")
+    clock.now += 11
+    assert await store.record("r", "alice") is None
+    assert store.nbytes == 0
+
+
+async def test_delete_forgets_the_owners_log_its_record_and_its_key() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "alice", ("key", "h"))
+    await store.append("r", [frame(0)])
+    await store.set_record("r", b"{}")
+    reader = store.read("r", "alice", -1)
+    assert await anext(reader) == [(0, frame(0))]
+    assert not await store.delete("r", "bob")
+    assert await store.delete("r", "alice")
+    assert not await store.delete("r", "alice")
+    assert await take(reader) == []  # a waiting reader ends
+    with pytest.raises(LogNotFound):
+        await anext(store.read("r", "alice", -1))
+    assert await store.record("r", "alice") is None
+    assert store.nbytes == 0
+    assert len(store) == 0
+    assert await store.create("r2", "alice", ("key", "h2")) is None  # key freed

@@ -339,7 +339,7 @@ class WholeFromLog:
             )
             answer = json_answer(payload, 500)
         else:
-            answer = json_answer(last)
+            answer = json_answer({**last, "background": False})  # as it is kept
         await answer(scope, receive, send)
 
 

@@ -58,6 +58,9 @@ BUFFER_FULL = "stream_buffer_full"
 """Error code of the event that ends a stream whose store fell behind the engine."""
 
 
+_CANCEL_REASON = "The client cancelled this stream"
+
+
 class SyncAppend(Protocol):
     """A store that appends at once, without a coroutine (the memory store)."""
 
@@ -111,6 +114,7 @@ class Producer:
         self._check_s = check_interval_s
         self._failure: Exception | None = None  # met in the engine's callback
         self._buffer: StreamBuffer | None = None
+        self._cancel_early = False  # cancel() came before the buffer
         self.abandoned: str | None = None
         """Why the producer gave up (grace ran out, buffer full), or ``None``."""
 
@@ -146,6 +150,8 @@ class Producer:
 
         buffer = StreamBuffer(limit, overflow)
         self._buffer = buffer
+        if self._cancel_early:
+            self._give_up(buffer, _CANCEL_REASON, CANCELLED)
         append_nowait = getattr(self._store, "append_nowait", None)
         if append_nowait is not None:
             buffer.direct = functools.partial(self._direct, buffer, append_nowait)
@@ -226,10 +232,11 @@ class Producer:
             Whether this call aborted it (``False``: it had ended, or was being
             given up already).
         """
-        if self._buffer is None:
-            return False
-        reason = "The client cancelled this stream"
-        return self._give_up(self._buffer, reason, CANCELLED)
+        if self._buffer is None:  # not producing yet: given up once it starts
+            early = not self._cancel_early and self._machine.end_state is None
+            self._cancel_early = True
+            return early
+        return self._give_up(self._buffer, _CANCEL_REASON, CANCELLED)
 
     def _give_up(self, buffer: StreamBuffer, reason: str, code: str) -> bool:
         # Once the machine ended (its end written from the engine's callback,

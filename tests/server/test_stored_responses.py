@@ -1,0 +1,304 @@
+"""Stored Responses in the app (scripted engine): background, retrieve, resume
+from a sequence number, cancel, delete, ``previous_response_id``, and who may
+read what."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from sluicegate.core.endstate import EndState
+from sluicegate.core.sse import SSEDecoder
+from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.server.admission import ApiKey
+from sluicegate.server.app import create_app
+from sluicegate.server.config import ServerConfig
+
+from ..polling import wait_until
+
+pytestmark = pytest.mark.anyio
+
+RESPONSES = "/v1/responses"
+ALICE = {"authorization": "Bearer sk-alice"}
+BOB = {"authorization": "Bearer sk-bob"}
+
+
+def _client(engine: ScriptedEngine, **config: Any) -> httpx.AsyncClient:
+    keys = (ApiKey("sk-alice", key_id="alice"), ApiKey("sk-bob", key_id="bob"))
+    app = create_app(engine, ServerConfig(api_keys=keys, **config))
+    transport = httpx.ASGITransport(app=app)
+    client = httpx.AsyncClient(transport=transport, base_url="http://t", headers=ALICE)
+    client.app = app  # type: ignore[attr-defined]
+    return client
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with _client(ScriptedEngine(tokens_per_s=2000)) as client:
+        yield client
+
+
+def events(body: bytes) -> list[tuple[str | None, dict[str, Any]]]:
+    """Each event's ``id:`` and JSON (comments dropped)."""
+    decoder = SSEDecoder()
+    return [(e.id, json.loads(e.data)) for e in decoder.feed(body) + decoder.flush()]
+
+
+async def ended(client: httpx.AsyncClient, response_id: str) -> dict[str, Any]:
+    """Poll ``GET /v1/responses/{id}`` until the response ended; its object."""
+    with anyio.fail_after(10):
+        while True:
+            got = await client.get(f"{RESPONSES}/{response_id}")
+            assert got.status_code == 200, got.text
+            body: dict[str, Any] = got.json()
+            if body["status"] not in ("queued", "in_progress"):
+                return body
+            await anyio.sleep(0.01)
+
+
+def text_of(response: dict[str, Any]) -> str:
+    return "".join(
+        part["text"]
+        for item in response["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    )
+
+
+async def test_a_background_response_answers_at_once_and_runs_to_its_end(
+    client: httpx.AsyncClient,
+) -> None:
+    created = await client.post(
+        RESPONSES, json={"model": "scripted", "input": "Hi", "background": True}
+    )
+    assert created.status_code == 200
+    first = created.json()
+    assert (first["status"], first["background"], first["output"]) == (
+        "in_progress",
+        True,
+        [],
+    )
+    final = await ended(client, first["id"])
+    assert final["status"] == "completed"
+    assert final["background"] is True
+    assert text_of(final) == DEFAULT_TEXT
+    plain = (
+        await client.post(RESPONSES, json={"model": "scripted", "input": "Hi"})
+    ).json()
+    assert text_of(plain) == text_of(final)
+    assert final["usage"] == plain["usage"]
+    assert final["output"][0]["status"] == plain["output"][0]["status"]
+
+
+async def test_a_stream_resumes_after_any_sequence_number_then_ends_once(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {"model": "scripted", "input": "Hi", "background": True, "stream": True}
+    whole = await client.post(RESPONSES, json=body)
+    assert whole.status_code == 200
+    full = events(whole.content)
+    response_id = full[0][1]["response"]["id"]
+    assert [i for i, _ in full] == [f"{response_id}.{n}" for n in range(len(full))]
+    assert [p["sequence_number"] for _, p in full] == list(range(len(full)))
+    for after in (0, 3, len(full) - 2, len(full) - 1):
+        path = f"{RESPONSES}/{response_id}?stream=true&starting_after={after}"
+        resumed = await client.get(path)
+        assert resumed.status_code == 200
+        assert resumed.headers["content-type"].startswith("text/event-stream")
+        assert events(resumed.content) == full[after + 1 :]
+    by_header = await client.get(
+        f"{RESPONSES}/{response_id}?stream=true",
+        headers={"last-event-id": f"{response_id}.4"},
+    )
+    assert events(by_header.content) == full[5:]
+    everything = await client.get(f"{RESPONSES}/{response_id}?stream=true")
+    assert events(everything.content) == full
+    ends = {"response.completed", "response.incomplete", "response.failed"}
+    assert [p["type"] for _, p in full if p["type"] in ends] == ["response.completed"]
+
+
+async def test_retrieve_refuses_what_it_cannot_find_or_read(
+    client: httpx.AsyncClient,
+) -> None:
+    stored = (
+        await client.post(
+            RESPONSES, json={"model": "scripted", "input": "Hi", "store": True}
+        )
+    ).json()
+    assert stored["status"] == "completed"
+    path = f"{RESPONSES}/{stored['id']}"
+    assert (await client.get(path)).json() == stored
+    unstored = (
+        await client.post(RESPONSES, json={"model": "scripted", "input": "Hi"})
+    ).json()
+    not_found = [
+        await client.get(path, headers=BOB),  # another key's
+        await client.get(f"{RESPONSES}/{unstored['id']}"),  # never stored
+        await client.get(f"{RESPONSES}/resp_0123"),
+        await client.get(path + "?stream=true", headers=BOB),
+        await client.delete(path, headers=BOB),
+        await client.post(path + "/cancel", headers=BOB),
+    ]
+    for answer in not_found:
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["error"]["code"] == "not_found"
+    for bad in ("-1", "x", "1.5"):
+        answer = await client.get(f"{path}?stream=true&starting_after={bad}")
+        assert answer.status_code == 400
+        assert answer.json()["error"]["param"] == "starting_after"
+
+
+async def test_the_server_default_stores_what_does_not_say() -> None:
+    async with _client(ScriptedEngine(), store_responses=True) as client:
+        kept = (
+            await client.post(RESPONSES, json={"model": "scripted", "input": "Hi"})
+        ).json()
+        assert (await client.get(f"{RESPONSES}/{kept['id']}")).status_code == 200
+        body = {"model": "scripted", "input": "Hi", "store": False}
+        unkept = (await client.post(RESPONSES, json=body)).json()
+        assert (await client.get(f"{RESPONSES}/{unkept['id']}")).status_code == 404
+        refused = await client.post(RESPONSES, json={**body, "background": True})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "store"
+
+
+async def test_cancel_aborts_a_background_response_in_the_engine() -> None:
+    engine = ScriptedEngine(tokens_per_s=200, never_finishes=True)
+    async with _client(engine) as client:
+        body = {"model": "scripted", "input": "Hi", "background": True}
+        first = (await client.post(RESPONSES, json=body)).json()
+        await wait_until(lambda: engine.stats().generated_tokens >= 3, 5)
+        cancelled = await client.post(f"{RESPONSES}/{first['id']}/cancel")
+        assert cancelled.status_code == 200
+        assert cancelled.json()["status"] == "cancelled"
+        assert cancelled.json()["output"]  # the text so far
+        stats = engine.stats()
+        assert (stats.running, stats.kv_cells_used) == (0, 0)
+        assert stats.aborted_requests == 1
+        assert (await client.get(f"{RESPONSES}/{first['id']}")).json() == (
+            cancelled.json()
+        )
+        again = await client.post(f"{RESPONSES}/{first['id']}/cancel")
+        assert again.json() == cancelled.json()  # an ended one: as it ended
+        log = await client.get(f"{RESPONSES}/{first['id']}?stream=true")
+        last = events(log.content)[-1][1]
+        assert (last["type"], last["response"]["status"]) == (
+            "response.failed",
+            "cancelled",
+        )
+        rows = client.app.state.ledger.rows  # type: ignore[attr-defined]
+        assert [r.end_state for r in rows] == [EndState.ABORTED]
+
+
+async def test_delete_forgets_a_response_and_cancels_a_running_one() -> None:
+    engine = ScriptedEngine(tokens_per_s=200, never_finishes=True)
+    async with _client(engine) as client:
+        body = {"model": "scripted", "input": "Hi", "background": True}
+        running = (await client.post(RESPONSES, json=body)).json()
+        deleted = await client.delete(f"{RESPONSES}/{running['id']}")
+        assert deleted.status_code == 200
+        assert deleted.json() == {
+            "id": running["id"],
+            "object": "response",
+            "deleted": True,
+        }
+        assert engine.stats().running == 0
+        for answer in (
+            await client.get(f"{RESPONSES}/{running['id']}"),
+            await client.get(f"{RESPONSES}/{running['id']}?stream=true"),
+            await client.delete(f"{RESPONSES}/{running['id']}"),
+        ):
+            assert answer.status_code == 404
+
+
+async def test_previous_response_id_continues_its_input_and_output(
+    client: httpx.AsyncClient,
+) -> None:
+    first = (
+        await client.post(
+            RESPONSES, json={"model": "scripted", "input": "Hi", "store": True}
+        )
+    ).json()
+    body = {
+        "model": "scripted",
+        "input": "And?",
+        "previous_response_id": first["id"],
+        "store": True,
+    }
+    second = (await client.post(RESPONSES, json=body)).json()
+    assert second["status"] == "completed", second
+    # The second prompt holds the first's prompt and answer: more tokens than both.
+    used = first["usage"]["input_tokens"] + first["usage"]["output_tokens"]
+    assert second["usage"]["input_tokens"] > used
+    third = (
+        await client.post(
+            RESPONSES,
+            json={
+                "model": "scripted",
+                "input": "More",
+                "previous_response_id": second["id"],
+            },
+        )
+    ).json()
+    both = second["usage"]["input_tokens"] + second["usage"]["output_tokens"]
+    assert third["usage"]["input_tokens"] > both  # the whole chain, in one read
+    for previous, code in (
+        ("resp_unknown", "previous_response_not_found"),
+        (third["id"], "previous_response_not_found"),  # not stored
+    ):
+        body = {"model": "scripted", "input": "x", "previous_response_id": previous}
+        refused = await client.post(RESPONSES, json=body)
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert (error["param"], error["code"]) == ("previous_response_id", code)
+    body = {"model": "scripted", "input": "x", "previous_response_id": first["id"]}
+    assert (await client.post(RESPONSES, json=body, headers=BOB)).status_code == 400
+
+
+async def test_a_running_previous_response_is_refused() -> None:
+    engine = ScriptedEngine(tokens_per_s=200, never_finishes=True)
+    async with _client(engine) as client:
+        body = {"model": "scripted", "input": "Hi", "background": True}
+        running = (await client.post(RESPONSES, json=body)).json()
+        body = {
+            "model": "scripted",
+            "input": "x",
+            "previous_response_id": running["id"],
+        }
+        refused = await client.post(RESPONSES, json=body)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "previous_response_in_progress"
+        await client.post(f"{RESPONSES}/{running['id']}/cancel")
+
+
+async def test_a_stored_response_that_fails_is_a_500_and_is_kept_failed() -> None:
+    async with _client(ScriptedEngine(fail_at_step=2)) as client:
+        answer = await client.post(
+            RESPONSES, json={"model": "scripted", "input": "Hi", "store": True}
+        )
+        assert answer.status_code == 500
+        assert answer.json()["error"]["code"] == "engine_error"
+        rows = client.app.state.ledger.rows  # type: ignore[attr-defined]
+        response_id = rows[-1].request_id
+        kept = await ended(client, response_id)
+        assert kept["status"] == "failed"
+        assert kept["error"]["code"] == "engine_error"
+
+
+async def test_a_background_stream_keeps_running_when_its_client_leaves() -> None:
+    engine = ScriptedEngine(tokens_per_s=100)
+    async with _client(engine, resume_grace_s=0.05) as client:
+        body = {"model": "scripted", "input": "Hi", "background": True, "stream": True}
+        async with client.stream("POST", RESPONSES, json=body) as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("data: "):
+                    response_id = json.loads(line[6:])["response"]["id"]
+                    break
+        final = await ended(client, response_id)  # well past the grace period
+        assert final["status"] == "completed"
+        assert text_of(final) == DEFAULT_TEXT
