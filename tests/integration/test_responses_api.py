@@ -147,7 +147,8 @@ def test_bad_input_is_a_400_naming_the_parameter(
 ) -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"input": "x", "temperature": 5}, "temperature"),
-        ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "background": True, "store": False}, "store"),
+        ({"input": "x", "conversation": "conv_1"}, "conversation"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},

@@ -24,7 +24,12 @@ and writes Anthropic's streaming events, each ``event: <type>`` then one
 The states and their legal events are ``stream.TRANSITIONS``; ``outcome`` is
 ``classify()`` of what was written, as for chat: finished once ``message_stop``
 was written, errored once the error event was, aborted when the writing failed
-before either. Frames are not padded (the Messages API has no padding field).
+before either.
+
+With a filler, every event is padded (``padding.EventPadder``): the Messages
+API has no padding field of its own, so the pad is an ``obfuscation`` field
+last, which Anthropic's SDKs ignore as any unknown field; a ``ping`` has the
+last delta's size.
 
 Spec: Anthropic API reference, "Messages" and "Streaming messages"; "Errors".
 """
@@ -48,7 +53,7 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.padding import MIN_STEP_BYTES, Filler
+from sluicegate.core.padding import MIN_STEP_BYTES, EventPadder, Filler
 from sluicegate.core.stream import TRANSITIONS, Closing, Start, StreamState
 
 __all__ = [
@@ -89,6 +94,10 @@ def stop_reason(reason: FinishReason | None, stop_sequence: str | None) -> str |
     return _STOP_REASONS[reason]
 
 
+def _ping() -> dict[str, Any]:
+    return {"type": "ping"}
+
+
 def _event(name: str, payload: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
@@ -99,8 +108,9 @@ class MessagesStream:
     Args:
         header: the response's shared fields (``n`` must be 1;
             ``prompt_tokens`` is the usage's ``input_tokens``).
-        filler: accepted for the ``Wire`` interface; frames are not padded.
-        pad_step_bytes: likewise unused.
+        filler: pad every event (``padding.EventPadder``, an ``obfuscation``
+            field that Anthropic's clients ignore); ``None`` for no padding.
+        pad_step_bytes: the padding ladder's first step (bytes).
 
     Raises:
         ValueError: ``header.n != 1``.
@@ -111,6 +121,7 @@ class MessagesStream:
         "_gone",
         "_header",
         "_index",
+        "_padder",
         "_pending",
         "_reason",
         "_state",
@@ -124,9 +135,11 @@ class MessagesStream:
         filler: Filler | None = None,
         pad_step_bytes: int = MIN_STEP_BYTES,
     ) -> None:
-        del filler, pad_step_bytes
         if header.n != 1:
             raise ValueError(f"a message has one output, got n={header.n!r}")
+        self._padder = (
+            EventPadder(filler, pad_step_bytes) if filler is not None else None
+        )
         self._header = header
         self._state = StreamState.NEW
         self._reason: FinishReason | None = None
@@ -202,7 +215,8 @@ class MessagesStream:
             "stop_sequence": None,
             "usage": {"input_tokens": header.prompt_tokens, "output_tokens": 0},
         }
-        return [_event("message_start", {"type": "message_start", "message": message})]
+        start = {"type": "message_start", "message": message}
+        return [self._emit("message_start", start)]
 
     def feed(self, event: StreamEvent) -> list[bytes]:
         """Take one event; the frames to write now, in order (module docstring).
@@ -231,12 +245,23 @@ class MessagesStream:
                 self._pending = self._pending.plus(Closing(done=True))
             case Fail(message=message):
                 body = message_error_body(_status_of(event), message)
-                frames.append(_event("error", body))
+                frames.append(self._emit("error", body))
                 self._pending = self._pending.plus(Closing(error=body["error"]))
             case _:
-                frames.append(_PING)
+                padder = self._padder
+                frames.append(
+                    _PING if padder is None else padder.like_delta("ping", _ping())
+                )
         self._state = next_state
         return frames
+
+    def _emit(
+        self, name: str, payload: dict[str, Any], text: str | None = None
+    ) -> bytes:
+        """One event, padded when a filler was given (``text``: a delta's)."""
+        if self._padder is not None:
+            return self._padder.event(name, payload, text)
+        return _event(name, payload)
 
     def _next(self, event: StreamEvent | Start) -> StreamState:
         next_state = TRANSITIONS.get((self._state, type(event)))
@@ -262,12 +287,12 @@ class MessagesStream:
             "index": self._index,
             "content_block": content,
         }
-        frames.append(_event("content_block_start", payload))
+        frames.append(self._emit("content_block_start", payload))
 
     def _close(self, frames: list[bytes]) -> None:
         if self._block is not None:
             payload = {"type": "content_block_stop", "index": self._index}
-            frames.append(_event("content_block_stop", payload))
+            frames.append(self._emit("content_block_stop", payload))
             self._block = None
 
     def _text(self, text: str, frames: list[bytes]) -> None:
@@ -275,7 +300,7 @@ class MessagesStream:
             self._open("text", {"type": "text", "text": ""}, frames)
         delta = {"type": "text_delta", "text": text}
         payload = {"type": "content_block_delta", "index": self._index, "delta": delta}
-        frames.append(_event("content_block_delta", payload))
+        frames.append(self._emit("content_block_delta", payload, text))
 
     def _call(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
         if fragment.name is not None or self._block != fragment.index:
@@ -293,7 +318,8 @@ class MessagesStream:
                 "index": self._index,
                 "delta": delta,
             }
-            frames.append(_event("content_block_delta", payload))
+            arguments = fragment.arguments
+            frames.append(self._emit("content_block_delta", payload, arguments))
 
     def _end(self, usage: Usage) -> list[bytes]:
         delta = {
@@ -306,8 +332,8 @@ class MessagesStream:
         }
         payload = {"type": "message_delta", "delta": delta, "usage": counts}
         return [
-            _event("message_delta", payload),
-            _event("message_stop", {"type": "message_stop"}),
+            self._emit("message_delta", payload),
+            self._emit("message_stop", {"type": "message_stop"}),
         ]
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "FILL_ALPHABET",
     "MIN_STEP_BYTES",
     "PAD_FIELD",
+    "EventPadder",
     "Filler",
     "FramePadder",
     "content_chunk",
@@ -171,6 +172,74 @@ class FramePadder:
         size = self._floor + self._min_step
         pad = self._filler.take(size - len(_COMMENT_HEAD) - 2)
         return _COMMENT_HEAD + pad + b"\n\n"
+
+
+class EventPadder:
+    """Pads the typed events (``event:`` then ``data:``) of one Responses or
+    Messages stream, with the same ``obfuscation`` field and ladder:
+
+    - a delta event (one that carries a piece of text or of a call's
+      arguments) to the size of the same event with empty text, plus
+      ``step_bytes`` of its text's JSON: deltas of up to ``min_step`` bytes all
+      have one size, as in ``FramePadder``;
+    - any other event (items opening and closing, the terminal event with the
+      whole output) to the next power of two of its size: it tells an observer
+      only that power of two;
+    - a heartbeat (``keep_alive``, ``like_delta``) to the size of the last delta
+      event, so that it looks like a token.
+
+    Args:
+        filler: where the pad characters come from.
+        min_step: the ladder's first step (bytes, a power of two).
+    """
+
+    __slots__ = ("_delta_size", "_filler", "_min_step")
+
+    def __init__(self, filler: Filler, min_step: int = MIN_STEP_BYTES) -> None:
+        self._filler = filler
+        self._min_step = min_step
+        self._delta_size = 0
+
+    def event(
+        self, kind: str, payload: dict[str, Any], text: str | None = None
+    ) -> bytes:
+        """``event: kind`` and ``payload``'s JSON, padded (``PAD_FIELD`` is set
+        on ``payload``, last).
+
+        Args:
+            text: the delta's text when the event is a delta, else ``None``.
+        """
+        head, raw = self._encode(kind, payload)
+        size = len(head) + len(raw) + 2
+        if text is None:
+            target = 1 << (size - 1).bit_length()
+        else:
+            floor = size - len(dumps(text)) + 2
+            target = floor + step_bytes(size - floor, self._min_step)
+            self._delta_size = target
+        return head + raw[:-2] + self._filler.take(target - size) + b'"}\n\n'
+
+    def like_delta(self, kind: str, payload: dict[str, Any]) -> bytes:
+        """A heartbeat event padded to the last delta's size (to a power of two
+        of its own before any delta, or when it is larger)."""
+        head, raw = self._encode(kind, payload)
+        size = len(head) + len(raw) + 2
+        target = self._delta_size
+        if target < size:
+            target = 1 << (size - 1).bit_length()
+        return head + raw[:-2] + self._filler.take(target - size) + b'"}\n\n'
+
+    def keep_alive(self) -> bytes:
+        """A ``: keep-alive <pad>`` comment of the last delta's size (256 bytes
+        before any delta)."""
+        size = self._delta_size or 256
+        pad = self._filler.take(size - len(_COMMENT_HEAD) - 2)
+        return _COMMENT_HEAD + pad + b"\n\n"
+
+    @staticmethod
+    def _encode(kind: str, payload: dict[str, Any]) -> tuple[bytes, bytes]:
+        payload[PAD_FIELD] = ""
+        return b"event: " + kind.encode() + b"\ndata: ", dumps(payload)
 
 
 def content_chunk(

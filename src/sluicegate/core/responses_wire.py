@@ -26,11 +26,15 @@ that counts from 0 by one:
                      the Responses API has no event of its own for it)
     Heartbeat        an SSE comment (the Responses API has no ping event)
 
+With a filler, every event is padded (``padding.EventPadder``): an
+``obfuscation`` field last, as OpenAI's ``stream_options.include_obfuscation``
+adds to its deltas; a heartbeat comment has the last delta's size.
+
 Every ``response`` snapshot comes from ``response_object``. The states and
 their legal events are ``stream.TRANSITIONS``; ``outcome`` is ``classify()`` of
 what was written: finished once the terminal event was written (completed or
 incomplete), errored once ``response.failed`` was, aborted when the writing
-failed before either. Frames are not padded.
+failed before either.
 
 Spec: OpenAI API reference, "Responses", "The response object" and "Streaming
 events".
@@ -56,7 +60,7 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.padding import MIN_STEP_BYTES, Filler
+from sluicegate.core.padding import MIN_STEP_BYTES, EventPadder, Filler
 from sluicegate.core.sse import encode_comment
 from sluicegate.core.stream import TRANSITIONS, Closing, Start, StreamState
 
@@ -120,8 +124,9 @@ class ResponsesStream:
 
     Args:
         header: the response's shared fields (``n`` must be 1).
-        filler: accepted for the ``Wire`` interface; frames are not padded.
-        pad_step_bytes: likewise unused.
+        filler: pad every event (``padding.EventPadder``, the ``obfuscation``
+            field); ``None`` for no padding.
+        pad_step_bytes: the padding ladder's first step (bytes).
 
     Raises:
         ValueError: ``header.n != 1``.
@@ -133,6 +138,7 @@ class ResponsesStream:
         "_header",
         "_item",
         "_output",
+        "_padder",
         "_pending",
         "_reason",
         "_seq",
@@ -147,9 +153,11 @@ class ResponsesStream:
         filler: Filler | None = None,
         pad_step_bytes: int = MIN_STEP_BYTES,
     ) -> None:
-        del filler, pad_step_bytes
         if header.n != 1:
             raise ValueError(f"a response has one output, got n={header.n!r}")
+        self._padder = (
+            EventPadder(filler, pad_step_bytes) if filler is not None else None
+        )
         self._header = header
         self._state = StreamState.NEW
         self._reason: FinishReason | None = None
@@ -265,7 +273,8 @@ class ResponsesStream:
                 frames.append(self._event("response.failed", {"response": snapshot}))
                 self._pending = self._pending.plus(Closing(error=error))
             case _:
-                frames.append(_HEARTBEAT)
+                padder = self._padder
+                frames.append(_HEARTBEAT if padder is None else padder.keep_alive())
         self._state = next_state
         return frames
 
@@ -282,9 +291,13 @@ class ResponsesStream:
             )
         return next_state
 
-    def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
+    def _event(
+        self, kind: str, fields: dict[str, Any], text: str | None = None
+    ) -> bytes:
         payload = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
+        if self._padder is not None:
+            return self._padder.event(kind, payload, text)
         return b"event: " + kind.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
     def _open(self, item: dict[str, Any], frames: list[bytes]) -> None:
@@ -320,7 +333,7 @@ class ResponsesStream:
             "delta": text,
             "logprobs": [],
         }
-        frames.append(self._event("response.output_text.delta", delta))
+        frames.append(self._event("response.output_text.delta", delta, text))
 
     def _fragment(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
         item = self._item
@@ -343,7 +356,8 @@ class ResponsesStream:
                 "output_index": len(self._output) - 1,
                 "delta": fragment.arguments,
             }
-            frames.append(self._event("response.function_call_arguments.delta", delta))
+            kind = "response.function_call_arguments.delta"
+            frames.append(self._event(kind, delta, fragment.arguments))
 
     def _close(self, frames: list[bytes]) -> None:
         item = self._item
