@@ -43,9 +43,7 @@ def _header(endpoint: Endpoint) -> ResponseHeader:
 
 
 def _frames(endpoint: Endpoint, events: list[StreamEvent], seed: int | None) -> list:
-    machine = stream_machine(
-        _header(endpoint), None if seed is None else Filler(seed)
-    )
+    machine = stream_machine(_header(endpoint), None if seed is None else Filler(seed))
     frames = machine.start()
     for event in events:
         frames += machine.feed(event)

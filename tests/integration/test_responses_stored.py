@@ -115,6 +115,9 @@ def test_previous_response_id_carries_the_conversation(
     assert second.usage.input_tokens >= alone.usage.input_tokens + carried - 2
     with pytest.raises(openai.BadRequestError) as refused:
         sdk.responses.create(
-            model=model_id, input="x", max_output_tokens=4, previous_response_id=alone.id
+            model=model_id,
+            input="x",
+            max_output_tokens=4,
+            previous_response_id=alone.id,
         )
     assert refused.value.body["param"] == "previous_response_id"  # type: ignore[index]
