@@ -42,7 +42,9 @@ def _header(endpoint: Endpoint) -> ResponseHeader:
     return ResponseHeader(prefix + "0" * 32, 1700000000, "default", endpoint, 1)
 
 
-def _frames(endpoint: Endpoint, events: list[StreamEvent], seed: int | None) -> list:
+def _frames(
+    endpoint: Endpoint, events: list[StreamEvent], seed: int | None
+) -> list[bytes]:
     machine = stream_machine(_header(endpoint), None if seed is None else Filler(seed))
     frames = machine.start()
     for event in events:

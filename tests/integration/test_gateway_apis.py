@@ -69,7 +69,7 @@ def test_a_message_through_the_gateway_equals_the_direct_one(
         direct.stop_reason,
         direct.usage.output_tokens,
     )
-    events = list(hop.messages.create(**kw, stream=True, extra_body=GREEDY))
+    events: list[Any] = list(hop.messages.create(**kw, stream=True, extra_body=GREEDY))
     kinds = [e.type for e in events]
     assert kinds[0] == "message_start"
     assert kinds[-2:] == ["message_delta", "message_stop"]
@@ -97,7 +97,7 @@ def test_a_response_through_the_gateway_equals_the_direct_one(
     whole = hop.responses.create(**kw)
     assert whole.output_text == direct.output_text
     assert whole.status == direct.status
-    events = list(hop.responses.create(**kw, stream=True))
+    events: list[Any] = list(hop.responses.create(**kw, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[-1].type == f"response.{direct.status}"
     assert events[-1].response.output_text == direct.output_text
@@ -114,7 +114,9 @@ def test_a_background_response_at_the_gateway_is_kept_and_resumed_there(
     while (final := hop.responses.retrieve(created.id)).status == "in_progress":
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    events = list(hop.responses.retrieve(created.id, stream=True, starting_after=1))
+    events: list[Any] = list(
+        hop.responses.retrieve(created.id, stream=True, starting_after=1)
+    )
     assert events[0].sequence_number == 2
     assert events[-1].response.output_text == final.output_text
 

@@ -40,14 +40,14 @@ def test_a_background_stream_left_early_is_resumed_from_its_sequence_number(
         background=True,
         stream=True,
     )
-    seen = []
+    seen: list[Any] = []
     for event in stream:
         seen.append(event)
         if event.type == "response.output_text.delta":
             break
     stream.close()  # a background response keeps running without its reader
     response_id = seen[0].response.id
-    rest = list(
+    rest: list[Any] = list(
         sdk.responses.retrieve(
             response_id, stream=True, starting_after=seen[-1].sequence_number
         )
@@ -59,7 +59,9 @@ def test_a_background_stream_left_early_is_resumed_from_its_sequence_number(
     final = _ended(sdk, response_id)
     assert final.output_text == text == events[-1].response.output_text
     assert final.usage.output_tokens == events[-1].response.usage.output_tokens
-    again = list(sdk.responses.retrieve(response_id, stream=True, starting_after=2))
+    again: list[Any] = list(
+        sdk.responses.retrieve(response_id, stream=True, starting_after=2)
+    )
     assert [e.model_dump() for e in again] == [e.model_dump() for e in events[3:]]
 
 
@@ -98,17 +100,17 @@ def test_cancel_aborts_a_background_response_and_delete_forgets_it(
 def test_previous_response_id_carries_the_conversation(
     sdk: openai.OpenAI, model_id: str
 ) -> None:
-    first = sdk.responses.create(
+    first: Any = sdk.responses.create(
         model=model_id, input="My name is Ada.", max_output_tokens=8, store=True
     )
-    second = sdk.responses.create(
+    second: Any = sdk.responses.create(
         model=model_id,
         input="What is my name?",
         max_output_tokens=8,
         previous_response_id=first.id,
     )
     assert second.status in ("completed", "incomplete")
-    alone = sdk.responses.create(
+    alone: Any = sdk.responses.create(
         model=model_id, input="What is my name?", max_output_tokens=8
     )
     carried = first.usage.input_tokens + first.usage.output_tokens
