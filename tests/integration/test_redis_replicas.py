@@ -172,3 +172,43 @@ def _events(lines: Iterator[str], stop_after: int | None = None) -> list[Event]:
             if stop_after is not None and len(out) >= stop_after:
                 break
     return out
+
+
+def test_a_background_response_is_read_resumed_and_deleted_on_another_replica(
+    redis_url: str, replicas: list[ServerProcess], tmp_path: Path
+) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{i}" for i in range(60)))
+    args = (
+        "--engine", "scripted", "--scripted-text", str(text), "--scripted-rate", "40",
+        "--redis", redis_url,
+    )  # fmt: skip
+    producer, other = start(replicas, tmp_path, *args), start(replicas, tmp_path, *args)
+    for server in (producer, other):
+        server.wait_healthy()
+    body = {"model": "scripted", "input": "Say hi", "background": True}
+    with httpx.Client(timeout=30) as http:
+        created = http.post(f"{producer.base_url}/v1/responses", json=body).json()
+        url = f"{other.base_url}/v1/responses/{created['id']}"
+        assert http.get(url).json()["status"] == "in_progress"
+        cancel = http.post(f"{url}/cancel")  # produced by the other replica
+        assert (cancel.status_code, cancel.json()["error"]["code"]) == (
+            409,
+            "produced_elsewhere",
+        )
+        with http.stream("GET", url, params={"stream": "true"}) as live:
+            assert live.status_code == 200
+            seen = _events(live.iter_lines())  # live from the producer, to the end
+        final = http.get(url).json()
+        assert final["status"] == "completed"
+        numbers = [json.loads(data)["sequence_number"] for _, data in seen]
+        assert numbers == list(range(len(seen)))
+        terminal = json.loads(seen[-1][1])["response"]
+        assert {**terminal, "background": True} == final
+        tail = http.get(url, params={"stream": "true", "starting_after": "3"})
+        assert _events(tail.iter_lines()) == seen[4:]
+        assert http.delete(url).json()["deleted"] is True
+        assert (
+            http.get(f"{producer.base_url}/v1/responses/{created['id']}").status_code
+            == 404
+        )

@@ -372,3 +372,20 @@ async def test_delete_on_another_replica_forgets_the_log_and_its_key(stores):
         await read_all(other)
     assert await other.record("r1", "alice") is None
     assert await producer.create("r2", "alice", ("key", "h2")) is None  # key freed
+
+
+async def test_a_steady_producer_keeps_its_lease_past_lease_s(stores):
+    # Frames in every flush: the lease heartbeat rides along with them.
+    producer, reader = stores(lease_s=0.3), stores(lease_s=0.3)
+    await producer.create("r1", "alice")
+
+    async def produce() -> None:
+        for i in range(60):  # 1.2 s: four leases long
+            await producer.append("r1", frames(str(i)))
+            await anyio.sleep(0.02)
+        await producer.finish("r1")
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(produce)
+        got = await read_all(reader)
+    assert [seq for seq, _ in got] == list(range(60))

@@ -244,7 +244,7 @@ class LogWriter:
             if what.frames:
                 args += [response_id, "a", len(what.frames), *what.frames]
                 ops.append((response_id, what.frames))
-            elif what.lease:
+            if what.lease:  # with frames too: a steady stream must lease as well
                 args += [response_id, "l", 0]
                 ops.append((response_id, []))
             if what.finish:

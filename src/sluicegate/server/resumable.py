@@ -281,17 +281,12 @@ class ResumableStreams:
         """Run the producer in a task; returns the first reader's response.
 
         Args:
-            ended: awaited with the stream machine once its log is finished,
-                before the ledger row is recorded (a ``background`` plan's
-                producer never waits for a reader: it runs to its end).
+            ended: awaited with the stream machine once it ended, before its
+                log is finished (``Producer``'s ``ended``). A ``background``
+                plan's producer never gives up for want of a reader.
         """
 
         async def on_end(state: EndState) -> None:
-            if ended is not None:
-                try:
-                    await ended(producer.machine)
-                except Exception:  # the row is recorded whatever the hook met
-                    logger.exception("end of resumable stream %s", plan.header.id)
             meter.resumed = await self.store.resumed(plan.header.id)
             meter.record(state, 200)
 
@@ -306,6 +301,7 @@ class ResumableStreams:
             on_end,
             self.check_interval_s,
             padded=self._config.obfuscation if padded is None else padded,
+            ended=ended,
         )
         response_id = plan.header.id
         reader = await self._reader(response_id, meter.key_id, -1)

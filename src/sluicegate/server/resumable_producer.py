@@ -85,6 +85,9 @@ class Producer:
         check_interval_s: seconds between checks of the readers (and leases).
         padded: pad every frame (``core/padding.py``, the ``obfuscation`` field),
             as a live stream would be. A resumable stream has no cadence.
+        ended: awaited with the machine once it ended, before the log is
+            finished (so that a reader that saw the log's end sees what it
+            kept); what it raises is logged.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class Producer:
         check_interval_s: float = 1.0,
         *,
         padded: bool = False,
+        ended: Callable[[Wire], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._generation = generation
@@ -111,17 +115,13 @@ class Producer:
         self._live = live
         self._grace_s = grace_s
         self._on_end = on_end
+        self._ended = ended
         self._check_s = check_interval_s
         self._failure: Exception | None = None  # met in the engine's callback
         self._buffer: StreamBuffer | None = None
         self._cancel_early = False  # cancel() came before the buffer
         self.abandoned: str | None = None
         """Why the producer gave up (grace ran out, buffer full), or ``None``."""
-
-    @property
-    def machine(self) -> Wire:
-        """The stream machine that writes the log (its outcome, its output)."""
-        return self._machine
 
     async def run(self) -> None:
         """Produce until the machine ends; finish the log; report the end state."""
@@ -138,6 +138,11 @@ class Producer:
             await self._fail_internal()
         finally:
             self._generation.abort_unfinished()
+            if self._ended is not None:
+                try:
+                    await self._ended(machine)
+                except Exception:  # the log is finished whatever the hook met
+                    logger.exception("end of resumable stream %s", self._id)
             await store.finish(self._id)
             state = EndState.ABORTED if self.abandoned else machine.outcome
             await self._on_end(state)
