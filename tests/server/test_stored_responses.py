@@ -302,3 +302,25 @@ async def test_a_background_stream_keeps_running_when_its_client_leaves() -> Non
         final = await ended(client, response_id)  # well past the grace period
         assert final["status"] == "completed"
         assert text_of(final) == DEFAULT_TEXT
+
+
+async def test_only_stored_responses_are_logged_whatever_the_resumable_default() -> (
+    None
+):
+    async with _client(ScriptedEngine(), resumable_streams=True) as client:
+        body = {"model": "scripted", "input": "Hi", "stream": True}
+        plain = await client.post(RESPONSES, json=body)
+        assert plain.status_code == 200
+        assert b"\nid: " not in plain.content
+        assert not plain.content.startswith(b"id: ")
+        message = {
+            "model": "scripted",
+            "max_tokens": 8,
+            "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}],
+        }
+        streamed = await client.post("/v1/messages", json=message)
+        assert streamed.status_code == 200
+        assert b"id: " not in streamed.content.replace(b'"id":', b"")
+        stored = await client.post(RESPONSES, json={**body, "store": True})
+        assert stored.content.startswith(b"id: resp_")

@@ -220,7 +220,8 @@ def to_chat_request(
         "stream": request.stream,
     }
     if request.stream:
-        body["stream_options"] = {"include_usage": True}
+        # The Messages API has no resumption: never logged, whatever the default.
+        body["stream_options"] = {"include_usage": True, "resumable": False}
     if request.stop_sequences:
         body["stop"] = request.stop_sequences
     for name in ("temperature", "top_p", "top_k"):

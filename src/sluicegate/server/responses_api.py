@@ -180,7 +180,8 @@ def to_chat_request(
     """The chat-completions request that asks for what ``request`` asks.
 
     Args:
-        stored: ask for a resumable stream, whatever ``request.stream`` says.
+        stored: ask for a resumable stream, whatever ``request.stream`` says
+            (and a stream that is not stored is never resumable).
         history: the items of the previous response (its input, then its
             output), put before ``request``'s own input.
 
@@ -206,9 +207,8 @@ def to_chat_request(
         "parallel_tool_calls": request.parallel_tool_calls,
     }
     if stream:
-        options: dict[str, Any] = {"include_usage": True}
-        if stored:
-            options["resumable"] = True
+        # Logged exactly when stored, whatever the resumable-streams default.
+        options: dict[str, Any] = {"include_usage": True, "resumable": stored}
         asked = request.stream_options
         padded = asked.include_obfuscation if asked is not None else None
         if padded is not None:
