@@ -191,11 +191,6 @@ def test_a_background_response_is_read_resumed_and_deleted_on_another_replica(
         created = http.post(f"{producer.base_url}/v1/responses", json=body).json()
         url = f"{other.base_url}/v1/responses/{created['id']}"
         assert http.get(url).json()["status"] == "in_progress"
-        cancel = http.post(f"{url}/cancel")  # produced by the other replica
-        assert (cancel.status_code, cancel.json()["error"]["code"]) == (
-            409,
-            "produced_elsewhere",
-        )
         with http.stream("GET", url, params={"stream": "true"}) as live:
             assert live.status_code == 200
             seen = _events(live.iter_lines())  # live from the producer, to the end
@@ -208,7 +203,34 @@ def test_a_background_response_is_read_resumed_and_deleted_on_another_replica(
         tail = http.get(url, params={"stream": "true", "starting_after": "3"})
         assert _events(tail.iter_lines()) == seen[4:]
         assert http.delete(url).json()["deleted"] is True
-        assert (
-            http.get(f"{producer.base_url}/v1/responses/{created['id']}").status_code
-            == 404
-        )
+        gone = http.get(f"{producer.base_url}/v1/responses/{created['id']}")
+        assert gone.status_code == 404
+
+
+def test_cancel_and_delete_on_another_replica_abort_the_producers_engine(
+    redis_url: str, replicas: list[ServerProcess], tmp_path: Path
+) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{i}" for i in range(2000)))
+    args = (
+        "--engine", "scripted", "--scripted-text", str(text), "--scripted-rate", "40",
+        "--redis", redis_url,
+    )  # fmt: skip
+    producer, other = start(replicas, tmp_path, *args), start(replicas, tmp_path, *args)
+    for server in (producer, other):
+        server.wait_healthy()
+    body = {"model": "scripted", "input": "Say hi", "background": True}
+    with httpx.Client(timeout=30) as http:
+        first = http.post(f"{producer.base_url}/v1/responses", json=body).json()
+        second = http.post(f"{producer.base_url}/v1/responses", json=body).json()
+        assert http.get(f"{producer.base_url}/engine/stats").json()["running"] == 2
+        url = f"{other.base_url}/v1/responses"
+        cancelled = http.post(f"{url}/{first['id']}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["status"] == "cancelled"
+        deleted = http.delete(f"{url}/{second['id']}")
+        assert deleted.status_code == 200, deleted.text
+        assert http.get(f"{url}/{second['id']}").status_code == 404
+        stats = http.get(f"{producer.base_url}/engine/stats").json()
+        assert (stats["running"], stats["kv_cells_used"]) == (0, 0)
+        assert stats["aborted_requests"] == 2

@@ -389,3 +389,17 @@ async def test_a_steady_producer_keeps_its_lease_past_lease_s(stores):
         tasks.start_soon(produce)
         got = await read_all(reader)
     assert [seq for seq, _ in got] == list(range(60))
+
+
+async def test_a_cancel_published_on_one_replica_reaches_the_others(stores):
+    producer, other = stores(), stores()
+    heard: list[str] = []
+    producer.on_cancel(heard.append)
+    assert not await other.request_cancel("r0")  # nobody listens yet
+    await producer.create("r1", "alice")  # a producing replica listens
+    with anyio.fail_after(10):
+        while not await other.request_cancel("r1"):
+            await anyio.sleep(0.02)
+        while not heard:
+            await anyio.sleep(0.02)
+    assert heard[0] == "r1"

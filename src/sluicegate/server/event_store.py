@@ -40,7 +40,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from sluicegate.core.errors import RequestError, SluicegateError
@@ -52,6 +52,7 @@ __all__ = [
     "IdempotencyConflict",
     "LogNotFound",
     "ProducerLost",
+    "RemoteCancel",
     "StoreError",
     "StoreFull",
 ]
@@ -162,4 +163,18 @@ class EventStore(Protocol):
 
     async def aclose(self) -> None:
         """Release connections and wake every reader (they end)."""
+        ...
+
+
+class RemoteCancel(Protocol):
+    """A store shared by replicas that carries cancel requests to the replica
+    producing a log (the Redis store); the memory store needs none."""
+
+    def on_cancel(self, handler: Callable[[str], None]) -> None:
+        """Call ``handler(response_id)`` for each cancel request received."""
+        ...
+
+    async def request_cancel(self, response_id: str) -> bool:
+        """Ask whichever replica produces ``response_id`` to cancel it; whether
+        any replica listens (delivery is at most once)."""
         ...

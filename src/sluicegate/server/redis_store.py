@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sluicegate.server.config import ServerConfig
@@ -54,6 +54,7 @@ from sluicegate.server.event_store import (
     LogNotFound,
     StoreFull,
 )
+from sluicegate.server.redis_cancel import CancelChannel
 from sluicegate.server.redis_client import redis_errors
 from sluicegate.server.redis_lua import ATTACH, ATTACHED, CREATE, FORGET, SET_RECORD
 from sluicegate.server.redis_tail import Follower, RedisTail
@@ -123,6 +124,8 @@ class RedisEventStore:
         )
         bounds = (max_log_bytes, max_store_bytes, self._lease_ms, self._ttl_ms)
         self._writer = LogWriter(client, prefix, bounds, self._tail, self._live)
+        self.cancels = CancelChannel(client, prefix)
+        """Cancel requests between replicas (``RemoteCancel``)."""
         self._readers: dict[str, int] = {}  # readers on this server, per log
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -156,6 +159,7 @@ class RedisEventStore:
                 f"logs; its bound is {self.max_store_bytes}"
             )
         self._writer.start(response_id)
+        self.cancels.start()  # this replica produces: listen for its cancels
         return None
 
     async def append(self, response_id: str, frames: Sequence[bytes]) -> None:
@@ -232,8 +236,18 @@ class RedisEventStore:
         """Flushes sent so far (one round trip each)."""
         return self._writer.flushes
 
+    def on_cancel(self, handler: Callable[[str], None]) -> None:
+        """See ``RemoteCancel.on_cancel`` (``CancelChannel``)."""
+        self.cancels.listen(handler)
+
+    async def request_cancel(self, response_id: str) -> bool:
+        """See ``RemoteCancel.request_cancel``."""
+        return await self.cancels.publish(response_id)
+
     async def aclose(self) -> None:
-        """Send what is queued, stop the flusher, end every reader."""
+        """Send what is queued, stop the flusher and the cancel listener, end
+        every reader."""
+        await self.cancels.aclose()
         await self._writer.aclose()
         tasks = list(self._background)
         for task in tasks:

@@ -27,8 +27,10 @@ Deliberate divergences: a response is stored only when asked (``store``
 defaults to the server's ``store_responses``, off: nothing is kept for a
 request that did not ask), and only for the store's TTL (``resume_ttl_s``).
 While a response runs, ``retrieve`` answers ``in_progress`` with no output
-items (the items so far are in its event stream). ``cancel`` stops a response
-produced by this replica; one produced by another replica answers 409.
+items (the items so far are in its event stream). ``cancel`` (and ``delete``
+of a running response) stops it on the replica that produces it, over the
+store (``RemoteCancel``, Redis pub/sub), and waits up to ``CANCEL_WAIT_S`` for
+its end; a response that does not end in time answers 409.
 
 Spec: OpenAI API reference, "Responses": "Get a model response", "Cancel a
 response", "Delete a model response", "Background mode"; docs/apis.md.
@@ -36,7 +38,9 @@ response", "Delete a model response", "Background mode"; docs/apis.md.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +58,16 @@ from sluicegate.server.event_store import StoreError
 from sluicegate.server.log_response import LogStreamResponse
 from sluicegate.server.resumable import ResumableStreams, owner_of
 
-__all__ = ["Record", "StoredResponses", "WholeFromLog", "final_snapshot"]
+__all__ = [
+    "CANCEL_WAIT_S",
+    "Record",
+    "StoredResponses",
+    "WholeFromLog",
+    "final_snapshot",
+]
+
+CANCEL_WAIT_S = 5.0
+"""Longest a cancel (or a delete) of a running response waits for its end."""
 
 _ENDED = ("completed", "incomplete", "failed", "cancelled")
 _NOT_FOUND_MESSAGE = "No response found with id '{}'"
@@ -211,13 +224,13 @@ class StoredResponses:
             if record is None:
                 return json_answer(_not_found(response_id), 404)
             if record["response"] is None:
-                if not await self._resumable.stop(response_id, owner):
-                    return _elsewhere(response_id)
-                record = await self._record(response_id, owner)
+                record = await self._stopped(response_id, owner)
         except StoreError as exc:
             return _unavailable(exc, self._resumable)
         if record is None:  # deleted meanwhile
             return json_answer(_not_found(response_id), 404)
+        if record["response"] is None:
+            return _elsewhere(response_id)
         return json_answer(_current(response_id, record))
 
     async def delete(self, request: Request) -> Response:
@@ -235,15 +248,32 @@ class StoredResponses:
             record = await self._record(response_id, owner)
             if record is None:
                 return json_answer(_not_found(response_id), 404)
-            running = record["response"] is None
-            if running and not await self._resumable.stop(response_id, owner):
-                return _elsewhere(response_id)
+            if record["response"] is None:
+                record = await self._stopped(response_id, owner)
+                if record is not None and record["response"] is None:
+                    return _elsewhere(response_id)
             deleted = await store.delete(response_id, owner)
         except StoreError as exc:
             return _unavailable(exc, self._resumable)
         if not deleted:
             return json_answer(_not_found(response_id), 404)
         return json_answer({"id": response_id, "object": "response", "deleted": True})
+
+    async def _stopped(self, response_id: str, owner: str) -> dict[str, Any] | None:
+        """Cancel a running response, here or on the replica that produces it,
+        and wait up to ``CANCEL_WAIT_S`` for its end; its record then (still
+        without a final ``response`` when it did not end in time)."""
+        resumable = self._resumable
+        if not await resumable.stop(response_id, owner):
+            if not await resumable.ask_cancel(response_id):
+                return await self._record(response_id, owner)
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            while time.monotonic() < deadline:
+                record = await self._record(response_id, owner)
+                if record is None or record["response"] is not None:
+                    return record
+                await asyncio.sleep(0.02)
+        return await self._record(response_id, owner)
 
     async def _record(self, response_id: str, owner: str) -> dict[str, Any] | None:
         raw = await self._resumable.store.record(response_id, owner)

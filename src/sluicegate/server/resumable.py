@@ -188,6 +188,9 @@ class ResumableStreams:
         self._producers: dict[str, tuple[str, Producer, asyncio.Task[None]]] = {}
         self.check_interval_s = min(1.0, max(config.resume_grace_s / 4, 0.05))
         """Seconds between a producer's checks of its readers."""
+        on_cancel = getattr(store, "on_cancel", None)  # a RemoteCancel store
+        if on_cancel is not None:
+            on_cancel(self._cancel_here)
 
     @property
     def retry_after_s(self) -> int:
@@ -402,6 +405,26 @@ class ResumableStreams:
         producer.cancel()
         await asyncio.wait([task], timeout=timeout_s)
         return True
+
+    async def ask_cancel(self, response_id: str) -> bool:
+        """Ask the replica that produces ``response_id`` to cancel it (a store
+        shared by replicas, ``RemoteCancel``); whether the request went out.
+
+        Raises:
+            StoreError: the shared store cannot be reached.
+        """
+        request_cancel = getattr(self.store, "request_cancel", None)
+        if request_cancel is None:
+            return False
+        sent: bool = await request_cancel(response_id)
+        return sent
+
+    def _cancel_here(self, response_id: str) -> None:
+        """A cancel request from any replica: cancel the producer if it runs
+        here (the requester checked the owner)."""
+        producing = self._producers.get(response_id)
+        if producing is not None:
+            producing[1].cancel()
 
     async def _reader(
         self, response_id: str, owner: str, after: int
