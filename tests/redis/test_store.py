@@ -394,12 +394,19 @@ async def test_a_steady_producer_keeps_its_lease_past_lease_s(stores):
 async def test_a_cancel_published_on_one_replica_reaches_the_others(stores):
     producer, other = stores(), stores()
     heard: list[str] = []
-    producer.on_cancel(heard.append)
+    got = anyio.Event()
+
+    def hear(response_id: str) -> None:
+        heard.append(response_id)
+        got.set()
+
+    producer.on_cancel(hear)
     assert not await other.request_cancel("r0")  # nobody listens yet
     await producer.create("r1", "alice")  # a producing replica listens
     with anyio.fail_after(10):
-        while not await other.request_cancel("r1"):
+        while True:  # until its subscription is in place
+            if await other.request_cancel("r1"):
+                break
             await anyio.sleep(0.02)
-        while not heard:
-            await anyio.sleep(0.02)
+        await got.wait()
     assert heard[0] == "r1"
