@@ -18,6 +18,8 @@ from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.server.admission import ApiKey
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.event_store import StoreError
+from sluicegate.server.event_store_memory import MemoryEventStore
 
 from ..polling import wait_until
 
@@ -324,3 +326,64 @@ async def test_only_stored_responses_are_logged_whatever_the_resumable_default()
         assert b"id: " not in streamed.content.replace(b'"id":', b"")
         stored = await client.post(RESPONSES, json={**body, "store": True})
         assert stored.content.startswith(b"id: resp_")
+
+
+async def test_a_whole_answer_survives_a_log_trimmed_under_its_reader() -> None:
+    engine = ScriptedEngine(tokens_per_s=100000)
+    async with _client(engine, max_log_bytes=1500) as client:
+        for _ in range(3):
+            body = {"model": "scripted", "input": "Hi", "store": True}
+            answer = await client.post(RESPONSES, json=body)
+            assert answer.status_code == 200, answer.text
+            assert text_of(answer.json()) == DEFAULT_TEXT
+            kept = await client.get(f"{RESPONSES}/{answer.json()['id']}")
+            assert kept.json() == answer.json()
+
+
+async def test_a_long_input_string_is_one_item(client: httpx.AsyncClient) -> None:
+    body = {"model": "scripted", "input": "a " * 1000, "max_output_tokens": 3}
+    assert (await client.post(RESPONSES, json=body)).status_code == 200
+    items = [{"role": "user", "content": "a"}] * 1025
+    refused = await client.post(RESPONSES, json={**body, "input": items})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "input"
+
+
+class BrokenRecords(MemoryEventStore):
+    """A store whose records and finishes fail as a shared store that went away."""
+
+    async def record(self, response_id: str, owner: str) -> bytes | None:
+        raise StoreError("the store went away")
+
+    async def finish(self, response_id: str) -> None:
+        await super().finish(response_id)
+        raise StoreError("the store went away")
+
+
+async def test_a_store_that_fails_is_a_503_and_still_gets_its_ledger_row() -> None:
+    async with _client(ScriptedEngine(tokens_per_s=5000)) as client:
+        app = client.app  # type: ignore[attr-defined]
+        app.state.resumable.store = BrokenRecords()
+        body = {"model": "scripted", "input": "x", "previous_response_id": "resp_1"}
+        refused = await client.post(RESPONSES, json=body)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "resume_store_unavailable"
+        assert (await client.get(f"{RESPONSES}/resp_1")).status_code == 503
+        stream = {"model": "scripted", "input": "Hi", "store": True, "stream": True}
+        streamed = await client.post(RESPONSES, json=stream)
+        assert b"response.completed" in streamed.content
+        await wait_until(lambda: len(app.state.ledger.rows) == 2, 5)
+        assert app.state.ledger.rows[-1].end_state == EndState.FINISHED
+
+
+async def test_the_chat_cancel_route_does_not_cancel_a_response() -> None:
+    engine = ScriptedEngine(tokens_per_s=200, never_finishes=True)
+    async with _client(engine) as client:
+        body = {"model": "scripted", "input": "Hi", "background": True}
+        running = (await client.post(RESPONSES, json=body)).json()
+        chat = await client.post(f"/v1/chat/completions/{running['id']}/cancel")
+        assert chat.status_code == 404
+        assert (await client.get(f"{RESPONSES}/{running['id']}")).json()[
+            "status"
+        ] == "in_progress"
+        await client.post(f"{RESPONSES}/{running['id']}/cancel")

@@ -267,6 +267,8 @@ class ResponsesStream:
             case Fail(message=message, code=code):
                 error = {"code": code or "server_error", "message": message}
                 status = "cancelled" if code == CANCELLED else "failed"
+                if self._item is not None:  # cut off: never completed
+                    self._item["status"] = "incomplete"
                 snapshot = self._snapshot = response_object(
                     self._header, status, self._output, error=error
                 )

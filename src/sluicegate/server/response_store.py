@@ -54,7 +54,7 @@ from sluicegate.core.responses_wire import response_object
 from sluicegate.core.wire import Wire
 from sluicegate.server.answers import json_answer
 from sluicegate.server.disconnect import DisconnectRace
-from sluicegate.server.event_store import StoreError
+from sluicegate.server.event_store import CursorEvicted, StoreError
 from sluicegate.server.log_response import LogStreamResponse
 from sluicegate.server.resumable import ResumableStreams, owner_of
 
@@ -65,6 +65,9 @@ __all__ = [
     "WholeFromLog",
     "final_snapshot",
 ]
+
+PAST_END = 1 << 62
+"""A cursor past any log's last frame: a reader from there reads only its end."""
 
 CANCEL_WAIT_S = 5.0
 """Longest a cancel (or a delete) of a running response waits for its end."""
@@ -275,6 +278,20 @@ class StoredResponses:
                 await asyncio.sleep(0.02)
         return await self._record(response_id, owner)
 
+    async def follow(self, response_id: str, owner: str) -> LogStreamResponse | None:
+        """A reader of ``owner``'s log from its end on (it reads no frame: it
+        ends with the log); ``None`` when the log cannot be read."""
+        answer = await self._resumable.resume(response_id, owner, PAST_END)
+        return answer if isinstance(answer, LogStreamResponse) else None
+
+    async def record_of(self, response_id: str, owner: str) -> dict[str, Any] | None:
+        """``owner``'s record of ``response_id``, or ``None``.
+
+        Raises:
+            StoreError: the shared store cannot be reached.
+        """
+        return await self._record(response_id, owner)
+
     async def _record(self, response_id: str, owner: str) -> dict[str, Any] | None:
         raw = await self._resumable.store.record(response_id, owner)
         return None if raw is None else Record.parse(raw)
@@ -338,38 +355,61 @@ def _unavailable(exc: StoreError, resumable: ResumableStreams) -> Response:
 
 class WholeFromLog:
     """An ASGI app: a stored, non-streamed response answered whole once its log
-    ended (its final ``response`` object, 200; a ``failed`` one as its error,
-    500). A client that leaves stops the reading; the response keeps running
-    for the grace period (it is stored: it can be retrieved).
+    ended: its final ``response`` object as kept in its record (200; a
+    ``failed`` one as its error, 500). A client that leaves stops the reading;
+    the response keeps running for the grace period (it is stored: it can be
+    retrieved). The reader only waits for the log's end: when the log's bound
+    drops frames under it, it follows the log from its end on instead.
 
     Args:
         reader: the log's first reader (from ``ResumableStreams.start``).
+        stored: the store of the response's record.
+        owner: the key id the response belongs to.
     """
 
-    def __init__(self, reader: LogStreamResponse) -> None:
+    def __init__(
+        self, reader: LogStreamResponse, stored: StoredResponses, owner: str
+    ) -> None:
         self._reader = reader
+        self._stored = stored
+        self._owner = owner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the log to its end, then answer."""
+        response_id, owner = self._reader.response_id, self._owner
         last: dict[str, Any] | None = None
+        reader: LogStreamResponse | None = self._reader
         with DisconnectRace(receive) as race:
-            async for frame in self._reader.frames():
-                if frame.startswith(_TERMINAL):
-                    data = frame[frame.index(b"\ndata: ") + 7 :]
-                    last = json.loads(data)["response"]
+            while reader is not None:
+                try:
+                    async for frame in reader.frames():
+                        if frame.startswith(_TERMINAL):
+                            data = frame[frame.index(b"\ndata: ") + 7 :]
+                            last = json.loads(data)["response"]
+                    break
+                except CursorEvicted:  # trimmed under it: wait on from the end
+                    reader = await self._stored.follow(response_id, owner)
+                except StoreError:  # the producer or the shared store is gone
+                    break
         if race.reason is not None:
             return
-        if last is None or last["status"] == "failed":
-            error = (last or {}).get("error") or {}
+        try:
+            record = await self._stored.record_of(response_id, owner)
+        except StoreError:
+            record = None
+        final = record["response"] if record is not None else None
+        final = final or (None if last is None else {**last, "background": False})
+        if final is None or final["status"] == "failed":
+            error = (final or {}).get("error") or {}
             payload = error_payload(
-                error.get("message", "The response failed"),
+                error.get("message", "The response ended without its last event"),
                 "server_error",
                 None,
                 error.get("code", "server_error"),
             )
             answer = json_answer(payload, 500)
         else:
-            answer = json_answer({**last, "background": False})  # as it is kept
+            answer = json_answer(final)
         await answer(scope, receive, send)
 
 

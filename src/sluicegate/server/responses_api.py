@@ -102,7 +102,7 @@ class ResponsesRequest(_Model):
     """
 
     model: str
-    input: str | list[dict[str, Any]] = Field(max_length=MAX_ITEMS)
+    input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -140,6 +140,13 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
                 param=name,
                 code="unsupported_parameter",
             )
+    items = body.get("input")
+    if isinstance(items, list) and len(items) > MAX_ITEMS:
+        raise RequestError(
+            f"Invalid 'input': at most {MAX_ITEMS} items, got {len(items)}",
+            param="input",
+            code="array_above_max_length",
+        )
     tools = body.get("tools")
     if isinstance(tools, list):
         for i, tool in enumerate(tools):

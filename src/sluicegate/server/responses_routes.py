@@ -34,8 +34,9 @@ from starlette.types import ASGIApp
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.responses_wire import response_object
 from sluicegate.core.wire import Wire
-from sluicegate.server.admission import ANONYMOUS, ApiKey
+from sluicegate.server.admission import ANONYMOUS, ApiKey, Unavailable
 from sluicegate.server.answers import error_response, json_answer
+from sluicegate.server.event_store import StoreError
 from sluicegate.server.log_response import LogStreamResponse
 from sluicegate.server.messages_routes import Generating, with_endpoint
 from sluicegate.server.plan import Plan
@@ -123,7 +124,7 @@ class ResponsesRoutes:
             await answer.aclose()  # nobody reads it: it runs on its own
             snapshot = response_object(planned.header, "in_progress", [])
             return json_answer({**snapshot, "background": True})
-        return WholeFromLog(answer)
+        return WholeFromLog(answer, self._stored, owner_of(request))
 
     async def _retried(
         self, request: Request, answer: LogStreamResponse, ask: ResponsesRequest
@@ -133,7 +134,7 @@ class ResponsesRoutes:
         if ask.stream:
             return answer
         if not ask.background:
-            return WholeFromLog(answer)
+            return WholeFromLog(answer, self._stored, owner_of(request))
         await answer.aclose()
         return await self._stored.current(answer.response_id, owner_of(request))
 
@@ -152,7 +153,12 @@ class ResponsesRoutes:
         history: list[dict[str, Any]] = []
         if ask.previous_response_id is not None:
             owner = key.key_id if key is not None else ANONYMOUS
-            history = await self._stored.history(ask.previous_response_id, owner)
+            try:
+                history = await self._stored.history(ask.previous_response_id, owner)
+            except StoreError as exc:  # the shared store cannot be reached
+                raise Unavailable(
+                    str(exc), "resume_store_unavailable", routes.config.retry_after_s
+                ) from exc
         chat = to_chat_request(ask, stored, history)
         served = await routes._check_admissible(key, chat, small)
         plan = await plan_chat(

@@ -290,7 +290,12 @@ class ResumableStreams:
         """
 
         async def on_end(state: EndState) -> None:
-            meter.resumed = await self.store.resumed(plan.header.id)
+            try:
+                meter.resumed = await self.store.resumed(plan.header.id)
+            except StoreError:  # the shared store is gone: the row is kept
+                logger.warning(
+                    "resumes of %s unknown: the store failed", plan.header.id
+                )
             meter.record(state, 200)
 
         padded = plan.obfuscation  # the request's, else the server's default
@@ -385,9 +390,11 @@ class ResumableStreams:
             ended, or produced by another replica).
         """
         response_id = request.path_params["response_id"]
+        prefix = "cmpl-" if request.scope["path"].startswith("/v1/completions") else ""
         producing = self._producers.get(response_id)
         if (
-            producing is None
+            not response_id.startswith(prefix or "chatcmpl-")
+            or producing is None
             or producing[0] != owner_of(request)
             or not producing[1].cancel()
         ):

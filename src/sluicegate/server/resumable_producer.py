@@ -43,7 +43,7 @@ from sluicegate.core.events import CANCELLED, Fail, StreamEvent
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire import Wire, stream_machine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
-from sluicegate.server.event_store import EventStore
+from sluicegate.server.event_store import EventStore, StoreError
 from sluicegate.server.generation import INTERNAL_ERROR_MESSAGE, Generation
 from sluicegate.server.streaming import StreamLimits, attached
 
@@ -143,7 +143,12 @@ class Producer:
                     await self._ended(machine)
                 except Exception:  # the log is finished whatever the hook met
                     logger.exception("end of resumable stream %s", self._id)
-            await store.finish(self._id)
+            try:
+                await store.finish(self._id)
+            except StoreError:  # the shared store is gone: the row is kept
+                logger.warning(
+                    "resumable stream %s: its log could not be finished", self._id
+                )
             state = EndState.ABORTED if self.abandoned else machine.outcome
             await self._on_end(state)
 
