@@ -141,6 +141,7 @@ def test_the_length_limit_is_incomplete_and_a_fail_is_response_failed() -> None:
         "code": "engine_unavailable",
         "message": "engine down",
     }
+    assert failed["response"]["output"][0]["status"] == "incomplete"  # cut off
     assert ended(machine) is EndState.ERRORED
     machine.wrote()
     assert outcome(machine) is EndState.ERRORED
