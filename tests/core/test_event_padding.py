@@ -109,3 +109,16 @@ def test_without_the_pad_every_event_is_the_unpadded_streams(
     assert [_decoded(f) for f in padded] == [_decoded(f) for f in plain]
     assert all(PAD_FIELD.encode() in f for f in padded if not f.startswith(b":"))
     assert all(PAD_FIELD.encode() not in f for f in plain)
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_a_heartbeat_before_any_delta_is_padded_on_its_own(endpoint: Endpoint) -> None:
+    machine = stream_machine(_header(endpoint), Filler(4))
+    machine.start()
+    (beat,) = machine.feed(Heartbeat())
+    if endpoint is Endpoint.MESSAGES:
+        assert len(beat) == 64  # a ping, padded to a power of two of its own
+        assert PAD_FIELD.encode() in beat
+    else:
+        assert len(beat) == 256  # a comment of the default size
+        assert beat.startswith(b": keep-alive ")
