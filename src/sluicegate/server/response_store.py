@@ -217,50 +217,55 @@ class StoredResponses:
 
         Returns:
             200 with the response object: ``cancelled`` when this call stopped
-            it, else as it ended; 404 as for ``retrieve``; 409 while another
-            replica produces it.
+            it, else as it ended; 404 as for ``retrieve``; 409 when another
+            replica produces it and it did not end within ``CANCEL_WAIT_S``.
         """
         response_id = request.path_params["response_id"]
-        owner = owner_of(request)
         try:
-            record = await self._record(response_id, owner)
-            if record is None:
-                return json_answer(_not_found(response_id), 404)
-            if record["response"] is None:
-                record = await self._stopped(response_id, owner)
+            ended = await self._ended(response_id, owner_of(request))
         except StoreError as exc:
             return _unavailable(exc, self._resumable)
-        if record is None:  # deleted meanwhile
-            return json_answer(_not_found(response_id), 404)
-        if record["response"] is None:
-            return _elsewhere(response_id)
-        return json_answer(_current(response_id, record))
+        if isinstance(ended, Response):
+            return ended
+        return json_answer(_current(response_id, ended))
 
     async def delete(self, request: Request) -> Response:
         """``DELETE /v1/responses/{id}``: forget a response (a running one is
         cancelled first).
 
         Returns:
-            200 ``{"id", "object": "response", "deleted": true}``; 404 as for
-            ``retrieve``; 409 while another replica produces it.
+            200 ``{"id", "object": "response", "deleted": true}``; 404 and 409
+            as for ``cancel``.
         """
         response_id = request.path_params["response_id"]
         owner = owner_of(request)
-        store = self._resumable.store
         try:
-            record = await self._record(response_id, owner)
-            if record is None:
-                return json_answer(_not_found(response_id), 404)
-            if record["response"] is None:
-                record = await self._stopped(response_id, owner)
-                if record is not None and record["response"] is None:
-                    return _elsewhere(response_id)
-            deleted = await store.delete(response_id, owner)
+            ended = await self._ended(response_id, owner)
+            if isinstance(ended, Response):
+                return ended
+            deleted = await self._resumable.store.delete(response_id, owner)
         except StoreError as exc:
             return _unavailable(exc, self._resumable)
         if not deleted:
             return json_answer(_not_found(response_id), 404)
         return json_answer({"id": response_id, "object": "response", "deleted": True})
+
+    async def _ended(self, response_id: str, owner: str) -> dict[str, Any] | Response:
+        """The record of ``owner``'s response once it ended (a running one is
+        stopped first, ``_stopped``), or the answer that says why there is none:
+        404, or 409 when it did not end in time.
+
+        Raises:
+            StoreError: the shared store cannot be reached.
+        """
+        record = await self._record(response_id, owner)
+        if record is not None and record["response"] is None:
+            record = await self._stopped(response_id, owner)
+        if record is None:  # unknown, another key's, expired, or deleted meanwhile
+            return json_answer(_not_found(response_id), 404)
+        if record["response"] is None:
+            return _elsewhere(response_id)
+        return record
 
     async def _stopped(self, response_id: str, owner: str) -> dict[str, Any] | None:
         """Cancel a running response, here or on the replica that produces it,
