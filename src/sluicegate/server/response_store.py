@@ -157,7 +157,7 @@ class StoredResponses:
             RequestError: 400 (``previous_response_id``): not found (unknown,
                 another key's, expired, never stored) or not ended yet.
         """
-        record = await self._record(previous_id, owner)
+        record = await self.record_of(previous_id, owner)
         if record is None:
             raise RequestError(
                 f"Previous response with id '{previous_id[:80]}' not found"
@@ -205,9 +205,9 @@ class StoredResponses:
         """The response object as it stands (200), or the 404 (503: the shared
         store cannot be reached)."""
         try:
-            record = await self._record(response_id, owner)
+            record = await self.record_of(response_id, owner)
         except StoreError as exc:
-            return _unavailable(exc, self._resumable)
+            return self._resumable.unavailable(exc)
         if record is None:
             return json_answer(_not_found(response_id), 404)
         return json_answer(_current(response_id, record))
@@ -224,7 +224,7 @@ class StoredResponses:
         try:
             ended = await self._ended(response_id, owner_of(request))
         except StoreError as exc:
-            return _unavailable(exc, self._resumable)
+            return self._resumable.unavailable(exc)
         if isinstance(ended, Response):
             return ended
         return json_answer(_current(response_id, ended))
@@ -245,7 +245,7 @@ class StoredResponses:
                 return ended
             deleted = await self._resumable.store.delete(response_id, owner)
         except StoreError as exc:
-            return _unavailable(exc, self._resumable)
+            return self._resumable.unavailable(exc)
         if not deleted:
             return json_answer(_not_found(response_id), 404)
         return json_answer({"id": response_id, "object": "response", "deleted": True})
@@ -258,7 +258,7 @@ class StoredResponses:
         Raises:
             StoreError: the shared store cannot be reached.
         """
-        record = await self._record(response_id, owner)
+        record = await self.record_of(response_id, owner)
         if record is not None and record["response"] is None:
             record = await self._stopped(response_id, owner)
         if record is None:  # unknown, another key's, expired, or deleted meanwhile
@@ -274,14 +274,14 @@ class StoredResponses:
         resumable = self._resumable
         if not await resumable.stop(response_id, owner):
             if not await resumable.ask_cancel(response_id):
-                return await self._record(response_id, owner)
+                return await self.record_of(response_id, owner)
             deadline = time.monotonic() + CANCEL_WAIT_S
             while time.monotonic() < deadline:
-                record = await self._record(response_id, owner)
+                record = await self.record_of(response_id, owner)
                 if record is None or record["response"] is not None:
                     return record
                 await asyncio.sleep(0.02)
-        return await self._record(response_id, owner)
+        return await self.record_of(response_id, owner)
 
     async def follow(self, response_id: str, owner: str) -> LogStreamResponse | None:
         """A reader of ``owner``'s log from its end on (it reads no frame: it
@@ -295,9 +295,6 @@ class StoredResponses:
         Raises:
             StoreError: the shared store cannot be reached.
         """
-        return await self._record(response_id, owner)
-
-    async def _record(self, response_id: str, owner: str) -> dict[str, Any] | None:
         raw = await self._resumable.store.record(response_id, owner)
         return None if raw is None else Record.parse(raw)
 
@@ -350,12 +347,6 @@ def _elsewhere(response_id: str) -> Response:
         "produced_elsewhere",
     )
     return json_answer(payload, 409)
-
-
-def _unavailable(exc: StoreError, resumable: ResumableStreams) -> Response:
-    payload = error_payload(str(exc), "server_error", None, "resume_store_unavailable")
-    retry = {"Retry-After": str(resumable.retry_after_s)}
-    return json_answer(payload, 503, retry)
 
 
 class WholeFromLog:

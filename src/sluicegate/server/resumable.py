@@ -192,10 +192,14 @@ class ResumableStreams:
         if on_cancel is not None:
             on_cancel(self._cancel_here)
 
-    @property
-    def retry_after_s(self) -> int:
-        """The ``Retry-After`` of a 503 (seconds)."""
-        return self._config.retry_after_s
+    def unavailable(self, exc: StoreError) -> Response:
+        """The 503 ``resume_store_unavailable`` (with ``Retry-After``) of a
+        shared store that cannot be reached."""
+        payload = error_payload(
+            str(exc), "server_error", None, "resume_store_unavailable"
+        )
+        retry = {"Retry-After": str(self._config.retry_after_s)}
+        return json_answer(payload, 503, retry)
 
     def wanted(self, plan: Plan) -> bool:
         """Whether ``plan``'s response is resumable (a stream that asked, or the
@@ -371,11 +375,7 @@ class ResumableStreams:
             )
             return json_answer(payload, 410)
         except StoreError as exc:  # the shared store cannot be reached
-            payload = error_payload(
-                str(exc), "server_error", None, "resume_store_unavailable"
-            )
-            retry = {"Retry-After": str(self._config.retry_after_s)}
-            return json_answer(payload, 503, retry)
+            return self.unavailable(exc)
         if reader is None:
             return json_answer(not_found, 404)
         return reader
