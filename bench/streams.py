@@ -596,7 +596,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--load-cpu", default="1", help="taskset CPU list of the load process")
     add("--quick", action="store_true", help="tiny N and duration (CI smoke)")
     add("--json", type=Path, default=RESULTS, help="where to write the results")
-    add("--profile", type=Path, help="py-spy raw profile of sluicegate, largest N")
+    add("--profile", type=Path, help="py-spy raw profile of one server, largest N")
+    add("--profile-server", default="sluicegate", help="the server --profile records")
     add("--load", action="store_true", help=argparse.SUPPRESS)
     add("--port", type=int, help=argparse.SUPPRESS)
     add("--streams", type=int, help=argparse.SUPPRESS)
@@ -641,7 +642,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in args.n:
                 for kind, (pid, port) in servers.items():
                     profile = None
-                    if args.profile and kind == "sluicegate" and n == max(args.n):
+                    if (
+                        args.profile
+                        and kind == args.profile_server
+                        and n == max(args.n)
+                    ):
                         profile = args.profile
                     rows.append(_measure(kind, pid, port, n, args, profile))
     ratios = _ratios(rows)

@@ -21,6 +21,7 @@ from sluicegate.server.event_store import (
 from sluicegate.server.redis_client import RedisUnavailable, connect
 from sluicegate.server.redis_store import RedisEventStore
 from sluicegate.testing import free_port
+from tests.pushed_reads import pushed_read
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -410,3 +411,21 @@ async def test_a_cancel_published_on_one_replica_reaches_the_others(stores):
             await anyio.sleep(0.02)
         await got.wait()
     assert heard[0] == "r1"
+
+
+@pytest.mark.parametrize("replicas", ["same", "two"])
+@pytest.mark.parametrize("takes", [[], [True, False, False, True]])
+async def test_a_pushing_reader_gets_every_frame_once_pushed_or_yielded(
+    stores, replicas, takes
+):
+    producer = stores()
+    reader = producer if replicas == "same" else stores()
+    got, count = await pushed_read(producer, reader, [1, 2, 1, 3, 1], takes, 0.05)
+    got.check(count)
+    assert got.pushes >= 1  # the waiting reader was pushed to
+
+
+async def test_a_reader_pushed_to_as_fast_as_frames_come_gets_each_once(stores):
+    store = stores()
+    got, count = await pushed_read(store, store, [1] * 50, [False, True] * 25, None)
+    got.check(count)

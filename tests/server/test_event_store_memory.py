@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sluicegate.server.event_store import (
     CursorEvicted,
@@ -15,6 +17,8 @@ from sluicegate.server.event_store import (
     StoreFull,
 )
 from sluicegate.server.event_store_memory import MemoryEventStore
+from tests.pushed_reads import frame as pushed_frame
+from tests.pushed_reads import pushed_read
 
 pytestmark = pytest.mark.anyio
 
@@ -249,3 +253,36 @@ async def test_delete_forgets_the_owners_log_its_record_and_its_key() -> None:
     assert store.nbytes == 0
     assert len(store) == 0
     assert await store.create("r2", "alice", ("key", "h2")) is None  # key freed
+
+
+@given(
+    sizes=st.lists(st.integers(1, 4), min_size=1, max_size=12),
+    takes=st.lists(st.booleans(), max_size=12),
+    settle=st.booleans(),
+)
+def test_a_pushing_reader_gets_every_frame_once_pushed_or_yielded(
+    sizes: list[int], takes: list[bool], settle: bool
+) -> None:
+    store = MemoryEventStore()
+    got, count = asyncio.run(
+        pushed_read(store, store, sizes, takes, 0 if settle else None)
+    )
+    got.check(count)
+
+
+async def test_a_waiting_reader_that_takes_every_push_is_woken_only_by_the_end() -> (
+    None
+):
+    store = MemoryEventStore()
+    got, count = await pushed_read(store, store, [1, 2, 1, 3], [], settle_s=0)
+    got.check(count)
+    assert got.yielded == []  # nothing kept before the first read, all pushed
+    assert got.pushes == 4  # one call per append
+
+
+async def test_a_refused_push_is_yielded_and_the_reader_is_pushed_to_again() -> None:
+    store = MemoryEventStore()
+    got, count = await pushed_read(store, store, [1, 1, 1], [True, False], settle_s=0)
+    got.check(count)
+    assert got.pushed == [(0, pushed_frame(0)), (2, pushed_frame(2))]
+    assert got.yielded == [(1, pushed_frame(1))]

@@ -16,7 +16,7 @@ from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.event_store import Bound, Frames, ProducerLost
 from sluicegate.server.event_store_memory import MemoryEventStore
-from sluicegate.server.log_response import PRODUCER_LOST, LogStreamResponse
+from sluicegate.server.log_response import PRODUCER_LOST, LogStreamResponse, PushSlot
 from sluicegate.server.streaming import StreamLimits
 
 from ..polling import wait_until
@@ -216,18 +216,34 @@ class Reader:
 
 
 async def reader_of(
-    store: Any, after: int = -1, limits: StreamLimits | None = None
+    store: Any,
+    after: int = -1,
+    limits: StreamLimits | None = None,
+    *,
+    pushed: bool = False,
 ) -> LogStreamResponse:
-    batches = store.read("r", "k", after)
+    push = PushSlot() if pushed else None
+    batches = (
+        store.read_pushed("r", "k", after, push)
+        if pushed
+        else store.read("r", "k", after)
+    )
     first = await anext(batches)
-    return LogStreamResponse("r", first, batches, limits or StreamLimits())
+    return LogStreamResponse("r", first, batches, limits or StreamLimits(), push)
 
 
-async def test_a_silent_log_gets_heartbeat_lines_without_a_blank_line() -> None:
+PUSHED = pytest.mark.parametrize("pushed", [False, True], ids=["task", "pushed"])
+
+
+@PUSHED
+async def test_a_silent_log_gets_heartbeat_lines_without_a_blank_line(
+    pushed: bool,
+) -> None:
     store = MemoryEventStore()
     await store.create("r", "k")
     await store.append("r", [b"data: 1\n\n"])
-    response = await reader_of(store, limits=StreamLimits(heartbeat_interval_s=0.01))
+    limits = StreamLimits(heartbeat_interval_s=0.01)
+    response = await reader_of(store, limits=limits, pushed=pushed)
     reader = Reader()
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
@@ -285,10 +301,11 @@ async def test_a_lost_producer_ends_the_reader_with_one_error_event() -> None:
     assert reader.completed
 
 
-async def test_a_reader_whose_client_leaves_is_cut() -> None:
+@PUSHED
+async def test_a_reader_whose_client_leaves_is_cut(pushed: bool) -> None:
     store = MemoryEventStore()
     await store.create("r", "k")
-    response = await reader_of(store)
+    response = await reader_of(store, pushed=pushed)
     reader = Reader()
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
@@ -313,3 +330,106 @@ async def test_a_resumable_stream_is_padded_like_a_live_one_unless_asked_not_to(
         ]
         assert datas
         assert all((b'"obfuscation":' in data) is pads for data in datas), ex.body
+
+
+class HeldReader(Reader):
+    """A ``Reader`` whose body writes number ``held`` (0-based) and later wait
+    on ``gate`` (a socket behind), and whose write number ``broken`` raises."""
+
+    def __init__(self, held: int | None = None, broken: int | None = None) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+        self._held = held
+        self._broken = broken
+        self._writes = 0
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.body":
+            write, self._writes = self._writes, self._writes + 1
+            if write == self._broken:
+                raise OSError("the connection broke")
+            if self._held is not None and write >= self._held:
+                await self.gate.wait()
+        self.messages.append(message)
+
+
+def frames_of(*numbers: int) -> bytes:
+    return b"".join(b"id: r.%d\ndata: %d\n\n" % (n, n) for n in numbers)
+
+
+async def test_a_pushed_frame_is_written_in_the_appending_call() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    response = await reader_of(store, pushed=True)
+    reader = Reader()
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
+        await wait_until(lambda: bool(reader.messages), timeout_s=5)  # the status
+        await asyncio.sleep(0.01)  # the reader waits on the store
+        for n in range(3):
+            store.append_nowait("r", [b"data: %d\n\n" % n])
+            assert reader.body.endswith(frames_of(n))  # no task ran in between
+        await store.finish("r")
+    assert reader.body == frames_of(0, 1, 2)
+    assert reader.completed
+
+
+async def test_a_pushed_write_that_waits_is_finished_before_later_frames() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    response = await reader_of(store, pushed=True)
+    reader = HeldReader(held=1)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
+        await wait_until(lambda: bool(reader.messages), timeout_s=5)
+        await asyncio.sleep(0.01)
+        store.append_nowait("r", [b"data: 0\n\n"])  # written at once
+        store.append_nowait("r", [b"data: 1\n\n"])  # its write waits
+        for n in range(2, 5):  # refused while it waits: the reader's task
+            store.append_nowait("r", [b"data: %d\n\n" % n])
+        assert reader.body == frames_of(0)
+        await asyncio.sleep(0.01)
+        reader.gate.set()
+        await store.finish("r")
+    assert reader.body == frames_of(0, 1, 2, 3, 4)
+    assert reader.completed
+    assert response.cut is None
+
+
+@pytest.mark.parametrize("held", [None, 0], ids=["at-once", "after-a-wait"])
+async def test_a_pushed_write_that_breaks_ends_the_body_without_more_frames(
+    held: int | None,
+) -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    response = await reader_of(store, pushed=True)
+    reader = HeldReader(held=held, broken=1)
+    reader.gate.set()
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
+            await wait_until(lambda: bool(reader.messages), timeout_s=5)
+            await asyncio.sleep(0.01)
+            for n in range(4):
+                store.append_nowait("r", [b"data: %d\n\n" % n])
+                await asyncio.sleep(0.01)
+    assert reader.body == frames_of(0)
+    assert not reader.completed
+    assert not await store.attached("r")
+
+
+async def test_a_pushed_reader_whose_write_waits_past_the_bound_is_cut() -> None:
+    store = MemoryEventStore(max_log_bytes=20)
+    await store.create("r", "k")
+    response = await reader_of(store, pushed=True)
+    reader = HeldReader(held=0)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
+        await wait_until(lambda: bool(reader.messages), timeout_s=5)
+        await asyncio.sleep(0.01)
+        store.append_nowait("r", [b"data: 0\n\n"])  # its write waits
+        store.append_nowait("r", [b"data: %d\n\n" % i for i in range(1, 9)])
+        reader.gate.set()
+    assert response.cut == "fell behind the log's bound"
+    assert reader.body == frames_of(0)
+    assert not reader.completed

@@ -52,6 +52,8 @@ __all__ = [
     "IdempotencyConflict",
     "LogNotFound",
     "ProducerLost",
+    "Push",
+    "PushRead",
     "RemoteCancel",
     "StoreError",
     "StoreFull",
@@ -163,6 +165,30 @@ class EventStore(Protocol):
 
     async def aclose(self) -> None:
         """Release connections and wake every reader (they end)."""
+        ...
+
+
+Push = Callable[[Frames], bool]
+"""A reader's eager write (``PushRead``): called with live frames, from the
+appender's call, while the reader waits; returns whether it took them."""
+
+
+class PushRead(Protocol):
+    """A store whose readers may take live frames from the appender's call.
+
+    ``read_pushed`` is ``read``, except that while the reader waits for frames
+    (its iterator suspended, everything kept so far read), the store first
+    offers each live batch to ``push``, from the call that appended it: a batch
+    ``push`` takes counts as read (the iterator does not yield it) and the
+    reader stays waiting, with no task woken per frame; a batch it refuses wakes
+    the reader, whose iterator then yields it as ``read`` would. The end of the
+    log, and every error, reach the iterator as with ``read``.
+    """
+
+    def read_pushed(
+        self, response_id: str, owner: str, after: int, push: Push
+    ) -> AsyncIterator[Frames]:
+        """``read``, offering live batches to ``push`` while the reader waits."""
         ...
 
 

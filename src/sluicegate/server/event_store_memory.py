@@ -3,7 +3,9 @@
 The default ``EventStore`` (``event_store.py``), for one server process: each log
 is a deque of frames with the sequence number of its first kept frame, so an
 append is O(1) per frame and a replay from a cursor is an index. Readers wait
-on a future each, set by each append and by ``finish``.
+on a future each, set by each append and by ``finish``; a reader that pushes
+(``read_pushed``) is handed each append's frames in the append's call instead,
+until it refuses a batch.
 
 Invariants:
     - A log's record (``set_record``) counts in the store's bytes, not in the
@@ -26,6 +28,7 @@ Spec: WHATWG HTML, "Server-sent events", "Last-Event-ID".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections import OrderedDict, deque
@@ -37,10 +40,20 @@ from sluicegate.server.event_store import (
     CursorEvicted,
     Frames,
     LogNotFound,
+    Push,
     StoreFull,
 )
 
 __all__ = ["MemoryEventStore"]
+
+
+@dataclass(eq=False, slots=True)
+class _Parked:
+    """A pushing reader waiting for frames: ``after`` is the last seq it has."""
+
+    push: Push
+    after: int
+    waiter: asyncio.Future[None]
 
 
 @dataclass(eq=False, slots=True)
@@ -57,6 +70,7 @@ class _Log:
     # One future per waiting reader: a shared one would be cancelled for all
     # when one reader's task is cancelled while it waits.
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    parked: list[_Parked] = field(default_factory=list)
 
     @property
     def next_seq(self) -> int:
@@ -67,6 +81,25 @@ class _Log:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        if self.parked:
+            parked, self.parked = self.parked, []
+            for reader in parked:
+                if not reader.waiter.done():
+                    reader.waiter.set_result(None)
+
+    def push(self, first_seq: int, frames: Sequence[bytes]) -> None:
+        """Offer frames ``first_seq, ...`` (just appended) to the parked readers;
+        wake each one that refuses them, or that misses frames before them."""
+        batch = list(enumerate(frames, first_seq))
+        last = first_seq + len(frames) - 1
+        kept: list[_Parked] = []
+        for reader in self.parked:
+            if reader.after == first_seq - 1 and reader.push(batch):
+                reader.after = last
+                kept.append(reader)
+            elif not reader.waiter.done():
+                reader.waiter.set_result(None)
+        self.parked = kept
 
 
 class MemoryEventStore:
@@ -148,6 +181,8 @@ class MemoryEventStore:
             added += len(frame)
         log.nbytes += added
         self.nbytes += added
+        if log.parked and frames:
+            log.push(log.next_seq - len(frames), frames)
         if log.nbytes > self.max_log_bytes:
             self._trim(log, log.nbytes - self.max_log_bytes)
         if self.nbytes > self.max_store_bytes:
@@ -183,10 +218,17 @@ class MemoryEventStore:
     def read(self, response_id: str, owner: str, after: int) -> AsyncIterator[Frames]:
         """See ``EventStore.read``. A cursor past the last frame reads only the
         frames appended after it (none for a finished log)."""
-        return self._read(response_id, owner, after)
+        return self._read(response_id, owner, after, None)
+
+    def read_pushed(
+        self, response_id: str, owner: str, after: int, push: Push
+    ) -> AsyncIterator[Frames]:
+        """See ``PushRead.read_pushed``: ``push`` is called from
+        ``append_nowait`` (the engine's callback)."""
+        return self._read(response_id, owner, after, push)
 
     async def _read(
-        self, response_id: str, owner: str, after: int
+        self, response_id: str, owner: str, after: int, push: Push | None
     ) -> AsyncIterator[Frames]:
         self._sweep()
         log = self._logs.get(response_id)
@@ -219,8 +261,18 @@ class MemoryEventStore:
                 if log.finished_at is not None or response_id not in self._logs:
                     return
                 waiter = loop.create_future()
-                log.waiters.append(waiter)
-                await waiter
+                if push is None:
+                    log.waiters.append(waiter)
+                    await waiter
+                    continue
+                parked = _Parked(push, after, waiter)
+                log.parked.append(parked)
+                try:
+                    await waiter
+                finally:
+                    with contextlib.suppress(ValueError):  # woken: out already
+                        log.parked.remove(parked)
+                    after = parked.after
         finally:
             log.readers -= 1
 
@@ -306,6 +358,9 @@ class MemoryEventStore:
         return freed
 
 
+_FEW = 8  # frames a reader's batch takes by index
+
+
 def _since(log: _Log, after: int) -> list[tuple[int, bytes]]:
     """The kept frames numbered after ``after``, with their numbers."""
     start = max(after + 1, log.first_seq)
@@ -315,4 +370,8 @@ def _since(log: _Log, after: int) -> list[tuple[int, bytes]]:
         return []
     if offset == 0:
         return list(enumerate(frames, start))
+    # A live reader asks for the last frame or few: index them from the right
+    # (a deque indexes from its nearer end; islice would walk from the left).
+    if len(frames) - offset <= _FEW:
+        return [(start + i, frames[offset + i]) for i in range(len(frames) - offset)]
     return list(enumerate(itertools.islice(frames, offset, None), start))

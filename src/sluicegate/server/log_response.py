@@ -6,6 +6,14 @@ after a cursor, each with an ``id:`` line naming its cursor, then the live ones
 as the producer appends them, until the log's last frame. The producer
 (``resumable_producer.py``) writes into the store and never waits on a reader.
 
+A store that pushes (``PushRead``) hands the live frames to ``PushSlot``, the
+response's eager write, from the producer's call while the reader's task waits:
+the write is started there and, when ``send`` finishes without suspending (a
+socket that keeps up), the task is never woken for that frame, as
+``writers.EagerWriter`` does for a live stream. A ``send`` that suspends is
+finished by a task of its own; while it (or a heartbeat) is in flight, the
+slot refuses frames and the reader's task writes them after it.
+
 Invariants:
     - The checks (unknown id, another key's log, an evicted cursor) were made
       before this app runs: its first batch is already read (the store yields it
@@ -19,6 +27,9 @@ Invariants:
       and the client may resume from the last ``id:`` it saw.
     - When the producer's replica dies (``ProducerLost``, a shared store only),
       the reader writes one in-band error event (``producer_lost``), then ends.
+    - Pushed or not, each frame is written once, in sequence order; a failure of
+      a pushed write is raised by the reader's task at its next batch or at the
+      log's end.
 
 Deliberate divergence: a heartbeat is the line ``: keep-alive`` with no blank
 line after it (the live path sends a blank line too): the openai SDK, once it
@@ -33,9 +44,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from types import CoroutineType
 
 from starlette.types import Receive, Scope, Send
 
@@ -46,8 +59,9 @@ from sluicegate.server.event_store import CursorEvicted, Frames, ProducerLost
 from sluicegate.server.sse_response import BODY_SEND, SSE_HEADERS
 from sluicegate.server.streaming import StreamLimits
 from sluicegate.server.write_watch import WriteWatch
+from sluicegate.server.writers import Resume, Steps
 
-__all__ = ["PRODUCER_LOST", "LogStreamResponse"]
+__all__ = ["PRODUCER_LOST", "LogStreamResponse", "PushSlot"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +74,31 @@ PRODUCER_LOST = "producer_lost"
 _KEEP_ALIVE = encode_comment("keep-alive").rstrip(b"\n") + b"\n"
 
 
+class PushSlot:
+    """The ``push`` given to a store's ``read_pushed`` before the response that
+    reads it exists: it calls ``target`` (the response's eager write, set while
+    the response follows the log) or refuses every batch."""
+
+    __slots__ = ("target",)
+
+    def __init__(self) -> None:
+        self.target: Callable[[Frames], bool] | None = None
+
+    def __call__(self, batch: Frames) -> bool:
+        """Whether the target took ``batch`` (``False`` without one)."""
+        target = self.target
+        return target is not None and target(batch)
+
+
 class LogStreamResponse:
     """An ASGI app: a resumable response's log from a cursor, then its live tail.
 
     Args:
         response_id: the response whose log is read.
         first: the first batch of ``batches``, already read (checks passed).
-        batches: the rest of the store's ``read``.
+        batches: the rest of the store's ``read`` (or ``read_pushed``).
         limits: ``heartbeat_interval_s`` and ``stuck_timeout_s`` are used.
+        push: the slot ``batches`` was read with (``read_pushed``), or ``None``.
     """
 
     def __init__(
@@ -76,6 +107,7 @@ class LogStreamResponse:
         first: Frames,
         batches: AsyncIterator[Frames],
         limits: StreamLimits,
+        push: PushSlot | None = None,
     ) -> None:
         self.response_id = response_id
         """The response whose log is read."""
@@ -83,8 +115,10 @@ class LogStreamResponse:
         self._first = first
         self._batches = batches
         self._limits = limits
+        self._push = push
         self._sending = False  # a write is in flight (the task's or a heartbeat's)
-        self._beat: asyncio.Task[None] | None = None  # a heartbeat's write
+        self._beat: asyncio.Task[None] | None = None  # a heartbeat's or pushed write
+        self._failure: BaseException | None = None  # met by a pushed write
         self.cut: str | None = None
         """Why the reader was cut (``None``: it read to the end)."""
 
@@ -134,11 +168,17 @@ class LogStreamResponse:
             watch = WriteWatch(
                 limits.heartbeat_interval_s, limits.stuck_timeout_s, beat, stuck
             )
+            push = self._push
+            if push is not None:
+                context = contextvars.copy_context()
+                push.target = functools.partial(self._pushed, send, watch, context)
             try:
                 await self._write(self._first, send, watch)
                 async for batch in self._batches:  # once per token: kept flat
                     if self._beat is not None:
                         await self._beat
+                    if self._failure is not None:
+                        self._raise_failure()
                     prefix = self._prefix
                     if len(batch) == 1:
                         seq, frame = batch[0]
@@ -154,8 +194,13 @@ class LogStreamResponse:
                     )
                     watch.wrote()
                     self._sending = False
+                if self._beat is not None:  # a pushed write ends the log
+                    await self._beat
+                self._raise_failure()
             except CursorEvicted:
                 self.cut = "fell behind the log's bound"
+                if self._beat is not None:  # a write in flight goes out first
+                    await self._beat
                 return False
             except ProducerLost:
                 payload = error_payload(
@@ -167,6 +212,8 @@ class LogStreamResponse:
                 await self._send(send, b"data: " + dumps(payload) + b"\n\n", watch)
                 return True
             finally:
+                if push is not None:
+                    push.target = None
                 watch.cancel()
                 if self._beat is not None:
                     self._beat.cancel()
@@ -174,6 +221,62 @@ class LogStreamResponse:
             self.cut = race.reason
             return False
         return True
+
+    def _pushed(
+        self,
+        send: Send,
+        watch: WriteWatch,
+        context: contextvars.Context,
+        batch: Frames,
+    ) -> bool:
+        """The slot's target: write ``batch`` now, from the store's call, unless
+        a write is in flight or one failed (then the reader's task takes it).
+        A ``send`` that suspends is finished by a task of its own."""
+        if self._sending or self._beat is not None or self._failure is not None:
+            return False
+        prefix = self._prefix
+        if len(batch) == 1:
+            seq, frame = batch[0]
+            body = b"id: %s.%d\n%s" % (prefix, seq, frame)
+        else:
+            body = b"".join(b"id: %s.%d\n%s" % (prefix, seq, f) for seq, f in batch)
+        try:
+            sending = send(
+                {"type": "http.response.body", "body": body, "more_body": True}
+            )
+            steps: Steps = (
+                sending if isinstance(sending, CoroutineType) else sending.__await__()
+            )
+            waiting_on = context.run(steps.send, None)
+        except StopIteration:
+            watch.last_write = watch.clock.time()  # no write was in flight
+            return True
+        except (Exception, asyncio.CancelledError) as exc:  # the task raises it
+            self._failure = exc
+            return False
+        self._sending = True
+        watch.writing()
+        pending = Resume(steps, waiting_on, context)
+        self._beat = asyncio.get_running_loop().create_task(
+            self._finish(pending, watch)
+        )
+        return True
+
+    async def _finish(self, pending: Resume, watch: WriteWatch) -> None:
+        """Finish a pushed write that suspended; keep its failure for the task."""
+        try:
+            await pending
+            watch.wrote()
+        except Exception as exc:  # e.g. OSError: the reader's task raises it
+            self._failure = exc
+        finally:
+            self._sending = False
+            self._beat = None
+
+    def _raise_failure(self) -> None:
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
 
     async def _write(self, batch: Frames, send: Send, watch: WriteWatch) -> None:
         if not batch:

@@ -52,6 +52,7 @@ from sluicegate.server.event_store import (
     CursorEvicted,
     Frames,
     LogNotFound,
+    Push,
     StoreFull,
 )
 from sluicegate.server.redis_cancel import CancelChannel
@@ -205,7 +206,15 @@ class RedisEventStore:
         Raises:
             RedisUnavailable: Redis cannot be reached (first or later).
         """
-        return self._read(response_id, owner, after)
+        return self._read(response_id, owner, after, None)
+
+    def read_pushed(
+        self, response_id: str, owner: str, after: int, push: Push
+    ) -> AsyncIterator[Frames]:
+        """See ``PushRead.read_pushed``: a log produced here pushes from
+        ``append`` (and ``append_nowait``), one produced elsewhere from the
+        tail's read."""
+        return self._read(response_id, owner, after, push)
 
     async def set_record(self, response_id: str, record: bytes) -> None:
         """See ``EventStore.set_record`` (a field of the log's meta hash: it
@@ -257,7 +266,7 @@ class RedisEventStore:
         await self._tail.aclose()
 
     async def _read(
-        self, response_id: str, owner: str, after: int
+        self, response_id: str, owner: str, after: int, push: Push | None
     ) -> AsyncIterator[Frames]:
         reader = secrets.token_hex(8)
         args: list[Any] = [
@@ -292,7 +301,7 @@ class RedisEventStore:
                     return
                 if not full:
                     break
-            follower = self._tail.follow(response_id, reader, after)
+            follower = self._tail.follow(response_id, reader, after, push)
             if response_id in self._live:
                 await self._catch_up(follower)
             while (frames := await follower.next()) is not None:

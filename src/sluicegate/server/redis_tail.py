@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sluicegate.server.event_store import CursorEvicted, ProducerLost, StoreError
+from sluicegate.server.event_store import CursorEvicted, ProducerLost, Push, StoreError
 from sluicegate.server.redis_client import RedisUnavailable, redis_errors
 from sluicegate.server.redis_lua import REFRESH
 
@@ -50,13 +50,22 @@ Entry = tuple[bytes, dict[bytes, bytes]]
 
 
 class Follower:
-    """One reader following one live log (from ``RedisTail.follow``)."""
+    """One reader following one live log (from ``RedisTail.follow``).
 
-    def __init__(self, response_id: str, reader_id: str, cursor: int) -> None:
+    With ``push`` (``PushRead``), frames handed over while ``next()`` waits go
+    to ``push`` first, in the call that hands them over; ``next()`` returns
+    only the batches it refuses.
+    """
+
+    def __init__(
+        self, response_id: str, reader_id: str, cursor: int, push: Push | None = None
+    ) -> None:
         self.response_id = response_id
         self.reader_id = reader_id
         self.cursor = cursor
         """The last seq handed to this follower."""
+        self._push = push
+        self._waiting = False  # next() waits: a batch may be pushed
         self._frames: list[tuple[int, bytes]] = []
         self._early: dict[int, bytes] = {}  # fed past a gap a catch-up fills
         self._end_seq: int | None = None
@@ -72,7 +81,11 @@ class Follower:
         """
         while not self._frames and self._end is False:
             self._ready.clear()
-            await self._ready.wait()
+            self._waiting = True
+            try:
+                await self._ready.wait()
+            finally:
+                self._waiting = False
         if self._frames:
             frames, self._frames = self._frames, []
             return frames
@@ -95,8 +108,7 @@ class Follower:
                 return True
             self._frames.append((seq, frame))
             self.cursor = seq
-        if self._frames:
-            self._ready.set()
+        self._hand_over()
         return False
 
     def offer(self, first_seq: int, frames: Sequence[bytes]) -> None:
@@ -112,8 +124,19 @@ class Follower:
             self._frames.append((self.cursor, early.pop(self.cursor)))
         if self._end_seq is not None and self.cursor + 1 >= self._end_seq:
             self.end(None)
-        elif self._frames:
-            self._ready.set()
+        else:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Push the frames waiting for ``next()`` while it waits; else wake it."""
+        frames = self._frames
+        if not frames:
+            return
+        push = self._push
+        if push is not None and self._waiting and push(frames):
+            self._frames = []
+            return
+        self._ready.set()  # not waiting, or refused (a write in flight)
 
     def end_at(self, end_seq: int) -> None:
         """The log ends before ``end_seq``: end once every earlier frame is out."""
@@ -158,9 +181,12 @@ class RedisTail:
         self._joined = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    def follow(self, response_id: str, reader_id: str, cursor: int) -> Follower:
-        """Follow ``response_id`` past ``cursor``; ``unfollow`` it when done."""
-        follower = Follower(response_id, reader_id, cursor)
+    def follow(
+        self, response_id: str, reader_id: str, cursor: int, push: Push | None = None
+    ) -> Follower:
+        """Follow ``response_id`` past ``cursor`` (pushing to ``push`` while the
+        reader waits, see ``Follower``); ``unfollow`` it when done."""
+        follower = Follower(response_id, reader_id, cursor, push)
         self._followers.setdefault(response_id, set()).add(follower)
         self._joined.set()
         if self._task is None or self._task.done():

@@ -59,7 +59,7 @@ from sluicegate.server.event_store import (
 )
 from sluicegate.server.event_store_memory import MemoryEventStore
 from sluicegate.server.generation import Generation
-from sluicegate.server.log_response import LogStreamResponse
+from sluicegate.server.log_response import LogStreamResponse, PushSlot
 from sluicegate.server.meter import Meter
 from sluicegate.server.plan import Plan
 from sluicegate.server.resumable_producer import Producer
@@ -438,14 +438,20 @@ class ResumableStreams:
     ) -> LogStreamResponse | None:
         """A reader of the log after ``after``; ``None`` when there is none to
         read (``LogNotFound``). Raises ``CursorEvicted``."""
-        batches = self.store.read(response_id, owner, after)
+        read_pushed = getattr(self.store, "read_pushed", None)
+        push = None if read_pushed is None else PushSlot()
+        batches = (
+            self.store.read(response_id, owner, after)
+            if read_pushed is None
+            else read_pushed(response_id, owner, after, push)
+        )
         try:
             first = await anext(batches)
         except LogNotFound:
             return None
         except StopAsyncIteration:
             first = []
-        return LogStreamResponse(response_id, first, batches, self._limits)
+        return LogStreamResponse(response_id, first, batches, self._limits, push)
 
     async def aclose(self) -> None:
         """Cancel every producer (each finishes its log and records its row),
