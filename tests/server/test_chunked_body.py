@@ -1,0 +1,129 @@
+"""``ChunkedBodySend``: the bytes on the wire equal uvicorn's own h11 protocol's.
+
+The same streaming apps run behind ``LimitedH11Protocol`` (body parts framed
+by ``ChunkedBodySend``) and behind uvicorn's plain ``H11Protocol`` (h11 frames
+them), each on a fake transport; what each wrote must be byte for byte the same
+(the ``date`` header aside), for HTTP/1.1 and HTTP/1.0 peers, ``HEAD``, a
+``Content-Length`` response, empty parts, and a response cut short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from starlette.types import Receive, Scope, Send
+from uvicorn.config import Config
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
+
+from sluicegate.server.connections import (
+    ChunkedBodySend,
+    ConnectionLimits,
+    protocol_class,
+)
+from tests.server.test_connection_refusals import FakeTransport
+
+pytestmark = pytest.mark.anyio
+
+PARTS = [b"data: 1\n\n", b"", "data: \u00e9\u4e16\n\n".encode(), b"x" * 300]
+
+
+def streaming_app(
+    parts: list[bytes],
+    *,
+    length: int | None = None,
+    end: bool = True,
+    status: int = 200,
+) -> Any:
+    seen: list[Any] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(send)
+        headers = [(b"content-type", b"text/event-stream")]
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
+        await send(
+            {"type": "http.response.start", "status": status, "headers": headers}
+        )
+        for part in parts:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        if end:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    app.seen = seen  # type: ignore[attr-defined]
+    return app
+
+
+async def written(protocol_class_: type, app: Any, request: bytes) -> bytes:
+    config = Config(app=app, http=protocol_class_, log_level="warning")
+    config.load()
+    protocol = config.http_protocol_class(  # type: ignore[call-arg]
+        config=config, server_state=ServerState(), app_state={}
+    )
+    transport = FakeTransport()
+    protocol.connection_made(transport)
+    protocol.data_received(request)
+    cycle = protocol.cycle  # type: ignore[attr-defined]
+    for _ in range(200):  # the app's task runs on this loop
+        if cycle.response_complete or transport.closed or cycle.disconnected:
+            break
+        await asyncio.sleep(0.001)
+    return re.sub(rb"date: [^\r]*\r\n", b"", bytes(transport.written))
+
+
+def requests() -> list[tuple[str, bytes]]:
+    return [
+        ("http/1.1", b"POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"),
+        ("http/1.0", b"POST /v1/x HTTP/1.0\r\nHost: a\r\nContent-Length: 0\r\n\r\n"),
+        ("head", b"HEAD /v1/x HTTP/1.1\r\nHost: a\r\n\r\n"),
+        ("close", b"GET /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"),
+    ]
+
+
+LIMITED = protocol_class(ConnectionLimits())
+
+
+@pytest.mark.parametrize(
+    ("name", "request_"), requests(), ids=[n for n, _ in requests()]
+)
+@pytest.mark.parametrize("end", [True, False], ids=["ended", "cut"])
+async def test_the_wire_is_h11s_for_every_peer(
+    name: str, request_: bytes, end: bool
+) -> None:
+    app = streaming_app(PARTS, end=end)
+    ours = await written(LIMITED, app, request_)
+    theirs = await written(H11Protocol, streaming_app(PARTS, end=end), request_)
+    assert ours == theirs
+    (send,) = app.seen
+    assert send._chunked == (name in ("http/1.1", "close"))  # framed here
+    if send._chunked:
+        assert b"transfer-encoding: chunked" in ours.lower()
+        assert b"\r\n9\r\ndata: 1\n\n\r\n" in ours
+
+
+async def test_a_response_with_a_length_is_h11s() -> None:
+    app = streaming_app([b"ab", b"cd"], length=4)
+    ours = await written(LIMITED, app, requests()[0][1])
+    theirs = await written(
+        H11Protocol, streaming_app([b"ab", b"cd"], length=4), requests()[0][1]
+    )
+    assert ours == theirs
+    assert ours.endswith(b"\r\n\r\nabcd")
+    (send,) = app.seen
+    assert isinstance(send, ChunkedBodySend)
+    assert not send._chunked  # framed by h11: it counts the length
+
+
+@given(st.lists(st.binary(max_size=40), max_size=8))
+async def test_any_parts_are_framed_as_h11_frames_them(parts: list[bytes]) -> None:
+    request_ = requests()[0][1]
+    app = streaming_app(parts)
+    ours = await written(LIMITED, app, request_)
+    assert ours == await written(H11Protocol, streaming_app(parts), request_)
+    (send,) = app.seen
+    assert send._chunked
