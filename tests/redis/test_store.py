@@ -429,3 +429,32 @@ async def test_a_reader_pushed_to_as_fast_as_frames_come_gets_each_once(stores):
     store = stores()
     got, count = await pushed_read(store, store, [1] * 50, [False, True] * 25, None)
     got.check(count)
+
+
+async def xrange_calls(redis_url: str) -> int:
+    client = connect(redis_url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return int(stats.get("cmdstat_xrange", {}).get("calls", 0))
+
+
+async def test_the_first_reader_of_a_new_local_log_reads_nothing_back(
+    stores, redis_url
+):
+    store = stores()
+    await store.create("r1", "alice")
+    before = await xrange_calls(redis_url)
+    batches = store.read("r1", "alice", -1)
+    with anyio.fail_after(10):
+        assert await anext(batches) == []
+        await store.append("r1", frames("a", "b"))
+        await store.flush()
+        await store.append("r1", frames("c"))
+        await store.finish("r1")
+        rest = [pair async for batch in batches for pair in batch]
+    assert rest == list(enumerate(frames("a", "b", "c")))
+    assert await xrange_calls(redis_url) == before  # no replay, no catch-up
+    # A later reader of the same log replays it from Redis.
+    assert await read_all(store) == list(enumerate(frames("a", "b", "c")))

@@ -289,6 +289,14 @@ class RedisEventStore:
         follower = None
         self._readers[response_id] = self._readers.get(response_id, 0) + 1
         try:
+            if after == -1 and self._writer.untouched(response_id):
+                # Created here, nothing appended yet: every frame will reach
+                # the follower from this server's appends; Redis has none.
+                follower = self._tail.follow(response_id, reader, after, push)
+                yield []
+                while (frames := await follower.next()) is not None:
+                    yield frames
+                return
             first = True
             while True:  # the replay, page by page
                 batch, ended, full = await self._page(response_id, after)

@@ -99,6 +99,10 @@ class LogWriter:
         self._next[response_id] = 0
         self.unflushed[response_id] = []
 
+    def untouched(self, response_id: str) -> bool:
+        """Whether ``response_id`` was created here and nothing was appended."""
+        return self._next.get(response_id) == 0
+
     async def append(self, response_id: str, frames: Sequence[bytes]) -> None:
         """See ``EventStore.append``: queued for the next flush, and handed to
         this server's readers of the log now. Waits for a flush only while more
