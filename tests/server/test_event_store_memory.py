@@ -286,3 +286,27 @@ async def test_a_refused_push_is_yielded_and_the_reader_is_pushed_to_again() -> 
     got.check(count)
     assert got.pushed == [(0, pushed_frame(0)), (2, pushed_frame(2))]
     assert got.yielded == [(1, pushed_frame(1))]
+
+
+async def test_a_reader_whose_wait_was_cancelled_is_not_pushed_to() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    pushed: list[Frames] = []
+
+    def push(batch: Frames) -> bool:
+        pushed.append(batch)
+        return True
+
+    batches = store.read_pushed("r", "k", -1, push)
+    assert await anext(batches) == []
+
+    async def next_batch() -> Frames:
+        return await anext(batches)
+
+    waiting = asyncio.get_running_loop().create_task(next_batch())
+    await asyncio.sleep(0)  # the reader waits
+    waiting.cancel()  # its client left ...
+    store.append_nowait("r", [b"data: 0\n\n"])  # ... as a frame came
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert pushed == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -16,7 +16,12 @@ from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.event_store import Bound, Frames, ProducerLost
 from sluicegate.server.event_store_memory import MemoryEventStore
-from sluicegate.server.log_response import PRODUCER_LOST, LogStreamResponse, PushSlot
+from sluicegate.server.log_response import (
+    BROKEN,
+    PRODUCER_LOST,
+    LogStreamResponse,
+    PushSlot,
+)
 from sluicegate.server.streaming import StreamLimits
 
 from ..polling import wait_until
@@ -334,23 +339,39 @@ async def test_a_resumable_stream_is_padded_like_a_live_one_unless_asked_not_to(
 
 class HeldReader(Reader):
     """A ``Reader`` whose body writes number ``held`` (0-based) and later wait
-    on ``gate`` (a socket behind), and whose write number ``broken`` raises."""
+    on ``gate`` (a socket behind), and whose write number ``broken`` raises
+    (after its wait); ``started`` counts the body writes begun."""
 
     def __init__(self, held: int | None = None, broken: int | None = None) -> None:
         super().__init__()
         self.gate = anyio.Event()
         self._held = held
         self._broken = broken
-        self._writes = 0
+        self.started = 0
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.body":
-            write, self._writes = self._writes, self._writes + 1
-            if write == self._broken:
-                raise OSError("the connection broke")
+            write, self.started = self.started, self.started + 1
             if self._held is not None and write >= self._held:
                 await self.gate.wait()
+            if write == self._broken:
+                raise OSError("the connection broke")
         self.messages.append(message)
+
+
+class LeavingReader(HeldReader):
+    """A ``HeldReader`` whose client leaves when ``gone`` is set; ``on_leave``
+    runs after the disconnect is read and before the reader's task sees it (a
+    frame appended in that same turn of the loop)."""
+
+    def __init__(self, on_leave: Callable[[], object], held: int | None = None):
+        super().__init__(held=held)
+        self._on_leave = on_leave
+
+    async def receive(self) -> Message:
+        await self.gone.wait()
+        asyncio.get_running_loop().call_soon(self._on_leave)
+        return {"type": "http.disconnect"}
 
 
 def frames_of(*numbers: int) -> bytes:
@@ -433,3 +454,79 @@ async def test_a_pushed_reader_whose_write_waits_past_the_bound_is_cut() -> None
     assert response.cut == "fell behind the log's bound"
     assert reader.body == frames_of(0)
     assert not reader.completed
+
+
+@pytest.mark.parametrize("held", [None, 0], ids=["at-once", "waits"])
+async def test_a_frame_appended_as_the_client_leaves_is_not_pushed(
+    held: int | None,
+) -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    response = await reader_of(store, pushed=True)
+    reader = LeavingReader(lambda: store.append_nowait("r", [b"data: 0\n\n"]), held)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
+            await wait_until(lambda: bool(reader.messages), timeout_s=5)
+            await asyncio.sleep(0.01)  # the reader waits on the store
+            reader.gone.set()
+    assert response.cut == "the client disconnected"
+    assert reader.started == 0  # no write begun that nothing would finish
+    assert not await store.attached("r")
+
+
+class BlindPusher:
+    """A ``read_pushed`` whose push the test calls, whatever the reader does."""
+
+    def __init__(self) -> None:
+        self.push: Callable[[Frames], bool] | None = None
+        self.answers: list[bool] = []
+
+    async def read_pushed(
+        self, response_id: str, owner: str, after: int, push: Callable[[Frames], bool]
+    ) -> AsyncIterator[Frames]:
+        self.push = push
+        yield []
+        await asyncio.Event().wait()  # no frame but the pushed ones
+        yield []
+
+    def offer(self, seq: int) -> None:
+        assert self.push is not None
+        self.answers.append(self.push([(seq, b"data: %d\n\n" % seq)]))
+
+
+async def test_the_slot_refuses_a_frame_while_the_reader_is_cancelled() -> None:
+    store = BlindPusher()
+    response = await reader_of(store, pushed=True)
+    reader = LeavingReader(lambda: store.offer(1), held=1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
+            await wait_until(lambda: bool(reader.messages), timeout_s=5)
+            await asyncio.sleep(0.01)
+            store.offer(0)  # taken: written at once
+            reader.gone.set()
+    assert store.answers == [True, False]
+    assert reader.started == 1
+    assert reader.body == frames_of(0)
+    assert response.cut == "the client disconnected"
+
+
+async def test_a_pushed_write_that_waits_then_breaks_cuts_the_reader_at_once() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    limits = StreamLimits(stuck_timeout_s=3600, heartbeat_interval_s=3600)
+    response = await reader_of(store, limits=limits, pushed=True)
+    reader = HeldReader(held=1, broken=1)
+    with anyio.fail_after(5):  # a hang guard: nothing else would end it
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
+            await wait_until(lambda: bool(reader.messages), timeout_s=5)
+            await asyncio.sleep(0.01)
+            store.append_nowait("r", [b"data: 0\n\n"])  # written at once
+            store.append_nowait("r", [b"data: 1\n\n"])  # waits, then breaks
+            reader.gate.set()
+    assert response.cut == BROKEN
+    assert reader.body == frames_of(0)
+    assert not reader.completed
+    assert not await store.attached("r")

@@ -89,15 +89,19 @@ class _Log:
 
     def push(self, first_seq: int, frames: Sequence[bytes]) -> None:
         """Offer frames ``first_seq, ...`` (just appended) to the parked readers;
-        wake each one that refuses them, or that misses frames before them."""
+        wake each one that refuses them, or that misses frames before them. A
+        reader whose wait already ended (its task cancelled: its client left)
+        is dropped, not pushed to."""
         batch = list(enumerate(frames, first_seq))
         last = first_seq + len(frames) - 1
         kept: list[_Parked] = []
         for reader in self.parked:
+            if reader.waiter.done():  # woken, or its task cancelled: it reads
+                continue
             if reader.after == first_seq - 1 and reader.push(batch):
                 reader.after = last
                 kept.append(reader)
-            elif not reader.waiter.done():
+            else:
                 reader.waiter.set_result(None)
         self.parked = kept
 

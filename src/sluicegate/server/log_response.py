@@ -23,13 +23,16 @@ Invariants:
       ``heartbeat_interval_s`` of silence; writes never interleave.
     - A reader that leaves, or whose write waits more than ``stuck_timeout_s``
       (it cannot keep up), or that falls behind the log's bound
-      (``CursorEvicted`` mid-stream), is cut: the body ends without a terminator
-      and the client may resume from the last ``id:`` it saw.
+      (``CursorEvicted`` mid-stream), or whose pushed write meets a broken
+      connection (``BROKEN``), is cut: the body ends without a terminator and
+      the client may resume from the last ``id:`` it saw.
+    - No frame is pushed to a reader whose task is being cancelled (its client
+      left): a write started then could never be finished.
     - When the producer's replica dies (``ProducerLost``, a shared store only),
       the reader writes one in-band error event (``producer_lost``), then ends.
     - Pushed or not, each frame is written once, in sequence order; a failure of
-      a pushed write is raised by the reader's task at its next batch or at the
-      log's end.
+      a pushed write other than a broken connection is raised by the reader's
+      task at its next batch or at the log's end.
 
 Deliberate divergence: a heartbeat is the line ``: keep-alive`` with no blank
 line after it (the live path sends a blank line too): the openai SDK, once it
@@ -61,12 +64,15 @@ from sluicegate.server.streaming import StreamLimits
 from sluicegate.server.write_watch import WriteWatch
 from sluicegate.server.writers import Resume, Steps
 
-__all__ = ["PRODUCER_LOST", "LogStreamResponse", "PushSlot"]
+__all__ = ["BROKEN", "PRODUCER_LOST", "LogStreamResponse", "PushSlot"]
 
 logger = logging.getLogger(__name__)
 
 PRODUCER_LOST = "producer_lost"
 """Error code of the in-band error a reader writes when the producer died."""
+
+BROKEN = "the connection broke"
+"""``LogStreamResponse.cut`` when a write of a pushed frame met a broken socket."""
 
 # A comment line without the blank line after it: an event stream with ids makes
 # the openai SDK dispatch an empty event at every blank line (it keeps the last
@@ -171,7 +177,11 @@ class LogStreamResponse:
             push = self._push
             if push is not None:
                 context = contextvars.copy_context()
-                push.target = functools.partial(self._pushed, send, watch, context)
+                task = asyncio.current_task()
+                assert task is not None  # DisconnectRace made sure of it
+                push.target = functools.partial(
+                    self._pushed, send, watch, race, task, context
+                )
             try:
                 await self._write(self._first, send, watch)
                 async for batch in self._batches:  # once per token: kept flat
@@ -226,13 +236,22 @@ class LogStreamResponse:
         self,
         send: Send,
         watch: WriteWatch,
+        race: DisconnectRace,
+        task: asyncio.Task[object],
         context: contextvars.Context,
         batch: Frames,
     ) -> bool:
         """The slot's target: write ``batch`` now, from the store's call, unless
-        a write is in flight or one failed (then the reader's task takes it).
-        A ``send`` that suspends is finished by a task of its own."""
-        if self._sending or self._beat is not None or self._failure is not None:
+        a write is in flight or one failed (then the reader's task takes it),
+        or the reader's ``task`` is being cancelled (its client left: the
+        frame is not written at all). A ``send`` that suspends is finished by
+        a task of its own."""
+        if (
+            self._sending
+            or self._beat is not None
+            or self._failure is not None
+            or task.cancelling()
+        ):
             return False
         prefix = self._prefix
         if len(batch) == 1:
@@ -258,16 +277,22 @@ class LogStreamResponse:
         watch.writing()
         pending = Resume(steps, waiting_on, context)
         self._beat = asyncio.get_running_loop().create_task(
-            self._finish(pending, watch)
+            self._finish(pending, watch, race)
         )
         return True
 
-    async def _finish(self, pending: Resume, watch: WriteWatch) -> None:
-        """Finish a pushed write that suspended; keep its failure for the task."""
+    async def _finish(
+        self, pending: Resume, watch: WriteWatch, race: DisconnectRace
+    ) -> None:
+        """Finish a pushed write that suspended. A broken connection stops the
+        reader at once (its task may wait on the store for a long time); any
+        other failure is kept for the reader's task to raise."""
         try:
             await pending
             watch.wrote()
-        except Exception as exc:  # e.g. OSError: the reader's task raises it
+        except OSError:
+            race.stop(BROKEN)
+        except Exception as exc:  # the reader's task raises it
             self._failure = exc
         finally:
             self._sending = False

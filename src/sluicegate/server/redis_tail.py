@@ -65,7 +65,9 @@ class Follower:
         self.cursor = cursor
         """The last seq handed to this follower."""
         self._push = push
-        self._waiting = False  # next() waits: a batch may be pushed
+        # The task waiting in next(): a batch may be pushed unless it is being
+        # cancelled (its client left).
+        self._waiting: asyncio.Task[object] | None = None
         self._frames: list[tuple[int, bytes]] = []
         self._early: dict[int, bytes] = {}  # fed past a gap a catch-up fills
         self._end_seq: int | None = None
@@ -81,11 +83,11 @@ class Follower:
         """
         while not self._frames and self._end is False:
             self._ready.clear()
-            self._waiting = True
+            self._waiting = asyncio.current_task()
             try:
                 await self._ready.wait()
             finally:
-                self._waiting = False
+                self._waiting = None
         if self._frames:
             frames, self._frames = self._frames, []
             return frames
@@ -132,8 +134,13 @@ class Follower:
         frames = self._frames
         if not frames:
             return
-        push = self._push
-        if push is not None and self._waiting and push(frames):
+        push, waiting = self._push, self._waiting
+        if (
+            push is not None
+            and waiting is not None
+            and not waiting.cancelling()
+            and push(frames)
+        ):
             self._frames = []
             return
         self._ready.set()  # not waiting, or refused (a write in flight)
