@@ -290,6 +290,18 @@ async def test_a_stored_response_that_fails_is_a_500_and_is_kept_failed() -> Non
         kept = await ended(client, response_id)
         assert kept["status"] == "failed"
         assert kept["error"]["code"] == "engine_error"
+        assert (rows[-1].status, rows[-1].end_state) == (500, EndState.ERRORED)
+        streamed = await client.post(
+            RESPONSES,
+            json={"model": "scripted", "input": "Hi", "store": True, "stream": True},
+        )
+        assert b"response.failed" in streamed.content
+        ledger = client.app.state.ledger  # type: ignore[attr-defined]
+        await wait_until(lambda: len(ledger.rows) == 2, 5)
+        assert (ledger.rows[-1].status, ledger.rows[-1].end_state) == (
+            200,
+            EndState.ERRORED,
+        )
 
 
 async def test_a_background_stream_keeps_running_when_its_client_leaves() -> None:

@@ -65,7 +65,7 @@ class Meter:
         if not self.ledger.durable:
             return  # memory only: nothing to recover after a crash
         plan = self.plan
-        status = 200 if plan is not None and plan.stream else 0
+        status = 200 if plan is not None and plan.stream and not plan.whole else 0
         self.ledger.open(self._row(EndState.FINISHED, status), self.progress)
 
     def progress(self) -> tuple[int, float | None]:

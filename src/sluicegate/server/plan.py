@@ -78,6 +78,9 @@ class Plan:
         background: a resumable stream that keeps generating with no reader for
             as long as it runs (the Responses API's ``background``), instead of
             for the grace period.
+        whole: a resumable stream whose client is answered one JSON object once
+            the log ends (a stored, non-streamed Responses request): its ledger
+            row has the status of that answer (500 for an errored stream).
     """
 
     header: ResponseHeader
@@ -95,6 +98,7 @@ class Plan:
     obfuscation: bool | None = None
     cadence_s: float | None = None
     background: bool = False
+    whole: bool = False
 
     @property
     def prompt_tokens(self) -> int:

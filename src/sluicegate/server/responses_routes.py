@@ -165,7 +165,9 @@ class ResponsesRoutes:
             chat, response_id, served.engine, served.template, routes.config
         )
         plan = dataclasses.replace(
-            with_endpoint(plan, Endpoint.RESPONSES), background=ask.background
+            with_endpoint(plan, Endpoint.RESPONSES),
+            background=ask.background,
+            whole=stored and not ask.stream and not ask.background,
         )
         if stored:
             asked.request, asked.plan = ask, plan

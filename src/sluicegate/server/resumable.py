@@ -300,7 +300,9 @@ class ResumableStreams:
                 logger.warning(
                     "resumes of %s unknown: the store failed", plan.header.id
                 )
-            meter.record(state, 200)
+            # A whole answer of an errored stream is its error, a 500.
+            errored = plan.whole and state is EndState.ERRORED
+            meter.record(state, 500 if errored else 200)
 
         padded = plan.obfuscation  # the request's, else the server's default
         producer = Producer(
