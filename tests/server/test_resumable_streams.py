@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -378,15 +379,25 @@ def frames_of(*numbers: int) -> bytes:
     return b"".join(b"id: r.%d\ndata: %d\n\n" % (n, n) for n in numbers)
 
 
+@contextlib.asynccontextmanager
+async def serving(response: LogStreamResponse, reader: Reader) -> AsyncIterator[None]:
+    """Run ``response`` for ``reader`` until the block and the response end (5 s
+    at most: a hang guard); the block starts once the status went out and the
+    response waits on its store."""
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
+            await wait_until(lambda: bool(reader.messages), timeout_s=5)  # status
+            await asyncio.sleep(0.01)  # the reader waits on the store
+            yield
+
+
 async def test_a_pushed_frame_is_written_in_the_appending_call() -> None:
     store = MemoryEventStore()
     await store.create("r", "k")
     response = await reader_of(store, pushed=True)
     reader = Reader()
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
-        await wait_until(lambda: bool(reader.messages), timeout_s=5)  # the status
-        await asyncio.sleep(0.01)  # the reader waits on the store
+    async with serving(response, reader):
         for n in range(3):
             store.append_nowait("r", [b"data: %d\n\n" % n])
             assert reader.body.endswith(frames_of(n))  # no task ran in between
@@ -400,10 +411,7 @@ async def test_a_pushed_write_that_waits_is_finished_before_later_frames() -> No
     await store.create("r", "k")
     response = await reader_of(store, pushed=True)
     reader = HeldReader(held=1)
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
-        await wait_until(lambda: bool(reader.messages), timeout_s=5)
-        await asyncio.sleep(0.01)
+    async with serving(response, reader):
         store.append_nowait("r", [b"data: 0\n\n"])  # written at once
         store.append_nowait("r", [b"data: 1\n\n"])  # its write waits
         for n in range(2, 5):  # refused while it waits: the reader's task
@@ -426,14 +434,10 @@ async def test_a_pushed_write_that_breaks_ends_the_body_without_more_frames(
     response = await reader_of(store, pushed=True)
     reader = HeldReader(held=held, broken=1)
     reader.gate.set()
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
-            await wait_until(lambda: bool(reader.messages), timeout_s=5)
+    async with serving(response, reader):
+        for n in range(4):
+            store.append_nowait("r", [b"data: %d\n\n" % n])
             await asyncio.sleep(0.01)
-            for n in range(4):
-                store.append_nowait("r", [b"data: %d\n\n" % n])
-                await asyncio.sleep(0.01)
     assert reader.body == frames_of(0)
     assert not reader.completed
     assert not await store.attached("r")
@@ -444,10 +448,7 @@ async def test_a_pushed_reader_whose_write_waits_past_the_bound_is_cut() -> None
     await store.create("r", "k")
     response = await reader_of(store, pushed=True)
     reader = HeldReader(held=0)
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
-        await wait_until(lambda: bool(reader.messages), timeout_s=5)
-        await asyncio.sleep(0.01)
+    async with serving(response, reader):
         store.append_nowait("r", [b"data: 0\n\n"])  # its write waits
         store.append_nowait("r", [b"data: %d\n\n" % i for i in range(1, 9)])
         reader.gate.set()
@@ -464,12 +465,8 @@ async def test_a_frame_appended_as_the_client_leaves_is_not_pushed(
     await store.create("r", "k")
     response = await reader_of(store, pushed=True)
     reader = LeavingReader(lambda: store.append_nowait("r", [b"data: 0\n\n"]), held)
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
-            await wait_until(lambda: bool(reader.messages), timeout_s=5)
-            await asyncio.sleep(0.01)  # the reader waits on the store
-            reader.gone.set()
+    async with serving(response, reader):
+        reader.gone.set()
     assert response.cut == "the client disconnected"
     assert reader.started == 0  # no write begun that nothing would finish
     assert not await store.attached("r")
@@ -499,13 +496,9 @@ async def test_the_slot_refuses_a_frame_while_the_reader_is_cancelled() -> None:
     store = BlindPusher()
     response = await reader_of(store, pushed=True)
     reader = LeavingReader(lambda: store.offer(1), held=1)
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
-            await wait_until(lambda: bool(reader.messages), timeout_s=5)
-            await asyncio.sleep(0.01)
-            store.offer(0)  # taken: written at once
-            reader.gone.set()
+    async with serving(response, reader):
+        store.offer(0)  # taken: written at once
+        reader.gone.set()
     assert store.answers == [True, False]
     assert reader.started == 1
     assert reader.body == frames_of(0)
@@ -518,14 +511,10 @@ async def test_a_pushed_write_that_waits_then_breaks_cuts_the_reader_at_once() -
     limits = StreamLimits(stuck_timeout_s=3600, heartbeat_interval_s=3600)
     response = await reader_of(store, limits=limits, pushed=True)
     reader = HeldReader(held=1, broken=1)
-    with anyio.fail_after(5):  # a hang guard: nothing else would end it
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
-            await wait_until(lambda: bool(reader.messages), timeout_s=5)
-            await asyncio.sleep(0.01)
-            store.append_nowait("r", [b"data: 0\n\n"])  # written at once
-            store.append_nowait("r", [b"data: 1\n\n"])  # waits, then breaks
-            reader.gate.set()
+    async with serving(response, reader):
+        store.append_nowait("r", [b"data: 0\n\n"])  # written at once
+        store.append_nowait("r", [b"data: 1\n\n"])  # waits, then breaks
+        reader.gate.set()
     assert response.cut == BROKEN
     assert reader.body == frames_of(0)
     assert not reader.completed
