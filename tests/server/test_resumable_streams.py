@@ -519,3 +519,18 @@ async def test_a_pushed_write_that_waits_then_breaks_cuts_the_reader_at_once() -
     assert reader.body == frames_of(0)
     assert not reader.completed
     assert not await store.attached("r")
+
+
+async def test_a_heartbeat_that_breaks_leaves_the_next_frame_pushed() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    limits = StreamLimits(heartbeat_interval_s=0.01)
+    response = await reader_of(store, limits=limits, pushed=True)
+    reader = HeldReader(broken=0)  # the first body write, a heartbeat, breaks
+    async with serving(response, reader):
+        await wait_until(lambda: reader.started >= 1, timeout_s=5)
+        await asyncio.sleep(0.001)  # the heartbeat's task ended
+        store.append_nowait("r", [b"data: 0\n\n"])
+        assert reader.body.endswith(frames_of(0))  # pushed: no write in flight
+        await store.finish("r")
+    assert reader.completed

@@ -21,6 +21,8 @@ Invariants:
     - A log whose producer never finishes stays live: the producer runs in this
       process, and the server finishes every log it creates (``ProducerLost``
       never happens here).
+    - A reader of a log deleted while it reads ends with ``CursorEvicted`` (the
+      log is gone), as on a shared store; at ``aclose`` readers end cleanly.
 
 Spec: WHATWG HTML, "Server-sent events", "Last-Event-ID".
 """
@@ -136,6 +138,7 @@ class MemoryEventStore:
         self.ttl_s = ttl_s
         self._clock = clock
         self._logs: dict[str, _Log] = {}
+        self._closed = False  # aclose() ran: readers end cleanly
         self._finished: OrderedDict[str, None] = OrderedDict()  # by finish time
         self._bound: dict[tuple[str, str], str] = {}  # (owner, key) -> response id
         self.nbytes = 0
@@ -262,8 +265,12 @@ class MemoryEventStore:
                     after = batch[-1][0]
                     yield batch
                     continue
-                if log.finished_at is not None or response_id not in self._logs:
+                if log.finished_at is not None or self._closed:
                     return
+                if self._logs.get(response_id) is not log:
+                    raise CursorEvicted(
+                        f"{response_id!r} was deleted while it was read"
+                    )
                 waiter = loop.create_future()
                 if push is None:
                     log.waiters.append(waiter)
@@ -310,6 +317,7 @@ class MemoryEventStore:
     async def aclose(self) -> None:
         """Forget every log; readers waiting on one end."""
         logs, self._logs = self._logs, {}
+        self._closed = True
         self._finished.clear()
         self._bound.clear()
         self.nbytes = 0

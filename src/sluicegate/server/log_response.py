@@ -338,9 +338,11 @@ class LogStreamResponse:
     async def _send_now(self, send: Send, body: bytes, watch: WriteWatch) -> None:
         self._sending = True
         watch.writing()
-        await _body(send, body)
+        try:
+            await _body(send, body)
+        finally:
+            self._sending = False
         watch.wrote()
-        self._sending = False
 
 
 async def _close(batches: AsyncIterator[Frames]) -> None:
