@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
+import anyio
 import httpx
 import pytest
 from starlette.applications import Starlette
 
+from sluicegate.engines.scripted import ScriptedEngine
+from sluicegate.server.app import create_app
+from sluicegate.server.config import ServerConfig
 from sluicegate.server.metrics import LOOP_LAG_INTERVAL_S, LoopLag
 from tests.polling import wait_until
 
-from .asgi import CHAT, HELLO
+from .asgi import CHAT, HELLO, Exchange, exchange
+
+RESUMABLE_BODY = {
+    "messages": HELLO,
+    "stream": True,
+    "stream_options": {"resumable": True},
+}
 
 pytestmark = pytest.mark.anyio
 
@@ -85,3 +96,32 @@ async def test_the_app_samples_its_loop_lag_while_it_runs(app: Starlette) -> Non
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             text = (await c.get("/metrics")).text
     assert _value(text, "sluicegate_event_loop_lag_seconds_count") >= 1
+
+
+async def test_resumable_streams_are_counted_at_every_scrape() -> None:
+    engine = ScriptedEngine(tokens_per_s=50)
+    app = create_app(engine, ServerConfig(resume_grace_s=0.05))
+    body = {**RESUMABLE_BODY, "max_tokens": 2}
+    whole = await exchange(app, CHAT, body)  # read to its end, by its first reader
+    response_id = re.search(rb'"id":"(chatcmpl-[^"]+)"', whole.body)
+    assert response_id is not None
+    resumed = Exchange(
+        app, f"{CHAT}/{response_id[1].decode()}/events", b"", method="GET"
+    )
+    with anyio.fail_after(5):
+        await resumed.run()
+    assert resumed.status == 200
+    left = Exchange(app, CHAT, {**RESUMABLE_BODY, "max_tokens": 1000})
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(left.run)
+        await left.wait_for(lambda: left.status is not None)
+        assert left.status == 200, left.body
+        await left.wait_for(lambda: b"data: " in left.body)
+        left.leave()  # nobody resumes it: given up after the grace period
+    metrics = app.state.metrics
+    await wait_until(lambda: b"given_up_total 1.0" in metrics.render(), 5)
+    text = metrics.render().decode()
+    assert _value(text, "sluicegate_resumable_resumes_total") == 1
+    assert _value(text, "sluicegate_resumable_given_up_total") == 1
+    assert _value(text, "sluicegate_resumable_producers") == 0
+    assert _value(text, "sluicegate_resumable_store_bytes") > 0  # two kept logs

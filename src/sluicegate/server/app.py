@@ -312,6 +312,7 @@ class _Routes:
             self.limits,
             self.live,
         )
+        self.metrics_.watch_resumable(self.resumable, self.resumable.store)
 
     async def close_redis(self) -> None:
         """Send the quota give-backs in flight, then close the Redis connections."""

@@ -9,7 +9,8 @@ ledger row; they count in ``sluicegate_refused_requests_total`` by code. Read at
 scrape time: active streams, content bytes buffered for slow clients, heartbeats
 sent, coalesced events and slow-client aborts (``LiveStreams``); the engine's
 queue depth, running sequences, KV cells used and total, and its generated,
-wasted and aborted counters (``EngineStats``).
+wasted and aborted counters (``EngineStats``); resumable streams' producers,
+resumes, streams given up and the memory store's bytes (``ResumableStreams``).
 
 Sampled while the app runs (``Metrics.watch_loop``): how late the event loop runs
 a timer, ``sluicegate_event_loop_lag_seconds``. One core runs every stream's
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -49,7 +51,13 @@ from sluicegate.engines.pool import UpstreamCounters
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.ledger import LedgerRow
 
-__all__ = ["CONTENT_TYPE", "LOOP_LAG_INTERVAL_S", "LoopLag", "Metrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "LOOP_LAG_INTERVAL_S",
+    "LoopLag",
+    "Metrics",
+    "ResumableCounts",
+]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 """The ``Content-Type`` of ``Metrics.render()``."""
@@ -172,6 +180,11 @@ class Metrics:
         """
         return LoopLag(asyncio.get_running_loop(), self._loop_lag.observe, interval_s)
 
+    def watch_resumable(self, streams: ResumableCounts, store: object) -> None:
+        """Export ``streams``'s counts, and ``store``'s bytes when it has an
+        ``nbytes`` count, at every scrape (``sluicegate_resumable_*``)."""
+        self.registry.register(_Resumable(streams, store))
+
     def render(self) -> bytes:
         """The text exposition of every metric (``CONTENT_TYPE``)."""
         return generate_latest(self.registry)
@@ -247,6 +260,52 @@ class _Snapshot(Collector):
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(f"sluicegate_{name}", doc, value=value)
+
+
+class ResumableCounts(Protocol):
+    """What ``Metrics.watch_resumable`` reads per scrape (``ResumableStreams``)."""
+
+    @property
+    def producing(self) -> int: ...
+
+    resumes: int
+    given_up: int
+
+
+class _Resumable(Collector):
+    """Resumable streams, read per scrape: producers running here, resumes
+    answered, streams given up, and the store's bytes where it keeps a count
+    (the memory store; a shared store's are Redis's own metrics)."""
+
+    def __init__(self, streams: ResumableCounts, store: object) -> None:
+        self._streams = streams
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        streams = self._streams
+        yield GaugeMetricFamily(
+            "sluicegate_resumable_producers",
+            "Resumable streams whose producer runs on this server",
+            value=streams.producing,
+        )
+        nbytes = getattr(self._store, "nbytes", None)
+        if isinstance(nbytes, int):
+            yield GaugeMetricFamily(
+                "sluicegate_resumable_store_bytes",
+                "Bytes the resumable-stream store keeps (frames and records)",
+                value=nbytes,
+            )
+        yield CounterMetricFamily(
+            "sluicegate_resumable_resumes",
+            "Reads of a log other than its first connection's",
+            value=streams.resumes,
+        )
+        yield CounterMetricFamily(
+            "sluicegate_resumable_given_up",
+            "Resumable streams aborted by the server: no reader within the grace "
+            "period, or a full buffer",
+            value=streams.given_up,
+        )
 
 
 class _Upstreams(Collector):

@@ -188,6 +188,12 @@ class ResumableStreams:
         self._producers: dict[str, tuple[str, Producer, asyncio.Task[None]]] = {}
         self.check_interval_s = min(1.0, max(config.resume_grace_s / 4, 0.05))
         """Seconds between a producer's checks of its readers."""
+        self.resumes = 0
+        """Reads of a log answered here other than its first connection's (a
+        resume, or a stored Response streamed again), since the start."""
+        self.given_up = 0
+        """Resumable streams this server aborted on its own (no reader within
+        the grace period, a full buffer), since the start."""
         on_cancel = getattr(store, "on_cancel", None)  # a RemoteCancel store
         if on_cancel is not None:
             on_cancel(self._cancel_here)
@@ -294,6 +300,8 @@ class ResumableStreams:
         """
 
         async def on_end(state: EndState) -> None:
+            if producer.abandoned is not None and not producer.cancelled:
+                self.given_up += 1
             try:
                 meter.resumed = await self.store.resumed(plan.header.id)
             except StoreError:  # the shared store is gone: the row is kept
@@ -380,7 +388,13 @@ class ResumableStreams:
             return self.unavailable(exc)
         if reader is None:
             return json_answer(not_found, 404)
+        self.resumes += 1
         return reader
+
+    @property
+    def producing(self) -> int:
+        """Resumable streams whose producer runs on this server now."""
+        return len(self._producers)
 
     async def cancel(self, request: Request) -> Response:
         """``POST /v1/{chat/completions,completions}/{id}/cancel``: stop a stream.

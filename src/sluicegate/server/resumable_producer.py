@@ -234,6 +234,11 @@ class Producer:
                 self._give_up(buffer, message, GRACE_EXPIRED)
                 return
 
+    @property
+    def cancelled(self) -> bool:
+        """Whether it was given up because its client cancelled it."""
+        return self.abandoned == _CANCEL_REASON
+
     def cancel(self) -> bool:
         """Its client gave the stream up on purpose: abort it now (``cancelled``
         error event, end state ``aborted``); nothing happens once it ended.
