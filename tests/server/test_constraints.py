@@ -13,7 +13,7 @@ from sluicegate.engines.base import Grammar
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab
 from sluicegate.model import default_model_path
-from sluicegate.server.constraints import NO_TOOL_MARKUP, grammar_for
+from sluicegate.server.constraints import NO_TOOL_MARKUP, closed_objects, grammar_for
 
 WEATHER = {
     "type": "function",
@@ -28,6 +28,9 @@ WEATHER = {
     },
 }
 CLOCK = {"type": "function", "function": {"name": "get_time"}}
+# How clients usually describe a tool without arguments; JSON Schema alone would
+# let any object through.
+NO_ARGUMENTS = {"type": "object", "properties": {}}
 PARIS = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 ROME = '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
 TIME = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
@@ -249,3 +252,91 @@ def test_a_turn_that_may_not_call_admits_text_but_no_tool_markup(vocab: Any) -> 
     matcher = llguidance.LLMatcher(compiler.lltokenizer(), NO_TOOL_MARKUP.text)
     ids = tokenizer.encode(PARIS, add_special=False, parse_special=False)
     assert matcher.validate_tokens(ids) < len(ids)
+
+
+# -- objects closed unless they say otherwise ---------------------------------------
+
+
+def test_objects_that_list_properties_are_closed_at_every_depth() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "where": {"$ref": "#/$defs/place"},
+            "stops": {"type": "array", "items": {"type": "object", "properties": {}}},
+            "either": {
+                "anyOf": [{"type": "object", "properties": {}}, {"type": "null"}]
+            },
+        },
+        "$defs": {"place": {"type": "object", "properties": {"city": {}}}},
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    props = closed["properties"]
+    assert props["stops"]["items"]["additionalProperties"] is False
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False
+    assert props["either"]["anyOf"][1] == {"type": "null"}
+    assert closed["$defs"]["place"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the request's own is not changed
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object"},  # no properties listed: any object, as json_object
+        {"type": "object", "properties": {}, "additionalProperties": True},
+        {
+            "type": "object",
+            "properties": {},
+            "additionalProperties": {"type": "string"},
+        },
+        {"type": "object", "properties": {}, "patternProperties": {"^x": {}}},
+        {"type": "object", "properties": {"a": {}}, "required": ["b"]},
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {}}},
+                {"properties": {"b": {}}},
+            ]
+        },
+        {
+            "type": "object",
+            "properties": {"k": {}},
+            "oneOf": [{"properties": {"x": {}}}],
+        },
+        {"not": {"type": "object", "properties": {}}},
+    ],
+)
+def test_objects_that_may_hold_other_keys_stay_open(schema: dict[str, Any]) -> None:
+    assert closed_objects(schema) == schema
+
+
+@needs_model
+def test_a_tool_described_without_arguments_takes_only_empty_arguments(
+    vocab: Any,
+) -> None:
+    tool = {
+        "type": "function",
+        "function": {"name": "get_time", "parameters": NO_ARGUMENTS},
+    }
+    grammar = grammar_for(tools=[tool], tool_choice="required")
+    assert accepts(vocab, grammar, TIME)
+    assert not accepts(vocab, grammar, TIME.replace("{}", '{"type": "object"}'))
+    open_tool = {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {**NO_ARGUMENTS, "additionalProperties": True},
+        },
+    }
+    grammar = grammar_for(tools=[open_tool], tool_choice="required")
+    assert accepts(vocab, grammar, TIME.replace("{}", '{"zone": "UTC"}'))
+
+
+@needs_model
+def test_a_response_schema_without_additional_properties_admits_only_its_keys(
+    vocab: Any,
+) -> None:
+    schema = {"type": "object", "properties": {"legs": {"type": "integer"}}}
+    grammar = grammar_for(response_format=json_schema(schema))
+    assert accepts(vocab, grammar, '{"legs": 4}')
+    assert accepts(vocab, grammar, "{}")  # nothing required
+    assert not accepts(vocab, grammar, '{"legs": 4, "tail": true}')

@@ -24,6 +24,15 @@ or newlines, and one or two may follow the last. The grammar writes JSON with
 ``", "`` and ``": "`` separators and no other whitespace, so a small model cannot
 run away into blank space.
 
+An object schema that lists ``properties`` and says nothing of
+``additionalProperties`` (nor ``patternProperties``, ``unevaluatedProperties``
+or ``allOf``) is closed: only its own properties are written, as llama.cpp's
+JSON-schema converter does (JSON Schema would allow any other key, and a small
+model fills them with made-up ones: a tool described as taking no arguments,
+``{"type": "object", "properties": {}}``, gets ``{}``). Every output still
+matches the schema as sent; ``"additionalProperties": true`` keeps an object
+open.
+
 Every schema is compiled before the response's status is sent: a keyword the
 constraint cannot express (``unimplemented_keywords``; for example ``not``,
 ``if``/``then``/``else``, ``uniqueItems``, ``contains``) or a schema that does not
@@ -45,7 +54,13 @@ from sluicegate.core.errors import RequestError
 from sluicegate.engines.base import Grammar
 from sluicegate.server.schemas import ChatCompletionRequest
 
-__all__ = ["NO_TOOL_MARKUP", "TOOL_CALL_TRIGGER", "grammar_for", "grammar_for_request"]
+__all__ = [
+    "NO_TOOL_MARKUP",
+    "TOOL_CALL_TRIGGER",
+    "closed_objects",
+    "grammar_for",
+    "grammar_for_request",
+]
 
 TOOL_CALL_TRIGGER = "<tool_call>"
 """The text that opens a tool-call block, and the trigger of the lazy grammar."""
@@ -248,9 +263,64 @@ def _call_rules(tools: Sequence[Mapping[str, Any]], names: list[str]) -> list[st
 
 
 def _json_rule(schema: Mapping[str, Any]) -> str:
-    """A ``%json`` rule body for ``schema``, in this module's JSON style."""
-    styled = {**schema, "x-guidance": _JSON_STYLE}
+    """A ``%json`` rule body for ``schema``, in this module's JSON style, its
+    objects closed (``closed_objects``)."""
+    styled = {**closed_objects(schema), "x-guidance": _JSON_STYLE}
     return "%json " + json.dumps(styled, ensure_ascii=False)
+
+
+# Keywords whose value is one subschema, and those whose value is a list or a
+# name -> subschema map of them (JSON Schema 2020-12 and draft 7 spellings);
+# ``not``, ``if``/``then``/``else`` and ``contains`` are refused by the grammar
+# (and closing an object under ``not`` would widen it).
+_ONE_SCHEMA = ("items", "additionalItems")
+_SCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")
+# An object with one of these may hold keys its ``properties`` do not list.
+_OPENS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def closed_objects(schema: Any) -> Any:
+    """``schema`` with each object schema that lists ``properties`` and leaves
+    its other keys unspecified given ``"additionalProperties": false``.
+
+    Args:
+        schema: a JSON schema (JSON values); not changed.
+
+    Returns:
+        A copy where changed, else the same values. Left as they are, with
+        everything below them: a schema with ``allOf``, or with ``properties``
+        next to ``anyOf`` or ``oneOf`` (closing one part would refuse the keys
+        another adds), and an object whose ``required`` names a key its
+        ``properties`` do not list (closed, it could never be written).
+    """
+    if not isinstance(schema, Mapping) or "allOf" in schema:
+        return schema
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping) and ("anyOf" in schema or "oneOf" in schema):
+        return schema
+    out = dict(schema)
+    for key in _ONE_SCHEMA:
+        if key in out:
+            out[key] = closed_objects(out[key])
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(s) for s in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: closed_objects(s) for k, s in out[key].items()}
+    extra = out.get("additionalProperties")
+    if isinstance(extra, Mapping):
+        out["additionalProperties"] = closed_objects(extra)
+    required = out.get("required", [])
+    if (
+        isinstance(properties, Mapping)
+        and not any(k in out for k in _OPENS)
+        and isinstance(required, list)
+        and all(name in properties for name in required)
+    ):
+        out["additionalProperties"] = False
+    return out
 
 
 def _check(rule_or_grammar: str, param: str, where: str) -> None:
