@@ -4,6 +4,7 @@ read what."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,8 +21,10 @@ from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.event_store import StoreError
 from sluicegate.server.event_store_memory import MemoryEventStore
+from sluicegate.server.statuses import CLIENT_CLOSED
 
 from ..polling import wait_until
+from .asgi import Exchange
 
 pytestmark = pytest.mark.anyio
 
@@ -302,6 +305,46 @@ async def test_a_stored_response_that_fails_is_a_500_and_is_kept_failed() -> Non
             200,
             EndState.ERRORED,
         )
+
+
+async def test_a_whole_answer_whose_client_left_is_a_499_in_the_ledger() -> None:
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200)
+    app = create_app(engine, ServerConfig(resume_grace_s=0.05))
+    body = {"model": "scripted", "input": "Hi", "store": True}
+    ex = Exchange(app, RESPONSES, body)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(ex.run())
+        await ex.wait_for(lambda: engine.stats().generated_tokens >= 3)
+        ex.leave()
+    assert ex.messages == []  # nothing was sent
+    ledger = app.state.ledger
+    await wait_until(lambda: len(ledger.rows) == 1, 5)  # the grace period ran out
+    rows = ledger.rows
+    assert (rows[0].status, rows[0].end_state) == (CLIENT_CLOSED, EndState.ABORTED)
+    assert rows[0].completion_tokens >= 3
+    assert not app.state.resumable._whole  # nothing kept for the next request
+
+
+async def test_a_retry_answered_whole_leaves_the_first_requests_row_as_it_was() -> None:
+    engine = ScriptedEngine(tokens_per_s=100)
+    app = create_app(engine, ServerConfig(resume_grace_s=5))
+    body = {"model": "scripted", "input": "Hi", "store": True}
+    key = [(b"idempotency-key", b"k-1")]
+    first = Exchange(app, RESPONSES, body, extra_headers=key)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(first.run())
+        await first.wait_for(lambda: engine.stats().generated_tokens >= 3)
+        first.leave()
+    retry = Exchange(app, RESPONSES, body, extra_headers=key)
+    await retry.run()
+    assert retry.messages[0]["status"] == 200
+    answer = json.loads(retry.messages[1]["body"])
+    assert text_of(answer) == DEFAULT_TEXT
+    ledger = app.state.ledger
+    await wait_until(lambda: len(ledger.rows) == 1, 5)
+    row = ledger.rows[0]
+    assert row.request_id == answer["id"]
+    assert (row.status, row.end_state) == (CLIENT_CLOSED, EndState.FINISHED)
 
 
 async def test_a_background_stream_keeps_running_when_its_client_leaves() -> None:

@@ -80,7 +80,8 @@ class Plan:
             for the grace period.
         whole: a resumable stream whose client is answered one JSON object once
             the log ends (a stored, non-streamed Responses request): its ledger
-            row has the status of that answer (500 for an errored stream).
+            row has the status of that answer (500 for an errored stream, 499
+            when its client left before it).
     """
 
     header: ResponseHeader

@@ -39,9 +39,10 @@ response", "Delete a model response", "Background mode"; docs/apis.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -57,6 +58,7 @@ from sluicegate.server.disconnect import DisconnectRace
 from sluicegate.server.event_store import CursorEvicted, StoreError
 from sluicegate.server.log_response import LogStreamResponse
 from sluicegate.server.resumable import ResumableStreams, owner_of
+from sluicegate.server.statuses import CLIENT_CLOSED
 
 __all__ = [
     "CANCEL_WAIT_S",
@@ -283,6 +285,10 @@ class StoredResponses:
                 await asyncio.sleep(0.02)
         return await self.record_of(response_id, owner)
 
+    def claim_answer(self, response_id: str) -> Callable[[int], None] | None:
+        """See ``ResumableStreams.claim_answer``."""
+        return self._resumable.claim_answer(response_id)
+
     async def follow(self, response_id: str, owner: str) -> LogStreamResponse | None:
         """A reader of ``owner``'s log from its end on (it reads no frame: it
         ends with the log); ``None`` when the log cannot be read."""
@@ -355,7 +361,9 @@ class WholeFromLog:
     ``failed`` one as its error, 500). A client that leaves stops the reading;
     the response keeps running for the grace period (it is stored: it can be
     retrieved). The reader only waits for the log's end: when the log's bound
-    drops frames under it, it follows the log from its end on instead.
+    drops frames under it, it follows the log from its end on instead. The
+    response's ledger row has the status of this answer (499 when the client
+    left first), recorded once both it and the stream ended.
 
     Args:
         reader: the log's first reader (from ``ResumableStreams.start``).
@@ -369,9 +377,21 @@ class WholeFromLog:
         self._reader = reader
         self._stored = stored
         self._owner = owner
+        # The row of the response, when it runs here, waits for this answer's
+        # status (499 when the client leaves first).
+        self._answered = stored.claim_answer(reader.response_id)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the log to its end, then answer."""
+        status = CLIENT_CLOSED
+        try:
+            status = await self._answer(scope, receive, send)
+        finally:
+            if self._answered is not None:
+                self._answered(status)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """The answer's status, or ``CLIENT_CLOSED`` when nothing was sent."""
         response_id, owner = self._reader.response_id, self._owner
         last: dict[str, Any] | None = None
         reader: LogStreamResponse | None = self._reader
@@ -388,7 +408,7 @@ class WholeFromLog:
                 except StoreError:  # the producer or the shared store is gone
                     break
         if race.reason is not None:
-            return
+            return CLIENT_CLOSED
         try:
             record = await self._stored.record_of(response_id, owner)
         except StoreError:
@@ -406,7 +426,9 @@ class WholeFromLog:
             answer = json_answer(payload, 500)
         else:
             answer = json_answer(final)
-        await answer(scope, receive, send)
+        with contextlib.suppress(OSError):  # the status went out (or not)
+            await answer(scope, receive, send)
+        return answer.status_code
 
 
 _TERMINAL = (

@@ -194,6 +194,8 @@ class ResumableStreams:
         self.given_up = 0
         """Resumable streams this server aborted on its own (no reader within
         the grace period, a full buffer), since the start."""
+        # id -> the row of a whole plan whose answer's status is not known yet
+        self._whole: dict[str, _WholeRow] = {}
         on_cancel = getattr(store, "on_cancel", None)  # a RemoteCancel store
         if on_cancel is not None:
             on_cancel(self._cancel_here)
@@ -308,9 +310,14 @@ class ResumableStreams:
                 logger.warning(
                     "resumes of %s unknown: the store failed", plan.header.id
                 )
-            # A whole answer of an errored stream is its error, a 500.
-            errored = plan.whole and state is EndState.ERRORED
-            meter.record(state, 500 if errored else 200)
+            whole = self._whole.get(plan.header.id)
+            if whole is not None and whole.claimed:
+                whole.ended(state)  # recorded with the status its client got
+            else:
+                # A whole answer of an errored stream is its error, a 500.
+                errored = plan.whole and state is EndState.ERRORED
+                meter.record(state, 500 if errored else 200)
+            self._forget_whole(plan.header.id, whole)
 
         padded = plan.obfuscation  # the request's, else the server's default
         producer = Producer(
@@ -327,6 +334,8 @@ class ResumableStreams:
         )
         response_id = plan.header.id
         reader = await self._reader(response_id, meter.key_id, -1)
+        if plan.whole:
+            self._whole[response_id] = _WholeRow(meter)
         task = asyncio.get_running_loop().create_task(producer.run())
         self._tasks.add(task)
         self._producers[response_id] = (meter.key_id, producer, task)
@@ -361,6 +370,31 @@ class ResumableStreams:
             payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
             return json_answer(payload, 400)
         return await self.resume(response_id, owner_of(request), after)
+
+    def claim_answer(self, response_id: str) -> Callable[[int], None] | None:
+        """For a whole plan's stream (``Plan.whole``) whose producer runs here:
+        its ledger row is recorded with the status the caller reports, once
+        both the stream ended and the caller called the returned function with
+        the status its client was answered (``CLIENT_CLOSED`` when the client
+        left first). ``None`` (the row keeps the status the stream's end gives)
+        when the producer already ended or is not this server's, and for every
+        claim but the first (a retry attached by its ``Idempotency-Key``: the
+        row is the first request's)."""
+        whole = self._whole.get(response_id)
+        if whole is None or whole.claimed:
+            return None
+        whole.claimed = True
+
+        def answered(status: int) -> None:
+            whole.answered(status)
+            self._forget_whole(response_id, whole)
+
+        return answered
+
+    def _forget_whole(self, response_id: str, whole: _WholeRow | None) -> None:
+        recorded = whole is not None and whole.meter.recorded
+        if recorded and self._whole.get(response_id) is whole:
+            del self._whole[response_id]
 
     async def resume(
         self,
@@ -477,3 +511,29 @@ class ResumableStreams:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.store.aclose()
+
+
+class _WholeRow:
+    """The ledger row of a whole plan: recorded once both its stream's end
+    state and the status its client was answered are known."""
+
+    __slots__ = ("claimed", "meter", "state", "status")
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+        self.claimed = False  # a caller will report the answer's status
+        self.state: EndState | None = None
+        self.status: int | None = None
+
+    def ended(self, state: EndState) -> None:
+        self.state = state
+        self._record()
+
+    def answered(self, status: int) -> None:
+        self.status = status
+        self._record()
+
+    def _record(self) -> None:
+        state, status = self.state, self.status
+        if state is not None and status is not None and not self.meter.recorded:
+            self.meter.record(state, status)
