@@ -94,10 +94,24 @@ class _Log:
         wake each one that refuses them, or that misses frames before them. A
         reader whose wait already ended (its task cancelled: its client left)
         is dropped, not pushed to."""
-        batch = list(enumerate(frames, first_seq))
-        last = first_seq + len(frames) - 1
+        if len(frames) == 1:  # once per token: kept flat
+            batch, last = [(first_seq, frames[0])], first_seq
+        else:
+            batch = list(enumerate(frames, first_seq))
+            last = first_seq + len(frames) - 1
+        parked = self.parked
+        if len(parked) == 1:  # the usual case: one reader, left in its list
+            reader = parked[0]
+            if reader.waiter.done():
+                self.parked = []
+            elif reader.after == first_seq - 1 and reader.push(batch):
+                reader.after = last
+            else:
+                reader.waiter.set_result(None)
+                self.parked = []
+            return
         kept: list[_Parked] = []
-        for reader in self.parked:
+        for reader in parked:
             if reader.waiter.done():  # woken, or its task cancelled: it reads
                 continue
             if reader.after == first_seq - 1 and reader.push(batch):
@@ -182,10 +196,13 @@ class MemoryEventStore:
         if log is None:
             return
         kept = log.frames
-        added = 0
-        for frame in frames:
+        if len(frames) == 1:  # once per token: kept flat
+            frame = frames[0]
             kept.append(frame)
-            added += len(frame)
+            added = len(frame)
+        else:
+            kept.extend(frames)
+            added = sum(map(len, frames))
         log.nbytes += added
         self.nbytes += added
         if log.parked and frames:

@@ -125,6 +125,11 @@ class LogStreamResponse:
         self._sending = False  # a write is in flight (the task's or a heartbeat's)
         self._beat: asyncio.Task[None] | None = None  # a heartbeat's or pushed write
         self._failure: BaseException | None = None  # met by a pushed write
+        # What a pushed write needs (set while the response follows the log):
+        # the body's send, its watch, its race, the reader's task and context.
+        self._pushing: tuple[
+            Send, WriteWatch, DisconnectRace, asyncio.Task[object], contextvars.Context
+        ]
         self.cut: str | None = None
         """Why the reader was cut (``None``: it read to the end)."""
 
@@ -179,9 +184,8 @@ class LogStreamResponse:
                 context = contextvars.copy_context()
                 task = asyncio.current_task()
                 assert task is not None  # DisconnectRace made sure of it
-                push.target = functools.partial(
-                    self._pushed, send, watch, race, task, context
-                )
+                self._pushing = (send, watch, race, task, context)
+                push.target = self._pushed
             try:
                 await self._write(self._first, send, watch)
                 async for batch in self._batches:  # once per token: kept flat
@@ -232,20 +236,13 @@ class LogStreamResponse:
             return False
         return True
 
-    def _pushed(
-        self,
-        send: Send,
-        watch: WriteWatch,
-        race: DisconnectRace,
-        task: asyncio.Task[object],
-        context: contextvars.Context,
-        batch: Frames,
-    ) -> bool:
+    def _pushed(self, batch: Frames) -> bool:
         """The slot's target: write ``batch`` now, from the store's call, unless
         a write is in flight or one failed (then the reader's task takes it),
-        or the reader's ``task`` is being cancelled (its client left: the
-        frame is not written at all). A ``send`` that suspends is finished by
-        a task of its own."""
+        or the reader's task is being cancelled (its client left: the frame is
+        not written at all). A ``send`` that suspends is finished by a task of
+        its own. Once per token: kept flat."""
+        send, watch, race, task, context = self._pushing
         if (
             self._sending
             or self._beat is not None

@@ -30,7 +30,6 @@ Spec: docs/resumable-streams.md, "Disconnect policy".
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,7 +38,7 @@ from typing import Protocol
 from sluicegate.core.chunks import ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.events import CANCELLED, Fail, StreamEvent
+from sluicegate.core.events import CANCELLED, Delta, Fail, StreamEvent
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire import Wire, stream_machine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
@@ -119,6 +118,9 @@ class Producer:
         self._check_s = check_interval_s
         self._failure: Exception | None = None  # met in the engine's callback
         self._buffer: StreamBuffer | None = None
+        # The store's append from the engine's callback (``SyncAppend``): set
+        # with ``direct``, which only a store that has one gets.
+        self._append_nowait: Callable[[str, Sequence[bytes]], None] = _no_append
         self._cancel_early = False  # cancel() came before the buffer
         self.abandoned: str | None = None
         """Why the producer gave up (grace ran out, buffer full), or ``None``."""
@@ -164,7 +166,8 @@ class Producer:
             self._give_up(buffer, _CANCEL_REASON, CANCELLED)
         append_nowait = getattr(self._store, "append_nowait", None)
         if append_nowait is not None:
-            buffer.direct = functools.partial(self._direct, buffer, append_nowait)
+            self._append_nowait = append_nowait
+            buffer.direct = self._direct
         with attached(self._generation, buffer, self._live, self._limits):
             watcher = asyncio.get_running_loop().create_task(self._watch(buffer))
             try:
@@ -185,26 +188,26 @@ class Producer:
                 await store.append(response_id, frames)
                 machine.wrote()
 
-    def _direct(
-        self,
-        buffer: StreamBuffer,
-        append_nowait: Callable[[str, Sequence[bytes]], None],
-        event: StreamEvent,
-    ) -> None:
+    def _direct(self, event: StreamEvent) -> None:
         """The buffer's ``direct``: one event, from the engine's callback, into
-        the log; the task is poked once the machine ended, or on a failure."""
+        the log (the store's ``append_nowait``); the task is poked once the
+        machine ended, or on a failure. Once per token: kept flat."""
         machine = self._machine
         try:
             frames = machine.feed(event)
             if frames:
-                append_nowait(self._id, frames)
-                machine.wrote()
+                self._append_nowait(self._id, frames)
+                if type(event) is not Delta:  # content moves no outcome
+                    machine.wrote()
         except Exception as exc:  # the task raises it: nothing reaches the engine
             self._failure = exc
-            buffer.poke()
+            assert self._buffer is not None, "direct is set with the buffer"
+            self._buffer.poke()
             return
-        if machine.end_state is not None:
-            buffer.poke()
+        # Only an End or a Fail ends the machine.
+        if type(event) is not Delta and machine.end_state is not None:
+            assert self._buffer is not None, "direct is set with the buffer"
+            self._buffer.poke()
 
     def _frames(self, events: list[StreamEvent]) -> list[bytes]:
         machine = self._machine
@@ -271,3 +274,7 @@ class Producer:
             return  # the machine had ended: its outcome is what was written
         await self._store.append(self._id, frames)
         self._machine.wrote()
+
+
+def _no_append(response_id: str, frames: Sequence[bytes]) -> None:
+    raise AssertionError("direct is only set for a store with append_nowait")
