@@ -37,12 +37,16 @@ Reported per server and N:
   after the load started: the client gave up on them).
 
 Then the ratio sluicegate/baseline for delivered tokens/s, p99 added latency and
-CPU per token, and sluicegate's CPU per token over the floor's.
+CPU per token, and sluicegate's CPU per token over the floor's. With
+``--repeat R`` every server is measured R times at each N, the order of the
+servers reversed every other round (each row says its ``round``; the ratios
+above are the last round's); with ``--resumable``, the on/off ratio of each
+round and their median.
 Prints a table and writes ``bench/results/streams.json``, with the load average.
 Not a test: nothing here asserts a timing.
 
 Run: ``.venv/bin/python bench/streams.py [--n 100 500 1000 1500 2000] [--duration-s 10]
-[--quick] [--profile FILE]``
+[--quick] [--repeat R] [--profile FILE]``
 """
 
 from __future__ import annotations
@@ -507,7 +511,7 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
 
 
 def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by = {(r["server"], r["n"]): r for r in rows}
+    by = {(r["server"], r["n"]): r for r in rows}  # the last round's
     out = []
     for (kind, n), ours in by.items():
         base = by.get(("baseline", n))
@@ -533,17 +537,19 @@ def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _resumable_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Resumable streams (memory store) against the same load with them off."""
-    by = {(r["server"], r["n"]): r for r in rows}
+    """Resumable streams (memory store or Redis) against the same load with them
+    off, in the same round."""
+    by = {(r["server"], r["n"], r["round"]): r for r in rows}
     out = []
-    for (kind, n), on in by.items():
-        off = by.get(("sluicegate", n))
+    for (kind, n, round_), on in by.items():
+        off = by.get(("sluicegate", n, round_))
         if kind not in _RESUMABLE or off is None:
             continue
         out.append(
             {
                 "store": "redis" if kind == "sluicegate-redis" else "memory",
                 "n": n,
+                "round": round_,
                 "cpu_us_per_token_on_over_off": on["server_cpu_us_per_token"]
                 / max(off["server_cpu_us_per_token"], 1e-9),
                 "itl_added_p99_ms_on": on["itl_added_ms"]["p99"],
@@ -551,6 +557,26 @@ def _resumable_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _medians(ratios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per store and N: the median on/off CPU-per-token ratio over the rounds,
+    with the lowest and highest."""
+    by: dict[tuple[str, int], list[float]] = {}
+    for row in ratios:
+        key = (row["store"], row["n"])
+        by.setdefault(key, []).append(row["cpu_us_per_token_on_over_off"])
+    return [
+        {
+            "store": store,
+            "n": n,
+            "rounds": len(values),
+            "cpu_us_per_token_on_over_off": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+        }
+        for (store, n), values in by.items()
+    ]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -592,6 +618,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the store of --resumable (redis: sluicegate-redis, a redis-server"
         " started here on the load CPU)",
     )
+    add(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds: every server measured this many times at each N, in"
+        " alternating order (with --resumable, the median on/off ratio too)",
+    )
     add("--server-cpu", default="0", help="taskset CPU list of the servers")
     add("--load-cpu", default="1", help="taskset CPU list of the load process")
     add("--quick", action="store_true", help="tiny N and duration (CI smoke)")
@@ -609,6 +642,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.load:
         return _run_load(args)
+    if args.repeat < 1:
+        raise SystemExit(f"expected --repeat >= 1, got {args.repeat}")
     if args.quick:
         args.n, args.duration_s, args.ramp_s = [4, 16], 1.5, 0.2
     if args.resumable:
@@ -639,16 +674,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 for kind in args.servers
             }
-            for n in args.n:
-                for kind, (pid, port) in servers.items():
-                    profile = None
-                    if (
-                        args.profile
-                        and kind == args.profile_server
-                        and n == max(args.n)
-                    ):
-                        profile = args.profile
-                    rows.append(_measure(kind, pid, port, n, args, profile))
+            for round_ in range(args.repeat):
+                for n in args.n:
+                    # Each round in the other order: a machine that gets noisier
+                    # (or quieter) during a run favours neither side.
+                    order = list(servers.items())
+                    if round_ % 2:
+                        order.reverse()
+                    for kind, (pid, port) in order:
+                        profile = None
+                        if (
+                            args.profile
+                            and round_ == 0
+                            and kind == args.profile_server
+                            and n == max(args.n)
+                        ):
+                            profile = args.profile
+                        row = _measure(kind, pid, port, n, args, profile)
+                        rows.append({**row, "round": round_})
     ratios = _ratios(rows)
     report = {
         "benchmark": "streams",
@@ -666,16 +709,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ratios": ratios,
         "resumable": _resumable_ratios(rows),
     }
+    report["resumable_median"] = _medians(report["resumable"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     _print(rows, ratios)
     for row in report["resumable"]:
         print(
-            f"resumable on/off at N={row['n']}: CPU per token x"
-            f"{row['cpu_us_per_token_on_over_off']:.2f}, p99 added ITL "
+            f"resumable on/off at N={row['n']} (round {row['round']}): CPU per token"
+            f" x{row['cpu_us_per_token_on_over_off']:.2f}, p99 added ITL "
             f"{_ms(row['itl_added_p99_ms_on'])} ms (off: "
             f"{_ms(row['itl_added_p99_ms_off'])} ms)"
         )
+    if args.repeat > 1:
+        for row in report["resumable_median"]:
+            print(
+                f"resumable on/off at N={row['n']}, median of {row['rounds']} rounds:"
+                f" CPU per token x{row['cpu_us_per_token_on_over_off']:.2f}"
+                f" (from x{row['min']:.2f} to x{row['max']:.2f})"
+            )
     return 0
 
 

@@ -31,6 +31,7 @@ ROW_KEYS = {
     "server_cpu_us_per_token",
     "server_rss_mib",
     "bytes_per_token",
+    "round",
 }
 
 
@@ -73,3 +74,39 @@ def test_streams_bench_quick_run_reports_every_server_at_every_n(
         if row["server"] == "raw":  # the floor serves whole streams too
             assert row["finished"] > 0
             assert row["truncated"] + row["errored"] + row["rejected"] == 0
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+def test_streams_bench_repeats_resumable_rounds_and_reports_their_median(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = importlib.util.spec_from_file_location("bench_streams", BENCH / "streams.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    out = tmp_path / "streams.json"
+    argv = ["--quick", "--servers", "sluicegate", "--resumable", "--repeat", "2"]
+
+    assert module.main([*argv, "--json", str(out)]) == 0
+
+    report = json.loads(out.read_text())
+    runs = sorted((row["round"], row["n"], row["server"]) for row in report["rows"])
+    servers = ("sluicegate", "sluicegate-resumable")
+    assert runs == [(r, n, s) for r in (0, 1) for n in (4, 16) for s in servers]
+    ratios = report["resumable"]
+    assert sorted((r["n"], r["round"]) for r in ratios) == [
+        (4, 0),
+        (4, 1),
+        (16, 0),
+        (16, 1),
+    ]
+    medians = {m["n"]: m for m in report["resumable_median"]}
+    assert set(medians) == {4, 16}
+    for n, median in medians.items():
+        assert (median["store"], median["rounds"]) == ("memory", 2)
+        values = [r["cpu_us_per_token_on_over_off"] for r in ratios if r["n"] == n]
+        assert median["cpu_us_per_token_on_over_off"] == pytest.approx(sum(values) / 2)
+        assert (median["min"], median["max"]) == (min(values), max(values))
