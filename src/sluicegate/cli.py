@@ -75,14 +75,21 @@ def _build_engines(args: argparse.Namespace) -> list[Engine]:
         engines.append(_build_engine(args))
     if not upstreams:
         return engines
-    from sluicegate.engines.upstream_file import engine_from_urls, engines_from_file
+    from sluicegate.engines.upstream_file import (
+        engine_from_urls,
+        engines_from_file,
+        served_model,
+    )
 
     try:
         if args.upstream:
             local = bool(engines)
-            model_id = args.upstream_model or (
-                "upstream" if local or not args.model_id else args.model_id
-            )
+            if args.upstream_model is not None:
+                model_id = args.upstream_model
+            elif args.model_id and not local:
+                model_id = args.model_id
+            else:  # the one model the pool lists, under its own name
+                model_id = served_model(args.upstream)
             engines.append(
                 engine_from_urls(args.upstream, model_id, args.upstream_model)
             )
@@ -221,7 +228,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help=(
             "the model's name on the --upstream servers, also its id here "
-            "(default: --model-id without a local engine, else 'upstream')"
+            "(default: --model-id without a local engine, else the one model "
+            "the upstreams list at GET /models)"
         ),
     )
     serve.add_argument(

@@ -41,7 +41,7 @@ from .gateway import (
     usage_chunk,
     wait_for_stats,
 )
-from .servers import ServerProcess, StartServer
+from .servers import ServerProcess, StartServer, free_port
 from .wire import (
     RawExchange,
     SSEReader,
@@ -73,6 +73,38 @@ def plain(start_server: StartServer) -> ServerProcess:
 @pytest.fixture(scope="module")
 def plain_gateway(start_server: StartServer, plain: ServerProcess) -> ServerProcess:
     return start_gateway(start_server, "gateway-plain", [api_base(plain)], MODEL)
+
+
+def test_a_gateway_without_upstream_model_serves_the_one_model_its_pool_lists(
+    start_server: StartServer, plain: ServerProcess
+) -> None:
+    gateway = start_server(
+        "gateway-listed", "--upstream", api_base(plain), "--log-level", "warning"
+    )
+    listed = httpx.get(f"{gateway.base_url}/v1/models", timeout=10).json()
+    assert [m["id"] for m in listed["data"]] == [MODEL]  # the upstream's own id
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+    }
+    answer = httpx.post(f"{gateway.base_url}/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_gateway_whose_pool_cannot_be_asked_for_its_model_does_not_start() -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    done = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "serve", "--upstream", dead],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert f"{dead}/models" in done.stderr, done.stderr
+    assert "--upstream-model" in done.stderr
 
 
 def error_event(recorded_events: list[str]) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """Upstream models from the command line and from a TOML config file.
 
 ``sluicegate serve --upstream URL`` (repeatable) serves one model from a pool of
-OpenAI-compatible servers; ``--upstreams FILE`` serves any number, each with its
-own pool, in the format below. Both may be given; every model id is unique.
+OpenAI-compatible servers (named by ``--upstream-model``, or else the one model
+the pool lists, ``served_model``); ``--upstreams FILE`` serves any number, each
+with its own pool, in the format below. Both may be given; every model id is
+unique.
 
 ::
 
@@ -32,17 +34,20 @@ Spec: TOML v1.0.0; the upstream settings are ``upstream_from_dict``'s.
 
 from __future__ import annotations
 
+import json
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from sluicegate.engines.base import ModelInfo
 from sluicegate.engines.upstream import UpstreamEngine
 from sluicegate.engines.upstream_http import HOP_CLIENTS
 
-__all__ = ["engine_from_urls", "engines_from_file"]
+__all__ = ["engine_from_urls", "engines_from_file", "served_model"]
 
 _MODEL_KEYS = {
     "max_queued": int,
@@ -69,6 +74,54 @@ def engine_from_urls(
     spec: dict[str, Any] = {"model": upstream_model} if upstream_model else {}
     return UpstreamEngine.from_config(
         _model_info(model_id, 0), [{"url": url, **spec} for url in urls], {}
+    )
+
+
+def served_model(
+    urls: Sequence[str],
+    timeout_s: float = 10.0,
+    transport: httpx.BaseTransport | None = None,
+) -> str:
+    """The id of the one model the pool ``urls`` serves: ``GET {url}/models``
+    of the first URL that answers it (OpenAI's "List models").
+
+    Args:
+        urls: API bases, e.g. ``http://10.0.0.5:8000/v1`` (>= 1), tried in order.
+        timeout_s: the limit of each request (seconds).
+        transport: an httpx transport to use instead of the network (tests).
+
+    Raises:
+        ValueError: no URL answered 200 with a model list, or the list does not
+            hold exactly one model (the message names them, or why each URL
+            failed, and says to pass ``--upstream-model``).
+    """
+    failures = []
+    with httpx.Client(
+        timeout=timeout_s, transport=transport, trust_env=False
+    ) as client:
+        for url in urls:
+            listing = url.rstrip("/") + "/models"
+            try:
+                answer = client.get(listing)
+                answer.raise_for_status()
+                ids = [str(model["id"]) for model in answer.json()["data"]]
+            except (httpx.HTTPError, json.JSONDecodeError) as exc:
+                failures.append(f"{listing}: {exc}")
+                continue
+            except (KeyError, TypeError):
+                failures.append(f"{listing}: not an OpenAI model list")
+                continue
+            if len(ids) == 1:
+                return ids[0]
+            listed = ", ".join(map(repr, ids)) if ids else "none"
+            raise ValueError(
+                f"{listing} lists {len(ids)} models ({listed}): pass "
+                "--upstream-model NAME to say which one to serve"
+            )
+    raise ValueError(
+        "could not ask the upstreams which model they serve ("
+        + "; ".join(failures)
+        + "): pass --upstream-model NAME"
     )
 
 
