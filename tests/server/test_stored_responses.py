@@ -393,6 +393,12 @@ async def test_a_whole_answer_survives_a_log_trimmed_under_its_reader() -> None:
             assert text_of(answer.json()) == DEFAULT_TEXT
             kept = await client.get(f"{RESPONSES}/{answer.json()['id']}")
             assert kept.json() == answer.json()
+        # Following the log from its end after the trim is no resume.
+        app = client.app  # type: ignore[attr-defined]
+        assert app.state.resumable.resumes == 0
+        ledger = app.state.ledger
+        await wait_until(lambda: len(ledger.rows) == 3, 5)
+        assert [row.resumed for row in ledger.rows] == [0, 0, 0]
 
 
 async def test_a_long_input_string_is_one_item(client: httpx.AsyncClient) -> None:

@@ -292,7 +292,7 @@ class StoredResponses:
     async def follow(self, response_id: str, owner: str) -> LogStreamResponse | None:
         """A reader of ``owner``'s log from its end on (it reads no frame: it
         ends with the log); ``None`` when the log cannot be read."""
-        answer = await self._resumable.resume(response_id, owner, PAST_END)
+        answer = await self._resumable.resume(response_id, owner, PAST_END, own=True)
         return answer if isinstance(answer, LogStreamResponse) else None
 
     async def record_of(self, response_id: str, owner: str) -> dict[str, Any] | None:

@@ -196,6 +196,8 @@ class ResumableStreams:
         the grace period, a full buffer), since the start."""
         # id -> the row of a whole plan whose answer's status is not known yet
         self._whole: dict[str, _WholeRow] = {}
+        # id -> reads of its log made by the server itself (no resume)
+        self._own_reads: dict[str, int] = {}
         on_cancel = getattr(store, "on_cancel", None)  # a RemoteCancel store
         if on_cancel is not None:
             on_cancel(self._cancel_here)
@@ -304,8 +306,10 @@ class ResumableStreams:
         async def on_end(state: EndState) -> None:
             if producer.abandoned is not None and not producer.cancelled:
                 self.given_up += 1
+            own = self._own_reads.pop(plan.header.id, 0)
             try:
-                meter.resumed = await self.store.resumed(plan.header.id)
+                resumed = await self.store.resumed(plan.header.id)
+                meter.resumed = max(0, resumed - own)
             except StoreError:  # the shared store is gone: the row is kept
                 logger.warning(
                     "resumes of %s unknown: the store failed", plan.header.id
@@ -343,6 +347,7 @@ class ResumableStreams:
         def done(task: asyncio.Task[None]) -> None:
             self._tasks.discard(task)
             self._producers.pop(response_id, None)
+            self._own_reads.pop(response_id, None)  # one made after on_end
 
         task.add_done_callback(done)
         assert reader is not None, "open() created the log"
@@ -403,8 +408,15 @@ class ResumableStreams:
         after: int,
         param: str = "Last-Event-ID",
         not_found: dict[str, Any] = _NOT_FOUND,
+        *,
+        own: bool = False,
     ) -> Response | LogStreamResponse:
         """A reader of ``owner``'s log after frame ``after`` (``-1``: all).
+
+        Args:
+            own: a read the server makes for itself (a whole answer following
+                its log), counted in neither ``resumes`` nor the row's
+                ``resumed``.
 
         Returns:
             The reader (200, event stream); ``not_found`` with 404 (unknown,
@@ -422,7 +434,10 @@ class ResumableStreams:
             return self.unavailable(exc)
         if reader is None:
             return json_answer(not_found, 404)
-        self.resumes += 1
+        if not own:
+            self.resumes += 1
+        elif response_id in self._producers:  # its row is not written yet
+            self._own_reads[response_id] = self._own_reads.get(response_id, 0) + 1
         return reader
 
     @property
