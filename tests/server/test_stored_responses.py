@@ -347,6 +347,100 @@ async def test_a_retry_answered_whole_leaves_the_first_requests_row_as_it_was() 
     assert (row.status, row.end_state) == (CLIENT_CLOSED, EndState.FINISHED)
 
 
+class _SlowFirstRecord(MemoryEventStore):
+    """A store whose first ``set_record`` waits for ``gate``, as a shared
+    store's always suspends there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.waiting = False
+
+    async def set_record(self, response_id: str, record: bytes) -> None:
+        if not self.waiting:
+            self.waiting = True
+            await self.gate.wait()
+        await super().set_record(response_id, record)
+
+
+async def test_a_retry_attached_before_the_first_answer_exists_leaves_its_row() -> None:
+    engine = ScriptedEngine(tokens_per_s=200)
+    app = create_app(engine, ServerConfig(resume_grace_s=5))
+    store = app.state.resumable.store = _SlowFirstRecord()
+    body = {"model": "scripted", "input": "Hi", "store": True}
+    key = [(b"idempotency-key", b"k-1")]
+    first = Exchange(app, RESPONSES, body, extra_headers=key)
+    retry = Exchange(app, RESPONSES, body, extra_headers=key)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(first.run())
+        await first.wait_for(lambda: store.waiting)  # its record is being kept
+        tasks.create_task(retry.run())
+        await retry.wait_for(lambda: engine.stats().generated_tokens >= 2)
+        retry.leave()  # the retry's client leaves, the first's stays
+        await retry.wait_for(lambda: retry.returned)
+        store.gate.set()
+    assert first.messages[0]["status"] == 200
+    answer = json.loads(first.messages[1]["body"])
+    ledger = app.state.ledger
+    await wait_until(lambda: len(ledger.rows) == 1, 5)
+    row = ledger.rows[0]
+    assert row.request_id == answer["id"]
+    assert (row.status, row.end_state) == (200, EndState.FINISHED)
+
+
+class _FailingRecord(MemoryEventStore):
+    """A shared store that fails when a response's record is kept."""
+
+    async def set_record(self, response_id: str, record: bytes) -> None:
+        raise StoreError("the store went away")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_response_whose_record_cannot_be_kept_is_a_503_and_aborted(
+    stream: bool,
+) -> None:
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200)
+    app = create_app(engine, ServerConfig(resume_grace_s=30))
+    app.state.resumable.store = _FailingRecord()
+    body = {"model": "scripted", "input": "Hi", "store": True, "stream": stream}
+    ex = Exchange(app, RESPONSES, body)
+    await ex.run()
+    assert ex.messages[0]["status"] == 503
+    error = json.loads(ex.messages[1]["body"])["error"]
+    assert error["code"] == "resume_store_unavailable"
+    ledger = app.state.ledger
+    await wait_until(lambda: len(ledger.rows) == 1, 5)  # not after the grace
+    row = ledger.rows[0]
+    assert row.end_state is EndState.ABORTED
+    if not stream:  # a whole answer's row has its answer's status
+        assert row.status == 503
+    assert len(engine.stats().aborted_ids) == 1
+    assert not app.state.resumable._whole
+
+
+class _SlowSend(Exchange):
+    async def _send(self, message: Any) -> None:
+        await asyncio.sleep(0.01)  # as a real socket's send may
+        await super()._send(message)
+
+
+async def test_a_server_stopping_records_a_whole_answers_row_before_it_returns() -> (
+    None
+):
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200)
+    app = create_app(engine, ServerConfig(resume_grace_s=5))
+    body = {"model": "scripted", "input": "Hi", "store": True}
+    ex = _SlowSend(app, RESPONSES, body)
+    task = asyncio.get_running_loop().create_task(ex.run())
+    await ex.wait_for(lambda: engine.stats().generated_tokens >= 3)
+    await app.state.resumable.aclose()
+    rows = app.state.ledger.rows
+    await asyncio.wait_for(task, 5)
+    assert [(row.status, row.end_state) for row in rows] == [
+        (ex.messages[0]["status"], EndState.ABORTED)
+    ]
+
+
 async def test_a_background_stream_keeps_running_when_its_client_leaves() -> None:
     engine = ScriptedEngine(tokens_per_s=100)
     async with _client(engine, resume_grace_s=0.05) as client:

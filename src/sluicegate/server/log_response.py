@@ -132,6 +132,10 @@ class LogStreamResponse:
         ]
         self.cut: str | None = None
         """Why the reader was cut (``None``: it read to the end)."""
+        self.answered: Callable[[int], None] | None = None
+        """Set on the first reader of a whole plan (``Plan.whole``): report the
+        HTTP status its client was answered, which the response's ledger row
+        waits for (``CLIENT_CLOSED`` when nothing was sent)."""
 
     async def frames(self) -> AsyncIterator[bytes]:
         """The log's frames (without ``id:`` lines), read here rather than sent;

@@ -42,7 +42,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -285,10 +285,6 @@ class StoredResponses:
                 await asyncio.sleep(0.02)
         return await self.record_of(response_id, owner)
 
-    def claim_answer(self, response_id: str) -> Callable[[int], None] | None:
-        """See ``ResumableStreams.claim_answer``."""
-        return self._resumable.claim_answer(response_id)
-
     async def follow(self, response_id: str, owner: str) -> LogStreamResponse | None:
         """A reader of ``owner``'s log from its end on (it reads no frame: it
         ends with the log); ``None`` when the log cannot be read."""
@@ -377,9 +373,9 @@ class WholeFromLog:
         self._reader = reader
         self._stored = stored
         self._owner = owner
-        # The row of the response, when it runs here, waits for this answer's
-        # status (499 when the client leaves first).
-        self._answered = stored.claim_answer(reader.response_id)
+        # The row of the response waits for this answer's status (499 when the
+        # client leaves first), if this is its first request's answer.
+        self._answered = reader.answered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the log to its end, then answer."""

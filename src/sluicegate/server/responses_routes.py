@@ -28,6 +28,7 @@ import dataclasses
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
@@ -113,9 +114,12 @@ class ResponsesRoutes:
             assert ask is not None, "the planner parsed the request"
             if answer.response_id != planned.header.id:
                 return await self._retried(request, answer, ask)  # the key's log
-            asked.record = await self._stored.keep(
-                planned.header, asked.items, ask.background
-            )
+            try:
+                asked.record = await self._stored.keep(
+                    planned.header, asked.items, ask.background
+                )
+            except StoreError as exc:  # the shared store cannot be reached
+                return await self._unkept(answer, exc)
         finally:
             asked.kept.set()
         if ask.stream:
@@ -125,6 +129,16 @@ class ResponsesRoutes:
             snapshot = response_object(planned.header, "in_progress", [])
             return json_answer({**snapshot, "background": True})
         return WholeFromLog(answer, self._stored, owner_of(request))
+
+    async def _unkept(self, answer: LogStreamResponse, exc: StoreError) -> Response:
+        """A response whose record could not be kept (nothing could retrieve
+        it): aborted, and its client answered the 503 of an unreachable store."""
+        refused = self._resumable.unavailable(exc)
+        if answer.answered is not None:  # a whole plan's row: this status
+            answer.answered(refused.status_code)
+        await answer.aclose()
+        self._resumable.abort(answer.response_id)
+        return refused
 
     async def _retried(
         self, request: Request, answer: LogStreamResponse, ask: ResponsesRequest

@@ -30,6 +30,7 @@ Spec: WHATWG HTML, "9.2 Server-sent events", "Last-Event-ID"; IETF draft
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import math
@@ -66,6 +67,7 @@ from sluicegate.server.resumable_producer import Producer
 from sluicegate.server.streaming import StreamLimits
 
 __all__ = [
+    "ANSWER_GRACE_S",
     "CURSOR_EVICTED",
     "MAX_CURSOR_CHARS",
     "MAX_IDEMPOTENCY_KEY_CHARS",
@@ -102,6 +104,11 @@ def open_store(config: ServerConfig) -> EventStore:
     return MemoryEventStore(
         config.max_log_bytes, config.max_store_bytes, config.resume_ttl_s
     )
+
+
+ANSWER_GRACE_S = 1.0
+"""At shutdown, how long the ledger row of a whole plan whose stream ended
+waits for the status of its answer (seconds)."""
 
 
 class AttachExisting(Exception):
@@ -315,13 +322,11 @@ class ResumableStreams:
                     "resumes of %s unknown: the store failed", plan.header.id
                 )
             whole = self._whole.get(plan.header.id)
-            if whole is not None and whole.claimed:
+            if whole is not None:
                 whole.ended(state)  # recorded with the status its client got
+                self._forget_whole(plan.header.id, whole)
             else:
-                # A whole answer of an errored stream is its error, a 500.
-                errored = plan.whole and state is EndState.ERRORED
-                meter.record(state, 500 if errored else 200)
-            self._forget_whole(plan.header.id, whole)
+                meter.record(state, 200)
 
         padded = plan.obfuscation  # the request's, else the server's default
         producer = Producer(
@@ -338,8 +343,15 @@ class ResumableStreams:
         )
         response_id = plan.header.id
         reader = await self._reader(response_id, meter.key_id, -1)
+        assert reader is not None, "open() created the log"
         if plan.whole:
-            self._whole[response_id] = _WholeRow(meter)
+            whole = self._whole[response_id] = _WholeRow(meter)
+
+            def answered(status: int) -> None:
+                whole.answered(status)
+                self._forget_whole(response_id, whole)
+
+            reader.answered = answered
         task = asyncio.get_running_loop().create_task(producer.run())
         self._tasks.add(task)
         self._producers[response_id] = (meter.key_id, producer, task)
@@ -350,7 +362,6 @@ class ResumableStreams:
             self._own_reads.pop(response_id, None)  # one made after on_end
 
         task.add_done_callback(done)
-        assert reader is not None, "open() created the log"
         return reader
 
     async def events(self, request: Request) -> Response | LogStreamResponse:
@@ -375,26 +386,6 @@ class ResumableStreams:
             payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
             return json_answer(payload, 400)
         return await self.resume(response_id, owner_of(request), after)
-
-    def claim_answer(self, response_id: str) -> Callable[[int], None] | None:
-        """For a whole plan's stream (``Plan.whole``) whose producer runs here:
-        its ledger row is recorded with the status the caller reports, once
-        both the stream ended and the caller called the returned function with
-        the status its client was answered (``CLIENT_CLOSED`` when the client
-        left first). ``None`` (the row keeps the status the stream's end gives)
-        when the producer already ended or is not this server's, and for every
-        claim but the first (a retry attached by its ``Idempotency-Key``: the
-        row is the first request's)."""
-        whole = self._whole.get(response_id)
-        if whole is None or whole.claimed:
-            return None
-        whole.claimed = True
-
-        def answered(status: int) -> None:
-            whole.answered(status)
-            self._forget_whole(response_id, whole)
-
-        return answered
 
     def _forget_whole(self, response_id: str, whole: _WholeRow | None) -> None:
         recorded = whole is not None and whole.meter.recorded
@@ -491,12 +482,17 @@ class ResumableStreams:
         sent: bool = await request_cancel(response_id)
         return sent
 
-    def _cancel_here(self, response_id: str) -> None:
-        """A cancel request from any replica: cancel the producer if it runs
-        here (the requester checked the owner)."""
+    def abort(self, response_id: str) -> None:
+        """Cancel the producer of ``response_id`` if it runs here, as a cancel
+        request does (end state aborted, error event ``cancelled``)."""
         producing = self._producers.get(response_id)
         if producing is not None:
             producing[1].cancel()
+
+    def _cancel_here(self, response_id: str) -> None:
+        """A cancel request from any replica: cancel the producer if it runs
+        here (the requester checked the owner)."""
+        self.abort(response_id)
 
     async def _reader(
         self, response_id: str, owner: str, after: int
@@ -520,35 +516,49 @@ class ResumableStreams:
 
     async def aclose(self) -> None:
         """Cancel every producer (each finishes its log and records its row),
-        then close the store."""
+        then close the store. The row of a whole plan waits for its answer
+        for at most ``ANSWER_GRACE_S``; one not sent by then is recorded with
+        500 (what such an answer is when the server stops under it)."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        waiting = [whole for whole in self._whole.values() if whole.state is not None]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(ANSWER_GRACE_S):
+                for whole in waiting:
+                    await whole.recorded.wait()
+        for whole in waiting:
+            whole.answered(500)  # nothing if its answer was reported
+        self._whole.clear()
         await self.store.aclose()
 
 
 class _WholeRow:
     """The ledger row of a whole plan: recorded once both its stream's end
-    state and the status its client was answered are known."""
+    state and the status its client was answered are known (the first of
+    each counts)."""
 
-    __slots__ = ("claimed", "meter", "state", "status")
+    __slots__ = ("meter", "recorded", "state", "status")
 
     def __init__(self, meter: Meter) -> None:
         self.meter = meter
-        self.claimed = False  # a caller will report the answer's status
         self.state: EndState | None = None
         self.status: int | None = None
+        self.recorded = asyncio.Event()
 
     def ended(self, state: EndState) -> None:
-        self.state = state
-        self._record()
+        if self.state is None:
+            self.state = state
+            self._record()
 
     def answered(self, status: int) -> None:
-        self.status = status
-        self._record()
+        if self.status is None:
+            self.status = status
+            self._record()
 
     def _record(self) -> None:
         state, status = self.state, self.status
         if state is not None and status is not None and not self.meter.recorded:
             self.meter.record(state, status)
+            self.recorded.set()
