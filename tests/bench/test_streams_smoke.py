@@ -7,6 +7,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -35,18 +36,24 @@ ROW_KEYS = {
 }
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
-def test_streams_bench_quick_run_reports_every_server_at_every_n(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytest.importorskip("sse_starlette", reason="the baseline server needs it")
+def _bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``bench/streams.py`` as a module (bench/ is scripts, not a package)."""
     spec = importlib.util.spec_from_file_location("bench_streams", BENCH / "streams.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+def test_streams_bench_quick_run_reports_every_server_at_every_n(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("sse_starlette", reason="the baseline server needs it")
+    module = _bench(monkeypatch)
     out = tmp_path / "streams.json"
 
     assert module.main(["--quick", "--json", str(out)]) == 0
@@ -81,12 +88,7 @@ def test_streams_bench_quick_run_reports_every_server_at_every_n(
 def test_streams_bench_repeats_resumable_rounds_and_reports_their_median(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = importlib.util.spec_from_file_location("bench_streams", BENCH / "streams.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module = _bench(monkeypatch)
     out = tmp_path / "streams.json"
     argv = ["--quick", "--servers", "sluicegate", "--resumable", "--repeat", "2"]
 
