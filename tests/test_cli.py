@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from sluicegate.cli import main
@@ -26,3 +30,26 @@ def test_a_setting_out_of_range_exits_with_one_line(
     assert code.startswith("sluicegate: ")
     assert message in code
     assert "\n" not in code
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_a_port_out_of_range_is_refused_before_anything_starts(
+    port: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--engine", "scripted", "--no-ledger", "--port", port])
+    assert exit_.value.code == 2  # argparse's usage error
+    assert "--port" in capsys.readouterr().err
+
+
+def test_model_prints_only_the_path_on_stdout() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "model"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    path = Path(done.stdout.removesuffix("\n"))
+    assert "\n" not in str(path), repr(done.stdout)
+    assert path.is_file()  # usable as $(sluicegate model)

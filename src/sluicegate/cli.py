@@ -42,6 +42,7 @@ def _model_path(arg: str | None) -> Path:
         if not path.is_file():
             raise SystemExit(f"sluicegate: --model {arg!r} is not a file")
         return path
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -58,6 +59,7 @@ def _model_path(arg: str | None) -> Path:
         DownloadColumn(),
         TransferSpeedColumn(),
         transient=True,
+        console=Console(stderr=True),  # stdout may be a path a script reads
     ) as bar:
         task = bar.add_task("model", total=None)
 
@@ -193,6 +195,14 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """A TCP port (0 to 65535; 0 lets the system choose), for argparse."""
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected 0 to 65535, got {port}")
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     from sluicegate.server.options import add_serve_options, add_usage_command
 
@@ -204,7 +214,7 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve a model over the OpenAI API")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000, help="TCP port (0: any)")
     serve.add_argument("--model", help="a GGUF file (default: Gemma 3 270M Q4_K_M)")
     serve.add_argument("--model-id", help="the id clients use for the model")
     serve.add_argument(

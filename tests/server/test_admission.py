@@ -77,6 +77,14 @@ def test_keys_file_lines_give_keys_and_model_lists(tmp_path: Path) -> None:
         read_keys_file(path)
 
 
+@pytest.mark.parametrize("text", ["", "\n\n", "# keys\n  # more\n\n"])
+def test_a_keys_file_without_a_key_is_refused(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "keys"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="holds no key"):  # never an open server
+        read_keys_file(path)
+
+
 def test_missing_and_unknown_keys_are_unauthenticated() -> None:
     admission = Admission([ApiKey("sk-good")])
     with pytest.raises(Unauthenticated) as missing:

@@ -190,7 +190,8 @@ def read_keys_file(path: Path) -> list[ApiKey]:
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: a line with more than two fields, naming its line number.
+        ValueError: a line with more than two fields, naming its line number;
+            or no key at all (a server given a keys file must not be open).
     """
     keys = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -203,6 +204,8 @@ def read_keys_file(path: Path) -> list[ApiKey]:
             )
         models = fields[1].split(",") if len(fields) == 2 else []
         keys.append(ApiKey(fields[0], frozenset(m for m in models if m)))
+    if not keys:
+        raise ValueError(f"{path} holds no key (only blank lines and comments)")
     return keys
 
 
