@@ -86,3 +86,25 @@ def test_bench_smoke_against_the_scripted_engine(tmp_path: Path) -> None:
     assert doc["end_states"] == {"finished": 6}
     assert doc["requests"] == 6
     assert doc["output_tokens"] == 24
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--concurrency", "0"],
+        ["--concurrency", "-3"],
+        ["--rate", "0"],
+        ["--requests", "0"],
+        ["--max-tokens", "-1"],
+        ["--timeout-s", "x"],
+    ],
+)
+def test_bench_refuses_counts_and_rates_that_are_not_positive(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sluicegate.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "http://127.0.0.1:9", *args])
+    assert exit_.value.code == 2  # a usage error, before any request
+    assert args[0] in capsys.readouterr().err

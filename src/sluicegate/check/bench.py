@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -27,6 +27,8 @@ from sluicegate.client import AsyncClient, StreamResult, Timeouts
 
 __all__ = ["add_bench", "load_prompts", "run_bench"]
 
+_N = TypeVar("_N", int, float)
+
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog")
 
 
@@ -37,16 +39,47 @@ def add_bench(sub: Any) -> None:
     bench.add_argument("--model", help="model name (default: the first listed)")
     bench.add_argument("--api-key", help="sent as a bearer token")
     load = bench.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    load.add_argument("--rate", type=float, help="requests per second (open loop)")
-    bench.add_argument("--requests", type=int, default=32, help="requests to send")
-    bench.add_argument("--duration-s", type=float, help="stop sending after this")
-    bench.add_argument("--prompt-words", type=int, default=32, help="synthetic prompt")
+    load.add_argument(
+        "--concurrency", type=_positive(int), default=4, help="requests in flight"
+    )
+    load.add_argument(
+        "--rate", type=_positive(float), help="requests per second (open loop)"
+    )
+    bench.add_argument(
+        "--requests", type=_positive(int), default=32, help="requests to send"
+    )
+    bench.add_argument(
+        "--duration-s", type=_positive(float), help="stop sending after this"
+    )
+    bench.add_argument(
+        "--prompt-words", type=_positive(int), default=32, help="synthetic prompt"
+    )
     bench.add_argument("--prompts", metavar="JSONL", help='lines of {"prompt": ...}')
-    bench.add_argument("--max-tokens", type=int, default=64, help="output length")
-    bench.add_argument("--timeout-s", type=float, default=120.0, help="idle limit")
+    bench.add_argument(
+        "--max-tokens", type=_positive(int), default=64, help="output length"
+    )
+    bench.add_argument(
+        "--timeout-s", type=_positive(float), default=120.0, help="idle limit"
+    )
     bench.add_argument("--json", metavar="FILE", help="write the summary as JSON")
     bench.set_defaults(func=run_bench)
+
+
+def _positive(kind: Callable[[str], _N]) -> Callable[[str], _N]:
+    """An argparse type: ``kind(text)``, refused unless > 0."""
+
+    def parse(text: str) -> _N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number, got {text!r}"
+            ) from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+        return value
+
+    return parse
 
 
 def load_prompts(path: Path) -> list[list[dict[str, Any]]]:
