@@ -211,6 +211,18 @@ def test_errors_are_in_anthropic_shape_before_the_stream(
     )
     assert refused.status_code == 400
     assert "'image'" in refused.json()["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as thought:
+        claude.messages.create(
+            model=model_id,
+            max_tokens=4,
+            messages=HELLO,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        )
+    assert "thinking" in _body(thought.value)["error"]["message"]
+    plain = claude.messages.create(
+        model=model_id, max_tokens=4, messages=HELLO, thinking={"type": "disabled"}
+    )
+    assert plain.stop_reason in ("max_tokens", "end_turn")
     with pytest.raises(anthropic.NotFoundError) as unknown:
         claude.messages.create(model="no-such-model", max_tokens=4, messages=HELLO)
     assert _body(unknown.value)["error"]["type"] == "not_found_error"

@@ -196,8 +196,12 @@ async def test_an_allowed_origin_gets_its_preflight_and_headers() -> None:
         plain_options = await client.options("/v1/models", headers={"origin": ORIGIN})
     assert preflight.status_code == 204
     assert preflight.headers["access-control-allow-origin"] == ORIGIN
-    assert preflight.headers["access-control-allow-methods"] == "GET, POST"
-    assert "authorization" in preflight.headers["access-control-allow-headers"]
+    methods = preflight.headers["access-control-allow-methods"].split(", ")
+    assert methods == ["GET", "POST", "DELETE"]  # DELETE /v1/responses/{id}
+    allowed = preflight.headers["access-control-allow-headers"].split(", ")
+    for header in ("authorization", "x-api-key", "anthropic-version"):
+        assert header in allowed  # both SDKs' keys, from a browser
+    assert {"idempotency-key", "last-event-id"} <= set(allowed)
     assert preflight.headers["access-control-allow-private-network"] == "true"
     assert stream.status_code == 200
     assert stream.headers["access-control-allow-origin"] == ORIGIN

@@ -542,3 +542,13 @@ async def test_the_chat_cancel_route_does_not_cancel_a_response() -> None:
             "status"
         ] == "in_progress"
         await client.post(f"{RESPONSES}/{running['id']}/cancel")
+
+
+async def test_listing_input_items_is_a_400_naming_it(
+    client: httpx.AsyncClient,
+) -> None:
+    refused = await client.get(f"{RESPONSES}/resp_0123/input_items")
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "unsupported_endpoint"
+    assert "input items" in error["message"]

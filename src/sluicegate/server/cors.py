@@ -41,9 +41,14 @@ from starlette.types import Message, Scope, Send
 __all__ = ["ALLOW_HEADERS", "ANY_ORIGIN", "Cors", "normalize_origin"]
 
 ANY_ORIGIN = "*"
-ALLOW_HEADERS = "authorization, content-type"
-"""Request headers a cross-origin page may send (besides the CORS-safelisted)."""
-_ALLOW_METHODS = "GET, POST"
+ALLOW_HEADERS = (
+    "authorization, content-type, x-api-key, anthropic-version, anthropic-beta,"
+    " idempotency-key, last-event-id"
+)
+"""Request headers a cross-origin page may send (besides the CORS-safelisted):
+the key (either API's way), the Messages API's version headers, a resumable
+request's ``Idempotency-Key`` and a resume's ``Last-Event-ID``."""
+_ALLOW_METHODS = "GET, POST, DELETE"
 _EXPOSE_HEADERS = "retry-after"
 _MAX_AGE_S = 600
 _MAX_ORIGIN_CHARS = 2048

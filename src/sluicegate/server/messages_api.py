@@ -164,6 +164,14 @@ def parse_messages_request(
             e.g. a missing ``max_tokens`` or an image block.
     """
     _refuse_blocks(body.get("messages"))
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") != "disabled":
+        raise RequestError(
+            "Extended thinking is not supported (the model has no thinking mode);"
+            " leave 'thinking' out or set its type to 'disabled'",
+            param="thinking",
+            code="unsupported_parameter",
+        )
     try:
         request = MessagesRequest.model_validate(
             {k: v for k, v in body.items() if v is not None}

@@ -33,6 +33,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from sluicegate.core.chunks import Endpoint
+from sluicegate.core.errors import RequestError
 from sluicegate.core.responses_wire import response_object
 from sluicegate.core.wire import Wire
 from sluicegate.server.admission import ANONYMOUS, ApiKey, Unavailable
@@ -88,7 +89,17 @@ class ResponsesRoutes:
             Route(one, stored.retrieve, methods=["GET"]),
             Route(one, stored.delete, methods=["DELETE"]),
             Route(one + "/cancel", stored.cancel, methods=["POST"]),
+            Route(one + "/input_items", self.input_items, methods=["GET"]),
         ]
+
+    async def input_items(self, request: Request) -> Response:
+        """``GET /v1/responses/{id}/input_items``: not served, a 400 naming it."""
+        refused = RequestError(
+            "Listing input items is not supported by this server; a stored"
+            " response's input is chained with previous_response_id",
+            code="unsupported_endpoint",
+        )
+        return error_response(refused, self._routes.config.retry_after_s)
 
     async def create(self, request: Request) -> ASGIApp:
         """``POST /v1/responses``: a response, streamed or whole, stored or not."""
