@@ -133,6 +133,22 @@ def test_a_head_over_the_limit_gets_431_and_a_close(limited: ServerProcess) -> N
     assert _refusals(limited, "request_header_too_large") >= 1
 
 
+def test_a_whole_head_over_the_limit_sent_at_once_gets_431(
+    limited: ServerProcess,
+) -> None:
+    head = (
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+        + b"a" * (MAX_HEADER_BYTES + 1000)
+        + b"\r\n\r\n"
+    )
+    with closing(_connect(limited)) as sock:
+        sock.sendall(head)  # most likely one read on the server's side
+        data, _ = _read_to_close(sock)
+    status, _, body = _head(data)
+    assert status.startswith(b"HTTP/1.1 431 "), data[:200]
+    assert json.loads(body)["error"]["code"] == "request_header_too_large"
+
+
 def test_a_1_mb_header_is_refused(limited: ServerProcess) -> None:
     head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 2**20
     with closing(_connect(limited)) as sock:

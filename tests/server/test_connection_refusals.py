@@ -184,6 +184,33 @@ async def test_a_head_over_the_limit_is_a_431_and_reported() -> None:
     protocol.connection_lost(None)
 
 
+async def test_a_whole_head_over_the_limit_in_one_read_is_a_431() -> None:
+    server = Server(ConnectionLimits(max_header_bytes=1024))
+    protocol, transport = server.connect()
+    head = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n"
+    protocol.data_received(head)  # h11 would parse it whole: no limit of its own
+    status, _, body = _head(await _answered(transport))
+    assert status.startswith(b"HTTP/1.1 431 "), status
+    assert json.loads(body)["error"]["code"] == "request_header_too_large"
+    assert transport.closed
+    assert server.reported == ["request_header_too_large"]
+    protocol.connection_lost(None)
+
+
+async def test_a_small_head_with_a_large_body_in_one_read_is_served() -> None:
+    server = Server(ConnectionLimits(max_header_bytes=1024))
+    protocol, transport = server.connect()
+    body = b"x" * 8192
+    protocol.data_received(
+        b"POST /health HTTP/1.1\r\nHost: t\r\ncontent-length: %d\r\n\r\n%s"
+        % (len(body), body)
+    )
+    status, _, _ = _head(await _answered(transport))
+    assert not status.startswith(b"HTTP/1.1 431 "), status
+    assert server.reported == []
+    protocol.connection_lost(None)
+
+
 def test_every_reported_code_is_listed() -> None:
     assert set(REFUSAL_CODES) == {
         "request_timeout",

@@ -60,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 import resource
 import sys
 from collections.abc import Callable
@@ -213,8 +214,24 @@ class LimitedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._head_over_limit(data):
+            self._enter(_Phase.DONE)
+            self._refuse(431, self._too_large(), "request_header_too_large")
+            return
         super().data_received(data)
         self._follow(bytes_arrived=True)
+
+    def _head_over_limit(self, data: bytes) -> bool:
+        """Whether the head that ``data`` completes is over the limit. h11's own
+        limit counts only a head still incomplete after a read, so a whole
+        head that came in one read is measured here."""
+        limit = self.limits.max_header_bytes
+        buffered = self.conn.trailing_data[0]
+        if len(buffered) + len(data) <= limit:
+            return False
+        head = bytes(buffered) + data
+        end = _HEAD_END.search(head)
+        return end is not None and end.start() > limit
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -227,14 +244,15 @@ class LimitedH11Protocol(H11Protocol):
         exc = sys.exc_info()[1]
         if isinstance(exc, h11.RemoteProtocolError) and exc.error_status_hint == 431:
             self._enter(_Phase.DONE)
-            self._refuse(
-                431,
-                f"The request head (request line and headers) is larger than "
-                f"{self.limits.max_header_bytes} bytes",
-                "request_header_too_large",
-            )
+            self._refuse(431, self._too_large(), "request_header_too_large")
             return
         super().send_400_response(msg)
+
+    def _too_large(self) -> str:
+        return (
+            "The request head (request line and headers) is larger than "
+            f"{self.limits.max_header_bytes} bytes"
+        )
 
     def _follow(self, *, bytes_arrived: bool) -> None:
         """Move to the phase h11's view of the client's side says."""
@@ -316,6 +334,7 @@ class LimitedH11Protocol(H11Protocol):
 
 
 _REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
+_HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line that ends a head
 
 
 def protocol_class(
