@@ -55,3 +55,25 @@ def _client_streams(url: str) -> dict[str, StreamResult]:
         ) as stream:
             responses = stream.result()
     return {"messages": messages, "responses": responses}
+
+
+def test_check_all_grades_each_api_on_its_own_exchanges_and_replays_alike(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    live, saved, replayed = (tmp_path / f"{n}.json" for n in ("live", "rec", "rep"))
+    with serve(["--n-ctx", "2048"], tmp_path / "server.log") as url:
+        argv = ["check", url, "--api", "all", "--max-tokens", "12"]
+        code = main([*argv, "--save", str(saved), "--json", str(live)])
+    replay_code = main(["check", "--replay", str(saved), "--json", str(replayed)])
+    probes = json.loads(live.read_text())["probes"]
+    prefixes = {p["probe"].split("-")[0] for p in probes}
+    assert {"responses", "messages", "framing"} <= prefixes  # chat's too
+    failures = {p["probe"]: p["evidence"] for p in probes if p["verdict"] == "fail"}
+    assert failures == {}, capsys.readouterr().out
+    assert code == 0
+    # A replay without --api grades what the recording holds: the same verdicts.
+    again = json.loads(replayed.read_text())["probes"]
+    assert [(p["probe"], p["verdict"]) for p in again] == [
+        (p["probe"], p["verdict"]) for p in probes
+    ]
+    assert replay_code == 0

@@ -47,8 +47,9 @@ def _add_check(sub: Any) -> None:
     )
     check.add_argument("--rules", action="store_true", help="show each rule")
     check.add_argument(
-        "--api", choices=("chat", "responses", "messages", "all"), default="chat",
-        help="which API to grade (default: chat completions)",
+        "--api", choices=("chat", "responses", "messages", "all"),
+        help="which API to grade (default: chat completions; with --replay,"
+        " what the recording holds)",
     )  # fmt: skip
     check.set_defaults(func=run_check)
 
@@ -59,7 +60,7 @@ def run_check(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from sluicegate.check.probes import API_PROBES, failed, run_probes
+    from sluicegate.check.probes import failed, recorded_api, run_api_probes
     from sluicegate.check.report import print_table, results_json
     from sluicegate.check.transcript import dump_recording, load_recording
 
@@ -80,7 +81,10 @@ def run_check(args: argparse.Namespace) -> int:
         model, recording = got
         if args.save:
             Path(args.save).write_bytes(dump_recording(recording))
-    results = run_probes(recording, API_PROBES[getattr(args, "api", "chat")])
+    api = getattr(args, "api", None) or (
+        recorded_api(recording) if args.replay else "chat"
+    )
+    results = run_api_probes(recording, api)
     print_table(console, results, f"sluicegate check {url} ({model})", args.rules)
     if args.json:
         Path(args.json).write_bytes(results_json(url, model, results))
@@ -113,7 +117,7 @@ def _record_apis(
     from sluicegate.check.record import record
     from sluicegate.check.record_events import record_messages, record_responses
 
-    api = getattr(args, "api", "chat")
+    api = getattr(args, "api", None) or "chat"
     kw = {
         "max_tokens": args.max_tokens,
         "progress": lambda name: status.update(f"probing: {name}"),

@@ -69,6 +69,41 @@ API_PROBES: dict[str, tuple[Probe, ...]] = {
 }
 """The probes ``check --api`` runs for each choice."""
 
+_PREFIXES = {"responses": "responses_", "messages": "messages_"}
+"""The name prefix of each API's exchanges but chat's (``record_events.py``)."""
+
+
+def split_recording(
+    recording: Mapping[str, Transcript],
+) -> dict[str, dict[str, Transcript]]:
+    """A recording's exchanges by API: ``chat``, ``responses``, ``messages``
+    (an exchange is chat's unless its name has another API's prefix)."""
+    parts: dict[str, dict[str, Transcript]] = {api: {} for api in API_PROBES}
+    del parts["all"]
+    for name, transcript in recording.items():
+        api = next((a for a, p in _PREFIXES.items() if name.startswith(p)), "chat")
+        parts[api][name] = transcript
+    return parts
+
+
+def recorded_api(recording: Mapping[str, Transcript]) -> str:
+    """The ``--api`` a recording was made with: its one API, or ``all``."""
+    present = [api for api, part in split_recording(recording).items() if part]
+    return present[0] if len(present) == 1 else "all"
+
+
+def run_api_probes(recording: Mapping[str, Transcript], api: str) -> list[ProbeResult]:
+    """Grade ``recording`` with ``api``'s probes (``API_PROBES``); for
+    ``all``, each API's probes on that API's exchanges only."""
+    if api != "all":
+        return run_probes(recording, API_PROBES[api])
+    parts = split_recording(recording)
+    return [
+        result
+        for name, part in parts.items()
+        for result in run_probes(part, API_PROBES[name])
+    ]
+
 
 def describe(probe: Probe) -> tuple[str, str, str]:
     """``(name, rule, source)`` of a probe, from its name and docstring."""
