@@ -112,3 +112,19 @@ def test_cli_replay_exits_1_only_when_a_probe_fails(
 
 def test_cli_replay_of_a_missing_file_exits_2(tmp_path: Path) -> None:
     assert main(["check", "--replay", str(tmp_path / "nope.json")]) == 2
+
+
+@pytest.mark.timeout(120)
+def test_check_against_a_keyed_server_without_its_key_says_so_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from .live import serve
+
+    args = ["--engine", "scripted", "--api-key", "sk-good", "--no-ledger"]
+    with serve(args, tmp_path / "server.log") as url:
+        code = main(["check", url, "--model", "scripted"])
+        wrong = main(["check", url, "--model", "scripted", "--api-key", "sk-bad"])
+    out = capsys.readouterr().out
+    assert (code, wrong) == (2, 2)  # nothing graded, not a pass
+    assert "answered 401: pass --api-key" in out
+    assert "answered 401: pass a key it accepts" in out

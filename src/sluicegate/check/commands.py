@@ -108,6 +108,10 @@ def _record(
     if first is None or first.status is None:
         console.print(f"[red]cannot reach {args.url}")
         return None
+    if first.status in (401, 403):  # nothing could be graded
+        hint = "a key it accepts" if args.api_key else "--api-key"
+        console.print(f"[red]{args.url} answered {first.status}: pass {hint}")
+        return None
     return model, recording
 
 
