@@ -552,3 +552,25 @@ async def test_listing_input_items_is_a_400_naming_it(
     error = refused.json()["error"]
     assert error["code"] == "unsupported_endpoint"
     assert "input items" in error["message"]
+
+
+async def test_a_400_from_the_chat_checks_names_each_apis_own_parameter(
+    client: httpx.AsyncClient,
+) -> None:
+    long = await client.post(
+        RESPONSES,
+        json={"model": "scripted", "input": "Hi", "max_output_tokens": 99999999},
+    )
+    empty = await client.post(RESPONSES, json={"model": "scripted", "input": []})
+    message = {
+        "model": "scripted",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "stop_sequences": [""],
+    }
+    stop = await client.post("/v1/messages", json=message)
+    assert (long.status_code, empty.status_code, stop.status_code) == (400,) * 3
+    assert long.json()["error"]["param"] == "max_output_tokens"
+    assert long.json()["error"]["message"].startswith("max_output_tokens ")
+    assert empty.json()["error"]["param"] == "input"
+    assert "'stop_sequences'" in stop.json()["error"]["message"]

@@ -27,6 +27,7 @@ client's value may be megabytes long or nested deeper than ``repr`` can recurse.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 __all__ = [
@@ -187,6 +188,25 @@ class RequestError(SluicegateError):
         self.message = message
         self.param = param
         self.code = code
+
+    def rename_params(self, names: Mapping[str, str]) -> None:
+        """Name another API's parameters instead of chat's (in place): ``param``
+        and the message's mentions of it. ``names`` maps a chat parameter to
+        that API's (``{"max_tokens": "max_output_tokens"}``); a ``param`` under
+        a mapped one (``messages[2].content``) becomes the mapped name alone."""
+        param = self.param
+        if param is None:
+            return
+        head = param.split("[", 1)[0].split(".", 1)[0]
+        new = names.get(head)
+        if new is None:
+            return
+        self.param = new
+        message = self.message.replace(f"'{head}'", f"'{new}'")
+        if message.startswith(head + " "):
+            message = new + message[len(head) :]
+        self.message = message
+        self.args = (message,)
 
 
 class ModelNotFound(RequestError):

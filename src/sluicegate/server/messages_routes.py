@@ -42,6 +42,10 @@ MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 _Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
 
 
+CHAT_NAMES = {"stop": "stop_sequences"}
+"""The Messages API's names of the chat parameters its requests become."""
+
+
 class Generating(Protocol):
     """What the routes need of the app's generation routes (``app._Routes``)."""
 
@@ -84,11 +88,16 @@ class MessagesRoutes:
         self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
     ) -> Plan:
         routes = self._routes
-        chat = to_chat_request(parse_messages_request(body))
-        served = await routes._check_admissible(key, chat, small)
-        plan = await plan_chat(
-            chat, response_id, served.engine, served.template, routes.config
-        )
+        request = parse_messages_request(body)
+        try:
+            chat = to_chat_request(request)
+            served = await routes._check_admissible(key, chat, small)
+            plan = await plan_chat(
+                chat, response_id, served.engine, served.template, routes.config
+            )
+        except RequestError as exc:  # the chat checks name chat's parameters
+            exc.rename_params(CHAT_NAMES)
+            raise
         return with_endpoint(plan, Endpoint.MESSAGES)
 
     async def count_tokens(self, request: Request) -> Response:
@@ -107,5 +116,7 @@ class MessagesRoutes:
                 chat, "count_tokens", served.engine, served.template, config
             )
         except (RequestError, EngineError, AdmissionError) as exc:
+            if isinstance(exc, RequestError):
+                exc.rename_params(CHAT_NAMES)
             return error_answer(exc, config.retry_after_s)
         return json_answer({"input_tokens": plan.header.prompt_tokens})

@@ -55,6 +55,14 @@ from sluicegate.server.resumable import ResumableStreams, owner_of
 __all__ = ["ResponsesRoutes"]
 
 
+CHAT_NAMES = {
+    "max_tokens": "max_output_tokens",
+    "messages": "input",
+    "response_format": "text.format",
+}
+"""The Responses API's names of the chat parameters its requests become."""
+
+
 @dataclasses.dataclass(slots=True)
 class _Asked:
     """What one ``POST`` asked, kept by its planner for its answer; ``kept`` is
@@ -184,11 +192,15 @@ class ResponsesRoutes:
                 raise Unavailable(
                     str(exc), "resume_store_unavailable", routes.config.retry_after_s
                 ) from exc
-        chat = to_chat_request(ask, stored, history)
-        served = await routes._check_admissible(key, chat, small)
-        plan = await plan_chat(
-            chat, response_id, served.engine, served.template, routes.config
-        )
+        try:
+            chat = to_chat_request(ask, stored, history)
+            served = await routes._check_admissible(key, chat, small)
+            plan = await plan_chat(
+                chat, response_id, served.engine, served.template, routes.config
+            )
+        except RequestError as exc:  # the chat checks name chat's parameters
+            exc.rename_params(CHAT_NAMES)
+            raise
         plan = dataclasses.replace(
             with_endpoint(plan, Endpoint.RESPONSES),
             background=ask.background,
