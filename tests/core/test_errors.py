@@ -148,3 +148,24 @@ def test_an_engine_refusal_carries_its_status_and_picks_the_error_type() -> None
 def test_an_engine_refusal_is_an_error_status(status: int) -> None:
     with pytest.raises(ValueError, match="400-599"):
         EngineRefused("x", status)
+
+
+def test_rename_params_names_another_apis_parameter_in_param_and_message() -> None:
+    names = {"max_tokens": "max_output_tokens", "stop": "stop_sequences"}
+    long = RequestError("max_tokens is 9 but the window is 8", param="max_tokens")
+    long.rename_params(names)
+    assert (long.param, long.message) == (
+        "max_output_tokens",
+        "max_output_tokens is 9 but the window is 8",
+    )
+    assert str(long) == long.message
+    stop = RequestError("Invalid value for 'stop': ''", param="stop[0]")
+    stop.rename_params(names)
+    assert (stop.param, stop.message) == (
+        "stop_sequences",
+        "Invalid value for 'stop_sequences': ''",
+    )
+    for param in (None, "temperature"):  # nothing to rename
+        kept = RequestError("Bad temperature", param=param)
+        kept.rename_params(names)
+        assert (kept.param, kept.message) == (param, "Bad temperature")
