@@ -9,8 +9,9 @@ Spec: Anthropic API reference, "Messages" and "Count message tokens".
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -34,7 +35,13 @@ from sluicegate.server.plan import Plan
 from sluicegate.server.prepare import plan_chat
 from sluicegate.server.schemas import ChatCompletionRequest
 
-__all__ = ["MESSAGES_PATHS", "Generating", "MessagesRoutes", "with_endpoint"]
+__all__ = [
+    "MESSAGES_PATHS",
+    "Generating",
+    "MessagesRoutes",
+    "named_as",
+    "with_endpoint",
+]
 
 MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 """The paths whose refusals (the guard's too) are in Anthropic's shape."""
@@ -44,6 +51,17 @@ _Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
 
 CHAT_NAMES = {"stop": "stop_sequences"}
 """The Messages API's names of the chat parameters its requests become."""
+
+
+@contextlib.contextmanager
+def named_as(names: Mapping[str, str]) -> Iterator[None]:
+    """Inside: a ``RequestError`` from the chat checks an API's request goes
+    through names that API's parameters (``RequestError.rename_params``)."""
+    try:
+        yield
+    except RequestError as exc:
+        exc.rename_params(names)
+        raise
 
 
 class Generating(Protocol):
@@ -89,15 +107,12 @@ class MessagesRoutes:
     ) -> Plan:
         routes = self._routes
         request = parse_messages_request(body)
-        try:
+        with named_as(CHAT_NAMES):
             chat = to_chat_request(request)
             served = await routes._check_admissible(key, chat, small)
             plan = await plan_chat(
                 chat, response_id, served.engine, served.template, routes.config
             )
-        except RequestError as exc:  # the chat checks name chat's parameters
-            exc.rename_params(CHAT_NAMES)
-            raise
         return with_endpoint(plan, Endpoint.MESSAGES)
 
     async def count_tokens(self, request: Request) -> Response:
@@ -110,13 +125,12 @@ class MessagesRoutes:
         config = self._routes.config
         try:
             body = await read_json_object(request, config.max_body_bytes)
-            chat = to_chat_request(parse_messages_request(body, counting=True))
-            served = self._routes.models.resolve(chat.model)
-            plan = await plan_chat(
-                chat, "count_tokens", served.engine, served.template, config
-            )
+            with named_as(CHAT_NAMES):
+                chat = to_chat_request(parse_messages_request(body, counting=True))
+                served = self._routes.models.resolve(chat.model)
+                plan = await plan_chat(
+                    chat, "count_tokens", served.engine, served.template, config
+                )
         except (RequestError, EngineError, AdmissionError) as exc:
-            if isinstance(exc, RequestError):
-                exc.rename_params(CHAT_NAMES)
             return error_answer(exc, config.retry_after_s)
         return json_answer({"input_tokens": plan.header.prompt_tokens})

@@ -40,7 +40,7 @@ from sluicegate.server.admission import ANONYMOUS, ApiKey, Unavailable
 from sluicegate.server.answers import error_response, json_answer
 from sluicegate.server.event_store import StoreError
 from sluicegate.server.log_response import LogStreamResponse
-from sluicegate.server.messages_routes import Generating, with_endpoint
+from sluicegate.server.messages_routes import Generating, named_as, with_endpoint
 from sluicegate.server.plan import Plan
 from sluicegate.server.prepare import plan_chat
 from sluicegate.server.response_store import StoredResponses, WholeFromLog
@@ -192,15 +192,12 @@ class ResponsesRoutes:
                 raise Unavailable(
                     str(exc), "resume_store_unavailable", routes.config.retry_after_s
                 ) from exc
-        try:
+        with named_as(CHAT_NAMES):
             chat = to_chat_request(ask, stored, history)
             served = await routes._check_admissible(key, chat, small)
             plan = await plan_chat(
                 chat, response_id, served.engine, served.template, routes.config
             )
-        except RequestError as exc:  # the chat checks name chat's parameters
-            exc.rename_params(CHAT_NAMES)
-            raise
         plan = dataclasses.replace(
             with_endpoint(plan, Endpoint.RESPONSES),
             background=ask.background,
