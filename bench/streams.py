@@ -41,12 +41,17 @@ CPU per token, and sluicegate's CPU per token over the floor's. With
 ``--repeat R`` every server is measured R times at each N, the order of the
 servers reversed every other round (each row says its ``round``; the ratios
 above are the last round's); with ``--resumable``, the on/off ratio of each
-round and their median.
+round and their median. With ``--paired``, the servers of a round are measured
+at the same time instead of one after the other, each under its own load
+process (all on the load CPU), so that whatever the shared machine does during
+the round falls on every server alike; the server CPU must then have room for
+all of them (each row's ``paired_cpu_share`` is their sum: over 0.9, the
+servers waited for the core and the round says so).
 Prints a table and writes ``bench/results/streams.json``, with the load average.
 Not a test: nothing here asserts a timing.
 
 Run: ``.venv/bin/python bench/streams.py [--n 100 500 1000 1500 2000] [--duration-s 10]
-[--quick] [--repeat R] [--profile FILE]``
+[--quick] [--repeat R] [--paired] [--profile FILE]``
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -448,7 +454,28 @@ def _measure(
         "server_cpu_share": cpu_s / wall_s,
         "server_cpu_us_per_token": cpu_s / tokens * 1e6,
         "server_rss_mib": sampler.peak_mib,
+        "measured_at_s": [wall0, wall0 + wall_s],  # the bench's perf_counter
     }
+
+
+def _measure_together(
+    servers: list[tuple[str, tuple[int, int]]], n: int, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """``_measure`` of every server at once, each under its own load process."""
+    with ThreadPoolExecutor(len(servers)) as pool:
+        futures = [
+            pool.submit(_measure, kind, pid, port, n, args, None)
+            for kind, (pid, port) in servers
+        ]
+        rows = [future.result() for future in futures]
+    share = sum(row["server_cpu_share"] for row in rows)
+    if share > 0.9:
+        print(
+            f"N={n}: the paired servers used {share:.0%} of their core together:"
+            " they waited for it (lower --rate or N)",
+            file=sys.stderr,
+        )
+    return [{**row, "paired_cpu_share": share} for row in rows]
 
 
 def _ms(value: float | None) -> str:
@@ -625,6 +652,13 @@ def _parser() -> argparse.ArgumentParser:
         help="rounds: every server measured this many times at each N, in"
         " alternating order (with --resumable, the median on/off ratio too)",
     )
+    add(
+        "--paired",
+        action="store_true",
+        help="measure the servers of each round at the same time, on the same"
+        " core (the core must have room for all: e.g. --rate 10 at 1,000"
+        " streams)",
+    )
     add("--server-cpu", default="0", help="taskset CPU list of the servers")
     add("--load-cpu", default="1", help="taskset CPU list of the load process")
     add("--quick", action="store_true", help="tiny N and duration (CI smoke)")
@@ -681,6 +715,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     order = list(servers.items())
                     if round_ % 2:
                         order.reverse()
+                    if args.paired:
+                        together = _measure_together(order, n, args)
+                        rows += [{**row, "round": round_} for row in together]
+                        continue
                     for kind, (pid, port) in order:
                         profile = None
                         if (
@@ -700,6 +738,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ramp_s": args.ramp_s,
         "server_cpu": args.server_cpu,
         "load_cpu": args.load_cpu,
+        "paired": args.paired,
         "cpus": cpus,
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),

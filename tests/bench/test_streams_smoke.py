@@ -32,6 +32,7 @@ ROW_KEYS = {
     "server_cpu_us_per_token",
     "server_rss_mib",
     "bytes_per_token",
+    "measured_at_s",
     "round",
 }
 
@@ -112,3 +113,36 @@ def test_streams_bench_repeats_resumable_rounds_and_reports_their_median(
         values = [r["cpu_us_per_token_on_over_off"] for r in ratios if r["n"] == n]
         assert median["cpu_us_per_token_on_over_off"] == pytest.approx(sum(values) / 2)
         assert (median["min"], median["max"]) == (min(values), max(values))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+def test_paired_rounds_measure_every_server_over_the_same_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = _bench(monkeypatch)
+    out = tmp_path / "streams.json"
+    argv = ["--quick", "--servers", "sluicegate", "--resumable", "--paired"]
+
+    assert module.main([*argv, "--json", str(out)]) == 0
+
+    report = json.loads(out.read_text())
+    assert report["paired"] is True
+    runs = sorted((row["n"], row["server"]) for row in report["rows"])
+    servers = ("sluicegate", "sluicegate-resumable")
+    assert runs == [(n, s) for n in (4, 16) for s in servers]
+    for row in report["rows"]:
+        assert set(row) == ROW_KEYS | {"paired_cpu_share"}
+        assert row["finished"] == row["n"]
+        # the sum over the servers measured together, the same in each row
+        together = [r for r in report["rows"] if r["n"] == row["n"]]
+        assert row["paired_cpu_share"] == pytest.approx(
+            sum(r["server_cpu_share"] for r in together)
+        )
+        # measured at the same time: each window overlaps the other's
+        start, end = row["measured_at_s"]
+        assert all(
+            start < r["measured_at_s"][1] and r["measured_at_s"][0] < end
+            for r in together
+        )
+    assert sorted(r["n"] for r in report["resumable"]) == [4, 16]

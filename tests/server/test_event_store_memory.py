@@ -14,6 +14,7 @@ from sluicegate.server.event_store import (
     EventStore,
     Frames,
     LogNotFound,
+    ReaderWatch,
     StoreFull,
 )
 from sluicegate.server.event_store_memory import MemoryEventStore
@@ -92,6 +93,38 @@ async def test_the_first_batch_comes_at_once_even_when_empty() -> None:
     assert await anext(reader) == []
     await reader.aclose()  # type: ignore[attr-defined]  # an async generator
     assert not await store.attached("r")
+
+
+async def test_the_watcher_hears_of_the_first_reader_and_of_the_last() -> None:
+    store = MemoryEventStore()
+    watch: ReaderWatch = store  # mypy checks the protocol here
+    await store.create("r", "k")
+    heard: list[bool] = []
+    assert not watch.watch_readers("r", heard.append)
+    assert not watch.watch_readers("gone", heard.append)
+    first, second = store.read("r", "k", -1), store.read("r", "k", -1)
+    assert await anext(first) == []
+    assert await anext(second) == []  # a second reader: no call
+    assert heard == [True]
+    assert store.watch_readers("r", heard.append)
+    await first.aclose()  # type: ignore[attr-defined]  # an async generator
+    assert heard == [True]  # one reader is still there
+    await second.aclose()  # type: ignore[attr-defined]
+    assert heard == [True, False]
+    third = store.read("r", "k", -1)
+    assert await anext(third) == []
+    assert heard == [True, False, True]
+    await store.delete("r", "k")  # the log is forgotten while read
+    with pytest.raises(CursorEvicted):
+        await anext(third)
+    assert heard == [True, False, True, False]
+    await store.create("s", "k")
+    store.watch_readers("s", heard.append)
+    store.watch_readers("s", None)  # no more calls
+    fourth = store.read("s", "k", -1)
+    assert await anext(fourth) == []
+    await fourth.aclose()  # type: ignore[attr-defined]
+    assert heard == [True, False, True, False]
 
 
 async def test_a_cancelled_reader_leaves_the_other_readers_waiting() -> None:

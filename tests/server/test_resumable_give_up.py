@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import cast
 
 import pytest
@@ -21,7 +22,7 @@ from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.event_store_memory import MemoryEventStore
 from sluicegate.server.generation import Generation
-from sluicegate.server.resumable_producer import Producer
+from sluicegate.server.resumable_producer import GRACE_EXPIRED, Producer
 from sluicegate.server.streaming import StreamLimits
 
 pytestmark = pytest.mark.anyio
@@ -49,9 +50,12 @@ class FakeGeneration:
 Started = tuple[Producer, FakeGeneration, "asyncio.Task[None]", list[EndState]]
 
 
-async def started(store: MemoryEventStore) -> Started:
+async def started(
+    store: MemoryEventStore, grace_s: float = 30.0, *, create: bool = True
+) -> Started:
     """A producer whose task waits with nothing queued (fed directly now)."""
-    await store.create(ID, "k")
+    if create:
+        await store.create(ID, "k")
     generation = FakeGeneration()
     ended: list[EndState] = []
 
@@ -65,7 +69,7 @@ async def started(store: MemoryEventStore) -> Started:
         header,
         StreamLimits(),
         LiveStreams(),
-        30.0,
+        grace_s,
         on_end,
     )
     task = asyncio.get_running_loop().create_task(producer.run())
@@ -119,3 +123,62 @@ async def test_a_cancel_after_the_stream_ended_changes_nothing(
     body = await frames_of(store)
     assert body.endswith(b"data: [DONE]\n\n")
     assert b"cancelled" not in body
+
+
+async def test_with_no_reader_the_grace_timer_aborts_the_stream() -> None:
+    store = MemoryEventStore()
+    producer, generation, task, ended = await started(store, grace_s=0.01)
+    await asyncio.wait_for(task, 5)  # no periodic check: one timer
+    assert ended == [EndState.ABORTED]
+    assert generation.aborted
+    assert producer.abandoned is not None
+    assert GRACE_EXPIRED.encode() in await frames_of(store)
+
+
+async def test_a_reader_stops_the_grace_timer_and_its_leaving_starts_it() -> None:
+    store = MemoryEventStore()
+    await store.create(ID, "k")
+    first = store.read(ID, "k", -1)
+    assert await anext(first) == []
+    producer, _generation, task, ended = await started(
+        store, grace_s=0.05, create=False
+    )
+    await asyncio.sleep(0.1)  # a reader is attached: no timer runs
+    assert producer.abandoned is None
+    await first.aclose()  # type: ignore[attr-defined]  # an async generator
+    again = store.read(ID, "k", -1)  # back before the grace ran out
+    await anext(again)
+    await asyncio.sleep(0.1)
+    assert producer.abandoned is None
+    await again.aclose()  # type: ignore[attr-defined]
+    await asyncio.wait_for(task, 5)  # nobody came back this time
+    assert ended == [EndState.ABORTED]
+    assert GRACE_EXPIRED.encode() in await frames_of(store)  # a late reader
+
+
+async def test_a_finished_producer_stops_watching_its_readers() -> None:
+    store = MemoryEventStore()
+    producer, generation, task, ended = await started(store, grace_s=0.05)
+    reader = store.read(ID, "k", -1)
+    await anext(reader)  # the timer armed at the start is stopped
+    buffer = generation.buffer
+    assert buffer is not None
+    buffer.put(Finish(0, FinishReason.STOP))
+    buffer.put(End(Usage(1, 1)))
+    await task
+    await reader.aclose()  # type: ignore[attr-defined]
+    await asyncio.sleep(0.1)  # no timer: nothing is given up after the end
+    assert ended == [EndState.FINISHED]
+    assert producer.abandoned is None
+    assert store._logs[ID].watcher is None  # the producer's call is gone
+
+
+async def test_a_background_producer_has_no_grace_timer() -> None:
+    store = MemoryEventStore()
+    producer, _generation, task, ended = await started(store, grace_s=math.inf)
+    assert store._logs[ID].watcher is None  # nothing to time
+    await asyncio.sleep(0.05)
+    assert producer.abandoned is None
+    assert producer.cancel()
+    await task
+    assert ended == [EndState.ABORTED]

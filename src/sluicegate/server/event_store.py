@@ -54,6 +54,7 @@ __all__ = [
     "ProducerLost",
     "Push",
     "PushRead",
+    "ReaderWatch",
     "RemoteCancel",
     "StoreError",
     "StoreFull",
@@ -189,6 +190,24 @@ class PushRead(Protocol):
         self, response_id: str, owner: str, after: int, push: Push
     ) -> AsyncIterator[Frames]:
         """``read``, offering live batches to ``push`` while the reader waits."""
+        ...
+
+
+class ReaderWatch(Protocol):
+    """A store that sees every reader of its logs (one process: the memory
+    store) and says when a log gains its first reader or loses its last, so
+    that its producer needs no periodic ``attached`` check."""
+
+    def watch_readers(
+        self, response_id: str, watcher: Callable[[bool], None] | None
+    ) -> bool:
+        """Call ``watcher(True)`` each time ``response_id``'s log gains its first
+        reader, ``watcher(False)`` each time it loses its last (and when the log
+        is forgotten while read); ``None`` stops the calls.
+
+        Returns:
+            Whether a reader is attached now (``False`` for a log that is gone).
+        """
         ...
 
 

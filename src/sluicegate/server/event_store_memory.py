@@ -18,6 +18,8 @@ Invariants:
       (``StoreFull``) until room is made.
     - A finished log is forgotten ``ttl_s`` seconds after ``finish`` (checked on
       each call, no timer: finished logs expire in the order they finished).
+    - ``watch_readers`` tells a log's producer when its first reader comes and
+      its last one goes, from ``read`` itself.
     - A log whose producer never finishes stays live: the producer runs in this
       process, and the server finishes every log it creates (``ProducerLost``
       never happens here).
@@ -73,6 +75,8 @@ class _Log:
     # when one reader's task is cancelled while it waits.
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     parked: list[_Parked] = field(default_factory=list)
+    # The producer's ``watch_readers`` callback (True: first reader came).
+    watcher: Callable[[bool], None] | None = None
 
     @property
     def next_seq(self) -> int:
@@ -234,6 +238,16 @@ class MemoryEventStore:
         log = self._logs.get(response_id)
         return log is not None and log.readers > 0
 
+    def watch_readers(
+        self, response_id: str, watcher: Callable[[bool], None] | None
+    ) -> bool:
+        """See ``ReaderWatch.watch_readers``: called as ``read`` starts and ends."""
+        log = self._logs.get(response_id)
+        if log is None:
+            return False
+        log.watcher = watcher
+        return log.readers > 0
+
     async def resumed(self, response_id: str) -> int:
         """See ``EventStore.resumed``."""
         log = self._logs.get(response_id)
@@ -266,6 +280,8 @@ class MemoryEventStore:
         loop = asyncio.get_running_loop()
         log.readers += 1
         log.reads += 1
+        if log.readers == 1 and log.watcher is not None:
+            log.watcher(True)
         try:
             batch = _since(log, after)
             if batch:
@@ -303,6 +319,8 @@ class MemoryEventStore:
                     after = parked.after
         finally:
             log.readers -= 1
+            if not log.readers and log.watcher is not None:
+                log.watcher(False)
 
     async def set_record(self, response_id: str, record: bytes) -> None:
         """See ``EventStore.set_record``; the record counts in the store's bytes

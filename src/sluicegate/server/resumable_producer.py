@@ -21,8 +21,12 @@ Invariants:
       the client cancelled it (``cancel``).
     - The log is finished whatever ends the producer (the end, an error, a
       cancel at shutdown), then ``on_end`` is called once.
-    - Readers are checked (and the producer's lease refreshed) every
-      ``check_interval_s``: the grace runs out within one interval of its end.
+    - A store that sees every reader (``ReaderWatch``: the memory store) says
+      when the last reader goes and when one comes back: the grace is one
+      timer, armed and cancelled then, with no periodic work per stream. On
+      any other store, readers are checked (and the producer's lease
+      refreshed) every ``check_interval_s``: the grace runs out within one
+      interval of its end.
 
 Spec: docs/resumable-streams.md, "Disconnect policy".
 """
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -60,6 +65,10 @@ BUFFER_FULL = "stream_buffer_full"
 _CANCEL_REASON = "The client cancelled this stream"
 
 
+_WatchReaders = Callable[[str, Callable[[bool], None] | None], bool]
+"""``ReaderWatch.watch_readers``."""
+
+
 class SyncAppend(Protocol):
     """A store that appends at once, without a coroutine (the memory store)."""
 
@@ -81,7 +90,8 @@ class Producer:
             puts its shutdown ``Fail`` there).
         grace_s: seconds without a reader before the engine request is aborted.
         on_end: awaited once with the end state when the producer ends.
-        check_interval_s: seconds between checks of the readers (and leases).
+        check_interval_s: seconds between checks of the readers (and leases),
+            on a store that is not a ``ReaderWatch``.
         padded: pad every frame (``core/padding.py``, the ``obfuscation`` field),
             as a live stream would be. A resumable stream has no cadence.
         ended: awaited with the machine once it ended, before the log is
@@ -122,6 +132,7 @@ class Producer:
         # with ``direct``, which only a store that has one gets.
         self._append_nowait: Callable[[str, Sequence[bytes]], None] = _no_append
         self._cancel_early = False  # cancel() came before the buffer
+        self._grace_timer: asyncio.TimerHandle | None = None  # armed: no reader
         self.abandoned: str | None = None
         """Why the producer gave up (grace ran out, buffer full), or ``None``."""
 
@@ -168,13 +179,27 @@ class Producer:
         if append_nowait is not None:
             self._append_nowait = append_nowait
             buffer.direct = self._direct
+        watch_readers: _WatchReaders | None = getattr(
+            self._store, "watch_readers", None
+        )
         with attached(self._generation, buffer, self._live, self._limits):
-            watcher = asyncio.get_running_loop().create_task(self._watch(buffer))
+            watcher = None
+            if watch_readers is None:
+                watcher = asyncio.get_running_loop().create_task(self._watch(buffer))
+            elif self._grace_s == math.inf:  # a background one never gives up
+                watch_readers = None
+            else:
+                self._time_readers(buffer, watch_readers)
             try:
                 await self._write(buffer)
             finally:
                 buffer.direct = None
-                watcher.cancel()
+                if watcher is not None:
+                    watcher.cancel()
+                if watch_readers is not None:
+                    watch_readers(self._id, None)
+                    if self._grace_timer is not None:
+                        self._grace_timer.cancel()
 
     async def _write(self, buffer: StreamBuffer) -> None:
         machine, store, response_id = self._machine, self._store, self._id
@@ -219,6 +244,28 @@ class Producer:
                 break
             frames += machine.feed(event)
         return frames
+
+    def _time_readers(self, buffer: StreamBuffer, watch_readers: _WatchReaders) -> None:
+        """The grace as one timer (a ``ReaderWatch`` store): armed when the last
+        reader goes, cancelled when one comes."""
+        loop, grace_s = asyncio.get_running_loop(), self._grace_s
+
+        def expire() -> None:
+            self._grace_timer = None
+            message = f"No reader resumed this stream within {grace_s:g} s"
+            self._give_up(buffer, message, GRACE_EXPIRED)
+
+        def readers(attached: bool) -> None:
+            timer = self._grace_timer
+            if attached:
+                if timer is not None:
+                    timer.cancel()
+                    self._grace_timer = None
+            elif timer is None:
+                self._grace_timer = loop.call_later(grace_s, expire)
+
+        if not watch_readers(self._id, readers):
+            readers(False)
 
     async def _watch(self, buffer: StreamBuffer) -> None:
         """Every ``check_interval_s``: lease; count the time without a reader."""
