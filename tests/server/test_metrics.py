@@ -120,6 +120,8 @@ async def test_resumable_streams_are_counted_at_every_scrape() -> None:
         left.leave()  # nobody resumes it: given up after the grace period
     metrics = app.state.metrics
     await wait_until(lambda: b"given_up_total 1.0" in metrics.render(), 5)
+    # and its task is done (its done callback runs one loop turn later)
+    await wait_until(lambda: b"resumable_producers 0.0" in metrics.render(), 5)
     text = metrics.render().decode()
     assert _value(text, "sluicegate_resumable_resumes_total") == 1
     assert _value(text, "sluicegate_resumable_given_up_total") == 1

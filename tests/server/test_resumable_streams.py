@@ -21,7 +21,6 @@ from sluicegate.server.log_response import (
     BROKEN,
     PRODUCER_LOST,
     LogStreamResponse,
-    PushSlot,
 )
 from sluicegate.server.streaming import StreamLimits
 
@@ -228,14 +227,8 @@ async def reader_of(
     *,
     pushed: bool = False,
 ) -> LogStreamResponse:
-    push = PushSlot() if pushed else None
-    batches = (
-        store.read_pushed("r", "k", after, push)
-        if pushed
-        else store.read("r", "k", after)
-    )
-    first = await anext(batches)
-    return LogStreamResponse("r", first, batches, limits or StreamLimits(), push)
+    limits = limits or StreamLimits()
+    return await LogStreamResponse.open(store, "r", "k", after, limits, pushed=pushed)
 
 
 PUSHED = pytest.mark.parametrize("pushed", [False, True], ids=["task", "pushed"])
@@ -492,7 +485,7 @@ class BlindPusher:
         self.answers.append(self.push([(seq, b"data: %d\n\n" % seq)]))
 
 
-async def test_the_slot_refuses_a_frame_while_the_reader_is_cancelled() -> None:
+async def test_the_eager_write_refuses_a_frame_while_the_reader_is_cancelled() -> None:
     store = BlindPusher()
     response = await reader_of(store, pushed=True)
     reader = LeavingReader(lambda: store.offer(1), held=1)

@@ -78,10 +78,6 @@ class _Log:
     # The producer's ``watch_readers`` callback (True: first reader came).
     watcher: Callable[[bool], None] | None = None
 
-    @property
-    def next_seq(self) -> int:
-        return self.first_seq + len(self.frames)
-
     def wake(self) -> None:
         waiters, self.waiters = self.waiters, []
         for waiter in waiters:
@@ -97,25 +93,12 @@ class _Log:
         """Offer frames ``first_seq, ...`` (just appended) to the parked readers;
         wake each one that refuses them, or that misses frames before them. A
         reader whose wait already ended (its task cancelled: its client left)
-        is dropped, not pushed to."""
-        if len(frames) == 1:  # once per token: kept flat
-            batch, last = [(first_seq, frames[0])], first_seq
-        else:
-            batch = list(enumerate(frames, first_seq))
-            last = first_seq + len(frames) - 1
-        parked = self.parked
-        if len(parked) == 1:  # the usual case: one reader, left in its list
-            reader = parked[0]
-            if reader.waiter.done():
-                self.parked = []
-            elif reader.after == first_seq - 1 and reader.push(batch):
-                reader.after = last
-            else:
-                reader.waiter.set_result(None)
-                self.parked = []
-            return
+        is dropped, not pushed to. (One frame to one reader, once per token, is
+        ``MemoryEventStore.append_nowait``'s own.)"""
+        batch = list(enumerate(frames, first_seq))
+        last = first_seq + len(frames) - 1
         kept: list[_Parked] = []
-        for reader in parked:
+        for reader in self.parked:
             if reader.waiter.done():  # woken, or its task cancelled: it reads
                 continue
             if reader.after == first_seq - 1 and reader.push(batch):
@@ -204,13 +187,28 @@ class MemoryEventStore:
             frame = frames[0]
             kept.append(frame)
             added = len(frame)
+            log.nbytes += added
+            self.nbytes += added
+            parked = log.parked
+            if len(parked) == 1:  # one reader waits, the usual case: ``push``
+                reader = parked[0]
+                seq = log.first_seq + len(kept) - 1
+                if reader.waiter.done():
+                    log.parked = []
+                elif reader.after == seq - 1 and reader.push([(seq, frame)]):
+                    reader.after = seq
+                else:
+                    reader.waiter.set_result(None)
+                    log.parked = []
+            elif parked:
+                log.push(log.first_seq + len(kept) - 1, frames)
         else:
             kept.extend(frames)
             added = sum(map(len, frames))
-        log.nbytes += added
-        self.nbytes += added
-        if log.parked and frames:
-            log.push(log.next_seq - len(frames), frames)
+            log.nbytes += added
+            self.nbytes += added
+            if log.parked and frames:
+                log.push(log.first_seq + len(kept) - len(frames), frames)
         if log.nbytes > self.max_log_bytes:
             self._trim(log, log.nbytes - self.max_log_bytes)
         if self.nbytes > self.max_store_bytes:

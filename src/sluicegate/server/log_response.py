@@ -6,13 +6,14 @@ after a cursor, each with an ``id:`` line naming its cursor, then the live ones
 as the producer appends them, until the log's last frame. The producer
 (``resumable_producer.py``) writes into the store and never waits on a reader.
 
-A store that pushes (``PushRead``) hands the live frames to ``PushSlot``, the
-response's eager write, from the producer's call while the reader's task waits:
+A store that pushes (``PushRead``) hands the live frames to the response's
+eager write, from the producer's call while the reader's task waits:
 the write is started there and, when ``send`` finishes without suspending (a
 socket that keeps up), the task is never woken for that frame, as
 ``writers.EagerWriter`` does for a live stream. A ``send`` that suspends is
-finished by a task of its own; while it (or a heartbeat) is in flight, the
-slot refuses frames and the reader's task writes them after it.
+finished by a task of its own; while it (or a heartbeat) is in flight, or
+before the response follows the log, the eager write refuses frames and the
+reader's task writes them after it.
 
 Invariants:
     - The checks (unknown id, another key's log, an evicted cursor) were made
@@ -58,13 +59,18 @@ from starlette.types import Receive, Scope, Send
 from sluicegate.core.chunks import dumps, error_payload
 from sluicegate.core.sse import encode_comment
 from sluicegate.server.disconnect import DisconnectRace
-from sluicegate.server.event_store import CursorEvicted, Frames, ProducerLost
+from sluicegate.server.event_store import (
+    CursorEvicted,
+    EventStore,
+    Frames,
+    ProducerLost,
+)
 from sluicegate.server.sse_response import BODY_SEND, SSE_HEADERS
 from sluicegate.server.streaming import StreamLimits
 from sluicegate.server.write_watch import WriteWatch
 from sluicegate.server.writers import Resume, Steps
 
-__all__ = ["BROKEN", "PRODUCER_LOST", "LogStreamResponse", "PushSlot"]
+__all__ = ["BROKEN", "PRODUCER_LOST", "LogStreamResponse"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,31 +86,17 @@ BROKEN = "the connection broke"
 _KEEP_ALIVE = encode_comment("keep-alive").rstrip(b"\n") + b"\n"
 
 
-class PushSlot:
-    """The ``push`` given to a store's ``read_pushed`` before the response that
-    reads it exists: it calls ``target`` (the response's eager write, set while
-    the response follows the log) or refuses every batch."""
-
-    __slots__ = ("target",)
-
-    def __init__(self) -> None:
-        self.target: Callable[[Frames], bool] | None = None
-
-    def __call__(self, batch: Frames) -> bool:
-        """Whether the target took ``batch`` (``False`` without one)."""
-        target = self.target
-        return target is not None and target(batch)
-
-
 class LogStreamResponse:
     """An ASGI app: a resumable response's log from a cursor, then its live tail.
+
+    Made by ``open`` (which reads the first batch: the checks), or from a
+    batch already read.
 
     Args:
         response_id: the response whose log is read.
         first: the first batch of ``batches``, already read (checks passed).
-        batches: the rest of the store's ``read`` (or ``read_pushed``).
+        batches: the rest of the store's ``read``.
         limits: ``heartbeat_interval_s`` and ``stuck_timeout_s`` are used.
-        push: the slot ``batches`` was read with (``read_pushed``), or ``None``.
     """
 
     def __init__(
@@ -113,7 +105,6 @@ class LogStreamResponse:
         first: Frames,
         batches: AsyncIterator[Frames],
         limits: StreamLimits,
-        push: PushSlot | None = None,
     ) -> None:
         self.response_id = response_id
         """The response whose log is read."""
@@ -121,21 +112,60 @@ class LogStreamResponse:
         self._first = first
         self._batches = batches
         self._limits = limits
-        self._push = push
+        self._pushes = False  # batches come from read_pushed with _pushed
         self._sending = False  # a write is in flight (the task's or a heartbeat's)
         self._beat: asyncio.Task[None] | None = None  # a heartbeat's or pushed write
         self._failure: BaseException | None = None  # met by a pushed write
         # What a pushed write needs (set while the response follows the log):
         # the body's send, its watch, its race, the reader's task and context.
-        self._pushing: tuple[
-            Send, WriteWatch, DisconnectRace, asyncio.Task[object], contextvars.Context
-        ]
+        self._pushing: (
+            tuple[
+                Send,
+                WriteWatch,
+                DisconnectRace,
+                asyncio.Task[object],
+                contextvars.Context,
+            ]
+            | None
+        ) = None
         self.cut: str | None = None
         """Why the reader was cut (``None``: it read to the end)."""
         self.answered: Callable[[int], None] | None = None
         """Set on the first reader of a whole plan (``Plan.whole``): report the
         HTTP status its client was answered, which the response's ledger row
         waits for (``CLIENT_CLOSED`` when nothing was sent)."""
+
+    @classmethod
+    async def open(
+        cls,
+        store: EventStore,
+        response_id: str,
+        owner: str,
+        after: int,
+        limits: StreamLimits,
+        *,
+        pushed: bool = True,
+    ) -> LogStreamResponse:
+        """A reader of ``owner``'s log of ``response_id`` after ``after``, its
+        first batch read: with ``read_pushed`` (this response's eager write as
+        its push) when the store has it and ``pushed`` asks for it.
+
+        Raises:
+            LogNotFound: no such log for ``owner``.
+            CursorEvicted: frame ``after + 1`` is no longer kept.
+        """
+        empty: Frames = []
+        response = cls(response_id, empty, _no_batches(), limits)
+        read_pushed = getattr(store, "read_pushed", None) if pushed else None
+        if read_pushed is None:
+            batches = store.read(response_id, owner, after)
+        else:
+            batches = read_pushed(response_id, owner, after, response._pushed)
+            response._pushes = True
+        response._batches = batches
+        with contextlib.suppress(StopAsyncIteration):  # a log that ended
+            response._first = await anext(batches)
+        return response
 
     async def frames(self) -> AsyncIterator[bytes]:
         """The log's frames (without ``id:`` lines), read here rather than sent;
@@ -183,13 +213,11 @@ class LogStreamResponse:
             watch = WriteWatch(
                 limits.heartbeat_interval_s, limits.stuck_timeout_s, beat, stuck
             )
-            push = self._push
-            if push is not None:
+            if self._pushes:
                 context = contextvars.copy_context()
                 task = asyncio.current_task()
                 assert task is not None  # DisconnectRace made sure of it
                 self._pushing = (send, watch, race, task, context)
-                push.target = self._pushed
             try:
                 await self._write(self._first, send, watch)
                 async for batch in self._batches:  # once per token: kept flat
@@ -230,8 +258,7 @@ class LogStreamResponse:
                 await self._send(send, b"data: " + dumps(payload) + b"\n\n", watch)
                 return True
             finally:
-                if push is not None:
-                    push.target = None
+                self._pushing = None
                 watch.cancel()
                 if self._beat is not None:
                     self._beat.cancel()
@@ -241,18 +268,22 @@ class LogStreamResponse:
         return True
 
     def _pushed(self, batch: Frames) -> bool:
-        """The slot's target: write ``batch`` now, from the store's call, unless
-        a write is in flight or one failed (then the reader's task takes it),
-        or the reader's task is being cancelled (its client left: the frame is
-        not written at all). A ``send`` that suspends is finished by a task of
-        its own. Once per token: kept flat."""
-        send, watch, race, task, context = self._pushing
+        """The ``push`` of ``read_pushed``: write ``batch`` now, from the
+        store's call, unless the response does not follow the log (yet, or
+        any more), a write is in flight or one failed (then the reader's task
+        takes it), or the reader's task is being cancelled (its client left:
+        the frame is not written at all). A ``send`` that suspends is finished
+        by a task of its own. Once per token: kept flat."""
+        pushing = self._pushing
         if (
-            self._sending
+            pushing is None
+            or self._sending
             or self._beat is not None
             or self._failure is not None
-            or task.cancelling()
         ):
+            return False
+        send, watch, race, task, context = pushing
+        if task.cancelling():
             return False
         prefix = self._prefix
         if len(batch) == 1:
@@ -344,6 +375,13 @@ class LogStreamResponse:
         finally:
             self._sending = False
         watch.wrote()
+
+
+async def _no_batches() -> AsyncIterator[Frames]:
+    """What ``open`` holds until the store's read is made."""
+    none: tuple[Frames, ...] = ()
+    for batch in none:
+        yield batch
 
 
 async def _close(batches: AsyncIterator[Frames]) -> None:

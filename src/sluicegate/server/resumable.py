@@ -60,7 +60,7 @@ from sluicegate.server.event_store import (
 )
 from sluicegate.server.event_store_memory import MemoryEventStore
 from sluicegate.server.generation import Generation
-from sluicegate.server.log_response import LogStreamResponse, PushSlot
+from sluicegate.server.log_response import LogStreamResponse
 from sluicegate.server.meter import Meter
 from sluicegate.server.plan import Plan
 from sluicegate.server.resumable_producer import Producer
@@ -499,20 +499,12 @@ class ResumableStreams:
     ) -> LogStreamResponse | None:
         """A reader of the log after ``after``; ``None`` when there is none to
         read (``LogNotFound``). Raises ``CursorEvicted``."""
-        read_pushed = getattr(self.store, "read_pushed", None)
-        push = None if read_pushed is None else PushSlot()
-        batches = (
-            self.store.read(response_id, owner, after)
-            if read_pushed is None
-            else read_pushed(response_id, owner, after, push)
-        )
         try:
-            first = await anext(batches)
+            return await LogStreamResponse.open(
+                self.store, response_id, owner, after, self._limits
+            )
         except LogNotFound:
             return None
-        except StopAsyncIteration:
-            first = []
-        return LogStreamResponse(response_id, first, batches, self._limits, push)
 
     async def aclose(self) -> None:
         """Cancel every producer (each finishes its log and records its row),
