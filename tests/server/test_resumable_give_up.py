@@ -59,7 +59,7 @@ async def started(
     generation = FakeGeneration()
     ended: list[EndState] = []
 
-    async def on_end(state: EndState) -> None:
+    async def on_end(state: EndState, given_up: bool) -> None:
         ended.append(state)
 
     header = ResponseHeader(ID, 0, "m", Endpoint.CHAT)

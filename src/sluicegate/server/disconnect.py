@@ -11,7 +11,8 @@ cancellation of the task passes through (``asyncio.timeout``'s pattern:
 Invariants:
     - The task is cancelled at most once by the race; a ``stop`` after the
       ``with`` ended is ignored instead of cancelling whatever the task does next.
-    - The watcher task ends with the ``with``.
+    - The watcher task ends with the ``with``, which lets go of it (no
+      reference cycle outlives a response: it is freed when it ends).
 
 Spec: docs/DESIGN.md, "End states" (``aborted``);
 ASGI HTTP spec, ``http.disconnect``.
@@ -69,8 +70,11 @@ class DisconnectRace:
         tb: TracebackType | None,
     ) -> bool:
         task, self._task = self._task, None  # disarmed: later stops are ignored
-        if self._watcher is not None:
-            self._watcher.cancel()
+        # Let go of the watcher: cancelled, it keeps a traceback whose frame
+        # holds this race, a cycle only the garbage collector would free.
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
         return (
             exc_type is not None
             and issubclass(exc_type, asyncio.CancelledError)

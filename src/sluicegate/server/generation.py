@@ -201,6 +201,9 @@ class Generation:
         self._flush()
         for outputs in self._listened:
             outputs.close()
+        # Let go of the outbox, as before attach(): its writer may hold this
+        # generation, a cycle only the garbage collector would free.
+        self._outbox = Outbox()
 
     def abort_unfinished(self) -> None:
         """Abort every sequence the engine has not ended; safe to call repeatedly."""

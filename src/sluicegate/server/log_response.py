@@ -128,6 +128,7 @@ class LogStreamResponse:
             ]
             | None
         ) = None
+        self._writing: tuple[Send, WriteWatch] | None = None  # while following
         self.cut: str | None = None
         """Why the reader was cut (``None``: it read to the end)."""
         self.answered: Callable[[int], None] | None = None
@@ -207,12 +208,13 @@ class LogStreamResponse:
                 race.stop, f"no byte accepted for {limits.stuck_timeout_s:g} s"
             )
 
-            def beat() -> None:  # bound late: the watch is made just below
-                self._start_heartbeat(send, watch)
-
             watch = WriteWatch(
-                limits.heartbeat_interval_s, limits.stuck_timeout_s, beat, stuck
+                limits.heartbeat_interval_s,
+                limits.stuck_timeout_s,
+                self._heartbeat_due,
+                stuck,
             )
+            self._writing = (send, watch)
             if self._pushes:
                 context = contextvars.copy_context()
                 task = asyncio.current_task()
@@ -262,6 +264,11 @@ class LogStreamResponse:
                 watch.cancel()
                 if self._beat is not None:
                     self._beat.cancel()
+                # No cycle outlives the response: the watch holds
+                # _heartbeat_due, and a pushed write's failure not raised (the
+                # reader was cut) a traceback that holds this response.
+                self._writing = None
+                self._failure = None
         if race.reason is not None:
             self.cut = race.reason
             return False
@@ -350,6 +357,12 @@ class LogStreamResponse:
         await _body(send, body)
         watch.wrote()
         self._sending = False
+
+    def _heartbeat_due(self) -> None:
+        """``WriteWatch``'s poke on silence, while the response follows the log."""
+        writing = self._writing
+        if writing is not None:
+            self._start_heartbeat(*writing)
 
     def _start_heartbeat(self, send: Send, watch: WriteWatch) -> None:
         """``WriteWatch``'s poke on silence: one ``: keep-alive``, in a task of

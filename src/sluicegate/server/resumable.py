@@ -310,8 +310,8 @@ class ResumableStreams:
                 plan's producer never gives up for want of a reader.
         """
 
-        async def on_end(state: EndState) -> None:
-            if producer.abandoned is not None and not producer.cancelled:
+        async def on_end(state: EndState, given_up: bool) -> None:
+            if given_up:
                 self.given_up += 1
             own = self._own_reads.pop(plan.header.id, 0)
             try:

@@ -89,7 +89,9 @@ class Producer:
         live: where the producer's buffer is registered (the graceful drain
             puts its shutdown ``Fail`` there).
         grace_s: seconds without a reader before the engine request is aborted.
-        on_end: awaited once with the end state when the producer ends.
+        on_end: awaited once when the producer ends, with the end state and
+            whether the server gave the stream up on its own (no reader
+            within the grace period, a full buffer; not a client's cancel).
         check_interval_s: seconds between checks of the readers (and leases),
             on a store that is not a ``ReaderWatch``.
         padded: pad every frame (``core/padding.py``, the ``obfuscation`` field),
@@ -107,7 +109,7 @@ class Producer:
         limits: StreamLimits,
         live: LiveStreams,
         grace_s: float,
-        on_end: Callable[[EndState], Awaitable[None]],
+        on_end: Callable[[EndState, bool], Awaitable[None]],
         check_interval_s: float = 1.0,
         *,
         padded: bool = False,
@@ -163,15 +165,12 @@ class Producer:
                     "resumable stream %s: its log could not be finished", self._id
                 )
             state = EndState.ABORTED if self.abandoned else machine.outcome
-            await self._on_end(state)
+            self._buffer = None  # it holds _overflow: no cycle outlives the stream
+            given_up = self.abandoned is not None and not self.cancelled
+            await self._on_end(state, given_up)
 
     async def _produce(self) -> None:
-        limit = self._limits.max_buffer_bytes
-
-        def overflow() -> None:
-            self._give_up(buffer, "buffer full", BUFFER_FULL)
-
-        buffer = StreamBuffer(limit, overflow)
+        buffer = StreamBuffer(self._limits.max_buffer_bytes, self._overflow)
         self._buffer = buffer
         if self._cancel_early:
             self._give_up(buffer, _CANCEL_REASON, CANCELLED)
@@ -200,6 +199,10 @@ class Producer:
                     watch_readers(self._id, None)
                     if self._grace_timer is not None:
                         self._grace_timer.cancel()
+
+    def _overflow(self) -> None:
+        if self._buffer is not None:
+            self._give_up(self._buffer, "buffer full", BUFFER_FULL)
 
     async def _write(self, buffer: StreamBuffer) -> None:
         machine, store, response_id = self._machine, self._store, self._id

@@ -206,11 +206,14 @@ class EagerWriter(TaskWriter):
 
     def close(self) -> None:
         """Stop writing eagerly; drop a handed-over write the task did not finish
-        (it was stopped)."""
+        (it was stopped), and a failure it did not take."""
         self._buffer.direct = None
         pending, self.pending = self.pending, None
         if pending is not None:
             pending.close()
+        # A failure the task did not take (it was stopped) goes too: its
+        # traceback holds this writer, a cycle only the collector would free.
+        self.failure = None
 
 
 Steps = Coroutine[Any, Any, Any] | Generator[Any, Any, Any]
