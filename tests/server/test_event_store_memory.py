@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -66,6 +67,18 @@ async def test_a_finished_log_replays_from_every_cursor() -> None:
         assert got == [(i, frame(i)) for i in range(after + 1, 3)]
     assert await store.resumed("r") == 4
     assert store.nbytes == 30
+
+
+async def test_a_finished_log_takes_no_frame_and_costs_a_collection_nothing() -> None:
+    store = MemoryEventStore()
+    await store.create("r", "k")
+    await store.append("r", [frame(0), frame(1)])
+    await store.finish("r")
+    await store.append("r", [frame(2)])  # after its end: not kept
+    assert await take(store.read("r", "k", -1)) == [(0, frame(0)), (1, frame(1))]
+    assert store.nbytes == 20
+    gc.collect()
+    assert not gc.is_tracked(store._logs["r"].frames)  # nothing to walk
 
 
 async def test_a_reader_follows_the_live_tail_and_ends_with_the_log() -> None:

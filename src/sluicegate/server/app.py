@@ -247,8 +247,11 @@ class _App(Starlette):
     cors: Cors | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            scope[BODY_SEND] = send
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        scope[BODY_SEND] = send
+        try:
             if self.cors is not None:  # before the guard: a preflight has no key
                 preflight = self.cors.preflight(scope)
                 if preflight is not None:
@@ -259,7 +262,11 @@ class _App(Starlette):
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
-        await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send)
+        finally:
+            # The server's send may hold the scope (uvicorn's cycle does): a
+            # reference cycle that only the collector would free.
+            del scope[BODY_SEND]
 
 
 class _Routes:

@@ -212,6 +212,9 @@ class LimitedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._enter(_Phase.DONE)
         super().connection_lost(exc)
+        # self.app is a method of this protocol: a reference cycle that only the
+        # collector would free. A request still running holds its own app.
+        self.app = self._served_app
 
     def data_received(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE and self._head_over_limit(data):

@@ -2,7 +2,8 @@
 
 The default ``EventStore`` (``event_store.py``), for one server process: each log
 is a deque of frames with the sequence number of its first kept frame, so an
-append is O(1) per frame and a replay from a cursor is an index. Readers wait
+append is O(1) per frame and a replay from a cursor is an index; once the log
+is finished, a tuple, which the garbage collector does not walk. Readers wait
 on a future each, set by each append and by ``finish``; a reader that pushes
 (``read_pushed``) is handed each append's frames in the append's call instead,
 until it refuses a batch.
@@ -64,7 +65,11 @@ class _Parked:
 class _Log:
     owner: str
     idempotency: tuple[str, str] | None  # (key, body_hash)
-    frames: deque[bytes] = field(default_factory=deque)
+    # The kept frames: ``live`` while the log is appended to, then a tuple
+    # (``finish``), which the garbage collector stops walking (a tuple of bytes
+    # is untracked): a full collection costs nothing per kept frame.
+    live: deque[bytes] | None = field(default_factory=deque)
+    frames: Sequence[bytes] = ()
     first_seq: int = 0  # the sequence number of frames[0]
     nbytes: int = 0
     finished_at: float | None = None
@@ -77,6 +82,10 @@ class _Log:
     parked: list[_Parked] = field(default_factory=list)
     # The producer's ``watch_readers`` callback (True: first reader came).
     watcher: Callable[[bool], None] | None = None
+
+    def __post_init__(self) -> None:
+        assert self.live is not None
+        self.frames = self.live
 
     def wake(self) -> None:
         waiters, self.waiters = self.waiters, []
@@ -173,7 +182,8 @@ class MemoryEventStore:
         return None
 
     async def append(self, response_id: str, frames: Sequence[bytes]) -> None:
-        """See ``EventStore.append``; a log that is gone (evicted) takes nothing."""
+        """See ``EventStore.append``; a log that is gone (evicted) or finished
+        takes nothing."""
         self.append_nowait(response_id, frames)
 
     def append_nowait(self, response_id: str, frames: Sequence[bytes]) -> None:
@@ -182,7 +192,9 @@ class MemoryEventStore:
         log = self._logs.get(response_id)
         if log is None:
             return
-        kept = log.frames
+        kept = log.live
+        if kept is None:  # finished: its last frame was appended
+            return
         if len(frames) == 1:  # once per token: kept flat
             frame = frames[0]
             kept.append(frame)
@@ -228,6 +240,8 @@ class MemoryEventStore:
         if log is None or log.finished_at is not None:
             return
         log.finished_at = self._clock()
+        if log.live is not None:
+            log.frames, log.live = tuple(log.live), None
         self._finished[response_id] = None
         log.wake()
 
@@ -360,7 +374,8 @@ class MemoryEventStore:
     def _trim(self, log: _Log, nbytes: int) -> None:
         """Drop ``log``'s oldest frames until ``nbytes`` are gone (its last frame
         stays)."""
-        frames = log.frames
+        frames = log.live
+        assert frames is not None, "only a log appended to is trimmed"
         dropped = 0
         while dropped < nbytes and len(frames) > 1:
             dropped += len(frames.popleft())

@@ -192,6 +192,7 @@ class Ledger:
         lease_s: with ``url``: seconds after this server's last heartbeat past
             which a replica marks its open rows ``truncated``.
         max_rows: the most ended rows kept in memory; older rows go first.
+            Each is an object that every full garbage collection walks.
         progress_interval_s: seconds between writes of open rows' token counts.
         max_backlog: statements waiting for the file past which ``behind``.
         close_timeout_s: how long ``close`` waits for a locked file.
@@ -206,7 +207,7 @@ class Ledger:
     def __init__(
         self,
         path: Path | None = None,
-        max_rows: int = 100_000,
+        max_rows: int = 10_000,
         *,
         progress_interval_s: float = 1.0,
         max_backlog: int = 50_000,

@@ -13,6 +13,7 @@ Spec: docs/DESIGN.md, "Admission and limits", "Slow consumers", "Timeouts",
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -299,6 +300,11 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
         ws="none",
     )
     server = DrainingServer(config, app.state.drain, args.grace_s, app.state.engine)
+    # Everything made so far (modules, the app, the engine, its templates) lives
+    # as long as the process: out of every later collection, so that a full one
+    # walks only what requests and kept logs made (a pause of milliseconds, not
+    # tens of them). Spec: the gc module's documentation, gc.freeze().
+    gc.freeze()
     server.run()
     return server.exit_code
 
