@@ -197,8 +197,9 @@ class Producer:
                     watcher.cancel()
                 if watch_readers is not None:
                     watch_readers(self._id, None)
-                    if self._grace_timer is not None:
-                        self._grace_timer.cancel()
+                    timer, self._grace_timer = self._grace_timer, None
+                    if timer is not None:
+                        timer.cancel()
 
     def _overflow(self) -> None:
         if self._buffer is not None:
