@@ -225,3 +225,15 @@ def test_every_reported_code_is_listed() -> None:
 def test_the_cap_and_its_retry_after_must_be_in_range(fields: dict[str, int]) -> None:
     with pytest.raises(ValueError, match=next(iter(fields))):
         ConnectionLimits(**fields)
+
+
+async def test_a_lost_connection_lets_go_of_its_app() -> None:
+    # While served, the protocol's app is its own method (the cap's check): a
+    # reference cycle that must not outlive the connection.
+    server = Server(ConnectionLimits())
+    protocol, transport = server.connect()
+    assert getattr(protocol.app, "__self__", None) is protocol
+    protocol.data_received(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert (await _answered(transport)).startswith(b"HTTP/1.1 200 ")
+    protocol.connection_lost(None)
+    assert getattr(protocol.app, "__self__", None) is not protocol

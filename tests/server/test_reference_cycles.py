@@ -20,6 +20,7 @@ import pytest
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.sse_response import BODY_SEND
 
 from ..polling import wait_until
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange
@@ -85,6 +86,14 @@ async def test_a_finished_response_leaves_no_reference_cycle(case: str) -> None:
         gc.garbage.clear()
         gc.enable()
     assert ours == []
+
+
+async def test_the_server_send_leaves_the_scope_with_its_request() -> None:
+    # uvicorn's request cycle holds the scope, and the server's send the cycle.
+    app = create_app(ScriptedEngine(tokens_per_s=2000), ServerConfig())
+    ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    assert ex.status == 200
+    assert BODY_SEND not in ex.scope
 
 
 def _ours(obj: object) -> bool:
