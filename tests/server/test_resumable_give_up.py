@@ -140,15 +140,13 @@ async def test_a_reader_stops_the_grace_timer_and_its_leaving_starts_it() -> Non
     await store.create(ID, "k")
     first = store.read(ID, "k", -1)
     assert await anext(first) == []
-    producer, _generation, task, ended = await started(
-        store, grace_s=0.05, create=False
-    )
-    await asyncio.sleep(0.1)  # a reader is attached: no timer runs
+    producer, _generation, task, ended = await started(store, grace_s=0.3, create=False)
+    await asyncio.sleep(0.4)  # a reader is attached: no timer runs
     assert producer.abandoned is None
     await first.aclose()  # type: ignore[attr-defined]  # an async generator
     again = store.read(ID, "k", -1)  # back before the grace ran out
     await anext(again)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.4)
     assert producer.abandoned is None
     await again.aclose()  # type: ignore[attr-defined]
     await asyncio.wait_for(task, 5)  # nobody came back this time
@@ -158,7 +156,7 @@ async def test_a_reader_stops_the_grace_timer_and_its_leaving_starts_it() -> Non
 
 async def test_a_finished_producer_stops_watching_its_readers() -> None:
     store = MemoryEventStore()
-    producer, generation, task, ended = await started(store, grace_s=0.05)
+    producer, generation, task, ended = await started(store, grace_s=0.3)
     reader = store.read(ID, "k", -1)
     await anext(reader)  # the timer armed at the start is stopped
     buffer = generation.buffer
@@ -167,7 +165,7 @@ async def test_a_finished_producer_stops_watching_its_readers() -> None:
     buffer.put(End(Usage(1, 1)))
     await task
     await reader.aclose()  # type: ignore[attr-defined]
-    await asyncio.sleep(0.1)  # no timer: nothing is given up after the end
+    await asyncio.sleep(0.4)  # no timer: nothing is given up after the end
     assert ended == [EndState.FINISHED]
     assert producer.abandoned is None
     assert store._logs[ID].watcher is None  # the producer's call is gone
