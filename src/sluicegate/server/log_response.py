@@ -112,12 +112,12 @@ class LogStreamResponse:
         self._first = first
         self._batches = batches
         self._limits = limits
-        self._pushes = False  # batches come from read_pushed with _pushed
         self._sending = False  # a write is in flight (the task's or a heartbeat's)
         self._beat: asyncio.Task[None] | None = None  # a heartbeat's or pushed write
         self._failure: BaseException | None = None  # met by a pushed write
-        # What a pushed write needs (set while the response follows the log):
-        # the body's send, its watch, its race, the reader's task and context.
+        # What a write from outside the reader's task needs (a pushed frame, a
+        # heartbeat), set while the response follows the log: the body's
+        # send, its watch, its race, the reader's task and context.
         self._pushing: (
             tuple[
                 Send,
@@ -128,7 +128,6 @@ class LogStreamResponse:
             ]
             | None
         ) = None
-        self._writing: tuple[Send, WriteWatch] | None = None  # while following
         self.cut: str | None = None
         """Why the reader was cut (``None``: it read to the end)."""
         self.answered: Callable[[int], None] | None = None
@@ -162,7 +161,6 @@ class LogStreamResponse:
             batches = store.read(response_id, owner, after)
         else:
             batches = read_pushed(response_id, owner, after, response._pushed)
-            response._pushes = True
         response._batches = batches
         with contextlib.suppress(StopAsyncIteration):  # a log that ended
             response._first = await anext(batches)
@@ -214,12 +212,9 @@ class LogStreamResponse:
                 self._heartbeat_due,
                 stuck,
             )
-            self._writing = (send, watch)
-            if self._pushes:
-                context = contextvars.copy_context()
-                task = asyncio.current_task()
-                assert task is not None  # DisconnectRace made sure of it
-                self._pushing = (send, watch, race, task, context)
+            task = asyncio.current_task()
+            assert task is not None  # DisconnectRace made sure of it
+            self._pushing = (send, watch, race, task, contextvars.copy_context())
             try:
                 await self._write(self._first, send, watch)
                 async for batch in self._batches:  # once per token: kept flat
@@ -264,10 +259,10 @@ class LogStreamResponse:
                 watch.cancel()
                 if self._beat is not None:
                     self._beat.cancel()
-                # No cycle outlives the response: the watch holds
-                # _heartbeat_due, and a pushed write's failure not raised (the
-                # reader was cut) a traceback that holds this response.
-                self._writing = None
+                # No cycle outlives the response: _pushing holds the watch,
+                # which holds _heartbeat_due, and a pushed write's failure not
+                # raised (the reader was cut) a traceback that holds this
+                # response.
                 self._failure = None
         if race.reason is not None:
             self.cut = race.reason
@@ -360,9 +355,9 @@ class LogStreamResponse:
 
     def _heartbeat_due(self) -> None:
         """``WriteWatch``'s poke on silence, while the response follows the log."""
-        writing = self._writing
-        if writing is not None:
-            self._start_heartbeat(*writing)
+        pushing = self._pushing
+        if pushing is not None:
+            self._start_heartbeat(pushing[0], pushing[1])
 
     def _start_heartbeat(self, send: Send, watch: WriteWatch) -> None:
         """``WriteWatch``'s poke on silence: one ``: keep-alive``, in a task of
