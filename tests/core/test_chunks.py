@@ -4,6 +4,8 @@ import orjson
 import pytest
 
 from sluicegate.core.chunks import (
+    MAX_INT,
+    MIN_INT,
     Endpoint,
     ResponseHeader,
     chat_chunk,
@@ -37,6 +39,33 @@ def test_dumps_writes_finish_reasons_as_wire_strings() -> None:
 def test_dumps_rejects_a_lone_surrogate() -> None:
     with pytest.raises(TypeError):
         dumps("\ud800")
+    with pytest.raises(TypeError):  # an integer to clamp does not excuse it
+        dumps(["\ud800", 2**70])
+
+
+def test_dumps_writes_an_integer_past_64_bits_as_the_nearest_bound() -> None:
+    payload = {"usage": {"a": 2**64, "b": -(2**70), "c": 7}, "n": [2**65, (1, 2**99)]}
+    assert orjson.loads(dumps(payload)) == {
+        "usage": {"a": MAX_INT, "b": MIN_INT, "c": 7},
+        "n": [MAX_INT, [1, MAX_INT]],
+    }
+    assert payload["usage"] == {"a": 2**64, "b": -(2**70), "c": 7}  # not changed
+
+
+def test_dumps_clamps_every_integer_once_one_is_past_64_bits() -> None:
+    # orjson writes up to 2**64 - 1 as it is; once a frame needs the clamp,
+    # every integer of it is within the signed range (one bound for a frame).
+    usage = usage_chunk(CHAT, Usage(2**63 + 5, 2**64))
+    assert orjson.loads(dumps(usage))["usage"] == {
+        "prompt_tokens": MAX_INT,
+        "completion_tokens": MAX_INT,
+        "total_tokens": MAX_INT,
+    }
+    assert orjson.loads(dumps(usage_chunk(CHAT, Usage(MAX_INT, 1))))["usage"] == {
+        "prompt_tokens": MAX_INT,
+        "completion_tokens": 1,
+        "total_tokens": MAX_INT + 1,  # orjson writes it: no clamp needed
+    }
 
 
 def test_chat_chunk_has_openai_fields_in_order() -> None:

@@ -38,6 +38,8 @@ from sluicegate.core.logprobs import (
 )
 
 __all__ = [
+    "MAX_INT",
+    "MIN_INT",
     "Endpoint",
     "ResponseHeader",
     "chat_chunk",
@@ -93,6 +95,12 @@ class ResponseHeader:
     prompt_tokens: int = 0
 
 
+MIN_INT = -(2**63)
+MAX_INT = 2**63 - 1
+"""The integers ``dumps`` writes as they are (signed 64-bit: what every JSON
+reader that parses integers into a machine word takes)."""
+
+
 def dumps(obj: Any) -> bytes:
     """Compact UTF-8 JSON (no spaces, non-ASCII kept as UTF-8).
 
@@ -100,11 +108,38 @@ def dumps(obj: Any) -> bytes:
     contains a line end; U+2028 and U+2029 are kept as UTF-8 (valid JSON, and not
     line ends in an event stream).
 
+    An integer orjson cannot write (past 64 bits: an upstream's usage, say) does
+    not fail the frame: when ``obj`` holds one, every integer of ``obj`` outside
+    ``MIN_INT..MAX_INT`` is written as the nearest bound instead.
+
     Raises:
         TypeError: ``obj`` holds a value JSON cannot represent, or a ``str`` with
             a lone surrogate (``orjson.JSONEncodeError`` is a ``TypeError``).
     """
-    return orjson.dumps(obj)
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        clamped = _clamp_ints(obj)
+        if clamped is obj:  # not an integer's fault
+            raise
+        return orjson.dumps(clamped)
+
+
+def _clamp_ints(obj: Any) -> Any:
+    """``obj`` with every ``int`` outside ``MIN_INT..MAX_INT`` clamped into it,
+    in copies of the dicts and lists that hold one; ``obj`` itself if none."""
+    if type(obj) is int:
+        if MIN_INT <= obj <= MAX_INT:
+            return obj
+        return MAX_INT if obj > 0 else MIN_INT
+    if isinstance(obj, dict):
+        items = {key: _clamp_ints(value) for key, value in obj.items()}
+        same = all(items[key] is value for key, value in obj.items())
+        return obj if same else items
+    if isinstance(obj, list | tuple):
+        values = [_clamp_ints(value) for value in obj]
+        return obj if all(a is b for a, b in zip(values, obj, strict=True)) else values
+    return obj
 
 
 def _head(header: ResponseHeader, object_: str) -> dict[str, Any]:

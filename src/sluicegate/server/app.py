@@ -295,6 +295,7 @@ class _Routes:
         self.live = LiveStreams()
         self.drain = Drain(self.live)
         self.metrics_ = Metrics(engine, self.live, [m.engine for m in self.models])
+        self.metrics_.watch_ledger(self.ledger)
         self.access = Access(
             self.admission,
             api_keyed=bool(config.api_keys),

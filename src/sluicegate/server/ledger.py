@@ -22,6 +22,12 @@ Invariants:
       one row per refusal.
     - Rows carry a ``key_id`` (the key's name or hash), never an API key, and
       nothing of the prompt.
+    - Whatever numbers reach it (an upstream's usage past 64 bits, NaN, a
+      negative count), a row is written: a value neither SQLite nor PostgreSQL
+      can store is repaired first (``ledger_values.py``: clamped, logged,
+      counted in ``repaired_rows``, the usage marked estimated), and a
+      statement the database still refuses is dropped alone, logged and
+      counted (``write_errors``) while the writer goes on.
     - ``completion_tokens`` counts the tokens the server received from the
       engine, summed over choices, before and after an abort was asked for (the
       engine's in-flight step at the abort is counted by the engine as waste, in
@@ -44,6 +50,7 @@ Spec: docs/DESIGN.md, "Metering" and "End states"; SQLite, "Write-Ahead Logging"
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -52,11 +59,20 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from sluicegate.core.endstate import EndState
-from sluicegate.core.events import FinishReason
-from sluicegate.server.ledger_file import OPEN, connect
+from sluicegate.server.ledger_file import OPEN
+from sluicegate.server.ledger_read import read_rows, usage_totals
+from sluicegate.server.ledger_rows import NAMES, LedgerRow, UsageTotal
+from sluicegate.server.ledger_values import (
+    COUNTS,
+    TEXTS,
+    TIMES,
+    count,
+    describe,
+    repair,
+    when,
+)
 from sluicegate.server.ledger_writer import LedgerWriter
 
 if TYPE_CHECKING:
@@ -74,103 +90,27 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_NAMES = (
-    "request_id",
-    "key_id",
-    "endpoint",
-    "model",
-    "status",
-    "end_state",
-    "prompt_tokens",
-    "completion_tokens",
-    "finish_reasons",
-    "received_at",
-    "first_token_at",
-    "ended_at",
-    "usage_estimated",
-    "resumed",
-)
-_COLUMNS = ", ".join(_NAMES)
+_COLUMNS = ", ".join(NAMES)
 _INSERT = (
     f"INSERT INTO requests ({_COLUMNS}, server_id) "
-    f"VALUES ({', '.join('?' * (len(_NAMES) + 1))}) ON CONFLICT (request_id) "
+    f"VALUES ({', '.join('?' * (len(NAMES) + 1))}) ON CONFLICT (request_id) "
 )
 _OPEN_SQL = _INSERT + "DO NOTHING"
 _CLOSE_SQL = (
     _INSERT
     + "DO UPDATE SET "
-    + ", ".join(f"{name} = excluded.{name}" for name in (*_NAMES[1:], "server_id"))
+    + ", ".join(f"{name} = excluded.{name}" for name in (*NAMES[1:], "server_id"))
 )
 _PROGRESS_SQL = (
     "UPDATE requests SET completion_tokens = ?, first_token_at = ?, ended_at = ? "
     f"WHERE request_id = ? AND end_state = '{OPEN}'"
 )
 
+_CHECKED = (*TEXTS, *COUNTS, *TIMES)
+"""The fields ``ledger_values.repair`` checks (the rest are built here)."""
+
 Progress = Callable[[], tuple[int, float | None]]
 """A running request's completion tokens so far and its first token's Unix time."""
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerRow:
-    """One request, as it ended.
-
-    Attributes:
-        request_id: the response id (``chatcmpl-...``/``cmpl-...``).
-        endpoint: the URL path, e.g. ``/v1/chat/completions``.
-        model: the model name the response carries (``None`` if rejected before
-            the model was known).
-        status: the HTTP status sent (200 for every stream that started; 499
-            when the client left before any status was sent; 0 for a
-            non-streamed request whose server died before it answered).
-        end_state: rejected, finished, errored or aborted; ``truncated`` only
-            for a request whose server died before it ended (the client saw the
-            connection end early, as ``classify`` calls it).
-        prompt_tokens: prompt length (tokens; 0 if rejected before tokenizing).
-        completion_tokens: tokens received from the engine, summed over choices,
-            including those received before an abort or error (for
-            ``truncated``: as of the last progress write).
-        finish_reasons: per choice, its finish reason or ``None``.
-        received_at, first_token_at, ended_at: Unix times (seconds);
-            ``first_token_at`` is ``None`` when no token arrived. For
-            ``truncated``, ``ended_at`` is the last time the row was written (the
-            server was alive then).
-        key_id: the API key's id (``anonymous`` without keys), never the key.
-        usage_estimated: the token counts are an estimate, not the engine's own:
-            an upstream server's request cut short before it reported its usage
-            (what arrived is counted, one token per chunk where the upstream
-            gives no counts per chunk).
-        resumed: times a resumable stream was resumed (reads of its log after
-            the first connection's); 0 for every other request.
-    """
-
-    request_id: str
-    endpoint: str
-    model: str | None
-    status: int
-    end_state: EndState
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reasons: tuple[FinishReason | None, ...]
-    received_at: float
-    first_token_at: float | None
-    ended_at: float
-    key_id: str = "anonymous"
-    usage_estimated: bool = False
-    resumed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class UsageTotal:
-    """Totals of one (key, end state) pair; tokens in tokens.
-
-    ``end_state`` is ``OPEN`` (``"open"``) for requests still running.
-    """
-
-    key_id: str
-    end_state: EndState | Literal["open"]
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
 
 
 @dataclass(eq=False, slots=True)
@@ -223,6 +163,10 @@ class Ledger:
         self._max_backlog = max_backlog
         self._ticker: asyncio.TimerHandle | None = None
         self._writer: LedgerWriter | PgLedgerWriter | None = None
+        self._dropped_before = 0  # by a writer closed since
+        self.repaired_rows = 0
+        """Rows written with values repaired so that they could be stored
+        (``ledger_values.repair``), since the start."""
         if url is not None:
             if path is not None:
                 raise ValueError(f"expected a path or a URL, got both: {path}")
@@ -250,6 +194,13 @@ class Ledger:
         return 0 if self._writer is None else self._writer.backlog
 
     @property
+    def write_errors(self) -> int:
+        """Statements the writer could not write and dropped (each logged in
+        full), since the start; the rest were written."""
+        writer = self._writer
+        return self._dropped_before + (0 if writer is None else writer.dropped)
+
+    @property
     def behind(self) -> bool:
         """Whether ``max_backlog`` statements or more wait (the file is locked)."""
         return self._writer is not None and self._writer.backlog >= self._max_backlog
@@ -265,23 +216,46 @@ class Ledger:
         writer = self._writer
         if writer is None:
             return
+        row = self._storable(row)
         self._running[row.request_id] = _Running(progress, row.completion_tokens)
         writer.put(_OPEN_SQL, _values(row, OPEN, writer.server_id))
         if self._ticker is None:
             self._schedule(asyncio.get_running_loop())
 
-    def record(self, row: LedgerRow) -> None:
+    def record(self, row: LedgerRow) -> LedgerRow:
         """Append the ended ``row``; it goes to the file in order, off the loop.
 
         Never blocks and never raises for the file: a locked file is retried by
-        the writer thread (see ``ledger_writer.py``).
+        the writer thread (see ``ledger_writer.py``), and a value the file
+        cannot store is repaired first (``ledger_values.repair``: logged,
+        counted in ``repaired_rows``, the usage marked estimated).
+
+        Returns:
+            The row as kept: ``row``, or its repaired copy.
         """
+        row = self._storable(row)
         self._rows.append(row)
         writer = self._writer
         if writer is None:
-            return
+            return row
         self._running.pop(row.request_id, None)
         writer.put(_CLOSE_SQL, _values(row, str(row.end_state), writer.server_id))
+        return row
+
+    def _storable(self, row: LedgerRow) -> LedgerRow:
+        """``row``, or a copy whose values SQLite and PostgreSQL can store."""
+        fields = {name: getattr(row, name) for name in _CHECKED}
+        changed, problems = repair(fields)
+        if not changed:
+            return row
+        self.repaired_rows += 1
+        logger.warning(
+            "ledger: request %s has values no ledger can store (%s); written "
+            "repaired, its usage marked estimated",
+            describe(row.request_id),
+            "; ".join(problems),
+        )
+        return dataclasses.replace(row, **changed, usage_estimated=True)
 
     def find(self, request_id: str) -> LedgerRow | None:
         """The in-memory row of ``request_id``, or ``None``."""
@@ -309,6 +283,7 @@ class Ledger:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
+            self._dropped_before += writer.dropped
 
     async def aclose(self) -> None:
         """``close`` without blocking the event loop."""
@@ -316,6 +291,7 @@ class Ledger:
         writer, self._writer = self._writer, None
         if writer is not None:
             await asyncio.to_thread(writer.close)
+            self._dropped_before += writer.dropped
 
     def _stop_ticker(self) -> None:
         if self._ticker is not None:
@@ -334,7 +310,8 @@ class Ledger:
             tokens, first_token_at = running.progress()
             if tokens != running.tokens:
                 running.tokens = tokens
-                writer.put(_PROGRESS_SQL, (tokens, first_token_at, now, request_id))
+                params = (count(tokens), when(first_token_at), now, request_id)
+                writer.put(_PROGRESS_SQL, params)
         self._schedule(loop)
 
 
@@ -369,75 +346,5 @@ def _check_database(path: Path) -> None:
             sqlite3.SQLITE_LOCKED,
         ):
             raise
-    finally:
-        db.close()
-
-
-def read_rows(path: Path) -> list[LedgerRow]:
-    """Every ended row of the ledger file at ``path``, in order of end.
-
-    Rows still ``open`` (their requests run) are left out; the rows a dead
-    server left open are here once a server has opened the file since
-    (``truncated``).
-
-    Raises:
-        sqlite3.Error: not a ledger file.
-    """
-    db = connect(path)
-    try:
-        # A file no server of this version has opened yet lacks the newer
-        # columns: read them as their defaults.
-        present = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
-        columns = ", ".join(n if n in present else "0" for n in _NAMES)
-        cursor = db.execute(
-            f"SELECT {columns} FROM requests WHERE end_state != '{OPEN}' "
-            "ORDER BY ended_at"
-        )
-        return [_row(values) for values in cursor]
-    finally:
-        db.close()
-
-
-def _row(values: tuple[object, ...]) -> LedgerRow:
-    (rid, key_id, endpoint, model, status, state, prompt, completion) = values[:8]
-    reasons, received, first, ended, estimated, resumed = values[8:]
-    assert isinstance(reasons, str)
-    return LedgerRow(
-        request_id=str(rid),
-        endpoint=str(endpoint),
-        model=None if model is None else str(model),
-        status=int(str(status)),
-        end_state=EndState(str(state)),
-        prompt_tokens=int(str(prompt)),
-        completion_tokens=int(str(completion)),
-        finish_reasons=tuple(r and FinishReason(r) for r in json.loads(reasons)),
-        received_at=float(str(received)),
-        first_token_at=None if first is None else float(str(first)),
-        ended_at=float(str(ended)),
-        key_id=str(key_id),
-        usage_estimated=bool(estimated),
-        resumed=int(str(resumed)),
-    )
-
-
-def usage_totals(path: Path) -> list[UsageTotal]:
-    """Requests and tokens per (key id, end state), sorted by key then state.
-
-    Requests still running are counted under ``OPEN``.
-
-    Raises:
-        sqlite3.Error: not a ledger file.
-    """
-    db = connect(path)
-    try:
-        cursor = db.execute(
-            "SELECT key_id, end_state, COUNT(*), SUM(prompt_tokens), "
-            "SUM(completion_tokens) FROM requests "
-            "GROUP BY key_id, end_state ORDER BY key_id, end_state"
-        )
-        return [
-            UsageTotal(key, OPEN if state == OPEN else EndState(state), n, p, c)
-            for key, state, n, p, c in cursor
-        ]
     finally:
         db.close()

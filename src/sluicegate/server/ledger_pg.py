@@ -14,9 +14,11 @@ Invariants:
     - A statement leaves the queue for good only once committed, in the order
       put. Retries back off from 10 ms to 1 s for as long as the process
       lives; a warning is logged at the first failure, every 30 s after, and
-      once the rows are committed. Only a statement PostgreSQL refuses for its
-      own data or text (a constraint, a type: a bug) is dropped, alone, and
-      logged in full.
+      once the rows are committed. Only a statement that cannot be written
+      whatever the retries is dropped, alone (the batch is halved until it is
+      found), logged in full and counted (``dropped``): PostgreSQL refuses it
+      for its own data or text (a constraint, a type, a number out of range),
+      or psycopg cannot send its values. No statement ends the thread.
     - Before any row, and again on every reconnection: the schema is created
       or completed, and this writer's lease taken (``ledger_pg_schema.py``).
       Every ``heartbeat_interval_s`` the lease is renewed and the open rows of
@@ -73,6 +75,7 @@ from sluicegate.server.ledger_pg_schema import (
     renew,
     translate,
 )
+from sluicegate.server.ledger_values import plain
 
 __all__ = ["PgLedgerWriter"]
 
@@ -143,6 +146,8 @@ class PgLedgerWriter:
         self._close_timeout_s = close_timeout_s
         self._queue: queue.SimpleQueue[Statement | _Flush | _Stop] = queue.SimpleQueue()
         self._in_hand = 0  # statements taken off the queue, not committed yet
+        self.dropped = 0
+        """Statements that could not be written and were dropped (logged)."""
         self._abandon = threading.Event()
         self._db: _Db | None = None
         self._renewed_at = float("-inf")  # time.monotonic() of the last renewal
@@ -242,16 +247,30 @@ class PgLedgerWriter:
     def _commit(self, batch: Sequence[Statement]) -> None:
         try:
             self._retry(lambda db: _transaction(db, batch), "write rows")
-        except _REFUSED as exc:
-            if len(batch) > 1:  # find the statement PostgreSQL refuses; keep the rest
-                for statement in batch:
-                    self._commit([statement])
+        except _Abandoned:
+            raise
+        except Exception as exc:  # the statement itself: see _drop
+            if len(batch) > 1:  # find the statement it was (halves); keep the rest
+                half = len(batch) // 2
+                self._commit(batch[:half])
+                self._commit(batch[half:])
                 return
-            logger.error(
-                "ledger: PostgreSQL refuses a row (%s); dropped: %s",
-                exc,
-                _describe(batch[0]),
-            )
+            self._drop(batch[0], exc)
+
+    def _drop(self, statement: Statement, exc: Exception) -> None:
+        """One statement that cannot be written, whatever retries: PostgreSQL
+        refuses it (a constraint, a type, a value out of range: SQLSTATE 22,
+        23, 42), or psycopg cannot send its values (a lone surrogate). It is
+        logged in full and counted; the thread goes on with the rest. Any
+        exception counts: a statement must never end the thread that writes
+        every later row."""
+        self.dropped += 1
+        logger.error(
+            "ledger: a row cannot be written (%s: %s); dropped: %s",
+            type(exc).__name__,
+            exc,
+            _describe(statement),
+        )
 
     def _retry(self, work: Callable[[_Db], _T], what: str) -> _T:
         """``work(db)`` until PostgreSQL stops refusing it for a reason that may
@@ -355,5 +374,7 @@ def _psycopg_sql(sql: str) -> bytes:
 
 
 def _describe(statement: Statement) -> str:
+    """A statement as one JSON line: its first words and its values, each value
+    that is not a plain JSON scalar (or is a long one) by its short ``repr``."""
     sql, params = statement
-    return json.dumps({"sql": " ".join(sql.split()[:3]), "params": list(params)})
+    return json.dumps({"sql": " ".join(sql.split()[:3]), "params": plain(params)})

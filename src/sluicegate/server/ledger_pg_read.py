@@ -1,9 +1,11 @@
 """Reading the PostgreSQL ledger: its ended rows and its totals per key.
 
-The twins of ``ledger.read_rows`` and ``ledger.usage_totals`` for a ledger URL:
-the same queries, rows and totals, so ``sluicegate usage`` prints the same
-table over a file or a database that hold the same rows. The schema is made
-first if missing (an empty ledger reads as empty, as a new SQLite file does).
+The twins of ``ledger_read.read_rows`` and ``ledger_read.usage_totals`` for a
+ledger URL: the same queries, rows and totals, so ``sluicegate usage`` prints the
+same table over a file or a database that hold the same rows. Sums are exact
+(``numeric``), and an end state this version does not know is kept as written.
+The schema is made first if missing (an empty ledger reads as empty, as a new
+SQLite file does).
 
 Spec: docs/DESIGN.md, "Metering"; libpq, "Connection URIs".
 """
@@ -12,9 +14,10 @@ from __future__ import annotations
 
 import psycopg
 
-from sluicegate.core.endstate import EndState
-from sluicegate.server.ledger import _NAMES, OPEN, LedgerRow, UsageTotal, _row
+from sluicegate.server.ledger_file import OPEN
 from sluicegate.server.ledger_pg_schema import ensure_schema
+from sluicegate.server.ledger_read import row_of, total_of
+from sluicegate.server.ledger_rows import NAMES, LedgerRow, UsageTotal
 
 __all__ = ["read_rows", "usage_totals"]
 
@@ -44,10 +47,10 @@ def read_rows(url: str) -> list[LedgerRow]:
     """
     with _connect(url) as db:
         cursor = db.execute(
-            f"SELECT {', '.join(_NAMES)} FROM requests "
+            f"SELECT {', '.join(NAMES)} FROM requests "
             f"WHERE end_state != '{OPEN}' ORDER BY ended_at"
         )
-        return [_row(values) for values in cursor]
+        return [row_of(values) for values in cursor]
 
 
 def usage_totals(url: str) -> list[UsageTotal]:
@@ -60,19 +63,11 @@ def usage_totals(url: str) -> list[UsageTotal]:
     """
     with _connect(url) as db:
         cursor = db.execute(
-            # SUM of bigint is numeric in PostgreSQL: back to bigint. COLLATE "C"
-            # sorts by code point, as SQLite does.
-            "SELECT key_id, end_state, COUNT(*), SUM(prompt_tokens)::bigint, "
-            "SUM(completion_tokens)::bigint FROM requests GROUP BY key_id, end_state "
+            # SUM of bigint is numeric in PostgreSQL: exact, however many rows
+            # near 64 bits it adds. COLLATE "C" sorts by code point, as SQLite
+            # does.
+            "SELECT key_id, end_state, COUNT(*), SUM(prompt_tokens), "
+            "SUM(completion_tokens) FROM requests GROUP BY key_id, end_state "
             'ORDER BY key_id COLLATE "C", end_state COLLATE "C"'
         )
-        return [
-            UsageTotal(
-                str(key),
-                OPEN if state == OPEN else EndState(str(state)),
-                int(str(n)),
-                int(str(p)),
-                int(str(c)),
-            )
-            for key, state, n, p, c in cursor
-        ]
+        return [total_of(*values) for values in cursor]

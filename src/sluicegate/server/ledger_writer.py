@@ -13,8 +13,12 @@ Invariants:
     - A statement leaves the queue for good only once committed, in the order
       put. Retries back off from 10 ms to 1 s, for as long as the process lives;
       a warning is logged at the first failure and every 30 s after, and once
-      the batch is committed. Only a statement SQLite refuses for its own data
-      (a constraint: a bug) is dropped, alone, and logged in full.
+      the batch is committed. Only a statement that cannot be written whatever
+      the retries is dropped, alone (the batch is halved until it is found),
+      logged in full and counted (``dropped``): SQLite refuses it for its own
+      data (a constraint: a bug), or its values cannot be bound (an integer past
+      64 bits, a lone surrogate; ``Ledger`` repairs these first). No statement
+      ends the thread.
     - At start, before any row: the schema is created or migrated (version 1,
       the first release's table, gets ``server_id`` and an index of open rows;
       version 2 gets ``usage_estimated``: ``ledger_file.py``),
@@ -63,6 +67,7 @@ from sluicegate.server.ledger_locks import (
     servers_dir,
     sweep_locks,
 )
+from sluicegate.server.ledger_values import plain
 
 __all__ = ["LedgerWriter"]
 
@@ -107,6 +112,8 @@ class LedgerWriter:
         self._close_timeout_s = close_timeout_s
         self._queue: queue.SimpleQueue[Statement | _Flush | _Stop] = queue.SimpleQueue()
         self._in_hand = 0  # statements taken off the queue, not committed yet
+        self.dropped = 0
+        """Statements that could not be written and were dropped (logged)."""
         self._abandon = threading.Event()
         self._lock_fd = hold_lock(servers_dir(path), self.server_id)
         self._thread = threading.Thread(
@@ -211,16 +218,29 @@ class LedgerWriter:
     def _commit(self, db: sqlite3.Connection, batch: Sequence[Statement]) -> None:
         try:
             self._retry(lambda: transaction(db, batch), "write rows")
-        except _REFUSED as exc:
-            if len(batch) > 1:  # find the statement SQLite refuses; keep the rest
-                for statement in batch:
-                    self._commit(db, [statement])
+        except _Abandoned:
+            raise
+        except Exception as exc:  # the statement itself: see _drop
+            if len(batch) > 1:  # find the statement it was (halves); keep the rest
+                half = len(batch) // 2
+                self._commit(db, batch[:half])
+                self._commit(db, batch[half:])
                 return
-            logger.error(
-                "ledger: SQLite refuses a row (%s); dropped: %s",
-                exc,
-                _describe(batch[0]),
-            )
+            self._drop(batch[0], exc)
+
+    def _drop(self, statement: Statement, exc: Exception) -> None:
+        """One statement that cannot be written, whatever retries: SQLite
+        refuses it (a constraint: a bug), or its values cannot be bound (an
+        integer past 64 bits, a string it cannot encode). It is logged in full
+        and counted; the thread goes on with the rest. Any exception counts:
+        a statement must never end the thread that writes every later row."""
+        self.dropped += 1
+        logger.error(
+            "ledger: a row cannot be written (%s: %s); dropped: %s",
+            type(exc).__name__,
+            exc,
+            _describe(statement),
+        )
 
     def _retry(self, work: Callable[[], _T], what: str) -> _T:
         """``work()`` until SQLite stops refusing it for a reason that may pass."""
@@ -274,7 +294,13 @@ class LedgerWriter:
         )
         owners = [owner for (owner,) in cursor]
         folder = servers_dir(self.path)
-        dead = [o for o in owners if o != self.server_id and not alive(folder, o)]
+        # A server_id that is not text (a row another program wrote) names no
+        # lock: its rows are a dead server's.
+        dead = [
+            o
+            for o in owners
+            if o != self.server_id and not (isinstance(o, str) and alive(folder, o))
+        ]
         if not dead:
             sweep_locks(folder)
             return
@@ -329,5 +355,7 @@ _REFUSED = (
 
 
 def _describe(statement: Statement) -> str:
+    """A statement as one JSON line: its first words and its values, each value
+    that is not a plain JSON scalar (or is a long one) by its short ``repr``."""
     sql, params = statement
-    return json.dumps({"sql": " ".join(sql.split()[:3]), "params": list(params)})
+    return json.dumps({"sql": " ".join(sql.split()[:3]), "params": plain(params)})

@@ -78,10 +78,10 @@ class Meter:
     def record(self, state: EndState, status: int) -> None:
         """Append this request's row to the ledger (once)."""
         self.recorded = True
-        row = self._row(state, status)
+        # As kept: a count no ledger can store (an upstream's) is repaired there.
+        row = self.ledger.record(self._row(state, status))
         if self.grant is not None:  # give back what was reserved and not used
             self.grant.release(row.prompt_tokens + row.completion_tokens)
-        self.ledger.record(row)
         if self.metrics is not None:
             self.metrics.observe(row)
 

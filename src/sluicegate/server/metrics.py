@@ -10,7 +10,8 @@ scrape time: active streams, content bytes buffered for slow clients, heartbeats
 sent, coalesced events and slow-client aborts (``LiveStreams``); the engine's
 queue depth, running sequences, KV cells used and total, and its generated,
 wasted and aborted counters (``EngineStats``); resumable streams' producers,
-resumes, streams given up and the memory store's bytes (``ResumableStreams``).
+resumes, streams given up and the memory store's bytes (``ResumableStreams``);
+the ledger's statements dropped and rows repaired (``Ledger``).
 
 Sampled while the app runs (``Metrics.watch_loop``): how late the event loop runs
 a timer, ``sluicegate_event_loop_lag_seconds``. One core runs every stream's
@@ -54,6 +55,7 @@ from sluicegate.server.ledger import LedgerRow
 __all__ = [
     "CONTENT_TYPE",
     "LOOP_LAG_INTERVAL_S",
+    "LedgerCounts",
     "LoopLag",
     "Metrics",
     "ResumableCounts",
@@ -185,6 +187,11 @@ class Metrics:
         ``nbytes`` count, at every scrape (``sluicegate_resumable_*``)."""
         self.registry.register(_Resumable(streams, store))
 
+    def watch_ledger(self, ledger: LedgerCounts) -> None:
+        """Export ``ledger``'s write errors and repaired rows at every scrape
+        (``sluicegate_ledger_*``)."""
+        self.registry.register(_Ledger(ledger))
+
     def render(self) -> bytes:
         """The text exposition of every metric (``CONTENT_TYPE``)."""
         return generate_latest(self.registry)
@@ -305,6 +312,37 @@ class _Resumable(Collector):
             "Resumable streams aborted by the server: no reader within the grace "
             "period, or a full buffer",
             value=streams.given_up,
+        )
+
+
+class LedgerCounts(Protocol):
+    """What ``Metrics.watch_ledger`` reads per scrape (``Ledger``)."""
+
+    @property
+    def write_errors(self) -> int: ...
+
+    repaired_rows: int
+
+
+class _Ledger(Collector):
+    """The ledger's rows that could not be written as they were, per scrape."""
+
+    def __init__(self, ledger: LedgerCounts) -> None:
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "sluicegate_ledger_write_errors",
+            "Ledger statements the database could not take and that were dropped "
+            "(each logged in full); the writer went on with the rest",
+            value=self._ledger.write_errors,
+        )
+        yield CounterMetricFamily(
+            "sluicegate_ledger_repaired_rows",
+            "Ledger rows written with values repaired so that they could be "
+            "stored (a count past 64 bits, NaN, a negative, text a database "
+            "refuses); each logged, its usage marked estimated",
+            value=self._ledger.repaired_rows,
         )
 
 
