@@ -32,8 +32,10 @@ BINARY = "/usr/bin/redis-server"
 class RedisServer:
     """One ``redis-server`` process serving ``root`` (a temp dir) on loopback."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *options: str) -> None:
         self.root = root
+        self.options = options
+        """More ``redis-server`` options (``--maxmemory 1mb``), after ours."""
         self.port = free_port()
         self.log_path = root / "redis.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -54,6 +56,7 @@ class RedisServer:
             *("--port", str(self.port), "--bind", "127.0.0.1"),
             *("--save", "", "--appendonly", "no", "--dir", str(self.root)),
             *("--logfile", str(self.log_path)),
+            *self.options,
         ]
         self.process = subprocess.Popen(command)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -75,6 +78,14 @@ class RedisServer:
                 return sock.recv(65536)
         except OSError:
             return b""
+
+    def kill(self) -> None:
+        """Kill the server at once (SIGKILL: no shutdown, nothing saved); ``start``
+        runs it again on the same port, empty."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(STOP_TIMEOUT_S)
 
     def stop(self) -> None:
         """Stop the server (SIGTERM; SIGKILL if it lingers)."""

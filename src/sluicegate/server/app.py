@@ -425,7 +425,12 @@ class _Routes:
         plan = meter.plan
         assert plan is not None, "_admit() plans before it starts a generation"
         if self.resumable.wanted(plan):
-            return await self.resumable.start(generation, plan, meter, ended)
+            try:
+                return await self.resumable.start(generation, plan, meter, ended)
+            except Unavailable as exc:  # the store failed before the first byte
+                response = errors(exc, self.config.retry_after_s)
+                meter.record(EndState.REJECTED, response.status_code)
+                return response
         if plan.stream:
             return self._event_stream(generation, plan, meter)
         return CompletionResponse(

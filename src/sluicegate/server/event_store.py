@@ -46,6 +46,9 @@ from typing import Protocol
 from sluicegate.core.errors import RequestError, SluicegateError
 
 __all__ = [
+    "STORE_FULL",
+    "STORE_LOST",
+    "STORE_UNAVAILABLE",
     "Bound",
     "CursorEvicted",
     "EventStore",
@@ -58,6 +61,7 @@ __all__ = [
     "RemoteCancel",
     "StoreError",
     "StoreFull",
+    "store_error_code",
 ]
 
 
@@ -78,7 +82,25 @@ class ProducerLost(StoreError):
 
 
 class StoreFull(StoreError):
-    """No room for a new log: the live logs alone fill the store's bound."""
+    """No room for a new log: the live logs alone fill the store's bound (or
+    the shared store's own memory is full)."""
+
+
+STORE_FULL = "resume_store_full"
+"""Error code (503 before the first byte, in band after it) of ``StoreFull``."""
+STORE_UNAVAILABLE = "resume_store_unavailable"
+"""Error code of any other failure of a shared store (``StoreError``)."""
+
+
+STORE_LOST = "The store of this resumable stream failed; the stream cannot go on"
+"""The message of the in-band error that ends a stream whose store failed (the
+store's own text names hosts: it goes to the log, not to the client)."""
+
+
+def store_error_code(exc: StoreError) -> str:
+    """The error code a client gets for ``exc``: ``STORE_FULL`` for a full
+    store, ``STORE_UNAVAILABLE`` for any other failure."""
+    return STORE_FULL if isinstance(exc, StoreFull) else STORE_UNAVAILABLE
 
 
 class IdempotencyConflict(RequestError):

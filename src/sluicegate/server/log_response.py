@@ -31,6 +31,10 @@ Invariants:
       left): a write started then could never be finished.
     - When the producer's replica dies (``ProducerLost``, a shared store only),
       the reader writes one in-band error event (``producer_lost``), then ends.
+    - When the shared store fails under the reader (Redis killed, restarted
+      or full: any other ``StoreError``), the reader writes one in-band error
+      event (``resume_store_unavailable``, ``resume_store_full`` when full;
+      no ``id:``, no ``[DONE]``), then ends its body cleanly.
     - Pushed or not, each frame is written once, in sequence order; a failure of
       a pushed write other than a broken connection is raised by the reader's
       task at its next batch or at the log's end.
@@ -60,10 +64,13 @@ from sluicegate.core.chunks import dumps, error_payload
 from sluicegate.core.sse import encode_comment
 from sluicegate.server.disconnect import DisconnectRace
 from sluicegate.server.event_store import (
+    STORE_LOST,
     CursorEvicted,
     EventStore,
     Frames,
     ProducerLost,
+    StoreError,
+    store_error_code,
 )
 from sluicegate.server.sse_response import BODY_SEND, SSE_HEADERS
 from sluicegate.server.streaming import StreamLimits
@@ -252,6 +259,12 @@ class LogStreamResponse:
                     None,
                     PRODUCER_LOST,
                 )
+                await self._send(send, b"data: " + dumps(payload) + b"\n\n", watch)
+                return True
+            except StoreError as exc:  # the shared store failed: gone, or full
+                logger.warning("reader of %s ended: %s", self.response_id, exc)
+                code = store_error_code(exc)
+                payload = error_payload(STORE_LOST, "server_error", None, code)
                 await self._send(send, b"data: " + dumps(payload) + b"\n\n", watch)
                 return True
             finally:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from sluicegate.server.event_store import StoreError
+from sluicegate.server.event_store import StoreError, StoreFull
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COMMAND_TIMEOUT_S",
     "CONNECT_TIMEOUT_S",
+    "RedisFull",
     "RedisUnavailable",
     "connect",
     "redis_errors",
@@ -46,6 +47,12 @@ tail, so few are in use at once; past it a command waits for one (at most
 class RedisUnavailable(StoreError):
     """Redis cannot be reached, or answered with an error (503 before the first
     byte, an in-band error after it)."""
+
+
+class RedisFull(RedisUnavailable, StoreFull):
+    """Redis refused a write: its memory is at ``maxmemory`` (with
+    ``noeviction``). A ``StoreFull``: 503 ``resume_store_full`` before the first
+    byte, the same code in band after it."""
 
 
 def connect(url: str) -> Redis:
@@ -76,14 +83,17 @@ def connect(url: str) -> Redis:
 @contextmanager
 def redis_errors(doing: str) -> Iterator[None]:
     """Raise ``RedisUnavailable`` (naming ``doing``) for any Redis or socket
-    failure inside the block.
+    failure inside the block; ``RedisFull`` for a write Redis refused at
+    ``maxmemory``.
 
     Raises:
         RedisUnavailable: from the redis-py error or ``OSError`` it replaces.
     """
-    from redis.exceptions import RedisError
+    from redis.exceptions import OutOfMemoryError, RedisError
 
     try:
         yield
+    except OutOfMemoryError as exc:
+        raise RedisFull(f"Redis is full (maxmemory) while {doing}") from exc
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"Redis failed while {doing}: {exc}") from exc

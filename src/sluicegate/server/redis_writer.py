@@ -14,7 +14,13 @@ Invariants:
       round trip on a token's way), numbered by this server; they stay in
       ``unflushed`` until Redis took them, for a follower that joins to catch up.
     - A flush that fails breaks every log it carried: their followers here end
-      with ``RedisUnavailable``, and their next ``append`` raises it.
+      with ``RedisUnavailable`` (``RedisFull`` when Redis is at ``maxmemory``),
+      and their next ``append`` raises it. So does a flush that finds a live
+      log produced here gone from Redis (restarted without persistence,
+      flushed, evicted): the log is lost, never silently fed into nothing.
+    - ``finish`` ends this server's readers of a log produced here at once
+      (they have every frame): a flush that fails after it does not put an
+      error after their last frame.
     - At most ``MAX_QUEUED_BYTES`` of frames wait for Redis before ``append``
       waits too (twice that, and ``append_nowait`` raises).
 
@@ -159,10 +165,26 @@ class LogWriter:
         await self._flush_soon()
 
     async def finish(self, response_id: str) -> None:
-        """See ``EventStore.finish``: after the frames queued before it."""
+        """See ``EventStore.finish``: after the frames queued before it. The
+        readers here of a log produced here have every frame already: they end
+        now, whatever becomes of the flush.
+
+        Raises:
+            RedisUnavailable: the flush that carried it failed (the log is
+                forgotten here: no more leases; readers elsewhere learn that
+                its producer was lost).
+        """
         self._broken.pop(response_id, None)
+        end_seq = self._next.get(response_id)
+        if end_seq is not None:
+            self._tail.feed_end(response_id, end_seq)
         self._queue(response_id).finish = True
-        await self._flush_soon()
+        try:
+            await self._flush_soon()
+        except RedisUnavailable:
+            self._forget_local(response_id)
+            self._broken.pop(response_id, None)
+            raise
 
     async def aclose(self) -> None:
         """Send what is queued, then stop the flusher."""
@@ -266,10 +288,23 @@ class LogWriter:
                 elif result >= 0:  # a log produced elsewhere (not by this store)
                     tail.feed(response_id, result - len(frames), frames)
             if result < 0:  # gone or finished elsewhere: readers learn it by checks
+                if frames is not None and response_id in self._live:
+                    self._lose(response_id)
                 self._forget_local(response_id)
             elif frames is None:
                 self._forget_local(response_id)
                 tail.feed_end(response_id, result)
+
+    def _lose(self, response_id: str) -> None:
+        """A log produced here and not finished is gone from Redis (a restart
+        without persistence, a flush, an eviction): it is broken, as by a
+        failed flush, so its producer's next append raises and its readers
+        here end with the same error."""
+        error = RedisUnavailable(
+            f"Redis lost the log of {response_id!r} (restarted, flushed or evicted)"
+        )
+        self._broken[response_id] = error
+        self._tail.fail(response_id, error)
 
     def _forget_local(self, response_id: str) -> None:
         self._live.discard(response_id)

@@ -56,7 +56,7 @@ from sluicegate.server.event_store import (
     IdempotencyConflict,
     LogNotFound,
     StoreError,
-    StoreFull,
+    store_error_code,
 )
 from sluicegate.server.event_store_memory import MemoryEventStore
 from sluicegate.server.generation import Generation
@@ -210,13 +210,17 @@ class ResumableStreams:
             on_cancel(self._cancel_here)
 
     def unavailable(self, exc: StoreError) -> Response:
-        """The 503 ``resume_store_unavailable`` (with ``Retry-After``) of a
-        shared store that cannot be reached."""
-        payload = error_payload(
-            str(exc), "server_error", None, "resume_store_unavailable"
-        )
+        """The 503 (with ``Retry-After``) of a shared store that cannot be
+        reached (``resume_store_unavailable``) or is full
+        (``resume_store_full``)."""
+        payload = error_payload(str(exc), "server_error", None, store_error_code(exc))
         retry = {"Retry-After": str(self._config.retry_after_s)}
         return json_answer(payload, 503, retry)
+
+    def refusal(self, exc: StoreError) -> Unavailable:
+        """What a request is refused with before its first byte when the store
+        failed: 503 with ``Retry-After`` and ``store_error_code(exc)``."""
+        return Unavailable(str(exc), store_error_code(exc), self._config.retry_after_s)
 
     def wanted(self, plan: Plan) -> bool:
         """Whether ``plan``'s response is resumable (a stream that asked, or the
@@ -254,14 +258,8 @@ class ResumableStreams:
         response_id = plan.header.id
         try:
             bound = await self.store.create(response_id, owner, claim)
-        except StoreFull as exc:
-            raise Unavailable(
-                str(exc), "resume_store_full", self._config.retry_after_s
-            ) from exc
-        except StoreError as exc:  # the shared store cannot be reached
-            raise Unavailable(
-                str(exc), "resume_store_unavailable", self._config.retry_after_s
-            ) from exc
+        except StoreError as exc:  # full, or a shared store that cannot be reached
+            raise self.refusal(exc) from exc
         if bound is None:
             return
         assert claim is not None, "only a claim finds a bound log"
@@ -292,8 +290,13 @@ class ResumableStreams:
             "not_started",
         )
         response_id = plan.header.id
-        await self.store.append(response_id, [b"data: " + dumps(payload) + b"\n\n"])
-        await self.store.finish(response_id)
+        try:
+            await self.store.append(response_id, [b"data: " + dumps(payload) + b"\n\n"])
+            await self.store.finish(response_id)
+        except StoreError:  # the shared store failed too: the log lapses
+            logger.warning(
+                "log of unstarted %s not closed: the store failed", response_id
+            )
 
     async def start(
         self,
@@ -308,6 +311,12 @@ class ResumableStreams:
             ended: awaited with the stream machine once it ended, before its
                 log is finished (``Producer``'s ``ended``). A ``background``
                 plan's producer never gives up for want of a reader.
+
+        Raises:
+            Unavailable: the store failed before the first reader could attach
+                (Redis full or gone between ``open`` and now): the generation
+                is aborted, the grant refunded and the log closed (best
+                effort); the caller answers 503 and records the row.
         """
 
         async def on_end(state: EndState, given_up: bool) -> None:
@@ -342,7 +351,14 @@ class ResumableStreams:
             ended=ended,
         )
         response_id = plan.header.id
-        reader = await self._reader(response_id, meter.key_id, -1)
+        try:
+            reader = await self._reader(response_id, meter.key_id, -1)
+        except StoreError as exc:  # before any byte: refused, nothing produced
+            generation.abort_unfinished()
+            if meter.grant is not None:
+                meter.grant.refund()
+            await self.close_unstarted(plan)
+            raise self.refusal(exc) from exc
         assert reader is not None, "open() created the log"
         if plan.whole:
             whole = self._whole[response_id] = _WholeRow(meter)

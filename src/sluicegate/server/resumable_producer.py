@@ -21,6 +21,10 @@ Invariants:
       the client cancelled it (``cancel``).
     - The log is finished whatever ends the producer (the end, an error, a
       cancel at shutdown), then ``on_end`` is called once.
+    - A shared store that fails under the stream (Redis gone, restarted, or
+      full) ends it with one error event (``resume_store_unavailable``, or
+      ``resume_store_full``), which its readers write themselves; the end
+      state is ``errored`` and the engine request is aborted.
     - A store that sees every reader (``ReaderWatch``: the memory store) says
       when the last reader goes and when one comes back: the grace is one
       timer, armed and cancelled then, with no periodic work per stream. On
@@ -34,6 +38,7 @@ Spec: docs/resumable-streams.md, "Disconnect policy".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import secrets
@@ -47,7 +52,12 @@ from sluicegate.core.events import CANCELLED, Delta, Fail, StreamEvent
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire import Wire, stream_machine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
-from sluicegate.server.event_store import EventStore, StoreError
+from sluicegate.server.event_store import (
+    STORE_LOST,
+    EventStore,
+    StoreError,
+    store_error_code,
+)
 from sluicegate.server.generation import INTERNAL_ERROR_MESSAGE, Generation
 from sluicegate.server.streaming import StreamLimits, attached
 
@@ -148,6 +158,9 @@ class Producer:
         except asyncio.CancelledError:
             machine.write_failed()  # the server stops: nothing more goes out
             raise
+        except StoreError as exc:  # the shared store failed under the stream
+            logger.warning("resumable stream %s ended: %s", self._id, exc)
+            await self._fail_store(exc)
         except Exception:  # the producer task's outermost frame: log, one error
             logger.exception("resumable stream %s failed", self._id)
             await self._fail_internal()
@@ -277,9 +290,12 @@ class Producer:
         alone_since: float | None = None
         while True:
             await asyncio.sleep(self._check_s)
-            await store.lease(response_id)
-            if await store.attached(response_id):
-                alone_since = None
+            try:
+                await store.lease(response_id)
+                if await store.attached(response_id):
+                    alone_since = None
+                    continue
+            except StoreError:  # unknown: the stream itself meets the failure
                 continue
             now = loop.time()
             alone_since = now if alone_since is None else alone_since
@@ -316,6 +332,18 @@ class Producer:
             buffer.put(Fail(reason, code=code))
             return True
         return False
+
+    async def _fail_store(self, exc: StoreError) -> None:
+        """End the machine with the store's error event. Its readers write that
+        event themselves (``LogStreamResponse``: the log cannot take it), so it
+        counts as written: the end state is ``errored``."""
+        try:
+            frames = self._machine.feed(Fail(STORE_LOST, code=store_error_code(exc)))
+        except LocalProtocolError:
+            return  # the machine had ended: its outcome is what was written
+        with contextlib.suppress(StoreError):  # kept if the store took it back
+            await self._store.append(self._id, frames)
+        self._machine.wrote()
 
     async def _fail_internal(self) -> None:
         try:
