@@ -274,3 +274,32 @@ def test_a_usage_past_64_bits_is_written_and_the_ledger_goes_on(
     assert first.usage_estimated
     assert (second.prompt_tokens, second.completion_tokens) == (3, 3)
     assert "sluicegate_ledger_write_errors_total 0.0" in metrics.splitlines()
+
+
+@pytest.mark.slow
+def test_a_reader_on_another_replica_gets_the_same_one_error_when_redis_dies(
+    redis: RedisServer, serve: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    producer = _resumable_server(serve, redis, tmp_path)
+    other = _resumable_server(serve, redis, tmp_path)
+    with httpx.Client(timeout=30) as http:
+        url = f"{producer.base_url}/v1/chat/completions"
+        with http.stream("POST", url, json=BODY) as first:
+            assert first.status_code == 200
+            lines = first.iter_lines()
+            cursor = next(line for line in lines if line.startswith("id: "))
+            cursor = next(line for line in lines if line.startswith("id: "))
+        last_id = cursor.removeprefix("id: ")
+        response_id = last_id.rsplit(".", 1)[0]
+        resume = f"{other.base_url}/v1/chat/completions/{response_id}/events"
+        data: list[str] = []
+        with http.stream("GET", resume, headers={"Last-Event-ID": last_id}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    data.append(line.removeprefix("data: "))
+                    if len(data) == 3:  # live, read through Redis
+                        redis.kill()
+    assert _one_error_at_the_end(data)["code"] == "resume_store_unavailable"
+    row = _row(tmp_path, response_id)
+    assert (row.status, row.end_state) == (200, "errored")

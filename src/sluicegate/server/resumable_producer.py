@@ -145,6 +145,7 @@ class Producer:
         self._append_nowait: Callable[[str, Sequence[bytes]], None] = _no_append
         self._cancel_early = False  # cancel() came before the buffer
         self._grace_timer: asyncio.TimerHandle | None = None  # armed: no reader
+        self._store_failed = False  # ended by the store's failure (_fail_store)
         self.abandoned: str | None = None
         """Why the producer gave up (grace ran out, buffer full), or ``None``."""
 
@@ -177,7 +178,13 @@ class Producer:
                 logger.warning(
                     "resumable stream %s: its log could not be finished", self._id
                 )
-            state = EndState.ABORTED if self.abandoned else machine.outcome
+            state = (
+                EndState.ABORTED
+                if self.abandoned
+                else EndState.ERRORED
+                if self._store_failed
+                else machine.outcome
+            )
             self._buffer = None  # it holds _overflow: no cycle outlives the stream
             given_up = self.abandoned is not None and not self.cancelled
             await self._on_end(state, given_up)
@@ -337,10 +344,11 @@ class Producer:
         """End the machine with the store's error event. Its readers write that
         event themselves (``LogStreamResponse``: the log cannot take it), so it
         counts as written: the end state is ``errored``."""
+        self._store_failed = True
         try:
             frames = self._machine.feed(Fail(STORE_LOST, code=store_error_code(exc)))
         except LocalProtocolError:
-            return  # the machine had ended: its outcome is what was written
+            return  # its last frames met the failure: the readers got the error
         with contextlib.suppress(StoreError):  # kept if the store took it back
             await self._store.append(self._id, frames)
         self._machine.wrote()

@@ -1,0 +1,149 @@
+"""A resumable stream's producer when its store fails under it.
+
+The store here is the memory store behind a switch that makes every call fail
+with ``StoreError`` (as a shared store does when Redis is killed), with no
+``append_nowait`` and no ``ReaderWatch``: the producer takes the path it takes
+on Redis (the task appends, a watcher checks the readers). The real Redis
+cases are ``tests/integration/test_state_store_faults.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
+from typing import cast
+
+import pytest
+
+from sluicegate.core.chunks import Endpoint, ResponseHeader
+from sluicegate.core.endstate import EndState
+from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
+from sluicegate.server.buffer import LiveStreams
+from sluicegate.server.event_store import (
+    STORE_FULL,
+    STORE_UNAVAILABLE,
+    EventStore,
+    StoreError,
+    StoreFull,
+    store_error_code,
+)
+from sluicegate.server.event_store_memory import MemoryEventStore
+from sluicegate.server.generation import Generation
+from sluicegate.server.resumable_producer import Producer
+from sluicegate.server.streaming import StreamLimits
+from tests.polling import wait_until
+
+from .test_resumable_give_up import FakeGeneration
+
+pytestmark = pytest.mark.anyio
+
+ID = "chatcmpl-" + "1" * 32
+
+
+class SwitchedStore:
+    """The memory store, every producer call failing once ``down`` is set."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryEventStore()
+        self.down: StoreError | None = None
+        self.checks = 0
+
+    def _check(self) -> None:
+        if self.down is not None:
+            raise self.down
+
+    async def create(self, response_id: str, owner: str) -> None:
+        await self.inner.create(response_id, owner)
+
+    async def append(self, response_id: str, frames: Sequence[bytes]) -> None:
+        self._check()
+        await self.inner.append(response_id, frames)
+
+    async def lease(self, response_id: str) -> None:
+        self.checks += 1
+        self._check()
+
+    async def attached(self, response_id: str) -> bool:
+        self._check()
+        return True
+
+    async def finish(self, response_id: str) -> None:
+        self._check()
+        await self.inner.finish(response_id)
+
+
+async def _producer(
+    store: SwitchedStore,
+) -> tuple[FakeGeneration, asyncio.Task[None], list[EndState]]:
+    await store.create(ID, "k")
+    generation = FakeGeneration()
+    ended: list[EndState] = []
+
+    async def on_end(state: EndState, given_up: bool) -> None:
+        ended.append(state)
+
+    producer = Producer(
+        cast(EventStore, store),
+        cast(Generation, generation),
+        ResponseHeader(ID, 0, "m", Endpoint.CHAT),
+        StreamLimits(),
+        LiveStreams(),
+        30.0,
+        on_end,
+        check_interval_s=0.01,
+    )
+    task = asyncio.get_running_loop().create_task(producer.run())
+    await asyncio.sleep(0)
+    assert generation.buffer is not None
+    return generation, task, ended
+
+
+async def test_a_store_failing_mid_stream_ends_it_errored_and_aborts_the_engine() -> (
+    None
+):
+    store = SwitchedStore()
+    generation, task, ended = await _producer(store)
+    assert generation.buffer is not None
+    generation.buffer.put(Delta(0, "Hel"))
+    await asyncio.sleep(0.05)
+    store.down = StoreError("Redis failed while writing logs: host:port")
+    checks = store.checks
+    # The watcher meets the failure and goes on checking.
+    await wait_until(lambda: store.checks >= checks + 3)
+    assert not task.done()
+    generation.buffer.put(Delta(0, "lo"))
+    await asyncio.wait_for(task, 5)
+    assert ended == [EndState.ERRORED]
+    assert generation.aborted
+    # What the store kept: the content before the failure; the error event and
+    # the finish could not be written (its readers write the event).
+    frames = await asyncio.wait_for(_kept(store), 1)
+    assert any(b"Hel" in frame for frame in frames)
+    assert not any(b"error" in frame for frame in frames)
+
+
+async def _kept(store: SwitchedStore) -> list[bytes]:
+    """The frames the inner store kept (its first batch: all of them)."""
+    reader = store.inner.read(ID, "k", -1)
+    try:
+        return [frame for _, frame in await anext(reader)]
+    finally:
+        await cast(AsyncGenerator[object], reader).aclose()
+
+
+async def test_a_store_failing_on_the_last_frames_still_records_errored() -> None:
+    store = SwitchedStore()
+    generation, task, ended = await _producer(store)
+    assert generation.buffer is not None
+    generation.buffer.put(Delta(0, "Hi"))
+    await asyncio.sleep(0.05)
+    store.down = StoreFull("Redis is full (maxmemory) while writing logs")
+    generation.buffer.put(Finish(0, FinishReason.STOP))
+    generation.buffer.put(End(Usage(1, 1)))
+    await asyncio.wait_for(task, 5)
+    assert ended == [EndState.ERRORED]
+
+
+def test_a_full_store_has_its_own_code() -> None:
+    assert store_error_code(StoreFull("full")) == STORE_FULL
+    assert store_error_code(StoreError("gone")) == STORE_UNAVAILABLE
