@@ -311,3 +311,29 @@ def test_usage_over_a_database_whose_sums_pass_64_bits(
     ]
     assert main(["usage", "--ledger", postgres_url]) == 0
     assert str(3 * MAX_COUNT) in capsys.readouterr().out
+
+
+def test_a_lock_file_that_cannot_be_read_does_not_stop_the_writer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Marking dead servers' rows is housekeeping: a lock file it cannot open
+    (here a folder where the file should be) is logged, and rows go on."""
+    path = tmp_path / "ledger.sqlite3"
+    first = Ledger(path)
+    first.close()
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "INSERT INTO requests (request_id, key_id, endpoint, status, end_state, "
+            "prompt_tokens, completion_tokens, finish_reasons, received_at, "
+            f"ended_at, server_id) VALUES ('old', 'k', '/', 200, '{OPEN}', 0, 0, "
+            "'[]', 1, 2, 'abc123')"
+        )
+    db.close()
+    (tmp_path / "ledger.sqlite3-servers" / "abc123.lock").mkdir(parents=True)
+    with caplog.at_level(logging.ERROR):
+        ledger = Ledger(path)
+        ledger.record(_row("r"))
+        assert ledger.flush(30)
+    assert [row.request_id for row in read_rows(path)] == ["r"]
+    assert any("dead servers not marked" in m for m in caplog.messages)
+    ledger.close()

@@ -166,7 +166,12 @@ class LedgerWriter:
             release_lock(servers_dir(self.path), self.server_id, self._lock_fd)
             return
         try:
-            self._retry(lambda: self._mark_dead_servers(db), "mark dead servers' rows")
+            try:
+                self._retry(
+                    lambda: self._mark_dead_servers(db), "mark dead servers' rows"
+                )
+            except OSError as exc:  # a lock file we may not read: rows come first
+                logger.error("ledger %s: dead servers not marked: %s", self.path, exc)
             while self._serve(db):
                 pass
         except _Abandoned:
