@@ -388,11 +388,16 @@ async def test_a_retry_attached_before_the_first_answer_exists_leaves_its_row() 
     assert (row.status, row.end_state) == (200, EndState.FINISHED)
 
 
+STORE_TEXT = "Error 111 connecting to redis://:s3cret-pass@127.0.0.9:6379"
+"""What a shared store's driver says when it fails: its URL, password and all.
+None of it may reach a client."""
+
+
 class _FailingRecord(MemoryEventStore):
     """A shared store that fails when a response's record is kept."""
 
     async def set_record(self, response_id: str, record: bytes) -> None:
-        raise StoreError("the store went away")
+        raise StoreError(STORE_TEXT)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -408,6 +413,7 @@ async def test_a_response_whose_record_cannot_be_kept_is_a_503_and_aborted(
     assert ex.messages[0]["status"] == 503
     error = json.loads(ex.messages[1]["body"])["error"]
     assert error["code"] == "resume_store_unavailable"
+    assert "s3cret" not in ex.messages[1]["body"].decode()
     ledger = app.state.ledger
     await wait_until(lambda: len(ledger.rows) == 1, 5)  # not after the grace
     row = ledger.rows[0]
@@ -508,11 +514,11 @@ class BrokenRecords(MemoryEventStore):
     """A store whose records and finishes fail as a shared store that went away."""
 
     async def record(self, response_id: str, owner: str) -> bytes | None:
-        raise StoreError("the store went away")
+        raise StoreError(STORE_TEXT)
 
     async def finish(self, response_id: str) -> None:
         await super().finish(response_id)
-        raise StoreError("the store went away")
+        raise StoreError(STORE_TEXT)
 
 
 async def test_a_store_that_fails_is_a_503_and_still_gets_its_ledger_row() -> None:
@@ -523,7 +529,11 @@ async def test_a_store_that_fails_is_a_503_and_still_gets_its_ledger_row() -> No
         refused = await client.post(RESPONSES, json=body)
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "resume_store_unavailable"
-        assert (await client.get(f"{RESPONSES}/resp_1")).status_code == 503
+        assert "s3cret" not in refused.text
+        got = await client.get(f"{RESPONSES}/resp_1")
+        assert got.status_code == 503
+        assert got.json()["error"]["code"] == "resume_store_unavailable"
+        assert "s3cret" not in got.text
         stream = {"model": "scripted", "input": "Hi", "store": True, "stream": True}
         streamed = await client.post(RESPONSES, json=stream)
         assert b"response.completed" in streamed.content

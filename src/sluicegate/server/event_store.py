@@ -62,6 +62,7 @@ __all__ = [
     "StoreError",
     "StoreFull",
     "store_error_code",
+    "store_refusal_message",
 ]
 
 
@@ -101,6 +102,17 @@ def store_error_code(exc: StoreError) -> str:
     """The error code a client gets for ``exc``: ``STORE_FULL`` for a full
     store, ``STORE_UNAVAILABLE`` for any other failure."""
     return STORE_FULL if isinstance(exc, StoreFull) else STORE_UNAVAILABLE
+
+
+def store_refusal_message(exc: StoreError) -> str:
+    """The message of the 503 a client gets for ``exc`` before its first byte.
+
+    Fixed text per error code: the store's own text names its host and port
+    (and a driver may quote more of its URL), so it goes to the log only.
+    """
+    if isinstance(exc, StoreFull):
+        return "The resumable-stream store is full; retry later"
+    return "The resumable-stream store cannot be reached; retry later"
 
 
 class IdempotencyConflict(RequestError):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -38,7 +39,11 @@ from sluicegate.core.responses_wire import response_object
 from sluicegate.core.wire import Wire
 from sluicegate.server.admission import ANONYMOUS, ApiKey, Unavailable
 from sluicegate.server.answers import error_response, json_answer
-from sluicegate.server.event_store import StoreError
+from sluicegate.server.event_store import (
+    StoreError,
+    store_error_code,
+    store_refusal_message,
+)
 from sluicegate.server.log_response import LogStreamResponse
 from sluicegate.server.messages_routes import Generating, named_as, with_endpoint
 from sluicegate.server.plan import Plan
@@ -53,6 +58,8 @@ from sluicegate.server.responses_api import (
 from sluicegate.server.resumable import ResumableStreams, owner_of
 
 __all__ = ["ResponsesRoutes"]
+
+logger = logging.getLogger(__name__)
 
 
 CHAT_NAMES = {
@@ -189,8 +196,11 @@ class ResponsesRoutes:
             try:
                 history = await self._stored.history(ask.previous_response_id, owner)
             except StoreError as exc:  # the shared store cannot be reached
+                logger.warning("stored responses unreadable, refusing: %s", exc)
                 raise Unavailable(
-                    str(exc), "resume_store_unavailable", routes.config.retry_after_s
+                    store_refusal_message(exc),
+                    store_error_code(exc),
+                    routes.config.retry_after_s,
                 ) from exc
         with named_as(CHAT_NAMES):
             chat = to_chat_request(ask, stored, history)

@@ -57,6 +57,7 @@ from sluicegate.server.event_store import (
     LogNotFound,
     StoreError,
     store_error_code,
+    store_refusal_message,
 )
 from sluicegate.server.event_store_memory import MemoryEventStore
 from sluicegate.server.generation import Generation
@@ -213,14 +214,21 @@ class ResumableStreams:
         """The 503 (with ``Retry-After``) of a shared store that cannot be
         reached (``resume_store_unavailable``) or is full
         (``resume_store_full``)."""
-        payload = error_payload(str(exc), "server_error", None, store_error_code(exc))
+        logger.warning("resumable-stream store failed, answering 503: %s", exc)
+        message = store_refusal_message(exc)
+        payload = error_payload(message, "server_error", None, store_error_code(exc))
         retry = {"Retry-After": str(self._config.retry_after_s)}
         return json_answer(payload, 503, retry)
 
     def refusal(self, exc: StoreError) -> Unavailable:
         """What a request is refused with before its first byte when the store
         failed: 503 with ``Retry-After`` and ``store_error_code(exc)``."""
-        return Unavailable(str(exc), store_error_code(exc), self._config.retry_after_s)
+        logger.warning("resumable-stream store failed, refusing with 503: %s", exc)
+        return Unavailable(
+            store_refusal_message(exc),
+            store_error_code(exc),
+            self._config.retry_after_s,
+        )
 
     def wanted(self, plan: Plan) -> bool:
         """Whether ``plan``'s response is resumable (a stream that asked, or the
