@@ -169,3 +169,25 @@ def test_rename_params_names_another_apis_parameter_in_param_and_message() -> No
         kept = RequestError("Bad temperature", param=param)
         kept.rename_params(names)
         assert (kept.param, kept.message) == (param, "Bad temperature")
+
+
+def test_rename_params_maps_an_indexed_path_keeping_its_indices() -> None:
+    names = {
+        "tools[].function.parameters": "tools[].input_schema",
+        "tools": "tool_list",
+    }
+    error = RequestError(
+        "tools[3].function.parameters is too deep", param="tools[3].function.parameters"
+    )
+    error.rename_params(names)
+    assert (error.param, error.message) == (
+        "tools[3].input_schema",
+        "tools[3].input_schema is too deep",
+    )
+    assert str(error) == error.message
+    # Another path under the same head falls back to the head's name.
+    other = RequestError(
+        "tools[3].function.name is bad", param="tools[3].function.name"
+    )
+    other.rename_params(names)
+    assert other.param == "tool_list"

@@ -27,6 +27,7 @@ client's value may be megabytes long or nested deeper than ``repr`` can recurse.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -50,6 +51,8 @@ __all__ = [
     "UnsupportedMediaType",
     "bounded_repr",
 ]
+
+_INDEX = re.compile(r"\[(\d+)\]")
 
 REPR_MAX_CHARS = 200
 """Most characters of a client's value that an error message echoes."""
@@ -193,9 +196,23 @@ class RequestError(SluicegateError):
         """Name another API's parameters instead of chat's (in place): ``param``
         and the message's mentions of it. ``names`` maps a chat parameter to
         that API's (``{"max_tokens": "max_output_tokens"}``); a ``param`` under
-        a mapped one (``messages[2].content``) becomes the mapped name alone."""
+        a mapped one (``messages[2].content``) becomes the mapped name alone.
+        A name with ``[]`` maps that path whatever its indices, which carry
+        over in order (``{"tools[].function.parameters": "tools[].input_schema"}``
+        renames ``tools[3].function.parameters`` to ``tools[3].input_schema``)."""
         param = self.param
         if param is None:
+            return
+        indices = _INDEX.findall(param)
+        template = names.get(_INDEX.sub("[]", param)) if indices else None
+        if template is not None:
+            parts = template.split("[]")
+            indexed = parts[0] + "".join(
+                f"[{i}]{part}" for i, part in zip(indices, parts[1:], strict=False)
+            )
+            self.param = indexed
+            self.message = self.message.replace(param, indexed)
+            self.args = (self.message,)
             return
         head = param.split("[", 1)[0].split(".", 1)[0]
         new = names.get(head)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluicegate.core.schema_limits import SchemaLimits
 from sluicegate.server.admission import ApiKey, Quota
 
 __all__ = ["ServerConfig"]
@@ -94,6 +95,10 @@ class ServerConfig:
             ``truncated``.
         chat_template: Jinja source that replaces the model's chat template
             (``--chat-template FILE``); ``None`` keeps the model's own.
+        schema_limits: bounds on each JSON schema a request carries (400 past
+            one); see docs/security.md, "Schema limits".
+        schema_timeout_s: seconds to check and compile a request's schemas,
+            off the event loop (400 ``schema_timeout`` past it).
     """
 
     model_aliases: tuple[str, ...] = ("default",)
@@ -126,6 +131,8 @@ class ServerConfig:
     ledger_url: str | None = None
     ledger_lease_s: float = 10.0
     chat_template: str | None = None
+    schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
+    schema_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0:
@@ -138,6 +145,10 @@ class ServerConfig:
             )
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n!r}")
+        if self.schema_timeout_s <= 0:
+            raise ValueError(
+                f"schema_timeout_s must be > 0, got {self.schema_timeout_s!r}"
+            )
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(
                 f"default_max_tokens must be >= 1 or None, got "

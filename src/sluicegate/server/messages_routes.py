@@ -49,7 +49,10 @@ MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 _Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
 
 
-CHAT_NAMES = {"stop": "stop_sequences"}
+CHAT_NAMES = {
+    "stop": "stop_sequences",
+    "tools[].function.parameters": "tools[].input_schema",
+}
 """The Messages API's names of the chat parameters its requests become."""
 
 

@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 
 from sluicegate.server.admission import ApiKey, Quota, read_keys_file
 from sluicegate.server.ledger_pg_schema import is_url, redact
+from sluicegate.server.schema_checks import add_schema_options, schema_config_fields
 
 if TYPE_CHECKING:
     from sluicegate.server.ledger import UsageTotal
@@ -120,6 +121,7 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     )
     add("--no-ledger", action="store_true", help="keep the ledger in memory only")
     _add_http_options(serve)
+    add_schema_options(serve)
 
 
 def _add_resume_options(serve: argparse.ArgumentParser) -> None:
@@ -241,6 +243,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "max_log_bytes": args.max_log_bytes,
         "max_store_bytes": args.max_store_bytes,
         "default_max_tokens": args.default_max_tokens or None,
+        **schema_config_fields(args),
     }
 
 

@@ -46,6 +46,8 @@ from sluicegate.server.plan import (
 )
 from sluicegate.server.prepare_text import text_chat_plan, text_completion_plan
 from sluicegate.server.prompt_text import OFF_LOOP_CHARS, tokenize
+from sluicegate.server.schema_checks import check_schemas
+from sluicegate.server.schema_worker import SchemaWorker
 from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
 from sluicegate.server.templates import ChatTemplate, text_prompt
 from sluicegate.server.tools import resolve_tools
@@ -185,11 +187,14 @@ async def plan_chat(
     """
     model = resolve_model(request.model, engine, config)
     _check_n(request.n, 1, config)
-    if engine.output_kind is OutputKind.TEXT:
+    # Before anything reads a schema (an upstream's compiler too): 400 past a
+    # limit, or one the grammar cannot express.
+    compiles = engine.output_kind is not OutputKind.TEXT
+    grammar = await _checked_grammar(request, config, compile=compiles)
+    if not compiles:
         return text_chat_plan(request, response_id, engine, config, model)
     assert template is not None, "an engine of token ids has a chat template"
     tools = resolve_tools(request)
-    grammar = grammar_for_request(request)  # a schema it cannot express: 400
     render = functools.partial(
         template.prompt,
         request.messages,
@@ -217,6 +222,37 @@ async def plan_chat(
     if tools is None:
         return plan
     return dataclasses.replace(plan, tools=tools.decoding)
+
+
+SCHEMA_WORKER = SchemaWorker()
+"""Where this process compiles request schemas (threads of a known stack)."""
+
+
+async def _checked_grammar(
+    request: ChatCompletionRequest, config: ServerConfig, *, compile: bool
+) -> Grammar | None:
+    """The request's schemas checked against ``config.schema_limits``, then
+    (``compile``) its ``grammar_for_request``: off the event loop when there is
+    a schema, within ``config.schema_timeout_s``. A compile takes up to seconds,
+    in native code that releases the interpreter: the loop serves meanwhile.
+
+    Raises:
+        RequestError: 400: a schema past a limit, one the grammar cannot
+            express, or the deadline ran out.
+    """
+    if request.response_format is None and not request.tools:
+        return grammar_for_request(request) if compile else None
+
+    def work() -> Grammar | None:
+        check_schemas(request, config.schema_limits)
+        return grammar_for_request(request) if compile else None
+
+    return await SCHEMA_WORKER.run(
+        work,
+        config.schema_timeout_s,
+        "the request's JSON schemas",
+        "response_format" if request.response_format is not None else "tools",
+    )
 
 
 TOOL_MARKUP_STOPS = (OPEN_TAG, "<tool_response")

@@ -66,6 +66,7 @@ CHAT_NAMES = {
     "max_tokens": "max_output_tokens",
     "messages": "input",
     "response_format": "text.format",
+    "tools[].function.parameters": "tools[].parameters",
 }
 """The Responses API's names of the chat parameters its requests become."""
 
