@@ -20,6 +20,7 @@ from sluicegate.core.upstream_items import (
     UpstreamFinish,
     UpstreamItem,
     UpstreamTruncated,
+    UpstreamUsageRejected,
 )
 
 CHAT = Endpoint.CHAT
@@ -174,11 +175,17 @@ def test_continuous_usage_is_reported_only_when_it_changes() -> None:
         {"prompt_tokens": 4, "completion_tokens": 1.5},
         {"prompt_tokens": -1, "completion_tokens": 1},
         {"prompt_tokens": 1, "completion_tokens": -1},
+        {"prompt_tokens": 1 << 63, "completion_tokens": 1},
+        {"prompt_tokens": 1, "completion_tokens": True},
     ],
 )
-def test_a_usage_that_cannot_be_read_is_ignored(usage: dict[str, object]) -> None:
+def test_a_usage_that_cannot_be_read_is_rejected(usage: dict[str, object]) -> None:
     body = event({"choices": [], "usage": usage}) + DONE
-    assert read_all(body) == [UpstreamDone()]
+    items = read_all(body)
+    assert len(items) == 2
+    assert type(items[0]) is UpstreamUsageRejected
+    assert "is not a token count" in items[0].reason
+    assert items[1] == UpstreamDone()
 
 
 def test_quirks_never_reach_the_items() -> None:

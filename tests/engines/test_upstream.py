@@ -25,8 +25,10 @@ from sluicegate.core.errors import (
     EngineRefused,
     EngineTimeout,
     EngineUnavailable,
+    UpstreamProtocolError,
 )
 from sluicegate.core.events import FinishReason, TextOutput, ToolCallFragment
+from sluicegate.core.reader_limits import ReaderLimits
 from sluicegate.engines.base import (
     GenerateRequest,
     ModelInfo,
@@ -615,7 +617,10 @@ async def test_tool_calls_pass_through_normalized(
     )
     extra = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
     prompt = TextPrompt(
-        Endpoint.CHAT, ({"role": "user", "content": "time?"},), extra=extra
+        Endpoint.CHAT,
+        ({"role": "user", "content": "time?"},),
+        extra=extra,
+        tool_names=frozenset({"get_time"}),
     )
     engine = engine_for(url)
     try:
@@ -651,3 +656,124 @@ async def test_no_content_within_the_first_token_limit_is_a_504(
     finally:
         await engine.aclose()
     assert refused.value.status == 504
+
+
+# -- a hostile upstream: bounds, tools not offered, usage that cannot be true ----
+
+
+def tool_request(names: frozenset[str], max_tokens: int | None = 5) -> GenerateRequest:
+    prompt = TextPrompt(
+        Endpoint.CHAT,
+        ({"role": "user", "content": "time?"},),
+        max_tokens=max_tokens,
+        extra={"tools": TOOLS},
+        tool_names=names,
+    )
+    return GenerateRequest("r1", (), SamplingParams(5), prompt)
+
+
+async def test_a_call_to_a_tool_not_offered_after_content_is_a_protocol_error(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    """Text, then a call naming another tool: the sequence fails with code
+    ``upstream_protocol_error``; no fragment of the call goes out, and the
+    connection is closed."""
+    upstream, url = fault
+    call = {"index": 0, "id": "call_x", "type": "function"}
+    upstream.scripts.append(
+        stream(
+            delta("hi"),
+            call_delta({**call, "function": {"name": "rm_rf", "arguments": "{}"}}),
+            UNTIL_CLOSED,
+        )
+    )
+    engine = engine_for(url)
+    try:
+        outputs = engine.generate(tool_request(frozenset({"get_time"})))
+        await outputs.accepted()
+        first = await anext(outputs)
+        with pytest.raises(UpstreamProtocolError, match="'rm_rf'") as failed:
+            await anext(outputs)
+        await asyncio.wait_for(upstream.closed.wait(), GIVE_UP_S)
+    finally:
+        await engine.aclose()
+    assert failed.value.code == "upstream_protocol_error"
+    assert (first.text, first.tool_calls) == ("hi", ())
+
+
+async def test_a_call_to_a_tool_not_offered_before_content_is_a_502(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    upstream, url = fault
+    call = {"index": 0, "id": "call_x", "type": "function"}
+    upstream.scripts.append(
+        stream(call_delta({**call, "function": {"name": "rm_rf", "arguments": "{"}}))
+    )
+    engine = engine_for(url)
+    try:
+        outputs = engine.generate(tool_request(frozenset()))
+        with pytest.raises(EngineRefused, match="did not offer") as refused:
+            await outputs.accepted()
+    finally:
+        await engine.aclose()
+    assert refused.value.status == 502
+
+
+async def test_a_chunk_past_a_bound_ends_the_stream_and_closes_the_connection(
+    fault: tuple[FaultUpstream, str],
+) -> None:
+    """After content, a chunk of more deltas than ``max_deltas_per_chunk``: the
+    sequence fails with ``upstream_protocol_error``, and the upstream sees its
+    connection closed although it never ended its body."""
+    upstream, url = fault
+    entries = [{"index": 0, "function": {"arguments": "x"}}] * 9
+    upstream.scripts.append(stream(delta("hi"), call_delta(*entries), UNTIL_CLOSED))
+    limits = ReaderLimits(max_deltas_per_chunk=8)
+    engine = UpstreamEngine(
+        MODEL,
+        [UpstreamConfig(url, model="toy", limits=limits)],
+        health_interval_s=0,
+    )
+    try:
+        outputs = engine.generate(tool_request(frozenset({"get_time"})))
+        await outputs.accepted()
+        with pytest.raises(UpstreamProtocolError, match="more than 8 deltas"):
+            await collect(outputs)
+        await asyncio.wait_for(upstream.closed.wait(), GIVE_UP_S)
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        '{"prompt_tokens": 9, "completion_tokens": 9000000000000000000}',
+        '{"prompt_tokens": 1180591620717411303424, "completion_tokens": 2}',
+        '{"prompt_tokens": 9, "completion_tokens": 6}',  # past max_tokens 5
+        '{"prompt_tokens": 4095, "completion_tokens": 2}',  # past the window
+        '{"prompt_tokens": -9, "completion_tokens": 2}',
+        '{"prompt_tokens": 9.5, "completion_tokens": 2}',
+    ],
+)
+async def test_a_usage_that_cannot_be_true_is_replaced_by_our_count(
+    fault: tuple[FaultUpstream, str], usage: str
+) -> None:
+    """The sequence finishes; its outputs count one token per text and no
+    prompt tokens (so the server marks the usage estimated), and the upstream's
+    ``usage_rejected`` counter says so."""
+    upstream, url = fault
+    usage_chunk = b'data: {"choices": [], "usage": %b}\n\n' % usage.encode()
+    upstream.scripts.append(stream(delta("a"), delta("b", "stop"), usage_chunk, DONE))
+    engine = engine_for(url)
+    try:
+        outputs = engine.generate(tool_request(frozenset(), max_tokens=5))
+        await outputs.accepted()
+        items = await collect(outputs)
+        await asyncio.sleep(0.05)  # the sequence's task ends after its last item
+        counters = engine.upstream_counters()
+    finally:
+        await engine.aclose()
+    assert items[-1].finish_reason is FinishReason.STOP
+    assert items[-1].prompt_tokens is None
+    assert sum(o.completion_tokens for o in items) == 2
+    assert [c.usage_rejected_total for c in counters] == [1]

@@ -13,6 +13,7 @@
     ├── EngineError              the engine failed; .retryable
     │   ├── EngineUnavailable    overloaded or shutting down (retryable)
     │   ├── EngineTimeout        a time limit ran out (retryable)
+    │   ├── UpstreamProtocolError an upstream's stream broke the protocol or a bound
     │   └── EngineRefused        refused before any output, with its own status
     └── StreamError              client API misuse
         ├── StreamConsumed       iterated a response twice
@@ -49,6 +50,7 @@ __all__ = [
     "StreamConsumed",
     "StreamError",
     "UnsupportedMediaType",
+    "UpstreamProtocolError",
     "bounded_repr",
 ]
 
@@ -284,6 +286,13 @@ class EngineTimeout(EngineError):
 
     retryable: ClassVar[bool] = True
     code: ClassVar[str] = "timeout"
+
+
+class UpstreamProtocolError(EngineError):
+    """An upstream's stream broke the protocol or one of the reader's bounds
+    (``core/reader_limits.py``), after content: its in-band error's code."""
+
+    code: ClassVar[str] = "upstream_protocol_error"
 
 
 class EngineRefused(EngineError):

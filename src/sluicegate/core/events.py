@@ -16,6 +16,7 @@ Spec: OpenAI API reference, "The chat completion chunk object" and "Completions"
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -36,6 +37,7 @@ __all__ = [
     "TokenLogprob",
     "ToolCallFragment",
     "Usage",
+    "join_all_parts",
     "join_parts",
 ]
 
@@ -223,6 +225,38 @@ def join_parts(
             earlier.arguments + later.arguments,
         )
     return DeltaParts(tuple(calls), first.reasoning + second.reasoning)
+
+
+def join_all_parts(parts: Sequence[DeltaParts | None]) -> DeltaParts | None:
+    """What ``parts`` say in order, as one ``DeltaParts``: ``join_parts`` folded
+    over them, in time linear in their fragments and text (folding pairwise
+    copies the calls so far at every step: quadratic in the fragments).
+    """
+    present = [p for p in parts if p is not None]
+    if len(present) < 2:
+        return present[0] if present else None
+    first: dict[int, ToolCallFragment] = {}  # index -> its first fragment
+    arguments: dict[int, list[str]] = {}
+    ids: dict[int, str | None] = {}
+    names: dict[int, str | None] = {}
+    for p in present:
+        for fragment in p.tool_calls:
+            index = fragment.index
+            if index not in first:
+                first[index] = fragment
+                arguments[index] = [fragment.arguments]
+                ids[index] = fragment.id
+                names[index] = fragment.name
+                continue
+            arguments[index].append(fragment.arguments)
+            if ids[index] is None:
+                ids[index] = fragment.id
+            if names[index] is None:
+                names[index] = fragment.name
+    calls = tuple(
+        ToolCallFragment(i, ids[i], names[i], "".join(arguments[i])) for i in first
+    )
+    return DeltaParts(calls, "".join(p.reasoning for p in present))
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -21,6 +21,11 @@ Deliberate divergences:
   httpx-sse does) instead of only changing a reconnection time.
 - An incomplete UTF-8 character at end of stream counts as truncation (the event
   is discarded, as every incomplete event is), not as invalid UTF-8.
+- A ``retry`` of more than 18 digits is ignored, as one that is not a number
+  is (it would be a reconnection time of over 30 million years).
+- With ``max_line_bytes`` or ``max_event_bytes`` set, a line or an event's data
+  past its bound is an error (the spec sets no bound): what the decoder holds
+  between two ``feed`` calls stays within them.
 
 Spec: WHATWG HTML, "9.2.6 Interpreting an event stream".
 """
@@ -107,28 +112,54 @@ class SSEDecoder:
     stream. After ``flush`` or after an error, further calls raise
     ``LocalProtocolError``.
 
+    Args:
+        max_line_bytes: the longest line (UTF-8 bytes, its line end not
+            counted); ``None``: no bound. A longer one is an error as soon as
+            its bytes so far pass the bound, so an unterminated line never
+            holds more.
+        max_event_bytes: the most data of one event (UTF-8 bytes of its data
+            buffer, the LF between its lines counted); ``None``: no bound.
+
+    Raises:
+        ValueError: a bound below 1.
     """
 
     __slots__ = (
         "_closed",
         "_comments",
         "_data",
+        "_data_bytes",
         "_decoder",
         "_discarded",
         "_event_type",
         "_last_id",
         "_line",
+        "_line_bytes",
+        "_max_event",
+        "_max_line",
         "_retry",
         "_skip_lf",
         "_started",
     )
 
-    def __init__(self) -> None:
+    def __init__(
+        self, max_line_bytes: int | None = None, max_event_bytes: int | None = None
+    ) -> None:
+        for name, bound in (
+            ("max_line_bytes", max_line_bytes),
+            ("max_event_bytes", max_event_bytes),
+        ):
+            if bound is not None and bound < 1:
+                raise ValueError(f"expected {name} >= 1 or None, got {bound!r}")
+        self._max_line = max_line_bytes
+        self._max_event = max_event_bytes
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
         self._started = False  # whether the first character (a BOM?) was seen
         self._skip_lf = False  # the last line ended in CR: a leading LF ends it too
         self._line: list[str] = []  # the current line, not yet terminated
+        self._line_bytes = 0  # its UTF-8 bytes (kept only with a bound)
         self._data: list[str] = []
+        self._data_bytes = 0  # the data buffer's UTF-8 bytes (only with a bound)
         self._event_type = ""
         self._last_id: str | None = None
         self._retry: int | None = None
@@ -157,6 +188,13 @@ class SSEDecoder:
         )
 
     @property
+    def held_bytes(self) -> int:
+        """UTF-8 bytes held between two ``feed`` calls: the unterminated line
+        and the data of the event not yet dispatched (its LFs counted)."""
+        data = sum(_utf8_len(v) for v in self._data) + max(len(self._data) - 1, 0)
+        return sum(_utf8_len(p) for p in self._line) + data
+
+    @property
     def discarded(self) -> bool:
         """Whether ``flush`` dropped an incomplete event (the stream was cut)."""
         return self._discarded
@@ -172,9 +210,9 @@ class SSEDecoder:
             The events completed by these bytes, in order (possibly none).
 
         Raises:
-            RemoteProtocolError: the bytes are not valid UTF-8. Events completed
-                earlier in the same ``data`` are lost with it; the decoder is
-                closed.
+            RemoteProtocolError: the bytes are not valid UTF-8, or a line or an
+                event passes its bound. Events completed earlier in the same
+                ``data`` are lost with it; the decoder is closed.
             LocalProtocolError: after ``flush()`` or after an error.
         """
         if self._closed:
@@ -199,6 +237,8 @@ class SSEDecoder:
                 text = text[1:]
         if "\n" not in text and "\r" not in text:
             if text:
+                if self._max_line is not None:
+                    self._hold(text, self._max_line)
                 self._line.append(text)
             return []
         lines = _LINE_END.split(text)
@@ -206,8 +246,16 @@ class SSEDecoder:
             self._line.append(lines[0])
             lines[0] = "".join(self._line)
             self._line.clear()
+            self._line_bytes = 0
         rest = lines.pop()
+        max_line = self._max_line
+        if max_line is not None:
+            for line in lines:
+                if len(line) * 4 > max_line and _utf8_len(line) > max_line:
+                    self._fail(f"a line longer than {max_line} bytes")
         if rest:
+            if max_line is not None:
+                self._hold(rest, max_line)
             self._line.append(rest)
         elif text[-1] == "\r":
             self._skip_lf = True
@@ -234,6 +282,28 @@ class SSEDecoder:
         self._closed = True
         return []
 
+    def _hold(self, piece: str, bound: int) -> None:
+        """Count ``piece`` into the unterminated line; fail past ``bound``."""
+        self._line_bytes += _utf8_len(piece)
+        if self._line_bytes > bound:
+            self._fail(f"a line longer than {bound} bytes")
+
+    def _grow_data(self, value: str, bound: int) -> None:
+        """Count ``value`` into the event's data buffer; fail past ``bound``.
+
+        The buffer is the values joined by LF: each value adds its bytes and,
+        after the first, one LF.
+        """
+        self._data_bytes += _utf8_len(value) + (1 if self._data else 0)
+        if self._data_bytes > bound:
+            self._fail(f"an event with more than {bound} bytes of data")
+
+    def _fail(self, what: str) -> None:
+        self._closed = True
+        self._line.clear()
+        self._data.clear()
+        raise RemoteProtocolError(f"the event stream has {what}")
+
     def _process_line(self, line: str) -> Event | None:
         if not line:
             return self._dispatch()
@@ -245,12 +315,14 @@ class SSEDecoder:
             value = value[1:]
         match name:
             case "data":
+                if self._max_event is not None:
+                    self._grow_data(value, self._max_event)
                 self._data.append(value)
             case "event":
                 self._event_type = value
             case "id" if "\0" not in value:
                 self._last_id = value
-            case "retry" if value.isascii() and value.isdigit():
+            case "retry" if value.isascii() and value.isdigit() and len(value) < 19:
                 self._retry = int(value)
             case _:
                 pass  # other field names, and ids with NUL, are ignored per spec
@@ -266,6 +338,12 @@ class SSEDecoder:
                 retry=self._retry,
             )
         self._data.clear()
+        self._data_bytes = 0
         self._event_type = ""
         self._retry = None
         return event
+
+
+def _utf8_len(text: str) -> int:
+    """UTF-8 bytes of ``text`` (decoded strictly, so it has no lone surrogate)."""
+    return len(text) if text.isascii() else len(text.encode())

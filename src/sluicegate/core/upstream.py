@@ -30,7 +30,19 @@ Quirks absorbed (each one seen in a real server or its issue tracker):
   ``{"object": "error", ...}`` (vLLM's error object), with or without
   ``event: error``.
 
+Bounds (``ReaderLimits``, ``core/reader_limits.py``): a line, an event, the
+deltas of one chunk, the tool calls of one choice and the whole body each have
+one; past it the stream ends with an ``UpstreamError`` of code
+``PROTOCOL_ERROR_CODE``. So does a tool call naming a tool that is not in
+``tool_names``. A usage that cannot be true (``usage_problem``) is reported
+once as ``UpstreamUsageRejected``, and no usage after it.
+
 Invariants:
+    - ``feed`` and ``flush`` raise nothing but ``LocalProtocolError`` (a call
+      after ``flush()``), whatever the bytes (property-tested); between two
+      calls the reader holds at most one line, one event's data, one name per
+      tool call (``MAX_TOOL_NAME_CHARS``) and ``max_tool_calls`` calls per
+      choice; the work of one call is linear in its bytes.
     - Whatever way the body is split into ``feed()`` calls, the items of all
       calls plus ``flush()`` are the same (property-tested), invalid UTF-8 apart
       (the SSE decoder loses the events of the chunk it fails in).
@@ -69,6 +81,13 @@ import orjson
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import LocalProtocolError, RemoteProtocolError, bounded_repr
 from sluicegate.core.events import Usage
+from sluicegate.core.reader_limits import (
+    NO_USAGE_BOUNDS,
+    READER_LIMITS,
+    ReaderLimits,
+    UsageBounds,
+    usage_problem,
+)
 from sluicegate.core.sse import Event, SSEDecoder
 from sluicegate.core.toolcalls import new_call_id
 from sluicegate.core.upstream_choice import (
@@ -86,6 +105,7 @@ from sluicegate.core.upstream_items import (
     UpstreamItem,
     UpstreamToolCall,
     UpstreamTruncated,
+    UpstreamUsageRejected,
 )
 from sluicegate.core.upstream_tools import ToolCallNormalizer
 
@@ -102,30 +122,51 @@ class UpstreamReader:
             ``choices[].delta.content`` and ``choices[].delta.tool_calls``,
             ``Endpoint.COMPLETION`` ``choices[].text``.
         new_id: makes the id of a tool call the upstream sent none for.
+        limits: the bounds of the stream (``ReaderLimits``' defaults).
+        tool_names: the tools a call may name (those the client offered);
+            ``None``: any.
+        usage_bounds: what the request's usage can be at most.
 
     Attributes:
         events: data events read so far (``[DONE]`` included).
+        bytes: bytes of the body read so far.
+        usage_rejected: why the upstream's usage was rejected, or ``None``.
 
     After ``flush()`` further calls raise ``LocalProtocolError``.
     """
 
     __slots__ = (
         "_choices",
+        "_chunk_deltas",
         "_decoder",
         "_endpoint",
         "_fast",
+        "_limits",
         "_new_id",
         "_state",
+        "_tool_names",
         "_usage",
+        "_usage_bounds",
+        "bytes",
         "events",
+        "usage_rejected",
     )
 
     def __init__(
-        self, endpoint: Endpoint, *, new_id: Callable[[], str] = new_call_id
+        self,
+        endpoint: Endpoint,
+        *,
+        new_id: Callable[[], str] = new_call_id,
+        limits: ReaderLimits = READER_LIMITS,
+        tool_names: frozenset[str] | None = None,
+        usage_bounds: UsageBounds = NO_USAGE_BOUNDS,
     ) -> None:
         self._endpoint = endpoint
         self._new_id = new_id
-        self._decoder = SSEDecoder()
+        self._limits = limits
+        self._tool_names = tool_names
+        self._usage_bounds = usage_bounds
+        self._decoder = SSEDecoder(limits.max_line_bytes, limits.max_event_bytes)
         # Whether the decoder stands between two events, past the stream's
         # first bytes (its BOM) and not after a CR: then ``_feed_plain`` may read
         # plain events itself.
@@ -133,7 +174,10 @@ class UpstreamReader:
         self._state = ReaderState.READING
         self._choices: dict[int, UpstreamChoice] = {}
         self._usage: Usage | None = None
+        self._chunk_deltas = 0  # choices and tool-call entries of this chunk
         self.events = 0
+        self.bytes = 0
+        self.usage_rejected: str | None = None
 
     @property
     def state(self) -> ReaderState:
@@ -144,6 +188,12 @@ class UpstreamReader:
     def usage(self) -> Usage | None:
         """The latest usage the upstream reported, or ``None``."""
         return self._usage
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the body held between two ``feed`` calls (``SSEDecoder``'s:
+        at most ``max_line_bytes`` plus ``max_event_bytes``)."""
+        return self._decoder.held_bytes
 
     @property
     def comments(self) -> int:
@@ -169,6 +219,11 @@ class UpstreamReader:
                 raise LocalProtocolError("UpstreamReader.feed() after flush()")
             return []
         out: list[UpstreamItem] = []
+        self.bytes += len(data)
+        if self.bytes > self._limits.max_response_bytes:
+            why = f"a body longer than {self._limits.max_response_bytes} bytes"
+            self._fail(out, f"the upstream sent {why}", PROTOCOL_ERROR_CODE)
+            return out
         if self._fast:
             start = self._feed_plain(data, out)
             if start == len(data) or self._state is not ReaderState.READING:
@@ -205,7 +260,10 @@ class UpstreamReader:
             return []
         self._decoder.flush()
         out: list[UpstreamItem] = []
-        self._settle_all(out)
+        refused = self._settle_all(out)
+        if refused is not None:
+            out.append(UpstreamError(refused, "server_error", PROTOCOL_ERROR_CODE))
+            return out
         out.append(UpstreamTruncated(self._decoder.discarded))
         return out
 
@@ -224,10 +282,13 @@ class UpstreamReader:
         """
         start = 0
         size = len(data)
+        max_line = self._limits.max_line_bytes
         while start < size:
             end = data.find(b"\n\n", start)
             if end < 0 or not data.startswith(b"data: ", start):
                 return start
+            if end - start > max_line or end - start - 6 > self._limits.max_event_bytes:
+                return start  # the decoder says which bound it passes
             line = data[start + 6 : end]
             if b"\n" in line or b"\r" in line:
                 return start
@@ -249,7 +310,10 @@ class UpstreamReader:
         return start
 
     def _done(self, out: list[UpstreamItem]) -> None:
-        self._settle_all(out)
+        refused = self._settle_all(out)
+        if refused is not None:
+            self._fail(out, refused, PROTOCOL_ERROR_CODE)
+            return
         out.append(UpstreamDone())
         self._state = ReaderState.DONE
 
@@ -292,6 +356,7 @@ class UpstreamReader:
             return
         choices = obj.get("choices")
         if type(choices) is list:
+            self._chunk_deltas = 0
             for choice in choices:
                 if type(choice) is dict:
                     self._choice(choice, out)
@@ -302,6 +367,10 @@ class UpstreamReader:
             self._read_usage(usage, out)
 
     def _choice(self, choice: dict[str, Any], out: list[UpstreamItem]) -> None:
+        self._chunk_deltas += 1
+        if self._chunk_deltas > self._limits.max_deltas_per_chunk:
+            self._too_many_deltas(out)
+            return
         index = choice.get("index", 0)
         if type(index) is not int or index < 0:
             index = 0
@@ -325,27 +394,52 @@ class UpstreamReader:
             if new:
                 out.append(UpstreamDelta(index, new))
         if calls:
+            if type(calls) is list:
+                self._chunk_deltas += len(calls)
+                if self._chunk_deltas > self._limits.max_deltas_per_chunk:
+                    self._too_many_deltas(out)
+                    return
             tools = state.tools
             if tools is None:
-                tools = state.tools = ToolCallNormalizer(self._new_id)
-            out.extend(UpstreamToolCall(index, f) for f in tools.feed(calls))
+                tools = state.tools = ToolCallNormalizer(
+                    self._new_id,
+                    tool_names=self._tool_names,
+                    max_calls=self._limits.max_tool_calls,
+                )
+            try:
+                fragments = tools.feed(calls)
+            except RemoteProtocolError as exc:
+                self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
+                return
+            out.extend(UpstreamToolCall(index, f) for f in fragments)
         reason = choice.get("finish_reason")
         if type(reason) is str and reason:
             if reason in _FAILED_REASONS:
                 why = f"the upstream ended choice {index} with finish_reason {reason!r}"
                 self._fail(out, why)
                 return
-            tools = settle_choice(index, state, out)
             state.finished = True
+            try:
+                tools = settle_choice(index, state, out)
+            except RemoteProtocolError as exc:
+                self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
+                return
             finish = finish_reason_of(reason, tools)
             out.append(UpstreamFinish(index, finish, reason))
 
+    def _too_many_deltas(self, out: list[UpstreamItem]) -> None:
+        limit = self._limits.max_deltas_per_chunk
+        why = f"the upstream sent a chunk of more than {limit} deltas"
+        self._fail(out, why, PROTOCOL_ERROR_CODE)
+
     def _read_usage(self, usage: dict[str, Any], out: list[UpstreamItem]) -> None:
-        prompt = usage.get("prompt_tokens", 0)
-        completion = usage.get("completion_tokens", 0)
-        if type(prompt) is not int or type(completion) is not int:
-            return  # a usage we cannot read is no usage
-        if prompt < 0 or completion < 0:
+        if self.usage_rejected is not None:
+            return  # once wrong, never trusted again
+        why, prompt, completion = usage_problem(usage, self._usage_bounds, self.bytes)
+        if why is not None:
+            self.usage_rejected = why
+            self._usage = None
+            out.append(UpstreamUsageRejected(why))
             return
         current = self._usage
         if (
@@ -383,12 +477,19 @@ class UpstreamReader:
         code: str | None = None,
         kind: str | None = None,
     ) -> None:
-        self._settle_all(out)
+        self._settle_all(out)  # a call refused here is dropped: the stream failed
         out.append(UpstreamError(message, kind or "server_error", code))
         self._state = ReaderState.FAILED
 
-    def _settle_all(self, out: list[UpstreamItem]) -> None:
+    def _settle_all(self, out: list[UpstreamItem]) -> str | None:
+        """End every open choice; the first refusal of a held tool call (its
+        message), if any (the other choices still end)."""
+        refused = None
         for index, state in self._choices.items():
             if not state.finished:
                 state.finished = True
-                settle_choice(index, state, out)
+                try:
+                    settle_choice(index, state, out)
+                except RemoteProtocolError as exc:
+                    refused = refused or str(exc)
+        return refused

@@ -23,6 +23,7 @@ __all__ = [
     "UpstreamItem",
     "UpstreamToolCall",
     "UpstreamTruncated",
+    "UpstreamUsageRejected",
 ]
 
 PROTOCOL_ERROR_CODE = "upstream_protocol_error"
@@ -91,11 +92,24 @@ class UpstreamTruncated:
     partial: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamUsageRejected:
+    """The upstream's usage cannot be true (``core/reader_limits.py``); no
+    ``Usage`` follows, and the one returned before (if any) is void.
+
+    Attributes:
+        reason: what is wrong with it.
+    """
+
+    reason: str
+
+
 UpstreamItem = (
     UpstreamDelta
     | UpstreamToolCall
     | UpstreamFinish
     | Usage
+    | UpstreamUsageRejected
     | UpstreamError
     | UpstreamDone
     | UpstreamTruncated

@@ -28,6 +28,14 @@ Quirks absorbed (upstreams differ here more than anywhere else):
 - a call that never gets a name is dropped, its arguments with it (a call
   without a name is nothing a client can run).
 
+Refused (``RemoteProtocolError``, which ends the stream): a call whose whole
+name is not one of ``tool_names`` (the tools the client offered), a name
+longer than ``MAX_TOOL_NAME_CHARS``, more than ``max_calls`` calls. A refused
+call's start never goes out.
+
+Cost: linear in the entries fed; per entry, constant work besides its own
+text (a name's pieces are joined once it is whole).
+
 Invariants (property-tested through ``UpstreamReader``):
     - Whatever way a call's pieces are split over chunks, its fragments joined
       (``join_parts``) are the same: the upstream's id (or the made one), the
@@ -46,8 +54,9 @@ from typing import Any
 
 import orjson
 
-from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.errors import LocalProtocolError, RemoteProtocolError, bounded_repr
 from sluicegate.core.events import ToolCallFragment
+from sluicegate.core.reader_limits import MAX_TOOL_NAME_CHARS
 from sluicegate.core.toolcalls import new_call_id
 
 __all__ = ["ToolCallNormalizer"]
@@ -74,23 +83,38 @@ class ToolCallNormalizer:
     Args:
         new_id: makes the id of a call the upstream sent none for
             (``new_call_id`` by default).
+        tool_names: the names a call may have (the tools offered); ``None``:
+            any name.
+        max_calls: the most calls that may begin (named or not, >= 1).
 
     Attributes:
         calls: calls whose start fragment was returned (the next index).
     """
 
     __slots__ = (
+        "_begun",
         "_by_index",
         "_closed",
         "_held",
         "_latest",
+        "_max_calls",
         "_new_id",
         "_started",
+        "_tool_names",
         "calls",
     )
 
-    def __init__(self, new_id: Callable[[], str] = new_call_id) -> None:
+    def __init__(
+        self,
+        new_id: Callable[[], str] = new_call_id,
+        *,
+        tool_names: frozenset[str] | None = None,
+        max_calls: int = 128,
+    ) -> None:
         self._new_id = new_id
+        self._tool_names = tool_names
+        self._max_calls = max_calls
+        self._begun = 0
         self._by_index: dict[int, _Call] = {}  # the upstream's index -> call
         self._latest: _Call | None = None  # the call an entry without index continues
         self._held: _Call | None = None  # the one call whose start is held
@@ -121,6 +145,8 @@ class ToolCallNormalizer:
             The fragments it completes, in order (often one, maybe none).
 
         Raises:
+            RemoteProtocolError: a call refused (see the module); the fragments
+                of entries before it are lost with it.
             LocalProtocolError: after ``flush()``.
         """
         if self._closed:
@@ -137,6 +163,7 @@ class ToolCallNormalizer:
         """The choice ended: the held call's start (and its arguments), if any.
 
         Raises:
+            RemoteProtocolError: the held call names a tool not offered.
             LocalProtocolError: called twice.
         """
         if self._closed:
@@ -165,7 +192,15 @@ class ToolCallNormalizer:
                 upstream_id is not None and upstream_id == call.upstream_id
             )
             whole = repeated and name.startswith(call.name)
-            call.name = name if whole else call.name + name
+            name = name if whole else call.name + name
+            if len(name) > MAX_TOOL_NAME_CHARS:
+                call.index = _DROPPED  # never released, whatever comes next
+                self._held = None
+                raise RemoteProtocolError(
+                    f"the upstream named a tool call with more than "
+                    f"{MAX_TOOL_NAME_CHARS} characters: {bounded_repr(name, 80)}"
+                )
+            call.name = name
         if call.upstream_id is None and call.index is None:
             call.upstream_id = upstream_id
         if not arguments:
@@ -192,6 +227,12 @@ class ToolCallNormalizer:
                 return call
             index = None
         self._release(out)
+        self._begun += 1
+        if self._begun > self._max_calls:
+            raise RemoteProtocolError(
+                f"the upstream began more than {self._max_calls} tool calls "
+                "in one choice"
+            )
         call = self._held = self._latest = _Call(upstream_id)
         if index is not None:
             self._by_index[index] = call
@@ -208,6 +249,13 @@ class ToolCallNormalizer:
             call.index = _DROPPED  # what comes later for it drops too
             call.arguments = []
             return
+        names = self._tool_names
+        if names is not None and call.name not in names:
+            call.index = _DROPPED
+            raise RemoteProtocolError(
+                f"the upstream called the tool {call.name!r}, which the request "
+                "did not offer"
+            )
         call.index = self.calls
         self.calls += 1
         self._started.append(call)

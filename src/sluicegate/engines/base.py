@@ -168,6 +168,8 @@ class TextPrompt:
             then only the bound quotas reserve.
         extra: other request fields to pass on unchanged (JSON values), such as
             ``tools`` or ``response_format``.
+        tool_names: the names of the tools the client offered (chat); a call
+            the engine's model makes to any other is an error, never passed on.
     """
 
     endpoint: Endpoint
@@ -176,6 +178,7 @@ class TextPrompt:
     stop: tuple[str, ...] = ()
     max_tokens: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    tool_names: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,11 @@ class SequenceOutputs(Generic[_O]):
         self._deliver(None, True)
 
     @property
+    def queued(self) -> int:
+        """Items delivered and not yet taken (none while a listener keeps up)."""
+        return len(self._items)
+
+    @property
     def done(self) -> bool:
         """Whether the engine delivered its last item (finish, failure or end)."""
         return self._done

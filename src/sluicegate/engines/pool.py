@@ -95,6 +95,8 @@ class UpstreamCounters:
 
     Units: streams for ``in_flight``/``max_streams``/``*_total``; seconds for
     ``ttft_s_sum`` (over ``ttft_count`` streams that got a first token).
+    ``usage_rejected_total`` (streams whose usage could not be true) is the
+    engine's to fill; the pool leaves it 0.
     """
 
     name: str
@@ -108,6 +110,7 @@ class UpstreamCounters:
     ejections_total: int
     ttft_s_sum: float
     ttft_count: int
+    usage_rejected_total: int = 0
 
 
 class _Member:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -139,6 +140,7 @@ class UpstreamEngine:
         self._health: asyncio.Task[None] | None = None
         self._sequences: dict[str, UpstreamSequence] = {}
         self._closed = False
+        self._rejected_usage = [0] * len(self._upstreams)
         self._counts = dict.fromkeys(
             ("prompt", "generated", "finished", "aborted", "failed"), 0
         )
@@ -209,7 +211,14 @@ class UpstreamEngine:
 
     def upstream_counters(self) -> list[UpstreamCounters]:
         """Each upstream's state and counters (``[]`` before the first request)."""
-        return [] if self._pool is None else self._pool.counters()
+        if self._pool is None:
+            return []
+        return [
+            dataclasses.replace(row, usage_rejected_total=rejected)
+            for row, rejected in zip(
+                self._pool.counters(), self._rejected_usage, strict=True
+            )
+        ]
 
     def generate(self, request: GenerateRequest) -> UpstreamOutputs:
         """Start ``request`` on an upstream; its outputs are ``TextOutput``.
@@ -341,7 +350,12 @@ class UpstreamEngine:
                 outcome = Outcome.SUCCESS  # a client that leaves is no failure
                 try:
                     outcome = await read_stream(
-                        seq, response, lease, self._upstreams, self._counts
+                        seq,
+                        response,
+                        lease,
+                        self._upstreams,
+                        self._counts,
+                        self._model.context_length,
                     )
                 except BeforeContent as failed:  # a 200, then nothing: a refusal
                     refused, outcome, again = failed.refusal
@@ -355,6 +369,9 @@ class UpstreamEngine:
             finally:
                 if seq.timed_out is not None:
                     outcome = Outcome.FAILURE
+                if seq.usage_rejected:
+                    seq.usage_rejected = False
+                    self._rejected_usage[lease.member] += 1
                 if response is not None:
                     await response.aclose()
                 seq.lease = None

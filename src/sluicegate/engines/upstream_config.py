@@ -23,6 +23,7 @@ import orjson
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import EngineRefused, bounded_repr
+from sluicegate.core.reader_limits import READER_LIMITS, ReaderLimits
 from sluicegate.engines.base import GenerateRequest
 from sluicegate.engines.pool import Outcome
 
@@ -77,6 +78,7 @@ class UpstreamConfig:
             default).
         health_path: what the active health check gets (relative to ``url``);
             ``""``: no active check.
+        limits: the bounds its streams are read within (``ReaderLimits``).
     """
 
     url: str
@@ -86,8 +88,16 @@ class UpstreamConfig:
     timeouts: UpstreamTimeouts = UpstreamTimeouts()
     continuous_usage: bool = False
     health_path: str = "/models"
+    limits: ReaderLimits = READER_LIMITS
 
 
+_LIMIT_KEYS = (
+    "max_line_bytes",
+    "max_event_bytes",
+    "max_deltas_per_chunk",
+    "max_tool_calls",
+    "max_response_bytes",
+)
 _TIMEOUT_KEYS = {
     "connect_timeout_s": "connect_s",
     "first_token_timeout_s": "first_token_s",
@@ -97,6 +107,7 @@ _TIMEOUT_KEYS = {
 _KEYS = frozenset(
     {"url", "model", "api_key_env", "max_streams", "continuous_usage", "health_path"}
     | _TIMEOUT_KEYS.keys()
+    | set(_LIMIT_KEYS)
 )
 
 
@@ -110,7 +121,10 @@ def upstream_from_dict(
             environment variable holding the key), ``max_streams``,
             ``continuous_usage``, ``health_path``, and the time limits
             ``connect_timeout_s``, ``first_token_timeout_s``,
-            ``idle_timeout_s``, ``total_timeout_s`` (seconds, or ``null``).
+            ``idle_timeout_s``, ``total_timeout_s`` (seconds, or ``null``),
+            and the reader's bounds ``max_line_bytes``, ``max_event_bytes``,
+            ``max_deltas_per_chunk``, ``max_tool_calls``,
+            ``max_response_bytes`` (integers >= 1; ``ReaderLimits``).
         environ: the environment to read ``api_key_env`` from.
 
     Raises:
@@ -148,6 +162,10 @@ def upstream_from_dict(
             ):
                 raise ValueError(f"expected {key} > 0 or null, got {value!r}")
             limits[name] = None if value is None else float(value)
+    bounds = {key: spec[key] for key in _LIMIT_KEYS if key in spec}
+    for key, value in bounds.items():
+        if type(value) is not int or value < 1:
+            raise ValueError(f"expected {key} >= 1 (an integer), got {value!r}")
     return UpstreamConfig(
         url=url.rstrip("/"),
         model=model,
@@ -156,6 +174,7 @@ def upstream_from_dict(
         timeouts=UpstreamTimeouts(**limits),
         continuous_usage=bool(spec.get("continuous_usage", False)),
         health_path=str(spec.get("health_path", "/models")),
+        limits=ReaderLimits(**bounds),
     )
 
 

@@ -28,6 +28,11 @@ unique.
     first_token_timeout_s = 120
     idle_timeout_s = 60
     total_timeout_s = 600              # or leave out: no total limit
+    max_line_bytes = 1048576           # the reader's bounds (docs/security.md,
+    max_event_bytes = 1048576          # "Upstream reader limits"): an SSE line,
+    max_deltas_per_chunk = 1024        # an event's data, a chunk's choices and
+    max_tool_calls = 128               # tool-call entries, a choice's calls,
+    max_response_bytes = 268435456     # the whole body
 
 Spec: TOML v1.0.0; the upstream settings are ``upstream_from_dict``'s.
 """

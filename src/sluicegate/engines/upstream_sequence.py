@@ -70,6 +70,7 @@ class UpstreamSequence:
         "timed_out",
         "timer",
         "usage",
+        "usage_rejected",
     )
 
     def __init__(self, request: GenerateRequest, started: float) -> None:
@@ -79,6 +80,7 @@ class UpstreamSequence:
         self.last_at = started
         self.emitted = 0  # completion tokens pushed so far
         self.usage: Usage | None = None
+        self.usage_rejected = False  # the upstream's usage could not be true
         self.finish: FinishReason | None = None
         self.lease: Lease | None = None
         self.timed_out: str | None = None

@@ -8,10 +8,25 @@ engine may try on another upstream, one after it the sequence's ``EngineError``.
 Tool calls (``UpstreamToolCall``, normalized by the reader) go out as
 ``TextOutput.tool_calls``, one fragment per output.
 
+The reader is bounded by the upstream's ``ReaderLimits``, knows the tools the
+client offered and what the request's usage can be (its ``max_tokens``, the
+model's context window): a stream past a bound, or calling a tool not
+offered, fails with code ``upstream_protocol_error`` (a 502 before content,
+``UpstreamProtocolError`` after), and the connection is closed. A usage that
+cannot be true is dropped, logged and counted (``seq.usage_rejected``): the
+sequence's own count stands, and its usage is an estimate.
+
 Invariants:
     - The ``completion_tokens`` of a sequence's outputs add up to the
-      upstream's usage when it reported one (each text counts 1 until then;
-      the last output corrects the sum, never below what was counted).
+      upstream's usage when it reported one that can be true (each text counts
+      1 until then; the last output corrects the sum, never below what was
+      counted).
+    - Every ``YIELD_BYTES`` read without a pause, the loop is let go once, so
+      a fast upstream neither holds the event loop nor outruns the client's
+      writer (whose buffer would overflow); and while more than
+      ``MAX_UNTAKEN`` outputs wait for a consumer (the response has not begun
+      listening yet), nothing more is read: the client's buffer bound then
+      never meets a backlog it had no chance to write.
     - After ``[DONE]`` the body's end is read for at most ``DRAIN_S``, so that
       the connection is kept alive.
 """
@@ -20,18 +35,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 
-from sluicegate.core.errors import EngineError, EngineRefused
+from sluicegate.core.errors import EngineError, EngineRefused, UpstreamProtocolError
 from sluicegate.core.events import TextOutput, Usage
+from sluicegate.core.reader_limits import UsageBounds
 from sluicegate.core.upstream import UpstreamReader
 from sluicegate.core.upstream_items import (
+    PROTOCOL_ERROR_CODE,
     UpstreamDelta,
     UpstreamDone,
     UpstreamError,
     UpstreamFinish,
     UpstreamItem,
     UpstreamToolCall,
+    UpstreamUsageRejected,
 )
 from sluicegate.engines.pool import Lease, Outcome
 from sluicegate.engines.upstream_config import UpstreamConfig, failure_before_content
@@ -44,10 +63,24 @@ from sluicegate.engines.upstream_sequence import (
     step_tokens,
 )
 
-__all__ = ["DRAIN_S", "BeforeContent", "read_stream"]
+__all__ = ["DRAIN_S", "YIELD_BYTES", "BeforeContent", "read_stream"]
+
+logger = logging.getLogger(__name__)
 
 DRAIN_S = 1.0
 """How long a finished stream's body may take to end after ``[DONE]`` (seconds)."""
+
+YIELD_BYTES = 65536
+"""Bytes read from an upstream after which its reader lets the event loop run
+once: a read returns at once while bytes wait, so without it a fast upstream's
+whole backlog (200,000 deltas) would be read before the client's writer ran."""
+
+MAX_UNTAKEN = 256
+"""Outputs that may wait for the response to begin listening before the
+upstream is read further."""
+
+UNTAKEN_POLL_S = 0.002
+"""How often a paused reader looks whether its outputs were taken (seconds)."""
 
 
 class BeforeContent(Exception):
@@ -65,17 +98,29 @@ async def read_stream(
     lease: Lease,
     upstreams: Sequence[UpstreamConfig],
     counts: dict[str, int],
+    context_tokens: int = 0,
 ) -> Outcome:
     """Read a 200's stream into ``seq``'s outputs; the upstream's outcome.
 
-    ``counts`` gets the prompt and generated tokens of a finished sequence.
+    ``counts`` gets the prompt and generated tokens of a finished sequence;
+    a usage that cannot be true sets ``seq.usage_rejected``.
+    ``context_tokens`` is the model's context window (0: not known).
 
     Raises:
         BeforeContent: the stream failed before any content.
     """
-    reader = UpstreamReader(seq.request.text_prompt.endpoint)  # type: ignore[union-attr]
+    prompt = seq.request.text_prompt
+    assert prompt is not None, "an upstream sequence has a text prompt"
+    upstream = upstreams[lease.member]
+    reader = UpstreamReader(
+        prompt.endpoint,
+        limits=upstream.limits,
+        tool_names=prompt.tool_names,
+        usage_bounds=UsageBounds(prompt.max_tokens, context_tokens or None),
+    )
     time = asyncio.get_running_loop().time
     chunks = aiter(response)
+    unpaused = 0
     try:
         async for data in chunks:
             items = reader.feed(data)
@@ -84,6 +129,14 @@ async def read_stream(
                 ended = _apply(seq, items, lease, upstreams, counts)
                 if ended is not None:
                     break
+            unpaused += len(data)
+            if unpaused >= YIELD_BYTES:
+                unpaused = 0
+                await asyncio.sleep(0)
+            # Rare (a burst before the response listens) and short: a poll
+            # costs less than an event set on every output taken.
+            while seq.outputs.queued > MAX_UNTAKEN:  # noqa: ASYNC110
+                await asyncio.sleep(UNTAKEN_POLL_S)
         else:
             ended = _apply(seq, reader.flush(), lease, upstreams, counts)
     except HopError as exc:
@@ -127,6 +180,14 @@ def _apply(
             outputs.push(TextOutput("", None, step_tokens(seq), None, fragment))
         elif type(item) is Usage:
             seq.usage = item
+        elif type(item) is UpstreamUsageRejected:
+            seq.usage = None  # the sequence's own count stands
+            seq.usage_rejected = True
+            logger.warning(
+                "request %s: the upstream's usage was dropped: %s",
+                seq.request.request_id,
+                item.reason,
+            )
         elif type(item) is UpstreamFinish:
             if item.index == 0:
                 seq.finish = item.finish_reason
@@ -162,7 +223,12 @@ def _broken(
     if not seq.accept.done() and seq.lease is not None:
         url = upstreams[seq.lease.member].url
         raise BeforeContent(failure_before_content(message, code, kind, url))
-    end(seq, "failed", EngineError(prefix + message))
+    error = (
+        UpstreamProtocolError(prefix + message)
+        if code == PROTOCOL_ERROR_CODE
+        else EngineError(prefix + message)
+    )
+    end(seq, "failed", error)
     return Outcome.FAILURE
 
 

@@ -32,7 +32,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from sluicegate.core.events import Delta, Finish, StreamEvent, join_parts
+from sluicegate.core.events import (
+    Delta,
+    Finish,
+    StreamEvent,
+    join_all_parts,
+    join_parts,
+)
 
 __all__ = [
     "EVENT_COST_BYTES",
@@ -40,6 +46,7 @@ __all__ = [
     "Outbox",
     "StreamBuffer",
     "coalesce",
+    "join_all_deltas",
     "join_deltas",
 ]
 
@@ -151,33 +158,64 @@ def join_deltas(first: Delta, second: Delta) -> Delta:
     return dataclasses.replace(first, **changes)
 
 
+def join_all_deltas(deltas: list[Delta]) -> Delta:
+    """``join_deltas`` folded over ``deltas`` (one choice, >= 1), in time linear
+    in their text, logprobs and tool-call fragments (folding pairwise copies
+    what was joined so far at every step: quadratic).
+
+    Raises:
+        ValueError: the deltas belong to different choices.
+    """
+    first = deltas[0]
+    if len(deltas) == 1:
+        return first
+    if any(d.index != first.index for d in deltas):
+        raise ValueError(f"expected deltas of one choice, got {deltas!r:.200}")
+    logprobs = [d.logprobs for d in deltas if d.logprobs is not None]
+    usage = first.usage
+    for delta in deltas:
+        if delta.usage is not None:
+            usage = delta.usage
+    return Delta(
+        first.index,
+        "".join(d.text for d in deltas),
+        tuple(t for chunk in logprobs for t in chunk) if logprobs else None,
+        usage,
+        join_all_parts([d.parts for d in deltas]),
+    )
+
+
 def coalesce(events: list[StreamEvent]) -> tuple[list[StreamEvent], int]:
     """Merge each choice's pending deltas into one; returns (events, merged count).
 
     A ``Delta`` joins the earlier ``Delta`` of its choice in ``events`` unless that
     choice's ``Finish`` came between (it cannot, for a well-formed generation) or
     an ``End``/``Fail``/``Heartbeat`` did. ``merged`` counts the deltas that were
-    folded into another (0 when nothing piled up).
+    folded into another (0 when nothing piled up). Linear in the events: each
+    run of a choice's deltas is joined once (``join_all_deltas``).
     """
-    out: list[StreamEvent] = []
+    out: list[StreamEvent | list[Delta]] = []
     open_at: dict[int, int] = {}
     merged = 0
     for event in events:
         if isinstance(event, Delta):
             at = open_at.get(event.index)
             if at is not None:
-                previous = out[at]
-                assert isinstance(previous, Delta)
-                out[at] = join_deltas(previous, event)
+                run = out[at]
+                assert isinstance(run, list)
+                run.append(event)
                 merged += 1
                 continue
             open_at[event.index] = len(out)
-        elif isinstance(event, Finish):
+            out.append([event])
+            continue
+        if isinstance(event, Finish):
             open_at.pop(event.index, None)
         else:
             open_at.clear()
         out.append(event)
-    return out, merged
+    joined = [join_all_deltas(e) if isinstance(e, list) else e for e in out]
+    return joined, merged
 
 
 EVENT_COST_BYTES = 128

@@ -9,8 +9,9 @@ cancellation of the task passes through (``asyncio.timeout``'s pattern:
 ``uncancel()`` tells ours from theirs).
 
 Invariants:
-    - The task is cancelled at most once by the race; a ``stop`` after the
-      ``with`` ended is ignored instead of cancelling whatever the task does next.
+    - The task is cancelled at most once by the race, and only while it waits
+      inside the ``with``; a ``stop`` after the ``with`` ended is ignored
+      instead of cancelling whatever the task does next.
     - The watcher task ends with the ``with``, which lets go of it (no
       reference cycle outlives a response: it is freed when it ends).
 
@@ -84,7 +85,24 @@ class DisconnectRace:
         )
 
     def stop(self, reason: str) -> None:
-        """Cancel the task for ``reason``, once; ignored after the ``with``."""
+        """Cancel the task for ``reason``, once; ignored after the ``with``.
+
+        Called from the task itself (a buffer that overflows while the task
+        fills it), the cancellation waits for the task's next pause: a
+        cancellation asked of a running task stays pending until its next
+        ``await`` that suspends, and one that the ``with`` ended before would
+        hit whatever the task awaits next (the body's last chunk). Should the
+        ``with`` end first, the stop never happened: ``reason`` stays ``None``.
+        """
+        if self.reason is not None or self._task is None:
+            return
+        if asyncio.current_task() is self._task:
+            asyncio.get_running_loop().call_soon(self._stop_later, reason)
+            return
+        self.reason = reason
+        self._task.cancel()
+
+    def _stop_later(self, reason: str) -> None:
         if self.reason is None and self._task is not None:
             self.reason = reason
             self._task.cancel()

@@ -31,7 +31,7 @@ from sluicegate.core.chunks import (
     text_completion,
 )
 from sluicegate.core.endstate import EndState, classify_body
-from sluicegate.core.events import Delta, DeltaParts, End, Fail, join_parts
+from sluicegate.core.events import Delta, DeltaParts, End, Fail, join_all_parts
 from sluicegate.core.logprobs import LogprobToken
 from sluicegate.core.wire import Whole, error_body, whole_body
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
@@ -139,7 +139,8 @@ class CompletionResponse:
             else (None,) * self._header.n
         )
         endpoint = self._header.endpoint
-        calls = [parts.tool_calls if parts else () for parts in collected.parts]
+        joined = [join_all_parts(parts) for parts in collected.parts]
+        calls = [parts.tool_calls if parts else () for parts in joined]
         if endpoint is Endpoint.CHAT:
             return chat_completion(self._header, choices, usage, logprobs, calls)
         if endpoint is Endpoint.COMPLETION:
@@ -152,20 +153,20 @@ class CompletionResponse:
 
 class _Collected:
     """The deltas of a non-streamed response, per choice: text pieces, logprobs,
-    and tool-call fragments joined per call (``join_parts``)."""
+    and tool-call fragments, joined per call once at the end
+    (``join_all_parts``: linear in the fragments)."""
 
     def __init__(self, n: int) -> None:
         self.texts: list[list[str]] = [[] for _ in range(n)]
         self.logprobs: list[list[LogprobToken]] = [[] for _ in range(n)]
-        self.parts: list[DeltaParts | None] = [None] * n
+        self.parts: list[list[DeltaParts]] = [[] for _ in range(n)]
 
     def add(self, delta: Delta) -> None:
         self.texts[delta.index].append(delta.text)
         if delta.logprobs:
             self.logprobs[delta.index].extend(delta.logprobs)
         if delta.parts is not None:
-            index = delta.index
-            self.parts[index] = join_parts(self.parts[index], delta.parts)
+            self.parts[delta.index].append(delta.parts)
 
 
 async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:

@@ -360,6 +360,11 @@ class _Upstreams(Collector):
         ("failures", "Upstream streams that failed (before or after content)"),
         ("refusals", "Requests the upstream refused with a status before content"),
         ("ejections", "Times the upstream was ejected after failures in a row"),
+        (
+            "usage_rejected",
+            "Streams whose usage could not be true: dropped, the server's own "
+            "count billed (an estimate)",
+        ),
     )
 
     def __init__(self, engines: Sequence[Engine]) -> None:
@@ -393,6 +398,7 @@ class _Upstreams(Collector):
                 counters["failures"].add_metric(values, row.failures_total)
                 counters["refusals"].add_metric(values, row.refusals_total)
                 counters["ejections"].add_metric(values, row.ejections_total)
+                counters["usage_rejected"].add_metric(values, row.usage_rejected_total)
                 ttft.add_metric(values, row.ttft_count, row.ttft_s_sum)
         yield from gauges.values()
         yield from counters.values()

@@ -47,6 +47,7 @@ def text_chat_plan(
         messages,
         stop=tuple(request.stop),
         extra=_constraint_fields(request),
+        tool_names=frozenset(t.function.name for t in request.tools or ()),
     )
     return _text_plan(request, response_id, engine, config, model, [text], [""])
 
