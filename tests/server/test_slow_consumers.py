@@ -14,11 +14,13 @@ from starlette.types import Message
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import (
     Delta,
+    DeltaParts,
     End,
     Fail,
     Finish,
     FinishReason,
     StreamEvent,
+    ToolCallFragment,
     Usage,
 )
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
@@ -28,6 +30,7 @@ from sluicegate.server.buffer import (
     LiveStreams,
     StreamBuffer,
     coalesce,
+    join_all_deltas,
     join_deltas,
 )
 from sluicegate.server.config import ServerConfig
@@ -234,3 +237,33 @@ async def test_a_deadline_before_the_end_piled_up_behind_a_slow_client_ends_it()
     assert not any(c["finish_reason"] for p in payloads for c in p.get("choices", []))
     assert ex.done_count() == 0
     assert _row(app)[0] is EndState.ERRORED
+
+
+def test_join_all_deltas_is_join_deltas_folded() -> None:
+    usage = Usage(1, 2)
+    fragments = [ToolCallFragment(i % 3, None, None, str(i)) for i in range(30)]
+    deltas = [
+        Delta(0, f"t{i}", None, usage if i == 5 else None, DeltaParts((f,)))
+        for i, f in enumerate(fragments)
+    ]
+    folded = deltas[0]
+    for delta in deltas[1:]:
+        folded = join_deltas(folded, delta)
+    assert join_all_deltas(deltas) == folded
+    assert join_all_deltas(deltas[:1]) is deltas[0]
+    with pytest.raises(ValueError, match="one choice"):
+        join_all_deltas([Delta(0, "a"), Delta(1, "b")])
+
+
+def test_coalescing_many_tool_call_deltas_is_linear() -> None:
+    """30,000 one-fragment deltas merge in one pass: each call's arguments
+    joined once (pairwise folding copied every call so far at each step)."""
+    events: list[StreamEvent] = [
+        Delta(0, "", None, None, DeltaParts((ToolCallFragment(i, "c", "f", "{}"),)))
+        for i in range(30_000)
+    ]
+    (merged,), count = coalesce(events)
+    assert count == 29_999
+    assert isinstance(merged, Delta)
+    assert merged.parts is not None
+    assert len(merged.parts.tool_calls) == 30_000
