@@ -8,6 +8,8 @@ from typing import Any, TypeVar, overload
 
 from hypothesis import strategies as st
 
+from sluicegate.core.reasoning import ReasoningParser
+
 T = TypeVar("T", str, bytes)
 U = TypeVar("U")
 
@@ -49,3 +51,19 @@ tricky_text = st.lists(
     ),
     max_size=30,
 ).map("".join)
+
+
+def reference_split(text: str, parser: ReasoningParser) -> tuple[str, str, bool, int]:
+    """(reasoning, content, ended, chars up to the end of the end marker or of the
+    text when it never ends), by whole-string search: an independent oracle."""
+    if not parser.end:
+        return "", text, False, 0
+    if parser.start and text.startswith(parser.start):
+        offset = len(parser.start)
+    elif parser.starts_inside:
+        offset = 0
+    else:
+        return "", text, False, 0
+    reasoning, marker, content = text[offset:].partition(parser.end)
+    spent = offset + len(reasoning) + len(marker) if marker else len(text)
+    return reasoning, content, bool(marker), spent

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
+from sluicegate.core.reasoning import ReasoningSplitter, reasoning_parser
 
-from .strategies import split_at
+from .strategies import reference_split, split_at
 
 REAL_VOCAB = settings(
     max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None
@@ -162,3 +163,69 @@ def test_gemma_incremental_any_split_gives_the_full_decode(
     detok = IncrementalDetokenizer(pieces, skip_ids=gemma_special_ids)
     expected = b"".join(pieces[i] for i in ids if i not in gemma_special_ids)
     assert _run(detok, split_at(ids, cuts)) == expected.decode(errors="replace")
+
+
+# --- Reasoning markers on Gemma's tokens (detokenizer, then splitter) ----------------
+
+# Gemma spells "<think>" as "<", "think", ">" and "</think>" as "</", "think", ">".
+reasoning_pieces = st.lists(
+    st.one_of(
+        text_for_tokenizers,
+        st.sampled_from(["<", "</", "<think", "</think", "think>", ">", "é", "🤖"]),
+    ),
+    max_size=4,
+).map("".join)
+
+
+@REAL_VOCAB
+@given(data=st.data())
+def test_gemma_reasoning_split_token_by_token_matches_the_whole_text(
+    gemma_pieces: Sequence[bytes],
+    gemma_tokenizer: Any,
+    data: st.DataObject,
+) -> None:
+    pieces = gemma_pieces
+    byte_id = {p[0]: i for i, p in enumerate(pieces) if len(p) == 1}
+    parser = reasoning_parser(data.draw(st.sampled_from(["qwen3", "deepseek_r1"])))
+    segments = [
+        data.draw(st.sampled_from(["", "<think>"])),
+        data.draw(reasoning_pieces),
+        data.draw(st.sampled_from(["", "</think>"])),
+        data.draw(reasoning_pieces),
+    ]
+    ids: list[int] = []
+    for segment in segments:
+        if data.draw(st.booleans(), label="as bytes") and all(
+            b in byte_id for b in segment.encode()
+        ):
+            ids += [byte_id[b] for b in segment.encode()]  # characters split
+        else:
+            ids += gemma_tokenizer.encode(
+                segment, add_special=False, parse_special=False
+            )
+    text = "".join(segments)
+    detok = IncrementalDetokenizer(pieces)
+    splitter = ReasoningSplitter(parser)
+    reasoning: list[str] = []
+    content: list[str] = []
+    for token in ids:
+        step = splitter.feed(detok.feed([token]))
+        reasoning.append(step.reasoning)
+        content.append(step.content)
+    assert detok.flush() == ""  # the segments are whole characters
+    end = splitter.flush()
+    expected_reasoning, expected_content, ended, spent_chars = reference_split(
+        text, parser
+    )
+    assert "".join([*reasoning, end.reasoning]) == expected_reasoning
+    assert "".join([*content, end.content]) == expected_content
+    # Tokens up to and including the one that completes the end marker; all of
+    # them when the reasoning never ends.
+    spent_bytes = len(text[:spent_chars].encode())
+    sizes = [len(pieces[token]) for token in ids]
+    expected_tokens = next(
+        k for k in range(len(ids) + 1) if sum(sizes[:k]) >= spent_bytes
+    )
+    if not ended and spent_chars:
+        expected_tokens = len(ids)
+    assert splitter.reasoning_tokens == expected_tokens

@@ -6,7 +6,8 @@ to emit now, ``flush()`` returns the rest and ends the object.
 
 Modules: ``detokenize`` (token ids -> text), ``stops`` (stop strings),
 ``choice`` (both, per choice), ``choice_setup`` (a choice's options and
-decoders), ``logprobs`` (logprobs aligned with delta text), ``decoding``
+decoders), ``reasoning`` (reasoning apart from content, by a model family's
+markers), ``logprobs`` (logprobs aligned with delta text), ``decoding``
 (``ResponseDecoder``: one response's engine outputs -> stream events), ``sse``
 (event-stream codec), ``chunks`` (OpenAI payload builders), ``stream`` (the
 per-response state machine and its ``outcome``), ``endstate`` (how a stream
@@ -29,6 +30,7 @@ from sluicegate.core.events import (
     StreamEvent,
     Usage,
 )
+from sluicegate.core.reasoning import ReasoningSplitter, ReasoningStep
 from sluicegate.core.sse import DONE, Event, SSEDecoder, encode_comment, encode_event
 from sluicegate.core.stops import StopMatcher, StopStep
 from sluicegate.core.stream import StreamMachine, StreamState
@@ -48,6 +50,8 @@ __all__ = [
     "FinishReason",
     "Heartbeat",
     "IncrementalDetokenizer",
+    "ReasoningSplitter",
+    "ReasoningStep",
     "ResponseHeader",
     "SSEDecoder",
     "StopMatcher",
