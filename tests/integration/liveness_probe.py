@@ -1,0 +1,130 @@
+"""Liveness under attack, measured from outside: ordinary streams and ``/health`` polls.
+
+``python -m tests.integration.liveness_probe URL MODEL`` waits for lines on
+stdin: ``start`` begins measuring, ``stop`` ends it and prints one JSON line
+(``Window``'s fields); end of input exits. While a window is open, one thread
+streams chat completions of ``MODEL`` from the server at ``URL`` back to back
+and records when each event arrives; another asks ``/health`` every
+``HEALTH_EVERY_S`` and records how long each answer took.
+
+It is its own process so that its clocks do not share a GIL with the test
+that attacks the server (reading 200,000 events in the test's process would
+show up as gaps here).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+HEALTH_EVERY_S = 0.05
+MAX_TOKENS = 40
+TIMEOUT_S = 30.0
+
+
+@dataclass
+class StreamRecord:
+    """One probe stream: its status, whether ``[DONE]`` came, its timings (s)."""
+
+    status: int
+    done: bool
+    ttft_s: float
+    max_gap_s: float
+    events: int
+    received_at: float
+
+
+@dataclass
+class Window:
+    """What one ``start`` .. ``stop`` window saw."""
+
+    streams: list[StreamRecord] = field(default_factory=list)
+    health_s: list[float] = field(default_factory=list)
+    health_failures: list[str] = field(default_factory=list)
+    stream_failures: list[str] = field(default_factory=list)
+
+
+def one_stream(client: httpx.Client, model: str) -> StreamRecord:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "probe"}],
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+    }
+    received_at = time.time()
+    sent = time.monotonic()
+    arrivals: list[float] = []
+    done = False
+    buffer = b""
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        for data in response.iter_raw():
+            now = time.monotonic()
+            buffer += data
+            *events, buffer = buffer.split(b"\n\n")
+            for raw in events:
+                if raw.startswith(b"data: "):
+                    arrivals.append(now)
+                    done = done or raw == b"data: [DONE]"
+        status = response.status_code
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    return StreamRecord(
+        status=status,
+        done=done,
+        ttft_s=(arrivals[0] - sent) if arrivals else -1.0,
+        max_gap_s=max(gaps, default=0.0),
+        events=len(arrivals),
+        received_at=received_at,
+    )
+
+
+def stream_loop(url: str, model: str, window: Window, stop: threading.Event) -> None:
+    with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
+        while not stop.is_set():
+            try:
+                window.streams.append(one_stream(client, model))
+            except httpx.HTTPError as exc:
+                window.stream_failures.append(repr(exc))
+
+
+def health_loop(url: str, window: Window, stop: threading.Event) -> None:
+    with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                answer = client.get("/health")
+                if answer.status_code != 200:
+                    window.health_failures.append(f"{answer.status_code}")
+            except httpx.HTTPError as exc:
+                window.health_failures.append(repr(exc))
+            window.health_s.append(time.monotonic() - started)
+            stop.wait(HEALTH_EVERY_S)
+
+
+def main(url: str, model: str) -> None:
+    for line in sys.stdin:
+        if line.strip() != "start":
+            continue
+        window, stop = Window(), threading.Event()
+        threads = [
+            threading.Thread(target=stream_loop, args=(url, model, window, stop)),
+            threading.Thread(target=health_loop, args=(url, window, stop)),
+        ]
+        for thread in threads:
+            thread.start()
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+        for thread in threads:
+            thread.join()
+        print(json.dumps(asdict(window)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,208 @@
+"""A hostile upstream behind a real gateway: each attack ends clearly, nothing stalls.
+
+One gateway process serves a ``hostile`` model from ``hostile_upstream.py`` (its
+own process, misbehaving on command) and a ``scripted`` model from a paced
+scripted sluicegate. Each test runs one attack under ``Harness.attack`` and
+asserts four things:
+
+- the client's answer: a status before any content (OpenAI's error shape), or
+  exactly one in-band error event and no ``[DONE]`` after it; never a secret;
+- the ledger row: closed, and its status and end state are the client's;
+- the gateway's memory: its peak RSS grew at most ``MEMORY_BOUND_BYTES``
+  during the attack (``/proc/PID/clear_refs`` resets the peak first);
+- its liveness: ordinary streams of the scripted model, run back to back by
+  another process during the attack, all finished with no gap, time to first
+  token or ``/health`` answer past ``WEDGED_S`` (1 s; a wedged loop). The
+  issue's own bounds (no gap over 50 ms caused by the attack, ``/health``
+  within 100 ms) are measured, not asserted: with
+  ``SLUICEGATE_LIVENESS_REPORT=FILE`` the figures of every attack, and of a
+  window without one, are written there (docs/security.md, "Liveness under
+  attack", quotes them).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from . import hostile_upstream as fake
+from .hostile import (
+    GET_WEATHER,
+    answered_in_time,
+    finishes,
+    refused,
+    send,
+)
+from .hostile_harness import Harness, harness
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+__all__ = ["harness"]  # the module's fixture
+
+
+def test_without_an_attack_the_probe_streams_are_live(harness: Harness) -> None:
+    """The window every attack is compared with (figures: ``no attack``)."""
+    with harness.attack("no attack", expected_rows=0) as measured:
+        time.sleep(0.6)
+    measured.assert_live()
+    measured.assert_memory_bounded()
+    assert measured.rows == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_valid_stream_cut_in_random_pieces_arrives_whole(
+    harness: Harness, seed: int
+) -> None:
+    with harness.client() as client, harness.attack(f"splits:{seed}") as measured:
+        seen = send(client, f"attack:splits:{seed}")
+    finishes(seen)
+    assert seen.text == "".join(
+        word + " " for word in fake.SPLIT_TEXT.split(" ") if word
+    )
+    row = measured.assert_row_matches(seen)
+    assert row.completion_tokens == len(fake.SPLIT_TEXT.split())
+    measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+@pytest.mark.parametrize(
+    "number",
+    ["9000000000000000000", "100000000000000000000", "-5", "1.5", '"7"', "1e300"],
+)
+def test_usage_an_upstream_cannot_mean_is_replaced_by_the_gateways_count(
+    harness: Harness, number: str
+) -> None:
+    """Past 64 bits, past the context, negative, fractional, a string: the row and
+    the client's usage are sluicegate's own count, marked estimated, and the
+    ledger's writer lives on (the probe's rows after it are written)."""
+    with harness.client() as client, harness.attack(f"usage:{number}") as measured:
+        seen = send(client, f"attack:usage:{number}", usage=True)
+    finishes(seen)
+    assert seen.text == "Counted wrong."
+    usage = seen.usage
+    assert usage is not None, seen.events[-3:]
+    assert 0 < usage["completion_tokens"] <= 10, usage
+    assert 0 <= usage["prompt_tokens"] <= 8192, usage
+    row = measured.assert_row_matches(seen)
+    assert 0 < row.completion_tokens <= 10, row
+    assert 0 <= row.prompt_tokens <= 8192, row
+    assert row.usage_estimated, row
+    measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+@pytest.mark.parametrize(
+    ("count", "shape"),
+    [(4000, "same"), (4000, "many"), (100_000, "same"), (100_000, "many")],
+)
+def test_a_chunk_of_thousands_of_tool_call_deltas_never_stalls_the_gateway(
+    harness: Harness, count: int, shape: str
+) -> None:
+    """``same``: every delta adds to one call's arguments; ``many``: each is a
+    call. Under the reader's limits the calls arrive whole; past them, a 502."""
+    name = f"tool_deltas:{count}:{shape}"
+    with harness.client() as client, harness.attack(name) as measured:
+        seen = send(client, f"attack:{name}", tools=[GET_WEATHER])
+    answered_in_time(seen)
+    if seen.status == 200:
+        finishes(seen)
+        calls = 1 if shape == "same" else count
+        assert seen.tool_names == ["get_weather"] * calls
+    else:
+        refused(seen)
+    measured.assert_row_matches(seen)
+    measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+@pytest.mark.parametrize(
+    ("code", "when"),
+    [
+        ("⁵⁰³", "after"),
+        ("٥٠٣", "before"),  # Arabic-Indic digits: int() reads 503
+        ("99999999999999999999", "before"),
+        ("503", "before"),
+    ],
+)
+def test_an_error_event_with_any_code_gets_the_client_a_clear_answer(
+    harness: Harness, code: str, when: str
+) -> None:
+    name = f"error_code:{code}:{when}"
+    with harness.client() as client, harness.attack(name) as measured:
+        seen = send(client, f"attack:{name}")
+    answered_in_time(seen)
+    if when == "after":
+        seen.in_band_error()
+    else:
+        refused(seen, {502, 503})
+    measured.assert_row_matches(seen)
+    measured.assert_live()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_an_sse_line_that_never_ends_is_cut_at_the_line_limit(
+    harness: Harness, when: str
+) -> None:
+    """The gateway ends the stream and closes the upstream's connection: the
+    upstream saw its peer leave after a few MiB, not after its own limit."""
+    with harness.client() as client, harness.attack(f"endless:{when}") as measured:
+        seen = send(client, f"attack:endless_line:{when}")
+    answered_in_time(seen)
+    if when == "after":
+        seen.in_band_error()
+    else:
+        refused(seen)
+    deadline = time.monotonic() + 5
+    while (stats := harness.upstream_stats())["endless_ended"] != "peer closed":
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.1)
+    assert stats["endless_bytes"] <= 32 << 20, stats
+    measured.assert_row_matches(seen)
+    measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_50_mib_delta_ends_the_stream_with_an_error(
+    harness: Harness, when: str
+) -> None:
+    with harness.client() as client, harness.attack(f"huge_delta:{when}") as measured:
+        seen = send(client, f"attack:huge_delta:50:{when}")
+    answered_in_time(seen)
+    if when == "after":
+        seen.in_band_error()
+    else:
+        refused(seen)
+    assert len(seen.body) < 2 << 20
+    measured.assert_row_matches(seen)
+    measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_call_of_a_tool_never_offered_is_an_error_not_a_forwarded_call(
+    harness: Harness, when: str
+) -> None:
+    name = f"unoffered_tool:{when}"
+    with harness.client() as client, harness.attack(name) as measured:
+        seen = send(client, f"attack:{name}", tools=[GET_WEATHER])
+    assert "delete_everything" not in seen.tool_names
+    if when == "after":
+        seen.in_band_error()
+    else:
+        refused(seen)
+    measured.assert_row_matches(seen)
+    measured.assert_live()
+
+
+@pytest.mark.parametrize("attack", ["garbage:1", "garbage:2", "garbage:3"])
+def test_random_garbage_from_the_upstream_is_a_502(
+    harness: Harness, attack: str
+) -> None:
+    with harness.client() as client, harness.attack(attack) as measured:
+        seen = send(client, f"attack:{attack}")
+    answered_in_time(seen)
+    refused(seen)
+    measured.assert_row_matches(seen)
+    measured.assert_memory_bounded()
+    measured.assert_live()
