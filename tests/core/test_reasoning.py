@@ -329,3 +329,41 @@ def test_a_stream_cut_anywhere_delivers_all_but_no_whole_marker(
     assert (reasoning, content) == reference_split(head, QWEN3)[:2]
     if head.startswith("<think>"):
         assert "</think>" not in reasoning
+
+
+def _longest_proper_prefix_suffix(text: str, marker: str) -> str:
+    for k in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-k:]):
+            return text[-k:]
+    return ""
+
+
+@given(text=marker_text, parser=parsers)
+def test_held_text_is_exactly_the_longest_tail_that_may_become_the_marker(
+    text: str, parser: ReasoningParser
+) -> None:
+    """Minimal holdback, checked after every character against an oracle."""
+    splitter = ReasoningSplitter(parser)
+    reasoning = ""
+    for end, char in enumerate(text, 1):
+        step = splitter.feed(char)
+        reasoning += step.reasoning
+        if step.phase is START:
+            assert splitter.held == text[:end]
+            assert parser.start.startswith(text[:end])
+        elif step.phase is REASONING:
+            expected = _longest_proper_prefix_suffix(
+                reasoning + splitter.held, parser.end
+            )
+            assert splitter.held == expected
+        else:
+            assert splitter.held == ""
+
+
+def test_one_character_markers_hold_nothing() -> None:
+    parser = ReasoningParser("brackets", "⟨", "⟩", starts_inside=False)
+    splitter = ReasoningSplitter(parser)
+    assert splitter.feed("⟨") == ReasoningStep("", "", REASONING)
+    assert splitter.feed("ab") == ReasoningStep("ab", "", REASONING)
+    assert splitter.held == ""
+    assert splitter.feed("c⟩d⟨") == ReasoningStep("c", "d⟨", CONTENT)

@@ -266,6 +266,10 @@ class ReasoningSplitter:
         self._feeds += 1
         if phase is ReasoningPhase.REASONING:
             self._spent = self._feeds
+            if not self._held and self._parser.end[0] not in text:
+                # No marker can start in ``text``: all of it is reasoning (the
+                # common case, one set test).
+                return ReasoningStep(text, "", phase)
             return self._reason(self._held + text)
         return self._begin(self._held + text)
 
