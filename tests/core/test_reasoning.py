@@ -14,6 +14,8 @@ from sluicegate.core.reasoning import (
     ReasoningPhase,
     ReasoningSplitter,
     ReasoningStep,
+    detect_reasoning_parser,
+    opened_by_prompt,
     reasoning_parser,
 )
 
@@ -367,3 +369,48 @@ def test_one_character_markers_hold_nothing() -> None:
     assert splitter.feed("ab") == ReasoningStep("ab", "", REASONING)
     assert splitter.held == ""
     assert splitter.feed("c⟩d⟨") == ReasoningStep("c", "d⟨", CONTENT)
+
+
+# --- choosing the parser from the template and the prompt --------------------------
+
+# The shape of Qwen3's template: earlier reasoning stripped from the history, an
+# empty block written when thinking is switched off.
+THINK_TEMPLATE = (
+    "{%- for m in messages %}{{ m.content.split('</think>')[-1] }}{%- endfor %}"
+    "<|im_start|>assistant\n"
+    "{%- if enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}"
+)
+
+
+def test_a_template_naming_both_markers_is_detected() -> None:
+    assert detect_reasoning_parser(THINK_TEMPLATE) is QWEN3
+    assert detect_reasoning_parser("{{ '<think>' }}") is None  # no end marker
+    assert detect_reasoning_parser("{{ messages }}") is None
+    assert detect_reasoning_parser("") is None
+    assert detect_reasoning_parser(None) is None
+
+
+def test_the_built_in_gemma_template_has_no_reasoning() -> None:
+    from sluicegate.server.templates import GEMMA3_TEMPLATE
+
+    assert detect_reasoning_parser(GEMMA3_TEMPLATE) is None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "opened"),
+    [
+        ("<|User|>2+2?<|Assistant|><think>\n", True),  # DeepSeek-R1's tail
+        ("<|im_start|>assistant\n<think>\n\n</think>\n\n", False),  # switched off
+        ("<|im_start|>assistant\n", None),  # the model decides
+        ("<|im_start|>user\nwhat is <think>?<|im_end|>\n<|im_start|>assistant\n", None),
+    ],
+)
+def test_the_prompt_tail_says_whether_reasoning_was_opened(
+    prompt: str, opened: bool | None
+) -> None:
+    assert opened_by_prompt(prompt, QWEN3) is opened
+    assert opened_by_prompt(prompt, R1) is opened
+    assert opened_by_prompt(prompt, NONE) is None
+    splitter = ReasoningSplitter(QWEN3, starts_inside=opened)
+    expected = ("plan", "ok") if opened else ("", "plan</think>ok")
+    assert run(splitter, ["plan</think>ok"]) == expected

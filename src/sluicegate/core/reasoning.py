@@ -85,6 +85,8 @@ __all__ = [
     "ReasoningPhase",
     "ReasoningSplitter",
     "ReasoningStep",
+    "detect_reasoning_parser",
+    "opened_by_prompt",
     "reasoning_parser",
 ]
 
@@ -167,6 +169,63 @@ def reasoning_parser(name: str) -> ReasoningParser:
         known = ", ".join(sorted(REASONING_PARSERS))
         raise KeyError(f"expected a reasoning parser ({known}); got {name!r}")
     return parser
+
+
+def detect_reasoning_parser(chat_template: str | None) -> ReasoningParser | None:
+    """The parser whose markers a chat template's source spells out, if any.
+
+    A template that names both markers of a family (to open the reasoning in the
+    prompt, or to strip earlier reasoning from the history) is taken to be for
+    that family. ``qwen3`` is returned for ``<think>`` templates: whether a
+    given prompt opened the reasoning is then told by ``opened_by_prompt``.
+
+    Args:
+        chat_template: the Jinja source, or ``None`` (no template).
+
+    Returns:
+        The first matching parser of ``REASONING_PARSERS`` that has a start
+        marker and does not start inside, or ``None``: no family recognized
+        (serve without a splitter unless ``--reasoning-parser`` says otherwise).
+    """
+    if not chat_template:
+        return None
+    for parser in REASONING_PARSERS.values():
+        if (
+            parser.start
+            and not parser.starts_inside
+            and parser.start in chat_template
+            and parser.end in chat_template
+        ):
+            return parser
+    return None
+
+
+def opened_by_prompt(prompt: str, parser: ReasoningParser) -> bool | None:
+    """Whether a rendered prompt leaves the model inside the reasoning.
+
+    A template that opens the reasoning ends the generation prompt with the
+    start marker (DeepSeek-R1's ``"<think>\\n"``); one that switches it off
+    writes an empty block (Qwen3's ``"<think>\\n\\n</think>\\n\\n"``). Only the
+    prompt's tail is read, so a marker quoted in a message does not count.
+
+    Args:
+        prompt: the prompt text as rendered (generation prompt included).
+        parser: the family's markers.
+
+    Returns:
+        ``True`` when the prompt ends with the start marker (trailing whitespace
+        aside), ``False`` when it ends with the end marker, ``None`` otherwise
+        (keep ``parser.starts_inside``); pass it as ``ReasoningSplitter``'s
+        ``starts_inside``.
+    """
+    if not parser.reasons:
+        return None
+    tail = prompt.rstrip()
+    if parser.start and tail.endswith(parser.start):
+        return True
+    if tail.endswith(parser.end):
+        return False
+    return None
 
 
 @dataclass(frozen=True, slots=True)
