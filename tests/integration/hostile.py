@@ -187,9 +187,13 @@ class Measured:
         streams = self.window["streams"]
         return {
             "probe_streams": len(streams),
-            "max_gap_ms": round(1000 * max(s["max_gap_s"] for s in streams), 1),
-            "max_ttft_ms": round(1000 * max(s["ttft_s"] for s in streams), 1),
-            "health_max_ms": round(1000 * max(self.window["health_s"]), 1),
+            "max_gap_ms": round(
+                1000 * max((s["max_gap_s"] for s in streams), default=0.0), 1
+            ),
+            "max_ttft_ms": round(
+                1000 * max((s["ttft_s"] for s in streams), default=0.0), 1
+            ),
+            "health_max_ms": round(1000 * max(self.window["health_s"], default=0.0), 1),
             "health_polls": len(self.window["health_s"]),
             "rss_growth_mib": round((self.peak_rss - self.rss_before) / (1 << 20), 1),
         }

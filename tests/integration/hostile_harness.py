@@ -65,6 +65,9 @@ class Probe:
             cwd=ROOT,
             text=True,
         )
+        assert self.process.stdout is not None
+        ready = self.process.stdout.readline()
+        assert ready == "ready\n", f"the probe did not start: {ready!r}"
 
     def start(self) -> None:
         assert self.process.stdin is not None

@@ -1,11 +1,11 @@
 """Liveness under attack, measured from outside: ordinary streams and ``/health`` polls.
 
-``python -m tests.integration.liveness_probe URL MODEL`` waits for lines on
-stdin: ``start`` begins measuring, ``stop`` ends it and prints one JSON line
-(``Window``'s fields); end of input exits. While a window is open, one thread
-streams chat completions of ``MODEL`` from the server at ``URL`` back to back
-and records when each event arrives; another asks ``/health`` every
-``HEALTH_EVERY_S`` and records how long each answer took.
+``python -m tests.integration.liveness_probe URL MODEL`` prints ``ready``,
+then waits for lines on stdin: ``start`` begins measuring, ``stop`` ends it and
+prints one JSON line (``Window``'s fields); end of input exits. While a window
+is open, one thread streams chat completions of ``MODEL`` from the server at
+``URL`` back to back and records when each event arrives; another asks
+``/health`` every ``HEALTH_EVERY_S`` and records how long each answer took.
 
 It is its own process so that its clocks do not share a GIL with the test
 that attacks the server (reading 200,000 events in the test's process would
@@ -107,6 +107,7 @@ def health_loop(url: str, window: Window, stop: threading.Event) -> None:
 
 
 def main(url: str, model: str) -> None:
+    print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() != "start":
             continue
