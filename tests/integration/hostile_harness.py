@@ -155,7 +155,8 @@ class Harness:
 
     @contextlib.contextmanager
     def attack(self, name: str, expected_rows: int = 1) -> Iterator[Measured]:
-        """Measure the block: liveness, peak RSS, then wait for its rows to close.
+        """Measure the block: liveness, peak RSS, then wait for its rows to close
+        and check that the key is in no log line, ledger byte or metric.
 
         ``expected_rows``: how many ``hostile`` requests the block sends.
         """
@@ -173,6 +174,7 @@ class Harness:
             measured.peak_rss = peak_rss(pid)
         self.figures[name] = measured.figures
         self._wait_for_rows(measured, started_at, expected_rows)
+        self.assert_no_secret()
 
     def _wait_for_rows(
         self, measured: Measured, started_at: float, expected_rows: int

@@ -83,38 +83,46 @@ def one_stream(client: httpx.Client, model: str) -> StreamRecord:
     )
 
 
-def stream_loop(url: str, model: str, window: Window, stop: threading.Event) -> None:
-    with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
-        while not stop.is_set():
-            try:
-                window.streams.append(one_stream(client, model))
-            except httpx.HTTPError as exc:
-                window.stream_failures.append(repr(exc))
+def stream_loop(
+    client: httpx.Client, model: str, window: Window, stop: threading.Event
+) -> None:
+    """Streams back to back until ``stop``; at least one, so that every window
+    has a stream that overlapped it."""
+    while True:
+        try:
+            window.streams.append(one_stream(client, model))
+        except httpx.HTTPError as exc:
+            window.stream_failures.append(repr(exc))
+        if stop.is_set():
+            return
 
 
-def health_loop(url: str, window: Window, stop: threading.Event) -> None:
-    with httpx.Client(base_url=url, timeout=TIMEOUT_S) as client:
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                answer = client.get("/health")
-                if answer.status_code != 200:
-                    window.health_failures.append(f"{answer.status_code}")
-            except httpx.HTTPError as exc:
-                window.health_failures.append(repr(exc))
-            window.health_s.append(time.monotonic() - started)
-            stop.wait(HEALTH_EVERY_S)
+def health_loop(client: httpx.Client, window: Window, stop: threading.Event) -> None:
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            answer = client.get("/health")
+            if answer.status_code != 200:
+                window.health_failures.append(f"{answer.status_code}")
+        except httpx.HTTPError as exc:
+            window.health_failures.append(repr(exc))
+        window.health_s.append(time.monotonic() - started)
+        stop.wait(HEALTH_EVERY_S)
 
 
 def main(url: str, model: str) -> None:
+    # The clients are made once, before "ready": making one takes 0.1-0.5 s
+    # (its TLS context), longer than a short attack's whole window.
+    streams = httpx.Client(base_url=url, timeout=TIMEOUT_S)
+    polls = httpx.Client(base_url=url, timeout=TIMEOUT_S)
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() != "start":
             continue
         window, stop = Window(), threading.Event()
         threads = [
-            threading.Thread(target=stream_loop, args=(url, model, window, stop)),
-            threading.Thread(target=health_loop, args=(url, window, stop)),
+            threading.Thread(target=stream_loop, args=(streams, model, window, stop)),
+            threading.Thread(target=health_loop, args=(polls, window, stop)),
         ]
         for thread in threads:
             thread.start()

@@ -6,7 +6,9 @@ scripted sluicegate. Each test runs one attack under ``Harness.attack`` and
 asserts four things:
 
 - the client's answer: a status before any content (OpenAI's error shape), or
-  exactly one in-band error event and no ``[DONE]`` after it; never a secret;
+  exactly one in-band error event and no ``[DONE]`` after it;
+- no secret: the upstream's key is in none of the gateway's log, ledger file
+  or metrics after any attack (``Harness.assert_no_secret``);
 - the ledger row: closed, and its status and end state are the client's;
 - the gateway's memory: its peak RSS grew at most ``MEMORY_BOUND_BYTES``
   during the attack (``/proc/PID/clear_refs`` resets the peak first);
