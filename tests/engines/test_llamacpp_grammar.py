@@ -18,6 +18,7 @@ import pytest
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import EngineOutput, FinishReason, ToolCallFragment
 from sluicegate.core.toolcalls import ToolCallParser
+from sluicegate.engines import llamacpp_grammar
 from sluicegate.engines.base import GenerateRequest, Grammar, SamplingParams
 from sluicegate.engines.llamacpp import LlamaCppEngine
 from sluicegate.model import default_model_path
@@ -255,3 +256,25 @@ async def test_a_grammar_that_fails_fails_only_its_own_sequence(
     assert isinstance(results[0], EngineError)
     assert not isinstance(results[1], BaseException)
     json.loads(results[1][0])
+
+
+async def test_a_grammar_compiled_ahead_is_taken_from_the_cache(
+    engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "ahead", "schema": ANIMAL}}
+    grammar = grammar_for(response_format=fmt)
+    assert grammar is not None
+    engine.compile_grammar(grammar)
+    engine.compile_grammar(grammar)  # already there: nothing to do
+    engine.compile_grammar(Grammar("start: this is not a grammar"))  # left alone
+    compiled: list[str] = []
+    real = llamacpp_grammar.llguidance.LLMatcher
+
+    def counting(tokenizer: Any, text: str) -> Any:
+        compiled.append(text)
+        return real(tokenizer, text)
+
+    monkeypatch.setattr(llamacpp_grammar.llguidance, "LLMatcher", counting)
+    text, _ = await generate(engine, "ahead", "Describe a cat.", grammar)
+    assert compiled == []  # the worker found it compiled
+    json.loads(text)

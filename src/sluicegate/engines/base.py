@@ -44,6 +44,7 @@ __all__ = [
     "EngineStats",
     "GenerateRequest",
     "Grammar",
+    "GrammarCompiling",
     "ListenableOutputs",
     "ModelInfo",
     "OutputItem",
@@ -198,6 +199,22 @@ class GenerateRequest:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     text_prompt: TextPrompt | None = None
+
+
+class GrammarCompiling(Protocol):
+    """An engine that compiles grammars for its vocabulary, and can do it ahead.
+
+    The server's schema worker calls ``compile_grammar`` off the event loop
+    before the request is submitted: an engine that would otherwise compile on
+    the request's first step (the llama.cpp worker, for every sequence of the
+    batch) finds the grammar compiled.
+    """
+
+    def compile_grammar(self, grammar: Grammar) -> None:
+        """Compile ``grammar`` now, blocking the calling thread (seconds for a
+        large schema); one that does not compile is left for the request to
+        fail as it would have. Never raises for a bad grammar."""
+        ...
 
 
 @runtime_checkable

@@ -54,7 +54,13 @@ import llama_cpp as llama
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, TokenLogprob
 from sluicegate.core.scheduling import BatchScheduler, Phase, PlannedChunk, Scheduled
-from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo, OutputKind
+from sluicegate.engines.base import (
+    EngineStats,
+    GenerateRequest,
+    Grammar,
+    ModelInfo,
+    OutputKind,
+)
 from sluicegate.engines.llamacpp_batch import fill_batch, new_context
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler, GrammarError
 from sluicegate.engines.llamacpp_handoff import ABORTED, Handoff
@@ -234,6 +240,12 @@ class LlamaCppEngine:
         llama.llama_batch_free(self._batch)
         llama.llama_free(self._ctx)
         llama.llama_model_free(self._model_ptr)
+
+    def compile_grammar(self, grammar: Grammar) -> None:
+        """Compile ``grammar`` for this vocabulary now, in the caller's thread
+        (``GrammarCompiling``), so that the worker does not stall every
+        sequence to compile it on the request's first draw."""
+        self._grammars.compile(grammar)
 
     def inject_fault(self, error: BaseException) -> None:
         """Make the next decode step raise ``error`` (for tests of failure paths)."""

@@ -125,6 +125,27 @@ class GrammarCompiler:
                 )
             return self._lltokenizer
 
+    def compile(self, grammar: Grammar) -> None:
+        """Compile ``grammar`` into the cache now, in the caller's thread.
+
+        For the server's schema worker: compiled there (seconds for a large
+        schema, the interpreter released), the engine's worker finds it cached
+        and no other sequence waits for the compile. The compile runs outside
+        the lock; a grammar that does not compile is left for ``constraint``
+        to refuse.
+        """
+        lltokenizer = self.lltokenizer()
+        with self._lock:
+            if grammar.text in self._cache:
+                return
+        template = llguidance.LLMatcher(lltokenizer, grammar.text)
+        if template.is_error():
+            return
+        with self._lock:
+            self._cache[grammar.text] = template
+            if len(self._cache) > _CACHED_GRAMMARS:
+                self._cache.popitem(last=False)
+
     def constraint(self, grammar: Grammar, params: SamplingParams) -> TokenConstraint:
         """A fresh constraint for one sequence sampled with ``params``.
 

@@ -27,13 +27,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import secrets
+from typing import cast
 
 import anyio.to_thread
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import ModelNotFound, RequestError
 from sluicegate.core.toolcalls import OPEN_TAG
-from sluicegate.engines.base import Engine, Grammar, OutputKind, Tokenizer
+from sluicegate.engines.base import (
+    Engine,
+    Grammar,
+    GrammarCompiling,
+    OutputKind,
+    Tokenizer,
+)
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.constraints import NO_TOOL_MARKUP, grammar_for_request
 from sluicegate.server.plan import (
@@ -190,7 +197,7 @@ async def plan_chat(
     # Before anything reads a schema (an upstream's compiler too): 400 past a
     # limit, or one the grammar cannot express.
     compiles = engine.output_kind is not OutputKind.TEXT
-    grammar = await _checked_grammar(request, config, compile=compiles)
+    grammar = await _checked_grammar(request, config, engine if compiles else None)
     if not compiles:
         return text_chat_plan(request, response_id, engine, config, model)
     assert template is not None, "an engine of token ids has a chat template"
@@ -224,28 +231,43 @@ async def plan_chat(
     return dataclasses.replace(plan, tools=tools.decoding)
 
 
+def _grammar_compiling(engine: Engine | None) -> GrammarCompiling | None:
+    """``engine`` as ``GrammarCompiling`` when it has ``compile_grammar()``."""
+    if callable(getattr(engine, "compile_grammar", None)):
+        return cast(GrammarCompiling, engine)
+    return None
+
+
 SCHEMA_WORKER = SchemaWorker()
 """Where this process compiles request schemas (threads of a known stack)."""
 
 
 async def _checked_grammar(
-    request: ChatCompletionRequest, config: ServerConfig, *, compile: bool
+    request: ChatCompletionRequest, config: ServerConfig, engine: Engine | None
 ) -> Grammar | None:
-    """The request's schemas checked against ``config.schema_limits``, then
-    (``compile``) its ``grammar_for_request``: off the event loop when there is
-    a schema, within ``config.schema_timeout_s``. A compile takes up to seconds,
-    in native code that releases the interpreter: the loop serves meanwhile.
+    """The request's schemas checked against ``config.schema_limits``, then (for
+    an ``engine`` of token ids) its ``grammar_for_request``, compiled ahead by
+    the engine when it can (``GrammarCompiling``): off the event loop when there
+    is a schema, within ``config.schema_timeout_s``. A compile takes up to
+    seconds, in native code that releases the interpreter: the loop serves
+    meanwhile, and the engine's other sequences do not wait for it.
 
     Raises:
         RequestError: 400: a schema past a limit, one the grammar cannot
             express, or the deadline ran out.
     """
     if request.response_format is None and not request.tools:
-        return grammar_for_request(request) if compile else None
+        return None if engine is None else grammar_for_request(request)
+    compiling = _grammar_compiling(engine)
 
     def work() -> Grammar | None:
         check_schemas(request, config.schema_limits)
-        return grammar_for_request(request) if compile else None
+        if engine is None:
+            return None
+        grammar = grammar_for_request(request)
+        if grammar is not None and compiling is not None:
+            compiling.compile_grammar(grammar)
+        return grammar
 
     return await SCHEMA_WORKER.run(
         work,
