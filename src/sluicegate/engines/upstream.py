@@ -69,9 +69,7 @@ from sluicegate.engines.pool import (
     UpstreamPool,
 )
 from sluicegate.engines.upstream_config import (
-    REFUSAL_BODY_MAX_BYTES,
     UpstreamConfig,
-    refusal_of,
     request_body,
     upstream_from_dict,
 )
@@ -83,6 +81,11 @@ from sluicegate.engines.upstream_http import (
     hop_client,
 )
 from sluicegate.engines.upstream_limits import arm
+from sluicegate.engines.upstream_refusals import (
+    REFUSAL_BODY_MAX_BYTES,
+    hop_failure,
+    refusal_of,
+)
 from sluicegate.engines.upstream_sequence import UpstreamOutputs, UpstreamSequence, end
 from sluicegate.engines.upstream_stream import BeforeContent, read_stream
 
@@ -186,7 +189,7 @@ class UpstreamEngine:
         """The pool (created on the first ``generate``, on the event loop)."""
         if self._pool is None:
             loop = asyncio.get_running_loop()
-            members = [PoolMember(u.url, u.max_streams) for u in self._upstreams]
+            members = [PoolMember(u.name, u.max_streams) for u in self._upstreams]
             max_queued, queue_timeout_s, eject_after = self._pool_options
             cooldown_s, retry_after_s = self._pool_times
             self._pool = UpstreamPool(
@@ -330,9 +333,7 @@ class UpstreamEngine:
                 try:
                     response = await client.post(path, body)
                 except HopError as exc:
-                    refusal = EngineUnavailable(
-                        f"the upstream {upstream.url} could not be reached: {exc!r}"
-                    )
+                    refusal, outcome = hop_failure(exc, upstream)
                     tried.append(lease.member)
                     continue
                 if response.status != 200:
@@ -340,7 +341,7 @@ class UpstreamEngine:
                         response.status,
                         await _read_some(response),
                         response.header("retry-after"),
-                        upstream.url,
+                        upstream,
                     )
                     if not again:
                         raise refused

@@ -1,44 +1,35 @@
-"""What the upstream engine sends, and what an upstream's refusal means.
+"""What the upstream engine sends: one upstream's settings, a request's body.
 
 Pure helpers of ``engines/upstream.py``: the settings of one upstream
-(``UpstreamConfig``, read from a config file's dict by ``upstream_from_dict``),
-the JSON body of a streamed request (``request_body``), and the meaning of an
-upstream's answer other than 200 (``refusal_of``), or of a 200 whose stream
-fails before any content (``failure_before_content``).
+(``UpstreamConfig``, read from a config file's dict by ``upstream_from_dict``;
+its ``redactor`` and its ``name``, the URL without secrets) and the JSON body
+of a streamed request (``request_body``). What an upstream's refusal means is
+``engines/upstream_refusals.py``'s.
 
-Spec: OpenAI API reference, "Create chat completion", "Create completion" and
-"Error codes"; RFC 9110, section 10.2.3 (``Retry-After``).
+Spec: OpenAI API reference, "Create chat completion" and "Create completion".
 """
 
 from __future__ import annotations
 
-import email.utils
-import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
 from sluicegate.core.chunks import Endpoint
-from sluicegate.core.errors import EngineRefused, bounded_repr
+from sluicegate.core.errors import bounded_repr
 from sluicegate.core.reader_limits import READER_LIMITS, ReaderLimits
+from sluicegate.core.redact import Redactor, redact_url, url_secrets
 from sluicegate.engines.base import GenerateRequest
-from sluicegate.engines.pool import Outcome
 
 __all__ = [
     "UpstreamConfig",
     "UpstreamTimeouts",
-    "failure_before_content",
-    "refusal_of",
     "request_body",
-    "retry_after_s",
     "upstream_from_dict",
 ]
-
-REFUSAL_BODY_MAX_BYTES = 65536
-"""Most bytes of a refused request's body that are read for its message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +70,8 @@ class UpstreamConfig:
         health_path: what the active health check gets (relative to ``url``);
             ``""``: no active check.
         limits: the bounds its streams are read within (``ReaderLimits``).
+        redactor: replaces its secrets (the key, the URL's userinfo and query
+            values) in any text (``core/redact.py``); made from the others.
     """
 
     url: str
@@ -89,6 +82,19 @@ class UpstreamConfig:
     continuous_usage: bool = False
     health_path: str = "/models"
     limits: ReaderLimits = READER_LIMITS
+    redactor: Redactor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        secrets = [*url_secrets(self.url)]
+        if self.api_key is not None:
+            secrets.append(self.api_key)
+        object.__setattr__(self, "redactor", Redactor(secrets))
+
+    @property
+    def name(self) -> str:
+        """The upstream as logs and metrics name it: its URL without userinfo,
+        query or fragment (``redact_url``)."""
+        return redact_url(self.url)
 
 
 _LIMIT_KEYS = (
@@ -136,7 +142,13 @@ def upstream_from_dict(
         raise ValueError(f"unknown upstream settings {unknown}; known: {sorted(_KEYS)}")
     url = spec.get("url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ValueError(f"expected an http(s) URL as the upstream's url, got {url!r}")
+        shown = redact_url(url) if isinstance(url, str) else bounded_repr(url)
+        raise ValueError(f"expected an http(s) URL as the upstream's url, got {shown}")
+    if urlsplit(url).query or "#" in url:
+        raise ValueError(
+            f"expected an upstream url without a query or fragment (the request "
+            f"paths are appended to it), got {redact_url(url)}"
+        )
     model = spec.get("model")
     if model is not None and not isinstance(model, str):
         raise ValueError(f"expected a string as the upstream's model, got {model!r}")
@@ -145,7 +157,8 @@ def upstream_from_dict(
     if env_name is not None:
         if not isinstance(env_name, str) or env_name not in environ:
             raise ValueError(
-                f"the upstream {url}'s api_key_env {env_name!r} is not set"
+                f"the upstream {redact_url(url)}'s api_key_env "
+                f"{bounded_repr(env_name)} is not set"
             )
         api_key = environ[env_name]
     max_streams = spec.get("max_streams", 1024)
@@ -215,102 +228,3 @@ def request_body(
     if prompt.stop:
         body["stop"] = list(prompt.stop)
     return orjson.dumps(body)
-
-
-def retry_after_s(value: str | None, now: float | None = None) -> float | None:
-    """``Retry-After`` in seconds (>= 0): delay-seconds or an HTTP date; ``None``
-    when absent or unreadable."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if math.isnan(seconds) or math.isinf(seconds):
-        return None
-    return max(0.0, seconds)
-
-
-def refusal_of(
-    status: int, body: bytes, retry_after: str | None, upstream: str
-) -> tuple[EngineRefused, Outcome, bool]:
-    """What an upstream's non-200 answer before its stream means.
-
-    Returns:
-        The refusal to give the client if no other upstream takes the request;
-        the outcome for the upstream's health; whether to try another one
-        (429 and 5xx: yes; other 4xx: no, another upstream would say the same).
-        The client gets the upstream's status and message for 429, 503 and
-        4xx, 422 as 400; 401, 403, 404 and 405 (the gateway's own setup is
-        wrong) and other 5xx as 502, 504 as 504.
-    """
-    message, kind, code, param = _error_fields(body)
-    wait = retry_after_s(retry_after)
-    if status in (401, 403, 404, 405) or (status >= 500 and status not in (503, 504)):
-        text = f"the upstream {upstream} answered {status}: {message}"
-        failed = status >= 500
-        outcome = Outcome.FAILURE if failed else Outcome.REFUSED
-        return EngineRefused(text, 502, retry_after_s=wait), outcome, failed
-    if status in (429, 503, 504):
-        refusal = EngineRefused(message, status, retry_after_s=wait, code=code)
-        return refusal, Outcome.FAILURE if status == 504 else Outcome.REFUSED, True
-    refusal = EngineRefused(
-        message,
-        400 if status == 422 or not 400 <= status <= 499 else status,
-        error_type=kind,
-        code=code,
-        param=param,
-    )
-    return refusal, Outcome.REFUSED, False
-
-
-def failure_before_content(
-    message: str, code: str | None, kind: str | None, upstream: str
-) -> tuple[EngineRefused, Outcome, bool]:
-    """What an upstream's 200 means when its stream fails before any content.
-
-    The stream broke, ended (with or without ``[DONE]``) or sent an in-band
-    error before its first text, tool call or finish: nothing reached the
-    client, so it is answered as the status the upstream would have given.
-
-    Args:
-        message: what went wrong (the upstream's in-band message, or ours).
-        code: the in-band error's code; an HTTP status there (vLLM sends one)
-            is read as that status.
-        kind: the in-band error's type, or ``None``.
-        upstream: the upstream's URL, for the message.
-
-    Returns:
-        As ``refusal_of`` for an in-band error whose code is a status (400-599);
-        otherwise a 502 to try on another upstream, counted as its failure.
-    """
-    if code is not None and code.isdigit() and 400 <= int(code) <= 599:
-        body = orjson.dumps({"error": {"message": message, "type": kind, "code": code}})
-        return refusal_of(int(code), body, None, upstream)
-    text = f"the upstream {upstream} failed before any content: {message}"
-    return EngineRefused(text, 502, error_type=kind), Outcome.FAILURE, True
-
-
-def _error_fields(body: bytes) -> tuple[str, str | None, str | None, str | None]:
-    """An error body's message, type, code and param (OpenAI, vLLM, TGI, FastAPI)."""
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        text = body.decode("utf-8", "replace").strip()
-        return (text[:1000] or "no message"), None, None, None
-    error = obj.get("error", obj) if isinstance(obj, dict) else obj
-    if isinstance(error, str):
-        return error, None, None, None
-    if not isinstance(error, dict):
-        return bounded_repr(obj), None, None, None
-    message = error.get("message", error.get("detail"))
-    if not isinstance(message, str) or not message:
-        message = bounded_repr(error)
-    fields = [error.get(k) for k in ("type", "code", "param")]
-    kind, code, param = (None if v is None else str(v) for v in fields)
-    return message, kind or None, code, param

@@ -34,8 +34,17 @@ What the engine needs, and each adapter gives:
 
 Errors: whatever the library raises for a failed exchange (no connection, a
 reset, a malformed response, a body cut short) becomes ``HopError`` at the
-adapter's edge (a response's head, its body's reads, a health check);
-cancellation passes through untouched.
+adapter's edge (a response's head, its body's reads, a health check), or
+``HopConnectError`` when no connection could be opened at all; its message
+names the upstream (``UpstreamConfig.name``) and the library's exception class,
+never the exception's text (a malformed status or header line, or a
+``Location`` the library could not parse, may quote the key, whole or in
+part). Cancellation passes through untouched.
+
+Redirects are never followed, by either client: a 3xx is a response like any
+other (``core/hop_answers.py`` makes it a 502). Following one would re-send the
+request, with its ``Authorization``, to whatever host the upstream names (and
+as a GET after a 301, 302 or 303).
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ __all__ = [
     "KEEPALIVE_S",
     "AiohttpHop",
     "HopClient",
+    "HopConnectError",
     "HopError",
     "HopResponse",
     "HttpxHop",
@@ -68,8 +78,13 @@ KEEPALIVE_S: Final = 4.0
 
 class HopError(EngineError):
     """The HTTP exchange with an upstream failed (no connection, a reset, a
-    malformed response, a body cut short); the message names the library's
-    exception."""
+    malformed response, a body cut short); the message names the upstream
+    and the library's exception class."""
+
+
+class HopConnectError(HopError):
+    """No connection to the upstream could be opened (refused, no route, no
+    such name, the connect time limit)."""
 
 
 class HopResponse(Protocol):
@@ -150,21 +165,35 @@ def _connections(upstream: UpstreamConfig) -> int:
 
 
 @contextlib.contextmanager
-def _aiohttp_errors(what: str) -> Iterator[None]:
+def _aiohttp_errors(upstream: UpstreamConfig, what: str) -> Iterator[None]:
     try:
         yield
-    except aiohttp.ClientError as exc:
-        raise HopError(f"{what}: {exc!r}") from exc
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        raise HopConnectError(_message(upstream, what, exc)) from exc
+    except (aiohttp.ClientError, ValueError) as exc:
+        # ValueError: a request aiohttp will not send (userinfo in the URL and
+        # an Authorization header, a URL it cannot read).
+        raise HopError(_message(upstream, what, exc)) from exc
+
+
+def _message(upstream: UpstreamConfig, what: str, exc: Exception) -> str:
+    # The exception's class only: its text may quote a piece of a secret the
+    # redactor cannot know as one (httpx quotes the part of a Location's
+    # userinfo that it could not read as a port).
+    return f"{what} {upstream.name}: {type(exc).__name__}"
 
 
 class _AiohttpResponse:
     """``HopResponse`` over an aiohttp ``ClientResponse``."""
 
-    __slots__ = ("_content", "_response", "status")
+    __slots__ = ("_content", "_response", "_upstream", "status")
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(
+        self, response: aiohttp.ClientResponse, upstream: UpstreamConfig
+    ) -> None:
         self._response = response
         self._content = response.content
+        self._upstream = upstream
         self.status = response.status
 
     def header(self, name: str) -> str | None:
@@ -174,10 +203,8 @@ class _AiohttpResponse:
         return self
 
     async def __anext__(self) -> bytes:
-        try:
+        with _aiohttp_errors(self._upstream, "the body broke from"):
             data = await self._content.readany()
-        except aiohttp.ClientError as exc:
-            raise HopError(f"the body broke: {exc!r}") from exc
         if not data:
             raise StopAsyncIteration
         return data
@@ -221,16 +248,18 @@ class AiohttpHop:
         return session
 
     async def post(self, path: str, body: bytes) -> HopResponse:
-        with _aiohttp_errors(f"no response from {self._upstream.url}"):
-            response = await self._client().post(self._url(path), data=body)
-        return _AiohttpResponse(response)
+        with _aiohttp_errors(self._upstream, "no response from"):
+            response = await self._client().post(
+                self._url(path), data=body, allow_redirects=False
+            )
+        return _AiohttpResponse(response, self._upstream)
 
     async def get_status(self, path: str, timeout_s: float) -> int:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
-            with _aiohttp_errors(f"no answer from {self._upstream.url}"):
+            with _aiohttp_errors(self._upstream, "no answer from"):
                 async with self._client().get(
-                    self._url(path), timeout=timeout
+                    self._url(path), timeout=timeout, allow_redirects=False
                 ) as response:
                     return response.status
         except TimeoutError as exc:  # the total limit
@@ -245,21 +274,24 @@ class AiohttpHop:
 
 
 @contextlib.contextmanager
-def _httpx_errors(what: str) -> Iterator[None]:
+def _httpx_errors(upstream: UpstreamConfig, what: str) -> Iterator[None]:
     try:
         yield
-    except httpx.HTTPError as exc:
-        raise HopError(f"{what}: {exc!r}") from exc
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise HopConnectError(_message(upstream, what, exc)) from exc
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise HopError(_message(upstream, what, exc)) from exc
 
 
 class _HttpxResponse:
     """``HopResponse`` over an httpx ``Response`` opened with ``stream=True``."""
 
-    __slots__ = ("_chunks", "_response", "status")
+    __slots__ = ("_chunks", "_response", "_upstream", "status")
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, upstream: UpstreamConfig) -> None:
         self._response = response
         self._chunks = response.aiter_raw()
+        self._upstream = upstream
         self.status = response.status_code
 
     def header(self, name: str) -> str | None:
@@ -270,10 +302,8 @@ class _HttpxResponse:
         return self
 
     async def __anext__(self) -> bytes:
-        try:
+        with _httpx_errors(self._upstream, "the body broke from"):
             return await anext(self._chunks)
-        except httpx.HTTPError as exc:
-            raise HopError(f"the body broke: {exc!r}") from exc
 
     async def aclose(self) -> None:
         await self._response.aclose()
@@ -305,18 +335,21 @@ class HttpxHop:
             ),
             transport=transport,
             trust_env=False,
+            follow_redirects=False,
         )
 
     async def post(self, path: str, body: bytes) -> HopResponse:
         client = self._client
         request = client.build_request("POST", path.lstrip("/"), content=body)
-        with _httpx_errors(f"no response from {self._upstream.url}"):
-            response = await client.send(request, stream=True)
-        return _HttpxResponse(response)
+        with _httpx_errors(self._upstream, "no response from"):
+            response = await client.send(request, stream=True, follow_redirects=False)
+        return _HttpxResponse(response, self._upstream)
 
     async def get_status(self, path: str, timeout_s: float) -> int:
-        with _httpx_errors(f"no answer from {self._upstream.url}"):
-            response = await self._client.get(path.lstrip("/"), timeout=timeout_s)
+        with _httpx_errors(self._upstream, "no answer from"):
+            response = await self._client.get(
+                path.lstrip("/"), timeout=timeout_s, follow_redirects=False
+            )
         return response.status_code
 
     async def aclose(self) -> None:

@@ -38,12 +38,11 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from sluicegate.core.errors import EngineError, EngineRefused, UpstreamProtocolError
+from sluicegate.core.errors import EngineRefused
 from sluicegate.core.events import TextOutput, Usage
 from sluicegate.core.reader_limits import UsageBounds
 from sluicegate.core.upstream import UpstreamReader
 from sluicegate.core.upstream_items import (
-    PROTOCOL_ERROR_CODE,
     UpstreamDelta,
     UpstreamDone,
     UpstreamError,
@@ -53,9 +52,13 @@ from sluicegate.core.upstream_items import (
     UpstreamUsageRejected,
 )
 from sluicegate.engines.pool import Lease, Outcome
-from sluicegate.engines.upstream_config import UpstreamConfig, failure_before_content
+from sluicegate.engines.upstream_config import UpstreamConfig
 from sluicegate.engines.upstream_http import HopError, HopResponse
 from sluicegate.engines.upstream_limits import arm
+from sluicegate.engines.upstream_refusals import (
+    failure_after_content,
+    failure_before_content,
+)
 from sluicegate.engines.upstream_sequence import (
     UpstreamSequence,
     accept,
@@ -220,15 +223,10 @@ def _broken(
     """The stream failed: the sequence's error (``prefix + message``) once
     accepted; before any content, a refusal (``BeforeContent``) that
     the engine may fail over."""
+    upstream = upstreams[0 if seq.lease is None else seq.lease.member]
     if not seq.accept.done() and seq.lease is not None:
-        url = upstreams[seq.lease.member].url
-        raise BeforeContent(failure_before_content(message, code, kind, url))
-    error = (
-        UpstreamProtocolError(prefix + message)
-        if code == PROTOCOL_ERROR_CODE
-        else EngineError(prefix + message)
-    )
-    end(seq, "failed", error)
+        raise BeforeContent(failure_before_content(message, code, kind, upstream))
+    end(seq, "failed", failure_after_content(prefix + message, code, upstream))
     return Outcome.FAILURE
 
 
