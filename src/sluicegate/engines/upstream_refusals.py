@@ -154,11 +154,15 @@ def failure_before_content(
         return refusal_of(status, body, None, upstream)
     redacted = upstream.redactor.redact(message)
     logger.warning("%s failed before any content: %s", upstream.name, redacted)
+    text = "the upstream failed before any content"
+    protocol = code == PROTOCOL_ERROR_CODE
+    if protocol:  # the reader's own words (quoting the upstream, redacted)
+        text = f"{text}: {redacted}"
     refusal = EngineRefused(
-        "the upstream failed before any content",
+        text,
         502,
         error_type=upstream.redactor.token(kind),
-        code=PROTOCOL_ERROR_CODE if code == PROTOCOL_ERROR_CODE else None,
+        code=PROTOCOL_ERROR_CODE if protocol else None,
     )
     return refusal, Outcome.FAILURE, True
 
