@@ -135,3 +135,56 @@ def test_doctor_runs_the_default_model_in_a_child_and_exits_0() -> None:
     assert "matches the package's" in report
     assert "generation: 32 tokens" in report
     assert report.rstrip().endswith("doctor: ok")
+
+
+def test_doctor_reports_each_upstreams_models_or_why_not() -> None:
+    import io
+
+    import httpx
+
+    from sluicegate.doctor_upstream import diagnose_upstreams
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "10.0.0.5":
+            return httpx.Response(200, json={"data": [{"id": "qwen"}]})
+        return httpx.Response(401, json={"error": {"message": "bad key sk-x"}})
+
+    out = io.StringIO()
+    urls = ["http://10.0.0.5:8000/v1", "http://u:pw-secret@10.0.0.6:8000/v1"]
+    code = diagnose_upstreams(urls, out, transport=httpx.MockTransport(answer))
+    report = out.getvalue()
+    assert code == 1
+    assert "upstream http://10.0.0.5:8000/v1/models: 1 models: 'qwen'" in report
+    assert "upstream http://10.0.0.6:8000/v1/models: error: answered 401" in report
+    assert "pw-secret" not in report
+    assert "sk-x" not in report
+    ok = io.StringIO()
+    assert diagnose_upstreams(urls[:1], ok, transport=httpx.MockTransport(answer)) == 0
+    assert "doctor: upstreams ok" in ok.getvalue()
+
+
+def test_doctor_with_only_upstreams_exits_1_for_an_unreachable_one() -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluicegate",
+            "doctor",
+            "--upstream",
+            f"http://127.0.0.1:{port}/v1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "error: no answer (ConnectError)" in done.stdout
+    assert "llama" not in done.stdout  # no local model check without --model

@@ -185,7 +185,14 @@ def _model(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from sluicegate.doctor import diagnose
 
-    return diagnose(_model_path(args.model), sys.stdout, args.stamp)
+    code = 0
+    if args.upstream:
+        from sluicegate.doctor_upstream import diagnose_upstreams
+
+        code = diagnose_upstreams(args.upstream, sys.stdout)
+        if args.model is None:  # only the upstreams were asked about
+            return code
+    return max(code, diagnose(_model_path(args.model), sys.stdout, args.stamp))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -317,6 +324,15 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="PATH",
         help="skip when PATH records a pass on this CPU and build; record a pass",
+    )
+    doctor.add_argument(
+        "--upstream",
+        action="append",
+        metavar="URL",
+        help=(
+            "check an upstream's API base (repeatable): its model list, within "
+            "one deadline; without --model, only the upstreams are checked"
+        ),
     )
     doctor.set_defaults(func=_doctor)
 

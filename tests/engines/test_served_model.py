@@ -3,6 +3,10 @@ without ``--upstream-model``."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
 from collections.abc import Callable
 
 import httpx
@@ -76,3 +80,63 @@ def test_no_model_list_anywhere_says_why_for_each_upstream(
     assert A + "/models" in message
     assert B.rstrip("/") + "/models" in message
     assert "--upstream-model" in message
+
+
+def test_a_list_dripped_a_byte_a_second_is_cut_off_by_the_deadline() -> None:
+    """A per-read timeout never fires on a drip; the one deadline does."""
+    stop = threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"x" * 100:
+                if stop.wait(0.2):
+                    return
+                conn.sendall(bytes([byte]))
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):
+                drip(server.accept()[0])
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        started = time.monotonic()
+        url = f"http://user:pw-secret@127.0.0.1:{port}/v1"
+        try:
+            with pytest.raises(ValueError, match="no model list within 1 s") as raised:
+                served_model([url], timeout_s=1.0)
+        finally:
+            stop.set()
+        elapsed = time.monotonic() - started
+        thread.join(5)
+    assert elapsed < 30  # the drip alone would take 28 s; measured ~1 s
+    assert f"http://127.0.0.1:{port}/v1/models" in str(raised.value)
+    assert "pw-secret" not in str(raised.value)
+
+
+def test_failures_name_no_secret_and_quote_no_upstream_words() -> None:
+    key = "sk-secret-key-123"
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json={"error": {"message": f"bad key {key}"}})
+
+    url = f"http://u:{key}@10.0.0.5:8000/v1?token={key}"
+    with pytest.raises(ValueError, match="answered 401") as raised:
+        served_model([url], transport=pool(answer))
+    assert key not in str(raised.value)
+    assert "http://10.0.0.5:8000/v1?[redacted]" in str(raised.value)
+
+
+def test_a_redirect_is_not_followed() -> None:
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        return httpx.Response(307, headers={"location": "http://other/v1/models"})
+
+    with pytest.raises(ValueError, match="answered 307"):
+        served_model([A], transport=pool(answer))
+    assert asked == [A + "/models"]

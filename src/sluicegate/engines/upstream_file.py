@@ -39,6 +39,7 @@ Spec: TOML v1.0.0; the upstream settings are ``upstream_from_dict``'s.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import tomllib
@@ -48,11 +49,18 @@ from typing import Any
 
 import httpx
 
+from sluicegate.core.redact import redact_url
 from sluicegate.engines.base import ModelInfo
 from sluicegate.engines.upstream import UpstreamEngine
 from sluicegate.engines.upstream_http import HOP_CLIENTS
 
-__all__ = ["engine_from_urls", "engines_from_file", "served_model"]
+__all__ = [
+    "MODELS_MAX_BYTES",
+    "engine_from_urls",
+    "engines_from_file",
+    "list_models",
+    "served_model",
+]
 
 _MODEL_KEYS = {
     "max_queued": int,
@@ -82,52 +90,102 @@ def engine_from_urls(
     )
 
 
+MODELS_MAX_BYTES = 1 << 20
+"""Most bytes of an upstream's model list that discovery reads."""
+
+
 def served_model(
     urls: Sequence[str],
     timeout_s: float = 10.0,
-    transport: httpx.BaseTransport | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> str:
     """The id of the one model the pool ``urls`` serves: ``GET {url}/models``
-    of the first URL that answers it (OpenAI's "List models").
+    of the first URL (in order) that answers it (OpenAI's "List models").
 
     Args:
-        urls: API bases, e.g. ``http://10.0.0.5:8000/v1`` (>= 1), tried in order.
-        timeout_s: the limit of each request (seconds).
+        urls: API bases, e.g. ``http://10.0.0.5:8000/v1`` (>= 1), asked at once.
+        timeout_s: the deadline of the whole discovery (seconds), however the
+            answers come: a list dripped a byte at a time is cut off by it.
         transport: an httpx transport to use instead of the network (tests).
 
     Raises:
-        ValueError: no URL answered 200 with a model list, or the list does not
-            hold exactly one model (the message names them, or why each URL
-            failed, and says to pass ``--upstream-model``).
+        ValueError: no URL answered 200 with a model list in time, or the list
+            does not hold exactly one model (the message names them, or why
+            each URL failed, each by its ``redact_url``, and says to pass
+            ``--upstream-model``).
     """
-    failures = []
-    with httpx.Client(
-        timeout=timeout_s, transport=transport, trust_env=False
-    ) as client:
-        for url in urls:
-            listing = url.rstrip("/") + "/models"
-            try:
-                answer = client.get(listing)
-                answer.raise_for_status()
-                ids = [str(model["id"]) for model in answer.json()["data"]]
-            except (httpx.HTTPError, json.JSONDecodeError) as exc:
-                failures.append(f"{listing}: {exc}")
-                continue
-            except (KeyError, TypeError):
-                failures.append(f"{listing}: not an OpenAI model list")
-                continue
-            if len(ids) == 1:
-                return ids[0]
-            listed = ", ".join(map(repr, ids)) if ids else "none"
-            raise ValueError(
-                f"{listing} lists {len(ids)} models ({listed}): pass "
-                "--upstream-model NAME to say which one to serve"
-            )
+    results = list_models(urls, timeout_s, transport)
+    for listing, ids in results:
+        if isinstance(ids, str):
+            continue
+        if len(ids) == 1:
+            return ids[0]
+        listed = ", ".join(map(repr, ids)) if ids else "none"
+        raise ValueError(
+            f"{listing} lists {len(ids)} models ({listed}): pass "
+            "--upstream-model NAME to say which one to serve"
+        )
+    failures = "; ".join(f"{listing}: {why}" for listing, why in results)
     raise ValueError(
-        "could not ask the upstreams which model they serve ("
-        + "; ".join(failures)
-        + "): pass --upstream-model NAME"
+        f"could not ask the upstreams which model they serve ({failures}): "
+        "pass --upstream-model NAME"
     )
+
+
+def list_models(
+    urls: Sequence[str],
+    timeout_s: float = 10.0,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[tuple[str, list[str] | str]]:
+    """Each upstream's model ids (``GET {url}/models``), or why there are none.
+
+    Every URL is asked at once, all within one deadline of ``timeout_s``
+    seconds; no redirect is followed; at most ``MODELS_MAX_BYTES`` of a list
+    are read.
+
+    Returns:
+        Per URL, in order: its listing URL (``redact_url``: no userinfo, no
+        query) and its ids, or a message saying why it has none (no secret
+        and none of the upstream's words, only its status).
+    """
+    return asyncio.run(_list_all(urls, timeout_s, transport))
+
+
+async def _list_all(
+    urls: Sequence[str], timeout_s: float, transport: httpx.AsyncBaseTransport | None
+) -> list[tuple[str, list[str] | str]]:
+    async with httpx.AsyncClient(
+        timeout=timeout_s, transport=transport, trust_env=False, follow_redirects=False
+    ) as client:
+        tasks = [asyncio.ensure_future(_list(client, url)) for url in urls]
+        await asyncio.wait(tasks, timeout=timeout_s)
+        results: list[tuple[str, list[str] | str]] = []
+        for url, task in zip(urls, tasks, strict=True):
+            name = redact_url(url.rstrip("/") + "/models")
+            if task.done():
+                results.append((name, task.result()))
+            else:
+                task.cancel()
+                results.append((name, f"no model list within {timeout_s:g} s"))
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return results
+
+
+async def _list(client: httpx.AsyncClient, url: str) -> list[str] | str:
+    try:
+        async with client.stream("GET", url.rstrip("/") + "/models") as answer:
+            if answer.status_code != 200:
+                return f"answered {answer.status_code}"
+            body = bytearray()
+            async for data in answer.aiter_bytes():
+                body += data
+                if len(body) > MODELS_MAX_BYTES:
+                    return f"a model list over {MODELS_MAX_BYTES} bytes"
+        return [str(model["id"]) for model in json.loads(body)["data"]]
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        return f"no answer ({type(exc).__name__})"
+    except (ValueError, KeyError, TypeError):  # not UTF-8, not JSON, no ids
+        return "not an OpenAI model list"
 
 
 def engines_from_file(path: Path, environ: Mapping[str, str]) -> list[UpstreamEngine]:
