@@ -13,12 +13,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import llguidance
 import pytest
 
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import EngineOutput, FinishReason, ToolCallFragment
 from sluicegate.core.toolcalls import ToolCallParser
-from sluicegate.engines import llamacpp_grammar
 from sluicegate.engines.base import GenerateRequest, Grammar, SamplingParams
 from sluicegate.engines.llamacpp import LlamaCppEngine
 from sluicegate.model import default_model_path
@@ -268,13 +268,13 @@ async def test_a_grammar_compiled_ahead_is_taken_from_the_cache(
     engine.compile_grammar(grammar)  # already there: nothing to do
     engine.compile_grammar(Grammar("start: this is not a grammar"))  # left alone
     compiled: list[str] = []
-    real = llamacpp_grammar.llguidance.LLMatcher
+    real = llguidance.LLMatcher
 
     def counting(tokenizer: Any, text: str) -> Any:
         compiled.append(text)
         return real(tokenizer, text)
 
-    monkeypatch.setattr(llamacpp_grammar.llguidance, "LLMatcher", counting)
+    monkeypatch.setattr(llguidance, "LLMatcher", counting)
     text, _ = await generate(engine, "ahead", "Describe a cat.", grammar)
     assert compiled == []  # the worker found it compiled
     json.loads(text)
