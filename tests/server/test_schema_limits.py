@@ -144,6 +144,14 @@ async def test_messages_and_count_tokens_name_the_input_schema(
         message = anthropic_error(await client.post(path, json=body))
         assert message.startswith("tools[1].input_schema is a JSON schema")
         assert limit in message
+    body = {
+        "model": "scripted",
+        "max_tokens": 4,
+        "messages": HELLO,
+        "output_config": {"format": {"type": "json_schema", "schema": chain(1000)}},
+    }
+    message = anthropic_error(await client.post(path, json=body))
+    assert message.startswith("output_config.format is a JSON schema")
     await serves(client)
 
 

@@ -51,6 +51,7 @@ _Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
 
 CHAT_NAMES = {
     "stop": "stop_sequences",
+    "response_format": "output_config.format",
     "tools[].function.parameters": "tools[].input_schema",
 }
 """The Messages API's names of the chat parameters its requests become."""
