@@ -274,6 +274,8 @@ GET_WEATHER = {
 }
 UPSTREAM_FAILED = {502}
 """What a broken upstream is, before any content: docs/upstreams.md."""
+FIRST_TOKEN_LIMIT_S = 15.0
+"""The hostile model's time to first token limit (``upstreams_toml``)."""
 ANSWERED_WITHIN_S = 10.0
 """Every attack is answered this soon: well before the hostile model's time
 limits (15 s), so that no attack passes by timing out."""

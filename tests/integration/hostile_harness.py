@@ -30,6 +30,7 @@ from sluicegate import testing
 from sluicegate.server.ledger import read_rows
 
 from .hostile import (
+    FIRST_TOKEN_LIMIT_S,
     HOSTILE,
     KEY_ENV,
     ROOT,
@@ -118,7 +119,7 @@ health_interval_s = 0
 url = "{hostile_url}"
 model = "{HOSTILE}"
 api_key_env = "{KEY_ENV}"
-first_token_timeout_s = 15
+first_token_timeout_s = {FIRST_TOKEN_LIMIT_S}
 idle_timeout_s = 15
 total_timeout_s = 60
 

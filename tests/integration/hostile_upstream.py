@@ -26,6 +26,8 @@ some):
 - ``redirect:[301|302|307|308]``: to port M;
 - ``error_code:[code]:[before|after]``: an in-band error event with that ``code``;
 - ``endless_line:[before|after]``: one SSE line, written until the peer leaves;
+- ``flood:[comment|empty]``: keep-alive comments, or chunks with nothing in
+  them, written until the peer leaves;
 - ``many_deltas:[N]``: N one-character deltas; ``huge_delta:[MiB]:[before|after]``;
 - ``retry_after:[status]``: that status with ``Retry-After: 1000000000``;
   ``status:[code]``: that status with an error body;
@@ -232,6 +234,21 @@ async def endless_line(send: Send, request: Request, args: list[str]) -> None:
         STATS.endless_ended = "peer closed"
 
 
+async def flood(send: Send, request: Request, args: list[str]) -> None:
+    line = {"comment": b": keep-alive\n", "empty": event(chunk({}))}[args[0]]
+    piece = line * (65536 // len(line))
+    await send(SSE_HEAD)
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + ENDLESS_LIMIT_S
+    STATS.endless_bytes, STATS.endless_ended = 0, "limit"
+    try:
+        while loop.time() < stop_at:
+            await send(piece)
+            STATS.endless_bytes += len(piece)
+    except OSError:
+        STATS.endless_ended = "peer closed"
+
+
 async def many_deltas(send: Send, request: Request, args: list[str]) -> None:
     count = int(args[0])
     await send(SSE_HEAD + event(chunk({"role": "assistant", "content": ""})))
@@ -307,6 +324,7 @@ ATTACKS: dict[str, Attack] = {
         redirect,
         error_code,
         endless_line,
+        flood,
         many_deltas,
         huge_delta,
         retry_after,

@@ -24,12 +24,15 @@ asserts four things:
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
 from . import hostile_upstream as fake
 from .hostile import (
+    ANSWERED_WITHIN_S,
+    FIRST_TOKEN_LIMIT_S,
     GET_WEATHER,
     answered_in_time,
     finishes,
@@ -120,6 +123,7 @@ def test_a_chunk_of_thousands_of_tool_call_deltas_never_stalls_the_gateway(
 @pytest.mark.parametrize(
     ("code", "when"),
     [
+        ("⁵⁰³", "before"),  # superscript digits: str.isdigit() is true, int() fails
         ("⁵⁰³", "after"),
         ("٥٠٣", "before"),  # Arabic-Indic digits: int() reads 503
         ("99999999999999999999", "before"),
@@ -197,7 +201,97 @@ def test_a_call_of_a_tool_never_offered_is_an_error_not_a_forwarded_call(
     measured.assert_live()
 
 
-@pytest.mark.parametrize("attack", ["garbage:1", "garbage:2", "garbage:3"])
+SECRET_PATHS = [
+    ("echo_key:400", {400}),
+    ("echo_key:401", {502}),
+    ("echo_key:403", {502}),
+    ("echo_key:404", {502}),
+    ("echo_key:429", {503}),
+    ("echo_key:500", {502}),
+    ("echo_key:503", {503}),
+    ("bad_status_line", {502}),
+    ("bad_header_line", {502}),
+    ("inband_key:before", {502}),
+    ("inband_key:after", {200}),
+]
+
+
+@pytest.mark.parametrize(("attack", "statuses"), SECRET_PATHS)
+def test_the_upstreams_key_never_reaches_a_client_a_log_or_the_ledger(
+    harness: Harness, attack: str, statuses: set[int]
+) -> None:
+    """Each error path that quotes the key it was sent (as OpenAI's own 401
+    does): the client gets the status of the upstreams table, and the key is in
+    no body, header, log line, metric or ledger byte."""
+    with harness.client() as client, harness.attack(attack) as measured:
+        seen = send(client, f"attack:{attack}")
+    if seen.status == 200:
+        assert statuses == {200}, seen.events
+        seen.in_band_error()
+    else:
+        refused(seen, statuses)
+    harness.assert_no_secret(seen.body, json.dumps(dict(seen.headers)))
+    measured.assert_row_matches(seen)
+    measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_an_upstream_redirect_is_never_followed(harness: Harness, status: int) -> None:
+    before = harness.upstream_stats()["other_host_hits"]
+    with harness.client() as client, harness.attack(f"redirect:{status}") as measured:
+        seen = send(client, f"attack:redirect:{status}")
+    refused(seen)
+    assert fake.OTHER_HOST_MARK.encode() not in seen.body
+    assert harness.upstream_stats()["other_host_hits"] == before
+    measured.assert_row_matches(seen)
+    measured.assert_live()
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_an_upstreams_retry_after_is_clamped_to_an_hour(
+    harness: Harness, status: int
+) -> None:
+    with (
+        harness.client() as client,
+        harness.attack(f"retry_after:{status}") as measured,
+    ):
+        seen = send(client, f"attack:retry_after:{status}")
+    refused(seen, {503})  # the upstream's overload, not the client's quota
+    assert 0 <= float(seen.headers["retry-after"]) <= 3600, seen.headers
+    measured.assert_row_matches(seen)
+    measured.assert_live()
+
+
+@pytest.mark.parametrize("status", [407, 408, 418])
+def test_an_upstream_status_outside_the_table_is_normalized(
+    harness: Harness, status: int
+) -> None:
+    with harness.client() as client, harness.attack(f"status:{status}") as measured:
+        seen = send(client, f"attack:status:{status}")
+    refused(seen, {502, 504})
+    measured.assert_row_matches(seen)
+    measured.assert_live()
+
+
+def test_a_flood_of_empty_chunks_never_stalls_the_gateway(harness: Harness) -> None:
+    """Chunks with nothing in them, as fast as loopback goes: no content, so the
+    stream ends by the hostile model's time to first token limit (15 s) or the
+    reader's bound on a body's bytes (256 MiB), whichever comes first; the
+    other streams stay live the whole time (the attack that costs the gateway
+    most CPU per second)."""
+    with harness.client() as client, harness.attack("flood:empty") as measured:
+        seen = send(client, "attack:flood:empty")
+    assert seen.elapsed_s < FIRST_TOKEN_LIMIT_S + ANSWERED_WITHIN_S, seen.elapsed_s
+    refused(seen, {502, 504})
+    measured.assert_row_matches(seen)
+    measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+@pytest.mark.parametrize(
+    "attack", ["garbage:1", "garbage:2", "garbage:3", "garbage_raw:1", "garbage_raw:2"]
+)
 def test_random_garbage_from_the_upstream_is_a_502(
     harness: Harness, attack: str
 ) -> None:
