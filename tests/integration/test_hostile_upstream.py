@@ -25,6 +25,8 @@ asserts four things:
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -32,8 +34,10 @@ import pytest
 from . import hostile_upstream as fake
 from .hostile import (
     ANSWERED_WITHIN_S,
+    DISCOVERY_GIVE_UP_S,
     FIRST_TOKEN_LIMIT_S,
     GET_WEATHER,
+    ROOT,
     answered_in_time,
     finishes,
     refused,
@@ -302,3 +306,27 @@ def test_random_garbage_from_the_upstream_is_a_502(
     measured.assert_row_matches(seen)
     measured.assert_memory_bounded()
     measured.assert_live()
+
+
+def test_discovery_from_an_upstream_that_drips_fails_with_its_name(
+    harness: Harness,
+) -> None:
+    """``/v1/models`` one byte a second: start-up gives up by its deadline,
+    with a message naming the upstream (a per-read timeout never fires)."""
+    url = f"{harness.hostile_base}/drip/v1"
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "sluicegate", "serve", "--upstream", url],
+            capture_output=True,
+            text=True,
+            timeout=DISCOVERY_GIVE_UP_S,
+            check=False,
+            cwd=ROOT,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"start-up still waiting after {exc.timeout} s: {exc.stderr!r}")
+    elapsed_s = time.monotonic() - started
+    assert done.returncode != 0, done.stderr
+    assert url in done.stderr, done.stderr
+    assert elapsed_s < DISCOVERY_GIVE_UP_S, elapsed_s
