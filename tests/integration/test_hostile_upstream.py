@@ -31,6 +31,8 @@ import time
 
 import pytest
 
+from sluicegate.core.endstate import EndState
+
 from . import hostile_upstream as fake
 from .hostile import (
     ANSWERED_WITHIN_S,
@@ -168,6 +170,27 @@ def test_an_sse_line_that_never_ends_is_cut_at_the_line_limit(
         time.sleep(0.1)
     assert stats["endless_bytes"] <= 32 << 20, stats
     measured.assert_row_matches(seen)
+    measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+def test_two_hundred_thousand_one_character_deltas_reach_a_fast_reader(
+    harness: Harness,
+) -> None:
+    """All of them and ``[DONE]``, or one in-band error naming a limit; never
+    a stream cut without an error, nor a row saying the client left; and the
+    other streams and new requests go on meanwhile (the reader feeds a long
+    read in pieces, letting the loop run between them)."""
+    count = 200_000
+    with harness.client() as client, harness.attack("many_deltas") as measured:
+        seen = send(client, f"attack:many_deltas:{count}")
+    if seen.error_events:
+        seen.in_band_error()
+    else:
+        finishes(seen)
+        assert len(seen.text) == count
+    row = measured.assert_row_matches(seen)
+    assert row.end_state is not EndState.ABORTED
     measured.assert_memory_bounded()
     measured.assert_live()
 

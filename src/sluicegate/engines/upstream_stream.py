@@ -21,9 +21,10 @@ Invariants:
       upstream's usage when it reported one that can be true (each text counts
       1 until then; the last output corrects the sum, never below what was
       counted).
-    - Every ``YIELD_BYTES`` read without a pause, the loop is let go once, so
-      a fast upstream neither holds the event loop nor outruns the client's
-      writer (whose buffer would overflow); and while more than
+    - Every ``YIELD_BYTES`` fed without a pause (a long read is fed in pieces
+      of that size), the loop is let go once, so a fast upstream neither holds
+      the event loop nor outruns the client's writer (whose buffer would
+      overflow); and while more than
       ``MAX_UNTAKEN`` outputs wait for a consumer (the response has not begun
       listening yet), nothing more is read: the client's buffer bound then
       never meets a backlog it had no chance to write.
@@ -73,10 +74,13 @@ logger = logging.getLogger(__name__)
 DRAIN_S = 1.0
 """How long a finished stream's body may take to end after ``[DONE]`` (seconds)."""
 
-YIELD_BYTES = 65536
-"""Bytes read from an upstream after which its reader lets the event loop run
-once: a read returns at once while bytes wait, so without it a fast upstream's
-whole backlog (200,000 deltas) would be read before the client's writer ran."""
+YIELD_BYTES = 8192
+"""Bytes fed to an upstream's reader after which the event loop runs once: a
+read returns at once while bytes wait, so without it a fast upstream's whole
+backlog (200,000 deltas) would be read before the client's writer ran; and
+8 KiB of one-character events (about 80) is a short turn, so that the other
+streams and a new request, which needs many turns, are not held up (64 KiB
+turns delayed a new stream's first token by 1-4 s under such a burst)."""
 
 MAX_UNTAKEN = 256
 """Outputs that may wait for the response to begin listening before the
@@ -124,22 +128,31 @@ async def read_stream(
     time = asyncio.get_running_loop().time
     chunks = aiter(response)
     unpaused = 0
+    ended: Outcome | None = None
     try:
         async for data in chunks:
-            items = reader.feed(data)
-            if items:
-                seq.last_at = time()
-                ended = _apply(seq, items, lease, upstreams, counts)
-                if ended is not None:
-                    break
-            unpaused += len(data)
-            if unpaused >= YIELD_BYTES:
-                unpaused = 0
-                await asyncio.sleep(0)
-            # Rare (a burst before the response listens) and short: a poll
-            # costs less than an event set on every output taken.
-            while seq.outputs.queued > MAX_UNTAKEN:  # noqa: ASYNC110
-                await asyncio.sleep(UNTAKEN_POLL_S)
+            # A read returns every byte that waits (up to the client library's
+            # buffer, 128 KiB or more): fed at once, a burst of tiny events is
+            # one long turn of the loop, and a new request needs many turns.
+            for start in range(0, len(data), YIELD_BYTES):
+                whole = len(data) <= YIELD_BYTES
+                piece = data if whole else data[start : start + YIELD_BYTES]
+                items = reader.feed(piece)
+                if items:
+                    seq.last_at = time()
+                    ended = _apply(seq, items, lease, upstreams, counts)
+                    if ended is not None:
+                        break
+                unpaused += len(piece)
+                if unpaused >= YIELD_BYTES:
+                    unpaused = 0
+                    await asyncio.sleep(0)
+                # Rare (a burst before the response listens) and short: a poll
+                # costs less than an event set on every output taken.
+                while seq.outputs.queued > MAX_UNTAKEN:  # noqa: ASYNC110
+                    await asyncio.sleep(UNTAKEN_POLL_S)
+            if ended is not None:
+                break
         else:
             ended = _apply(seq, reader.flush(), lease, upstreams, counts)
     except HopError as exc:
