@@ -142,6 +142,43 @@ def test_function_call_items_in_the_input_round_trip(
     assert answer.usage.input_tokens > 20
 
 
+def test_the_response_object_repeats_the_requests_tool_settings(
+    sdk: openai.OpenAI, model_id: str
+) -> None:
+    kw: Any = {
+        "model": model_id,
+        "input": "Say hi.",
+        "tools": [WEATHER],
+        "tool_choice": "none",
+        "parallel_tool_calls": False,
+        "metadata": {"run": "echo"},
+        "max_output_tokens": 4,
+        "temperature": 0,
+    }
+    whole = sdk.responses.create(**kw)
+    events = list(sdk.responses.create(**kw, stream=True))
+    snapshots = [whole, events[0].response, events[-1].response]
+    for response in snapshots:
+        assert response.tool_choice == "none"
+        assert response.parallel_tool_calls is False
+        assert [t.model_dump(exclude_none=True) for t in response.tools] == [WEATHER]
+        assert response.metadata == {"run": "echo"}
+        assert response.max_output_tokens == 4
+    named = sdk.responses.create(
+        **{**kw, "tool_choice": {"type": "function", "name": "get_weather"}}
+    )
+    assert named.tool_choice.model_dump() == {
+        "type": "function",
+        "name": "get_weather",
+    }
+    plain = sdk.responses.create(model=model_id, input="Hi", max_output_tokens=2)
+    assert (plain.tool_choice, plain.tools, plain.parallel_tool_calls) == (
+        "auto",
+        [],
+        True,
+    )
+
+
 def test_bad_input_is_a_400_naming_the_parameter(
     sdk: openai.OpenAI, model_id: str
 ) -> None:

@@ -24,7 +24,7 @@ chunk object", "The completion object" and "Error codes".
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -82,6 +82,10 @@ class ResponseHeader:
             ``continuous_usage_stats``), the role chunks included.
         prompt_tokens: the prompt tokens of the response (tokens), for the usage
             of the role chunks when ``continuous_usage`` is set.
+        echo: the request's fields an API's response object repeats (the
+            Responses API's ``tools``, ``tool_choice``, ``parallel_tool_calls``,
+            ...), in its wire names; ``None`` for the API's defaults. Not
+            compared.
     """
 
     id: str
@@ -93,6 +97,7 @@ class ResponseHeader:
     system_fingerprint: str | None = None
     continuous_usage: bool = False
     prompt_tokens: int = 0
+    echo: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 MIN_INT = -(2**63)

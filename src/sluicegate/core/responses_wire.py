@@ -64,9 +64,26 @@ from sluicegate.core.padding import MIN_STEP_BYTES, EventPadder, Filler
 from sluicegate.core.sse import encode_comment
 from sluicegate.core.stream import TRANSITIONS, Closing, Start, StreamState
 
-__all__ = ["ResponsesStream", "response_body", "response_object", "usage_object"]
+__all__ = [
+    "ECHO_DEFAULTS",
+    "ResponsesStream",
+    "response_body",
+    "response_object",
+    "usage_object",
+]
 
 _HEARTBEAT = encode_comment()
+
+
+ECHO_DEFAULTS: Mapping[str, Any] = {
+    "parallel_tool_calls": True,
+    "tool_choice": "auto",
+    "tools": [],
+    "metadata": {},
+    "text": {"format": {"type": "text"}},
+}
+"""The request fields a response object repeats, as a request without them
+sets them; ``ResponseHeader.echo`` holds what the request did set."""
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
@@ -99,6 +116,10 @@ def response_object(
         usage: the token counts, once known.
         error: ``{code, message}`` of a failed response.
         incomplete_reason: e.g. ``max_output_tokens``.
+
+    The request's ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``text``,
+    ``metadata`` (and the other fields in ``header.echo``) are repeated as it
+    set them, else as ``ECHO_DEFAULTS``.
     """
     incomplete = {"reason": incomplete_reason} if incomplete_reason else None
     return {
@@ -111,11 +132,8 @@ def response_object(
         "error": dict(error) if error is not None else None,
         "incomplete_details": incomplete,
         "usage": usage_object(usage) if usage is not None else None,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "metadata": {},
-        "text": {"format": {"type": "text"}},
+        **ECHO_DEFAULTS,
+        **(header.echo or {}),
     }
 
 

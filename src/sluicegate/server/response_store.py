@@ -10,6 +10,7 @@ the store keeps one record (``EventStore.set_record``), a JSON object:
     {"input": [items...],        the whole input: the previous response's
                                  input and output, then this request's own
      "created_at": s, "model": m, "background": bool,
+     "echo": {...},              the request fields its object repeats
      "response": {...} | null}   the final response object, once it ended
 
 so that a record is bounded by what one request may send plus what one
@@ -100,6 +101,7 @@ class Record:
             "created_at": header.created,
             "model": header.model,
             "background": background,
+            "echo": dict(header.echo or {}),
             "response": None,
         }
 
@@ -307,7 +309,11 @@ def _current(response_id: str, record: dict[str, Any]) -> dict[str, Any]:
     if final is not None:
         return dict(final)
     header = ResponseHeader(
-        response_id, record["created_at"], record["model"], Endpoint.RESPONSES
+        response_id,
+        record["created_at"],
+        record["model"],
+        Endpoint.RESPONSES,
+        echo=record.get("echo"),
     )
     return {
         **response_object(header, "in_progress", []),

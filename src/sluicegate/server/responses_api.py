@@ -44,6 +44,7 @@ __all__ = [
     "ResponsesRequest",
     "input_items",
     "parse_responses_request",
+    "response_echo",
     "to_chat_request",
 ]
 
@@ -170,6 +171,47 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
             code="invalid_value",
         )
     return request
+
+
+_ECHOED = (
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "previous_response_id",
+    "metadata",
+)
+
+
+def response_echo(request: ResponsesRequest) -> dict[str, Any]:
+    """The fields of ``request`` its response object repeats, in the object's
+    shapes: ``tools``, ``tool_choice`` (``"auto"`` when unset),
+    ``parallel_tool_calls``, ``text`` when set, and those of ``instructions``,
+    ``max_output_tokens``, ``temperature``, ``top_p``, ``previous_response_id``
+    and ``metadata`` the request set.
+
+    Spec: OpenAI API reference, "Responses", "The response object".
+    """
+    choice = request.tool_choice
+    echo: dict[str, Any] = {
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "tool_choice": (
+            choice.model_dump() if isinstance(choice, NamedFunction) else choice
+        )
+        or "auto",
+        "tools": [tool.model_dump(by_alias=True) for tool in request.tools],
+    }
+    if request.text is not None and request.text.format is not None:
+        fmt = request.text.format
+        shown = fmt.model_dump(by_alias=True, exclude_none=True)
+        echo["text"] = {
+            "format": shown if fmt.type == "json_schema" else {"type": fmt.type}
+        }
+    for name in _ECHOED:
+        value = getattr(request, name)
+        if value is not None:
+            echo[name] = value
+    return echo
 
 
 def input_items(request: ResponsesRequest) -> list[dict[str, Any]]:

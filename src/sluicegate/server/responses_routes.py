@@ -53,6 +53,7 @@ from sluicegate.server.responses_api import (
     ResponsesRequest,
     input_items,
     parse_responses_request,
+    response_echo,
     to_chat_request,
 )
 from sluicegate.server.resumable import ResumableStreams, owner_of
@@ -209,8 +210,10 @@ class ResponsesRoutes:
             plan = await plan_chat(
                 chat, response_id, served.engine, served.template, routes.config
             )
+        plan = with_endpoint(plan, Endpoint.RESPONSES)
         plan = dataclasses.replace(
-            with_endpoint(plan, Endpoint.RESPONSES),
+            plan,
+            header=dataclasses.replace(plan.header, echo=response_echo(ask)),
             background=ask.background,
             whole=stored and not ask.stream and not ask.background,
         )
