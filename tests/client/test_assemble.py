@@ -180,6 +180,33 @@ def test_tool_call_fragments_are_joined_by_index() -> None:
     assert calls[0].type == "function"
 
 
+def test_tool_call_entries_without_index_begin_on_a_new_id_else_continue() -> None:
+    def tool(*fragments: dict[str, object]) -> bytes:
+        return frame(chat_chunk(HEADER, 0, {"tool_calls": list(fragments)}))
+
+    parts = [
+        tool({"function": {"arguments": '{"a"'}}),  # no call yet: index 0
+        tool({"function": {"arguments": ": 1}"}}),
+        tool({"id": "call_2", "type": "function",
+              "function": {"name": "g", "arguments": "{}"}},
+             {"id": "call_3", "function": {"name": "h", "arguments": "{"}}),
+        tool({"id": "call_3", "function": {"arguments": "}"}}),
+        tool({"index": 7, "id": "call_7",
+              "function": {"name": "k", "arguments": "[]"}}),
+        frame(chat_chunk(HEADER, 0, {}, FinishReason.TOOL_CALLS)),
+        DONE,
+    ]  # fmt: skip
+    _, result = assemble(parts)
+    calls = result.choices[0].tool_calls
+    assert [(c.index, c.id, c.name, c.arguments) for c in calls] == [
+        (0, None, "", '{"a": 1}'),
+        (1, "call_2", "g", "{}"),
+        (2, "call_3", "h", "{}"),
+        (7, "call_7", "k", "[]"),
+    ]
+    assert result.choices[0].incomplete_tool_calls == ()
+
+
 def test_a_call_whose_arguments_are_not_whole_json_is_kept_apart() -> None:
     def tool(fragment: dict[str, object]) -> bytes:
         return frame(chat_chunk(HEADER, 0, {"tool_calls": [fragment]}))

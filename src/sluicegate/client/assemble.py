@@ -22,7 +22,12 @@ Invariants:
 
 Tool calls are exposed (``ChoiceResult.tool_calls``) only when their arguments
 are whole JSON; the rest (cut by ``max_tokens``, say) are kept apart, in
-``incomplete_tool_calls``.
+``incomplete_tool_calls``. A ``tool_calls`` entry without an integer ``index``
+(Ollama's and Gemini's OpenAI endpoints, some proxies) is not dropped: one with
+an ``id`` not seen in this choice begins the next call (one past the highest
+index so far), anything else continues the latest call (index 0 when there is
+none), as the gateway reads such an upstream (``core/upstream_tools.py``) and
+the Vercel AI SDK's OpenAI-compatible provider reads such a server.
 
 Deliberate divergences from the openai client: a ``finish_reason`` counts as a
 finish whatever its value, even ``""`` (``sluicegate check`` grades the value); an
@@ -63,7 +68,7 @@ MAX_ERROR_BODY_BYTES = 65536
 class _Choice:
     """Mutable accumulation of one choice (private: results are frozen)."""
 
-    __slots__ = ("finish_reason", "logprobs", "parts", "role", "tools")
+    __slots__ = ("finish_reason", "latest_call", "logprobs", "parts", "role", "tools")
 
     def __init__(self) -> None:
         self.parts: list[str] = []
@@ -71,6 +76,7 @@ class _Choice:
         self.role: str | None = None
         self.logprobs: list[Mapping[str, Any]] = []
         self.tools: dict[int, dict[str, Any]] = {}
+        self.latest_call: int | None = None  # the call an entry without index continues
 
     def freeze(self, index: int) -> ChoiceResult:
         calls = [
@@ -372,10 +378,14 @@ def _take_tool_calls(choice: _Choice, calls: Any) -> None:
     if not isinstance(calls, list):
         return
     for call in calls:
-        if not isinstance(call, dict) or not isinstance(call.get("index"), int):
+        if not isinstance(call, dict):
             continue
+        index = call.get("index")
+        if not isinstance(index, int):
+            index = _unindexed(choice, call.get("id"))
+        choice.latest_call = index
         slot = choice.tools.setdefault(
-            call["index"], {"id": None, "type": None, "name": [], "args": []}
+            index, {"id": None, "type": None, "name": [], "args": []}
         )
         slot["id"] = slot["id"] or call.get("id")
         slot["type"] = slot["type"] or call.get("type")
@@ -383,6 +393,15 @@ def _take_tool_calls(choice: _Choice, calls: Any) -> None:
         if isinstance(function, dict):
             slot["name"].append(function.get("name") or "")
             slot["args"].append(function.get("arguments") or "")
+
+
+def _unindexed(choice: _Choice, call_id: Any) -> int:
+    """The index of a call entry that has none: a new ``id`` begins the next
+    call, anything else continues the latest call (0 when there is none)."""
+    tools = choice.tools
+    if call_id is None or any(t["id"] == call_id for t in tools.values()):
+        return 0 if choice.latest_call is None else choice.latest_call
+    return max(tools, default=-1) + 1
 
 
 def _take_logprobs(choice: _Choice, logprobs: Any) -> None:
