@@ -171,6 +171,35 @@ def test_max_completion_tokens_limits_a_chat_answer(http: httpx.Client) -> None:
     assert body["usage"]["completion_tokens"] == 3
 
 
+def test_max_completion_tokens_limits_a_completion_through_the_sdk(
+    sdk: openai.OpenAI, model_id: str, http: httpx.Client
+) -> None:
+    kw: Any = {
+        "model": model_id,
+        "prompt": PROMPT,
+        "max_tokens": 50,
+        "temperature": 0,
+        "extra_body": {"max_completion_tokens": 3, "logit_bias": {str(X_ID): 100}},
+    }
+    whole = sdk.completions.create(**kw)
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens == 3
+    chunks = list(
+        sdk.completions.create(
+            **kw, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == 3
+    refused = http.post(
+        COMPLETIONS, json={"prompt": [2, 651], "max_completion_tokens": 5000}
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "max_completion_tokens"
+
+
 def test_chat_logprobs_align_with_each_delta(http: httpx.Client) -> None:
     payload = {
         "messages": [{"role": "user", "content": "Say: café, 日本語!"}],

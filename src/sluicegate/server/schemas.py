@@ -196,6 +196,12 @@ class CompletionRequest(RequestFields):
     """
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """Not in OpenAI's legacy completions API; taken as chat takes it (it wins
+    over ``max_tokens``), so a client that sends it everywhere is not ignored.
+
+    .. versionchanged:: 0.2.0
+       Honoured; it was silently ignored."""
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
@@ -230,12 +236,16 @@ class CompletionRequest(RequestFields):
 
     @property
     def requested_max_tokens(self) -> int | None:
-        """``max_tokens`` (tokens), or ``None`` when absent."""
+        """``max_completion_tokens``, else ``max_tokens`` (tokens), or ``None``."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
         return self.max_tokens
 
     @property
     def max_tokens_param(self) -> str:
-        """Always ``"max_tokens"``."""
+        """The name of the parameter that set ``requested_max_tokens``."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens"
         return "max_tokens"
 
     @property
