@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sluicegate.core.logprobs import LogprobToken
+from sluicegate.core.logprobs import LogprobToken, TokenLogprob
 
 __all__ = [
     "CANCELLED",
@@ -51,22 +51,6 @@ class FinishReason(StrEnum):
     """``max_tokens`` or the context window was reached."""
     TOOL_CALLS = "tool_calls"
     """The turn ended with tool calls (chat with ``tools``; never for a cut call)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """The log probability of one sampled token and its top alternatives.
-
-    Attributes:
-        token_id: the sampled token.
-        logprob: natural log of its probability under the model (raw logits,
-            before temperature and other sampling transforms).
-        top: up to k ``(token_id, logprob)`` pairs, most likely first.
-    """
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -33,17 +33,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sluicegate.core.errors import LocalProtocolError
-
-if TYPE_CHECKING:  # events imports this module
-    from sluicegate.core.events import TokenLogprob
 
 __all__ = [
     "AlignedStep",
     "LogprobAligner",
     "LogprobToken",
+    "TokenLogprob",
     "TopLogprob",
     "chat_logprobs",
     "completion_logprobs",
@@ -52,6 +50,22 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The log probability of one sampled token and its top alternatives.
+
+    Attributes:
+        token_id: the sampled token.
+        logprob: natural log of its probability under the model (raw logits,
+            before temperature and other sampling transforms).
+        top: up to k ``(token_id, logprob)`` pairs, most likely first.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,211 @@
+"""Which part of sluicegate may import which, and no import cycle between modules.
+
+The imports are read from the source with ``ast``, not by importing it: every
+``import`` counts, at module level, inside a function or under
+``TYPE_CHECKING``. ``from a import b`` where ``a.b`` is a module is an import of
+``a.b``. The rule is written down in docs/ARCHITECTURE.md, "Layers".
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+import sluicegate
+
+# Part (a subpackage, a top-level module, or the package's own __init__ under
+# its name) -> the other parts it may import.
+ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "engines": frozenset({"core"}),
+    "server": frozenset({"core", "engines", "sluicegate", "model"}),
+    "client": frozenset({"core"}),
+    "check": frozenset({"core", "client"}),
+    "sluicegate": frozenset({"core"}),
+    "demo": frozenset({"core"}),
+    "cpu": frozenset(),
+    "model": frozenset(),
+    "testing": frozenset(),
+    "doctor": frozenset({"core", "cpu", "engines"}),
+    "doctor_upstream": frozenset({"engines"}),
+    "cli": frozenset(
+        {"check", "core", "demo", "doctor", "doctor_upstream", "engines"}
+        | {"model", "server"}
+    ),
+    "__main__": frozenset({"cli"}),
+}
+
+# What core may import besides the standard library: one fast JSON encoder, and
+# typing_extensions for ``@override`` on Python 3.11.
+CORE_THIRD_PARTY = frozenset({"orjson", "typing_extensions"})
+
+Graph = dict[str, set[str]]
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Every module below ``root`` (a package directory) by its dotted name."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imported_names(path: Path, known: Collection[str]) -> Iterator[str]:
+    """The names one file's import statements import, submodules first.
+
+    ``from a import b`` is an import of ``a.b`` when ``a.b`` is in ``known``, else
+    of ``a``.
+    """
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            # No module uses relative imports; a new one would be misread here.
+            assert node.level == 0, f"relative import in {path}"
+            assert node.module is not None
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                yield submodule if submodule in known else node.module
+
+
+def import_graph(root: Path) -> tuple[Graph, Graph]:
+    """The package's imports: module -> its modules; module -> outside packages.
+
+    Outside packages are given by their top-level names (``orjson``, ``os``).
+    """
+    known = modules(root)
+    graph: Graph = {name: set() for name in known}
+    outside: Graph = {name: set() for name in known}
+    for name, path in known.items():
+        for target in imported_names(path, known):
+            if target.split(".")[0] != root.name:
+                outside[name].add(target.split(".")[0])
+                continue
+            while target not in known:
+                target = target.rsplit(".", 1)[0]
+            if target != name:
+                graph[name].add(target)
+    return graph, outside
+
+
+def part(module: str) -> str:
+    """The part a module belongs to: ``a.core.x`` -> ``core``, ``a`` -> ``a``."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 else pieces[0]
+
+
+def layer_violations(graph: Graph, allowed: Mapping[str, frozenset[str]]) -> list[str]:
+    """Each import from one part into another that ``allowed`` does not list."""
+    return sorted(
+        f"{source} imports {target}"
+        for source, targets in graph.items()
+        for target in targets
+        if part(target) != part(source)
+        and part(target) not in allowed.get(part(source), frozenset())
+    )
+
+
+def cycles(graph: Graph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while (top := stack.pop()) != node:
+                component.append(top)
+            if component:
+                found.append(sorted([node, *component]))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+PACKAGE = Path(sluicegate.__file__).parent
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    return import_graph(PACKAGE)[0]
+
+
+def test_every_part_of_the_package_has_a_rule(graph: Graph) -> None:
+    assert {part(module) for module in graph} == set(ALLOWED)
+
+
+def test_imports_follow_the_layer_rule(graph: Graph) -> None:
+    assert layer_violations(graph, ALLOWED) == []
+
+
+def test_no_two_modules_import_each_other_even_indirectly(graph: Graph) -> None:
+    assert cycles(graph) == []
+
+
+def test_core_imports_only_the_standard_library_and_orjson() -> None:
+    _, outside = import_graph(PACKAGE)
+    core = set().union(*(names for m, names in outside.items() if part(m) == "core"))
+    assert core - sys.stdlib_module_names - CORE_THIRD_PARTY == set()
+
+
+def _write(root: Path, files: Mapping[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "pkg"
+
+
+def test_the_rule_catches_an_import_up_the_layers(tmp_path: Path) -> None:
+    root = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/core/__init__.py": "",
+            "pkg/core/a.py": "def f():\n    from pkg.server import b\n",
+            "pkg/server/__init__.py": "",
+            "pkg/server/b.py": "from pkg.core import a\n",
+        },
+    )
+    graph, _ = import_graph(root)
+    allowed = {"core": frozenset(), "server": frozenset({"core"})}
+    assert layer_violations(graph, allowed) == ["pkg.core.a imports pkg.server.b"]
+    assert cycles(graph) == [["pkg.core.a", "pkg.server.b"]]
+
+
+def test_a_cycle_through_type_checking_and_three_modules_is_found(
+    tmp_path: Path,
+) -> None:
+    root = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "import pkg.b\n",
+            "pkg/b.py": "from pkg import c\n",
+            "pkg/c.py": "if TYPE_CHECKING:\n    from pkg.a import thing\n",
+            "pkg/d.py": "from pkg.a import thing\nimport os\n",
+        },
+    )
+    graph, outside = import_graph(root)
+    assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert graph["pkg.d"] == {"pkg.a"}
+    assert outside["pkg.d"] == {"os"}
