@@ -229,6 +229,29 @@ def test_a_malformed_cursor_gets_400(server: ServerProcess) -> None:
         )
 
 
+def test_a_cursor_at_the_end_of_an_ended_stream_gets_400_not_an_empty_200(
+    server: ServerProcess,
+) -> None:
+    with http(server) as client:
+        text = client.post(CHAT, json=chat_body()).text
+        response_id = text.split('"id":"', 1)[1].split('"', 1)[0]
+        last = text.count("id: ") - 1  # [DONE]'s cursor: what EventSource resends
+        for headers in (
+            {"last-event-id": f"{response_id}.{last}"},
+            {"last-event-id": f"{response_id}.{last + 10}"},
+        ):
+            answer_ = client.get(f"{CHAT}/{response_id}/events", headers=headers)
+            assert answer_.status_code == 400, headers
+            error = answer_.json()["error"]
+            assert (error["code"], error["param"]) == (
+                "cursor_past_end",
+                "Last-Event-ID",
+            )
+        before = client.get(f"{CHAT}/{response_id}/events?after={last - 1}")
+        assert before.status_code == 200
+        assert before.text.endswith("data: [DONE]\n\n")
+
+
 def ledger_row(path: Path, response_id: str) -> LedgerRow:
     deadline = time.monotonic() + GIVE_UP_S
     while time.monotonic() < deadline:

@@ -110,12 +110,18 @@ async def test_a_stream_resumes_after_any_sequence_number_then_ends_once(
     response_id = full[0][1]["response"]["id"]
     assert [i for i, _ in full] == [f"{response_id}.{n}" for n in range(len(full))]
     assert [p["sequence_number"] for _, p in full] == list(range(len(full)))
-    for after in (0, 3, len(full) - 2, len(full) - 1):
+    for after in (0, 3, len(full) - 2):
         path = f"{RESPONSES}/{response_id}?stream=true&starting_after={after}"
         resumed = await client.get(path)
         assert resumed.status_code == 200
         assert resumed.headers["content-type"].startswith("text/event-stream")
         assert events(resumed.content) == full[after + 1 :]
+    for after in (len(full) - 1, len(full) + 5):  # read to its end: not a 200
+        path = f"{RESPONSES}/{response_id}?stream=true&starting_after={after}"
+        past = await client.get(path)
+        assert past.status_code == 400
+        assert past.json()["error"]["code"] == "cursor_past_end"
+        assert past.json()["error"]["param"] == "starting_after"
     by_header = await client.get(
         f"{RESPONSES}/{response_id}?stream=true",
         headers={"last-event-id": f"{response_id}.4"},

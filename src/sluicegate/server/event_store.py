@@ -172,7 +172,8 @@ class EventStore(Protocol):
     def read(self, response_id: str, owner: str, after: int) -> AsyncIterator[Frames]:
         """Batches after ``after``: replayed, then live; ends after a finished log's
         last frame. The first batch comes at once (maybe empty), later ones are
-        never empty.
+        never empty; a finished log with no frame after ``after`` (a reader
+        that has it all) yields no batch at all, so that its reader can tell.
 
         Raises (on the first iteration, before any batch):
             LogNotFound: unknown id, another owner's, or expired.

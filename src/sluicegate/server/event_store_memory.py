@@ -267,7 +267,7 @@ class MemoryEventStore:
 
     def read(self, response_id: str, owner: str, after: int) -> AsyncIterator[Frames]:
         """See ``EventStore.read``. A cursor past the last frame reads only the
-        frames appended after it (none for a finished log)."""
+        frames appended after it (a finished log's read ends at once)."""
         return self._read(response_id, owner, after, None)
 
     def read_pushed(
@@ -298,6 +298,8 @@ class MemoryEventStore:
             batch = _since(log, after)
             if batch:
                 after = batch[-1][0]
+            elif log.finished_at is not None:
+                return  # past the end of a finished log: no batch at all
             yield batch  # the first batch, at once: the checks passed
             while True:
                 if after + 1 < log.first_seq:  # trimmed while this reader lagged

@@ -137,6 +137,9 @@ class LogStreamResponse:
         ) = None
         self.cut: str | None = None
         """Why the reader was cut (``None``: it read to the end)."""
+        self.past_end = False
+        """Set by ``open`` when the log had ended with no frame after the
+        cursor: this reader would get an empty body."""
         self.answered: Callable[[int], None] | None = None
         """Set on the first reader of a whole plan (``Plan.whole``): report the
         HTTP status its client was answered, which the response's ledger row
@@ -169,8 +172,10 @@ class LogStreamResponse:
         else:
             batches = read_pushed(response_id, owner, after, response._pushed)
         response._batches = batches
-        with contextlib.suppress(StopAsyncIteration):  # a log that ended
+        try:
             response._first = await anext(batches)
+        except StopAsyncIteration:  # a finished log, nothing after the cursor
+            response.past_end = True
         return response
 
     async def frames(self) -> AsyncIterator[bytes]:

@@ -201,7 +201,7 @@ class RedisEventStore:
 
     def read(self, response_id: str, owner: str, after: int) -> AsyncIterator[Frames]:
         """See ``EventStore.read``. A cursor past the last frame reads only the
-        frames appended after it.
+        frames appended after it (a finished log's read ends at once).
 
         Raises:
             RedisUnavailable: Redis cannot be reached (first or later).
@@ -302,7 +302,7 @@ class RedisEventStore:
                 batch, ended, full = await self._page(response_id, after)
                 if batch:
                     after = batch[-1][0]
-                if batch or first:
+                if batch or (first and not ended):  # past a finished end: none
                     yield batch
                 first = False
                 if ended:

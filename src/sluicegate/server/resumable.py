@@ -17,7 +17,9 @@
 - ``events``: ``GET /v1/chat/completions/{id}/events`` (and completions): the
   log after the cursor in ``Last-Event-ID`` (or ``?after=``), then the live
   tail. Unknown id, another key's log and an expired one answer the same 404;
-  an evicted cursor 410 (``cursor_evicted``); a malformed cursor 400.
+  an evicted cursor 410 (``cursor_evicted``); a malformed cursor 400; a cursor
+  at or past the end of a log that has ended 400 (``cursor_past_end``), which
+  ends an ``EventSource`` instead of an empty 200 it would reconnect after.
 
 Cursors: ``<response_id>.<seq>``, ``seq`` the frame's number in the log (0
 first); a bare ``<seq>`` is accepted too. ``Last-Event-ID`` wins over
@@ -70,6 +72,7 @@ from sluicegate.server.streaming import StreamLimits
 __all__ = [
     "ANSWER_GRACE_S",
     "CURSOR_EVICTED",
+    "CURSOR_PAST_END",
     "MAX_CURSOR_CHARS",
     "MAX_IDEMPOTENCY_KEY_CHARS",
     "AttachExisting",
@@ -122,6 +125,18 @@ class AttachExisting(Exception):
     def __init__(self, response: LogStreamResponse) -> None:
         super().__init__("attach to the kept log")
         self.response = response
+
+
+CURSOR_PAST_END = "cursor_past_end"
+"""Error code of the 400 for a cursor at or past the end of an ended log."""
+
+
+def _past_end(response_id: str, after: int, param: str) -> dict[str, Any]:
+    message = (
+        f"The stream {response_id[:80]!r} has ended and nothing follows"
+        f" event {after}: it was read to its end"
+    )
+    return error_payload(message, "invalid_request_error", param, CURSOR_PAST_END)
 
 
 def parse_cursor(text: str, response_id: str) -> int:
@@ -436,6 +451,9 @@ class ResumableStreams:
         Returns:
             The reader (200, event stream); ``not_found`` with 404 (unknown,
             another key's, expired); 410 ``cursor_evicted`` naming ``param``;
+            400 ``cursor_past_end`` naming ``param`` when the log has ended and
+            nothing follows the cursor (an empty 200 would make an
+            ``EventSource`` reconnect for ever; any other status ends it);
             503 ``resume_store_unavailable``.
         """
         try:
@@ -449,6 +467,9 @@ class ResumableStreams:
             return self.unavailable(exc)
         if reader is None:
             return json_answer(not_found, 404)
+        if reader.past_end and not own:
+            await reader.aclose()
+            return json_answer(_past_end(response_id, after, param), 400)
         if not own:
             self.resumes += 1
         elif response_id in self._producers:  # its row is not written yet
