@@ -310,7 +310,6 @@ class _Routes:
             stuck_timeout_s=config.stuck_stream_timeout_s,
             interval_s=config.stream_interval_s,
             cadence_s=config.cadence_s,
-            retain_frames=config.stream_retain_frames,
         )
         self.resumable = ResumableStreams(
             open_store(config)

@@ -68,9 +68,6 @@ class ServerConfig:
         cadence_s: send each stream's events on a clock of this period
             (seconds; 0: as they come); a request's
             ``stream_options.cadence_ms`` overrides it.
-        stream_retain_frames: frames of each event stream kept in its event log
-            once written (frames; 0: none). Nothing replays them yet: the seam
-            for resumable streams.
         resumable_streams: whether an event stream is resumable when its request
             does not say (``stream_options.resumable``); see
             docs/resumable-streams.md.
@@ -119,7 +116,6 @@ class ServerConfig:
     stream_interval_s: float = 0.0
     obfuscation: bool = True
     cadence_s: float = 0.0
-    stream_retain_frames: int = 0
     resumable_streams: bool = False
     store_responses: bool = False
     resume_grace_s: float = 30.0
@@ -163,10 +159,6 @@ class ServerConfig:
                 "expected stuck_stream_timeout_s > 0 and max_stream_buffer_bytes >= 1, "
                 f"got {self.stuck_stream_timeout_s!r} and "
                 f"{self.max_stream_buffer_bytes!r}"
-            )
-        if self.stream_retain_frames < 0:
-            raise ValueError(
-                f"stream_retain_frames must be >= 0, got {self.stream_retain_frames!r}"
             )
         if self.resume_grace_s < 0 or self.resume_ttl_s <= 0:
             raise ValueError(

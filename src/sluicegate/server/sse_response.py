@@ -1,9 +1,8 @@
 """The ASGI app that streams one generation as OpenAI chunks over SSE.
 
 ``EventStreamResponse`` sends the headers, then loops: wait on the stream's
-buffer, feed what came to the ``StreamMachine``, number its frames in the
-response's ``EventLog``, hand them to the writer (``writers.py``), and a
-heartbeat when ``WriteWatch`` says the stream was silent.
+buffer, feed what came to the ``StreamMachine``, hand its frames to the writer
+(``writers.py``), and a heartbeat when ``WriteWatch`` says the stream was silent.
 It reports what happened (each write's outcome, the client leaving, a slow
 client given up on) to the machine, whose ``outcome`` is the end state the
 ledger records.
@@ -47,7 +46,6 @@ from starlette.types import Receive, Scope, Send
 from sluicegate.core.chunks import ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.event_log import EventLog
 from sluicegate.core.events import Fail, Heartbeat, StreamEvent
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire import stream_machine
@@ -139,8 +137,6 @@ class EventStreamResponse:
         # On a clock an event carries a tick's tokens: one step holds more.
         step = CADENCE_STEP_BYTES if limits.cadence_s > 0 else MIN_STEP_BYTES
         self._machine = stream_machine(header, filler, step)
-        self.log = EventLog(limits.retain_frames)
-        """Every frame of the body, numbered, in the order written."""
         self._limits = limits
         self._on_end = on_end
         self._live = live if live is not None else LiveStreams()
@@ -153,7 +149,7 @@ class EventStreamResponse:
             await start(
                 {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
             )
-            await _send_body(send, b"".join(self.log.through(machine.start())))
+            await _send_body(send, b"".join(machine.start()))
             machine.wrote()
             await self._stream(receive, send)
         except asyncio.CancelledError:
@@ -212,8 +208,7 @@ class EventStreamResponse:
         paced = limits.interval_s > 0
         cadenced = limits.cadence_s > 0
         make_writer = TaskWriter if paced or cadenced else type(self).writer
-        log = self.log
-        writer = make_writer(machine, send, watch, buffer, log)
+        writer = make_writer(machine, send, watch, buffer)
         try:
             if cadenced:
                 await self._write_on_clock(buffer, writer, limits.cadence_s)
@@ -230,7 +225,7 @@ class EventStreamResponse:
                 frames = self._frames(events)
                 if not frames:
                     continue
-                if not await writer.write(b"".join(log.through(frames))):
+                if not await writer.write(b"".join(frames)):
                     return
                 if events[0] is _HEARTBEAT:
                     self._live.heartbeats_sent += 1
@@ -249,7 +244,7 @@ class EventStreamResponse:
         A tick missed (a slow write) starts the clock again from now, so ticks
         never bunch up.
         """
-        machine, log = self._machine, self.log
+        machine = self._machine
         loop = asyncio.get_running_loop()
         due = loop.time()
         while machine.end_state is None:
@@ -262,7 +257,7 @@ class EventStreamResponse:
             events = buffer.drain()
             # Nothing ready, or only what sends nothing (an empty delta).
             frames = self._frames(events) or machine.feed(_HEARTBEAT)
-            if not await writer.write(b"".join(log.through(frames))):
+            if not await writer.write(b"".join(frames)):
                 return
 
     def _frames(self, events: list[StreamEvent]) -> list[bytes]:
@@ -287,7 +282,7 @@ class EventStreamResponse:
         except LocalProtocolError:
             return  # the machine had ended: its outcome is what was written
         try:
-            await _send_body(send, b"".join(self.log.through(frames)))
+            await _send_body(send, b"".join(frames))
         except OSError:
             machine.write_failed()
             return

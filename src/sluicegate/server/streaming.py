@@ -80,8 +80,6 @@ class StreamLimits:
             bytes; longer aborts the stream.
         interval_s: after a write with content, seconds before the next one
             (0: write as soon as events come); what comes meanwhile is coalesced.
-        retain_frames: frames of an event stream its ``EventLog`` keeps once
-            written, for ``replay`` (frames; 0: none, the live path only).
         cadence_s: write an event stream on a clock of this period (seconds;
             0: off): each tick writes what came since the last, coalesced, or
             one empty (padded) event when nothing did; ``interval_s`` is then
@@ -94,7 +92,6 @@ class StreamLimits:
     max_buffer_bytes: int = 1 << 20
     stuck_timeout_s: float = 30.0
     interval_s: float = 0.0
-    retain_frames: int = 0
     cadence_s: float = 0.0
 
 

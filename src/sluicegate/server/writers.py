@@ -1,8 +1,7 @@
 """The writer seam of an event stream: frames to ``send``, each outcome reported.
 
-A writer puts the ``StreamMachine``'s frames on the connection, through the
-response's ``EventLog`` (which numbers them), and tells the machine what became
-of them (``wrote()``, ``write_failed()``) and the
+A writer puts the ``StreamMachine``'s frames on the connection and tells the
+machine what became of them (``wrote()``, ``write_failed()``) and the
 ``WriteWatch`` when each write starts and ends; it decides nothing else.
 ``TaskWriter`` writes from the stream's own task only: the plain one.
 ``EagerWriter`` does the same and, while that task waits with nothing queued,
@@ -30,7 +29,6 @@ from typing import Any
 
 from starlette.types import Send
 
-from sluicegate.core.event_log import EventLog
 from sluicegate.core.events import Delta, StreamEvent
 from sluicegate.core.wire import Wire
 from sluicegate.server.buffer import StreamBuffer
@@ -49,12 +47,9 @@ class TaskWriter:
         send: the ASGI ``send`` of the body.
         watch: told ``writing()`` / ``wrote()`` around each write.
         buffer: the stream's buffer (the eager writer takes events from it).
-        log: the response's numbered frames; the eager writer appends the frames
-            it makes there and takes them to write (the task's go through it
-            before ``write``).
     """
 
-    __slots__ = ("_log", "_machine", "_send", "_watch")
+    __slots__ = ("_machine", "_send", "_watch")
 
     def __init__(
         self,
@@ -62,12 +57,10 @@ class TaskWriter:
         send: Send,
         watch: WriteWatch,
         buffer: StreamBuffer,
-        log: EventLog,
     ) -> None:
         self._machine = machine
         self._send = send
         self._watch = watch
-        self._log = log
 
     async def write(self, body: bytes) -> bool:
         """Send ``body`` (frames, complete) from the task; report the outcome.
@@ -131,9 +124,8 @@ class EagerWriter(TaskWriter):
         send: Send,
         watch: WriteWatch,
         buffer: StreamBuffer,
-        log: EventLog,
     ) -> None:
-        super().__init__(machine, send, watch, buffer, log)
+        super().__init__(machine, send, watch, buffer)
         self._buffer = buffer
         self._context = contextvars.copy_context()
         self._time = watch.clock.time
@@ -146,7 +138,6 @@ class EagerWriter(TaskWriter):
         try:
             frames = machine.feed(event)
             if frames:
-                frames = self._log.through(frames)
                 body = frames[0] if len(frames) == 1 else b"".join(frames)
                 sending = self._send(
                     {"type": "http.response.body", "body": body, "more_body": True}
@@ -280,5 +271,5 @@ class Resume:
             logger.debug("an abandoned write did not close", exc_info=True)
 
 
-WriterType = Callable[[Wire, Send, WriteWatch, StreamBuffer, EventLog], TaskWriter]
+WriterType = Callable[[Wire, Send, WriteWatch, StreamBuffer], TaskWriter]
 """What builds a stream's writer: ``TaskWriter`` or ``EagerWriter``."""
