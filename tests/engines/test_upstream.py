@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 import pytest
@@ -228,7 +229,9 @@ async def test_close_aborts_the_request_upstream(scripted: ServerProcess) -> Non
     admin = httpx.AsyncClient(base_url=scripted.base_url)
     try:
         before = (await admin.get("/engine/stats")).json()
-        outputs = engine.generate(chat_request(max_tokens=2000))
+        request = chat_request(max_tokens=2000)
+        first_request_id = request.request_id
+        outputs = engine.generate(request)
         await outputs.accepted()
         first = await outputs.__anext__()
         assert first.text
@@ -246,10 +249,30 @@ async def test_close_aborts_the_request_upstream(scripted: ServerProcess) -> Non
             assert elapsed < GIVE_UP_S, stats
             await asyncio.sleep(0.01)
         assert elapsed <= ABORT_WITHIN_S, f"aborted {elapsed:.2f} s after close()"
-        assert engine.stats().aborted_requests == 1
-        assert engine.stats().running == 0
+        mine = engine.stats()
+        assert (mine.aborted_requests, mine.running) == (1, 0)
+        assert mine.aborted_ids == (first_request_id,)
     finally:
         await admin.aclose()
+        await engine.aclose()
+
+
+async def test_a_sequence_stopped_by_the_server_counts_as_finished(
+    scripted: ServerProcess,
+) -> None:
+    engine = engine_for(scripted.base_url + "/v1", model="scripted")
+    try:
+        request = chat_request(max_tokens=2000)
+        outputs = engine.generate(request)
+        await outputs.accepted()
+        assert (await outputs.__anext__()).text
+        engine.abort(request.request_id, stopped=True)
+        with anyio.fail_after(GIVE_UP_S):
+            await collect(outputs)  # ends: the upstream stream was closed
+        stats = engine.stats()
+        assert (stats.finished_requests, stats.aborted_requests) == (1, 0)
+        assert stats.aborted_ids == ()
+    finally:
         await engine.aclose()
 
 

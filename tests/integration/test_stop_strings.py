@@ -7,6 +7,7 @@ text must be that unstopped text cut before the earliest stop string.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -17,8 +18,10 @@ from .wire import (
     assert_deltas_not_cumulative,
     collect,
     complete,
+    engine_stats,
     response_text,
     stop_reference,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
@@ -128,3 +131,32 @@ def test_held_back_tail_is_flushed_before_the_finish_chunk(
     if stop not in unstopped:
         assert text == unstopped
         assert choices[0].finish_reason in ("length", "stop")
+
+
+def test_engine_stats_count_a_stop_string_ending_as_finished(
+    http: httpx.Client,
+) -> None:
+    payload: dict[str, Any] = {
+        "prompt": "Here is the English alphabet: ABC",
+        "temperature": 0,
+        "max_tokens": 32,
+        "logit_bias": NO_END_TOKENS,
+    }
+    unstopped = unstopped_text(http, payload)
+    payload["stop"] = [unstopped[5:12]]
+    before = engine_stats(http)
+    _, choices = collect(http, COMPLETIONS, payload)
+    assert choices[0].finish_reason == "stop"
+    assert complete(http, COMPLETIONS, payload)["choices"][0]["finish_reason"] == (
+        "stop"
+    )
+    after, _ = wait_until(
+        http,
+        lambda s: s["finished_requests"] >= before["finished_requests"] + 2,
+        started_s=time.monotonic(),
+        give_up_s=30,
+    )
+    assert after is not None
+    assert after["finished_requests"] == before["finished_requests"] + 2
+    assert after["aborted_requests"] == before["aborted_requests"]
+    assert after["aborted_ids"] == before["aborted_ids"]

@@ -101,14 +101,19 @@ async def test_listened_and_iterated_outputs_give_the_same_events(
     assert _texts(listened) == expected
 
 
-async def test_a_stop_string_aborts_its_engine_sequence() -> None:
+async def test_a_stop_string_stops_its_engine_sequence_as_finished() -> None:
     engine = ScriptedEngine(never_finishes=True, tokens_per_s=10_000)
     events = await _run(engine, _plan(stops=("quick",)))
     assert events[-2:-1] == [Finish(0, FinishReason.STOP, stop_sequence="quick")]
     assert isinstance(events[-1], End)
     assert _texts(events) == DEFAULT_TEXT.split("quick")[0]
-    assert engine.stats().aborted_ids == ("cmpl-t-0",)
-    assert engine.stats().running == 0
+    stats = engine.stats()
+    assert (stats.running, stats.finished_requests, stats.aborted_requests) == (
+        0,
+        1,
+        0,
+    )
+    assert stats.aborted_ids == ()
 
 
 async def test_abort_unfinished_aborts_what_runs_once() -> None:

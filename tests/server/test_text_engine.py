@@ -55,9 +55,9 @@ class _Refusing(ScriptedTextEngine):
         self.generated.append(request.request_id)
         return _Pending(super().generate(request), self.error)
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, stopped: bool = False) -> None:
         self.aborted.append(request_id)
-        super().abort(request_id)
+        super().abort(request_id, stopped=stopped)
 
 
 class _Pending:

@@ -353,8 +353,14 @@ class Engine(Protocol):
         """
         ...
 
-    def abort(self, request_id: str) -> None:
-        """Stop ``request_id`` at the next step and free its KV cells; idempotent."""
+    def abort(self, request_id: str, *, stopped: bool = False) -> None:
+        """Stop ``request_id`` at the next step and free its KV cells; idempotent.
+
+        Args:
+            stopped: the server ended the request itself (a stop string
+                matched): counted as finished in ``stats()``, not aborted, and
+                not among ``aborted_ids``.
+        """
         ...
 
     def stats(self) -> EngineStats:

@@ -203,18 +203,19 @@ class LlamaCppEngine:
         """
         return self._submit(request).outputs
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, stopped: bool = False) -> None:
         """Stop ``request_id`` before the next step and free its KV cells.
 
         Idempotent; a no-op for unknown or finished requests. Never blocks on a
-        decode step.
+        decode step. ``stopped`` (a stop string matched): counted as finished.
         """
         with self._lock:
             left = self._scheduler.abort(request_id)
             if left is not None:  # it was queued
-                self._counters.aborted += 1
-                self._counters.aborted_ids.append(request_id)
+                self._counters.count_abort(request_id, stopped)
                 self._handoff.emit(left, ABORTED)
+            elif stopped and request_id in self._scheduler.running:
+                self._counters.stopped_ids.add(request_id)  # reaped next
             self._lock.notify_all()
         self._handoff.flush()
 
@@ -336,8 +337,10 @@ class LlamaCppEngine:
     def _reap_aborted(self) -> None:
         for seq in self._scheduler.reap():
             self._free(seq)
-            self._counters.aborted += 1
-            self._counters.aborted_ids.append(seq.request_id)
+            counters = self._counters
+            stopped = seq.request_id in counters.stopped_ids
+            counters.stopped_ids.discard(seq.request_id)
+            counters.count_abort(seq.request_id, stopped)
             self._handoff.emit(seq, ABORTED)
         self._refresh_kv_cells()
 

@@ -35,6 +35,17 @@ class Counters:
     step_time_s: float = 0.0
     last_step_tokens: int = 0
     aborted_ids: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_IDS))
+    stopped_ids: set[str] = field(default_factory=set)
+    """Flagged to leave because a stop string matched: finished when reaped."""
+
+    def count_abort(self, request_id: str, stopped: bool) -> None:
+        """A request that left before its end: finished when the server
+        ``stopped`` it (a stop string matched), else aborted."""
+        if stopped:
+            self.finished += 1
+        else:
+            self.aborted += 1
+            self.aborted_ids.append(request_id)
 
     def snapshot(
         self,

@@ -250,13 +250,13 @@ class ScriptedEngine:
             self._waiting.append(seq)
         return outputs
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, stopped: bool = False) -> None:
         """Stop ``request_id`` now and free its KV cells.
 
         A decoding sequence's step that was due next still runs, as a step in
         flight would: its token counts as generated and wasted, and is never
         delivered. Idempotent; a no-op for unknown or already finished ids. Never
-        blocks.
+        blocks. ``stopped`` (a stop string matched): counted as finished.
         """
         seq = self._live.get(request_id)
         # ``done``: its last output (or failure) is being delivered right now
@@ -264,8 +264,11 @@ class ScriptedEngine:
         if seq is None or seq.abort_requested or seq.outputs.done:
             return
         seq.abort_requested = True
-        self._counts["aborted"] += 1
-        self._aborted_ids.append(request_id)
+        if stopped:
+            self._counts["finished"] += 1
+        else:
+            self._counts["aborted"] += 1
+            self._aborted_ids.append(request_id)
         if seq.phase is _Phase.QUEUED:
             self._waiting.remove(seq)
         elif seq.decoding:

@@ -105,9 +105,9 @@ class ScriptedTextEngine:
         tokens.listen(relay)
         return texts
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, stopped: bool = False) -> None:
         """As ``ScriptedEngine.abort``."""
-        self._tokens.abort(request_id)
+        self._tokens.abort(request_id, stopped=stopped)
 
     def stats(self) -> EngineStats:
         """As ``ScriptedEngine.stats``."""

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ from sluicegate.engines.base import (
     OutputKind,
     Tokenizer,
 )
+from sluicegate.engines.llamacpp_stats import RECENT_IDS
 from sluicegate.engines.pool import (
     Lease,
     Outcome,
@@ -147,6 +149,7 @@ class UpstreamEngine:
         self._counts = dict.fromkeys(
             ("prompt", "generated", "finished", "aborted", "failed"), 0
         )
+        self._aborted_ids: deque[str] = deque(maxlen=RECENT_IDS)
 
     @classmethod
     def from_config(
@@ -247,10 +250,12 @@ class UpstreamEngine:
         arm(seq, self._upstreams)
         return seq.outputs
 
-    def abort(self, request_id: str) -> None:
-        """Close ``request_id``'s upstream stream at once; idempotent."""
+    def abort(self, request_id: str, *, stopped: bool = False) -> None:
+        """Close ``request_id``'s upstream stream at once; idempotent.
+        ``stopped`` (a stop string matched here): counted as finished."""
         seq = self._sequences.get(request_id)
         if seq is not None and seq.task is not None and not seq.task.done():
+            seq.stopped = stopped
             seq.task.cancel()
 
     def stats(self) -> EngineStats:
@@ -269,6 +274,7 @@ class UpstreamEngine:
             aborted_requests=c["aborted"],
             failed_requests=c["failed"],
             running_ids=tuple(self._sequences),
+            aborted_ids=tuple(self._aborted_ids),
         )
 
     async def aclose(self) -> None:
@@ -291,7 +297,7 @@ class UpstreamEngine:
         except asyncio.CancelledError:
             if seq.result is None:
                 if seq.timed_out is None:
-                    end(seq, "aborted", None)
+                    end(seq, "finished" if seq.stopped else "aborted", None)
                 else:
                     message = f"the {seq.timed_out} ran out"
                     error: EngineError = EngineTimeout(message)
@@ -307,6 +313,8 @@ class UpstreamEngine:
             if seq.timer is not None:
                 seq.timer.cancel()
             self._counts[seq.result or "failed"] += 1
+            if seq.result == "aborted":
+                self._aborted_ids.append(seq.request.request_id)
             del self._sequences[seq.request.request_id]
 
     async def _serve(self, seq: UpstreamSequence, pool: UpstreamPool) -> None:

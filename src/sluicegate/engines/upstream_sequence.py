@@ -66,6 +66,7 @@ class UpstreamSequence:
         "request",
         "result",
         "started",
+        "stopped",
         "task",
         "timed_out",
         "timer",
@@ -85,6 +86,7 @@ class UpstreamSequence:
         self.lease: Lease | None = None
         self.timed_out: str | None = None
         self.result: str | None = None  # finished, failed or aborted
+        self.stopped = False  # closed by the server: a stop string matched
         self.timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
         self.accept: asyncio.Future[None]

@@ -251,7 +251,7 @@ class Generation:
     def _abort_stopped(self) -> None:
         aborts = self._aborts
         while aborts:
-            self._engine.abort(self._sequence_ids[aborts.pop(0)])
+            self._engine.abort(self._sequence_ids[aborts.pop(0)], stopped=True)
 
     def _fail_internal(self, index: int) -> None:
         logger.exception("reading sequence %s failed", self._sequence_ids[index])
