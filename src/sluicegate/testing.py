@@ -25,7 +25,6 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import httpx
@@ -179,12 +178,7 @@ class ServerProcess:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def _failure(self, why: str, path: str) -> str:

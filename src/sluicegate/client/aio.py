@@ -26,7 +26,6 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from types import TracebackType
 from typing import Any, Self
 
 import httpx
@@ -50,7 +49,20 @@ from sluicegate.core.errors import StreamClosed, StreamConsumed
 __all__ = ["AsyncClient", "AsyncStream"]
 
 
-class AsyncStream:
+class _Closing:
+    """Closed by ``aclose()`` when its ``async with`` block ends."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class AsyncStream(_Closing):
     """One streaming response: iterate it for text deltas, then ask for ``aresult()``.
 
     Nothing is sent until the stream is first iterated or ``aresult()`` is called.
@@ -141,17 +153,6 @@ class AsyncStream:
         if sock is not None:
             with contextlib.suppress(OSError):  # closed already
                 sock.shutdown(socket.SHUT_RDWR)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def _run(self) -> AsyncGenerator[TextDelta, None]:
         start = time.monotonic()
@@ -256,7 +257,7 @@ def _socket_of(response: httpx.Response) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
-class AsyncClient:
+class AsyncClient(_Closing):
     """A streaming client for one OpenAI-compatible server.
 
     Args:
@@ -408,17 +409,6 @@ class AsyncClient:
     async def aclose(self) -> None:
         """Close the connection pool."""
         await self.http.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def _typed(self, api: EventApi, body: dict[str, Any], record: bool) -> AsyncStream:
         request = self.http.build_request("POST", api, json=body)

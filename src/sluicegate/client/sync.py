@@ -28,7 +28,6 @@ import contextlib
 import socket
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from types import TracebackType
 from typing import Any, Self
 
 import httpx
@@ -52,7 +51,20 @@ from sluicegate.core.errors import StreamClosed, StreamConsumed
 __all__ = ["Client", "Stream"]
 
 
-class Stream:
+class _Closing:
+    """Closed by ``close()`` when its ``with`` block ends."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Stream(_Closing):
     """One streaming response: iterate it for text deltas, then ask for ``result()``.
 
     Nothing is sent until the stream is first iterated or ``result()`` is called.
@@ -143,17 +155,6 @@ class Stream:
         if sock is not None:
             with contextlib.suppress(OSError):  # closed already
                 sock.shutdown(socket.SHUT_RDWR)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _run(self) -> Generator[TextDelta, None, None]:
         start = time.monotonic()
@@ -256,7 +257,7 @@ def _socket_of(response: httpx.Response) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
-class Client:
+class Client(_Closing):
     """A streaming client for one OpenAI-compatible server.
 
     Args:
@@ -408,17 +409,6 @@ class Client:
     def close(self) -> None:
         """Close the connection pool."""
         self.http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _typed(self, api: EventApi, body: dict[str, Any], record: bool) -> Stream:
         request = self.http.build_request("POST", api, json=body)

@@ -32,21 +32,22 @@ __all__ = [
 
 
 class Vocabulary(Protocol):
-    """What decoding token ids needs of a tokenizer (``Tokenizer`` has it)."""
+    """What decoding token ids needs of a tokenizer (``Tokenizer`` extends it)."""
 
     @property
     def pieces(self) -> Sequence[bytes]:
-        """Bytes of every token id's piece."""
+        """Bytes of every token id's piece (special tokens map to their text)."""
         ...
 
     @property
     def special_ids(self) -> frozenset[int]:
-        """Control tokens, kept out of the text unless asked for."""
+        """Control tokens (BOS, EOS, end of turn, ...), kept out of the text
+        unless asked for."""
         ...
 
     @property
     def stop_ids(self) -> frozenset[int]:
-        """End-of-generation tokens."""
+        """End-of-generation tokens (EOS, end of turn)."""
         ...
 
 

@@ -29,11 +29,12 @@ itself (``TextOutput.prompt_tokens``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from sluicegate.core.choice_setup import Vocabulary
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.decoding import OutputItem
 from sluicegate.core.events import EngineOutput, TextOutput
@@ -283,23 +284,11 @@ class ModelInfo:
 
 
 @runtime_checkable
-class Tokenizer(Protocol):
-    """Text <-> token ids for one vocabulary; pieces are byte strings."""
+class Tokenizer(Vocabulary, Protocol):
+    """Text <-> token ids for one vocabulary; pieces are byte strings.
 
-    @property
-    def pieces(self) -> Sequence[bytes]:
-        """Bytes of every token id's piece (special tokens map to their text)."""
-        ...
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        """Control tokens (BOS, EOS, end of turn, ...) that never go into content."""
-        ...
-
-    @property
-    def stop_ids(self) -> frozenset[int]:
-        """End-of-generation tokens (EOS, end of turn)."""
-        ...
+    The pieces, special ids and stop ids are the core's ``Vocabulary``.
+    """
 
     @property
     def chat_template(self) -> str | None:
