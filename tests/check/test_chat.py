@@ -5,6 +5,7 @@ import os
 import pty
 import select
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from sluicegate.check.chat import status_line
 from sluicegate.client import StreamAssembler
 from sluicegate.core.events import Usage
+from sluicegate.testing import free_port
 
 from .live import serve
 
@@ -37,6 +39,29 @@ def test_status_line_shows_state_ttft_rate_and_usage() -> None:
     assert status_line(result) == (
         "[finished (stop) · TTFT 100 ms · 3.0 tokens/s · usage 4+3]"
     )
+
+
+def test_status_line_of_a_request_with_no_response_says_so() -> None:
+    refused = "ConnectError: [Errno 111] Connection refused"
+    result = StreamAssembler().flush(0.01, transport_error=refused)
+    assert status_line(result, "http://127.0.0.1:9") == (
+        f"[no response from http://127.0.0.1:9 · {refused}]"
+    )
+
+
+def test_chat_without_a_server_says_it_cannot_connect() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "chat", "--url", url, "hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert f"cannot connect to {url}" in done.stderr
+    assert "sluicegate serve" in done.stderr
+    assert "truncated" not in done.stdout + done.stderr
 
 
 def read_until(fd: int, marker: bytes, seen: bytearray, after: int = 0) -> None:

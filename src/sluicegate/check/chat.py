@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+import httpx
+
 from sluicegate.client import Client, Stream, StreamResult, Timeouts
 
 __all__ = ["add_chat", "run_chat", "status_line"]
@@ -52,12 +54,18 @@ def add_chat(sub: Any) -> None:
     chat.set_defaults(func=run_chat)
 
 
-def status_line(result: StreamResult) -> str:
+def status_line(result: StreamResult, url: str = "the server") -> str:
     """``[finished (stop) · TTFT 120 ms · 35.2 tokens/s · usage 12+40]``.
 
     Tokens/s counts from the first token to the end; usage is ``prompt+completion``
     tokens when the server sent it. The error message is added when there is one.
+    A request that got no response head at all (the server gone, or never
+    there) says so instead: ``[no response from <url> · ConnectError: ...]``,
+    not ``truncated``.
     """
+    if result.status is None:
+        why = result.transport_error or f"the {result.timeout} time limit ran out"
+        return f"[no response from {url} · {why}]"
     parts = [
         f"{result.end_state}"
         + (f" ({result.finish_reason})" if result.finish_reason else "")
@@ -102,7 +110,7 @@ def _answer(
     except KeyboardInterrupt:  # a second Ctrl-C, or one before the handler was set
         stream.close()  # closing the connection is what aborts it server-side
     result = stream.result()
-    out.write(f"\n{status_line(result)}\n")
+    out.write(f"\n{status_line(result, args.url)}\n")
     out.flush()
     return result
 
@@ -133,11 +141,22 @@ def run_chat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
     Returns:
         With ``PROMPT``: 0 if the answer finished, else 1. Interactive: 0.
+        1 at once, with a message on stderr, when no connection to ``--url``
+        can be made.
     """
     logging.getLogger("httpx").setLevel(logging.WARNING)
     with Client(
         args.url, api_key=args.api_key, timeouts=Timeouts(idle_s=300.0)
     ) as client:
+        try:
+            client.http.get("models")  # any status will do: someone answers
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            sys.stderr.write(
+                f"sluicegate chat: cannot connect to {args.url} ({exc}); is a"
+                " server running there? Start one with `sluicegate serve`, or"
+                " pass --url\n"
+            )
+            return 1
         if not args.model:
             from sluicegate.check.record import discover_model
 
