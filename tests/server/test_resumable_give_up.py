@@ -19,6 +19,7 @@ import pytest
 from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.event_store_memory import MemoryEventStore
 from sluicegate.server.generation import Generation
@@ -51,7 +52,11 @@ Started = tuple[Producer, FakeGeneration, "asyncio.Task[None]", list[EndState]]
 
 
 async def started(
-    store: MemoryEventStore, grace_s: float = 30.0, *, create: bool = True
+    store: MemoryEventStore,
+    grace_s: float = 30.0,
+    *,
+    create: bool = True,
+    clock: ManualClock | None = None,
 ) -> Started:
     """A producer whose task waits with nothing queued (fed directly now)."""
     if create:
@@ -71,6 +76,7 @@ async def started(
         LiveStreams(),
         grace_s,
         on_end,
+        clock=clock,
     )
     task = asyncio.get_running_loop().create_task(producer.run())
     await asyncio.sleep(0)  # the task runs up to its first buffer.wait()
@@ -140,32 +146,45 @@ async def test_a_reader_stops_the_grace_timer_and_its_leaving_starts_it() -> Non
     await store.create(ID, "k")
     first = store.read(ID, "k", -1)
     assert await anext(first) == []
-    producer, _generation, task, ended = await started(store, grace_s=0.3, create=False)
-    await asyncio.sleep(0.4)  # a reader is attached: no timer runs
+    clock = ManualClock()
+    producer, _generation, task, ended = await started(
+        store, grace_s=0.3, create=False, clock=clock
+    )
+    assert clock.next_due == math.inf  # a reader is attached: no timer runs
+    clock.advance(0.4)
     assert producer.abandoned is None
     await first.aclose()  # type: ignore[attr-defined]  # an async generator
+    assert clock.next_due == 0.4 + 0.3
+    clock.advance(0.2)
     again = store.read(ID, "k", -1)  # back before the grace ran out
     await anext(again)
-    await asyncio.sleep(0.4)
+    assert clock.next_due == math.inf
+    clock.advance(0.4)
     assert producer.abandoned is None
     await again.aclose()  # type: ignore[attr-defined]
-    await asyncio.wait_for(task, 5)  # nobody came back this time
+    clock.advance(0.3)  # nobody came back this time: the timer ran
+    assert clock.next_due == math.inf
+    await asyncio.wait_for(task, 5)
     assert ended == [EndState.ABORTED]
     assert GRACE_EXPIRED.encode() in await frames_of(store)  # a late reader
 
 
 async def test_a_finished_producer_stops_watching_its_readers() -> None:
     store = MemoryEventStore()
-    producer, generation, task, ended = await started(store, grace_s=0.3)
+    clock = ManualClock()
+    producer, generation, task, ended = await started(store, grace_s=0.3, clock=clock)
+    assert clock.next_due == 0.3  # no reader yet: the timer runs
     reader = store.read(ID, "k", -1)
     await anext(reader)  # the timer armed at the start is stopped
+    assert clock.next_due == math.inf
     buffer = generation.buffer
     assert buffer is not None
     buffer.put(Finish(0, FinishReason.STOP))
     buffer.put(End(Usage(1, 1)))
     await task
     await reader.aclose()  # type: ignore[attr-defined]
-    await asyncio.sleep(0.4)  # no timer: nothing is given up after the end
+    assert clock.next_due == math.inf  # no timer: nothing is given up after the end
+    clock.advance(0.4)
     assert ended == [EndState.FINISHED]
     assert producer.abandoned is None
     assert store._logs[ID].watcher is None  # the producer's call is gone

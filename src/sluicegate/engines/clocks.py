@@ -1,9 +1,10 @@
-"""Time for model-free engines: a ``Timers`` protocol and a ``ManualClock``.
+"""Injectable time: a ``Timers`` protocol (an event loop is one) and a ``ManualClock``.
 
 An asyncio event loop is ``Timers`` (``time()``, ``call_at()``). A
 ``ManualClock`` is too, but its time moves only when a test says so: timing
 tests then step time instead of sleeping, and what they see does not depend on
-how busy the machine is.
+how busy the machine is. The model-free engines, the upstream pool and the
+server's timers (a stream's write watch, a resumable stream's grace) take one.
 """
 
 from __future__ import annotations

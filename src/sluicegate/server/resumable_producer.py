@@ -51,6 +51,7 @@ from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import CANCELLED, Delta, Fail, StreamEvent
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire import Wire, stream_machine
+from sluicegate.engines.clocks import Timer, Timers
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.event_store import (
     STORE_LOST,
@@ -109,6 +110,8 @@ class Producer:
         ended: awaited with the machine once it ended, before the log is
             finished (so that a reader that saw the log's end sees what it
             kept); what it raises is logged.
+        clock: what the grace timer runs on (a ``ReaderWatch`` store); default:
+            the running event loop. Tests step a ``ManualClock``.
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class Producer:
         *,
         padded: bool = False,
         ended: Callable[[Wire], Awaitable[None]] | None = None,
+        clock: Timers | None = None,
     ) -> None:
         self._store = store
         self._generation = generation
@@ -144,7 +148,8 @@ class Producer:
         # with ``direct``, which only a store that has one gets.
         self._append_nowait: Callable[[str, Sequence[bytes]], None] = _no_append
         self._cancel_early = False  # cancel() came before the buffer
-        self._grace_timer: asyncio.TimerHandle | None = None  # armed: no reader
+        self._clock = clock
+        self._grace_timer: Timer | None = None  # armed: no reader
         self._store_failed = False  # ended by the store's failure (_fail_store)
         self.abandoned: str | None = None
         """Why the producer gave up (grace ran out, buffer full), or ``None``."""
@@ -272,7 +277,8 @@ class Producer:
     def _time_readers(self, buffer: StreamBuffer, watch_readers: _WatchReaders) -> None:
         """The grace as one timer (a ``ReaderWatch`` store): armed when the last
         reader goes, cancelled when one comes."""
-        loop, grace_s = asyncio.get_running_loop(), self._grace_s
+        clock = self._clock or asyncio.get_running_loop()
+        grace_s = self._grace_s
 
         def expire() -> None:
             self._grace_timer = None
@@ -286,7 +292,7 @@ class Producer:
                     timer.cancel()
                     self._grace_timer = None
             elif timer is None:
-                self._grace_timer = loop.call_later(grace_s, expire)
+                self._grace_timer = clock.call_at(clock.time() + grace_s, expire)
 
         if not watch_readers(self._id, readers):
             readers(False)
