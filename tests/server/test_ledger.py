@@ -17,6 +17,7 @@ import pytest
 from sluicegate.cli import main
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server.admission import ApiKey
 from sluicegate.server.app import create_app
@@ -294,7 +295,8 @@ async def test_an_admitted_request_has_an_open_row_until_it_ends(
 
 async def test_open_rows_get_their_token_counts_as_they_grow(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
-    ledger = Ledger(path, progress_interval_s=0.01)
+    clock = ManualClock()
+    ledger = Ledger(path, progress_interval_s=0.01, clock=clock)
     delivered = [0, 0]  # per request
 
     def counts(i: int) -> tuple[int, float | None]:
@@ -303,7 +305,7 @@ async def test_open_rows_get_their_token_counts_as_they_grow(tmp_path: Path) -> 
     ledger.open(_row("r0", EndState.FINISHED), lambda: counts(0))
     ledger.open(_row("r1", EndState.FINISHED), lambda: counts(1))
     delivered[0] = 42
-    await anyio.sleep(0.1)
+    clock.advance(0.01)  # one progress write
     assert await ledger.aflush(5)
     with sqlite3.connect(path) as db:
         query = "SELECT request_id, completion_tokens, first_token_at FROM requests"

@@ -20,6 +20,7 @@ import pytest
 from sluicegate.cli import main
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server.admission import ApiKey
 from sluicegate.server.app import create_app
@@ -209,11 +210,12 @@ async def test_finished_rejected_and_aborted_requests_land_as_in_sqlite(
 async def test_an_open_row_gets_its_token_counts_until_it_ends(
     postgres_url: str,
 ) -> None:
-    ledger = Ledger(url=postgres_url, progress_interval_s=0.01)
+    clock = ManualClock()
+    ledger = Ledger(url=postgres_url, progress_interval_s=0.01, clock=clock)
     delivered = [0]
     ledger.open(_row("r0", EndState.FINISHED), lambda: (delivered[0], 7.0))
     delivered[0] = 42
-    await anyio.sleep(0.1)
+    clock.advance(0.01)  # one progress write
     assert await ledger.aflush(10)
     assert _query(
         postgres_url,

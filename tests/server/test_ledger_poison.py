@@ -16,7 +16,6 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import httpx
 import psycopg
 import pytest
@@ -25,6 +24,7 @@ from starlette.applications import Starlette
 from sluicegate.cli import main
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server import ledger as ledger_module
 from sluicegate.server.app import create_app
@@ -191,9 +191,10 @@ async def test_an_open_row_with_impossible_counts_is_closed_by_its_end(
 ) -> None:
     """The open row, its progress and its end are written repaired alike: the
     end replaces the open row, which never stays open."""
-    ledger._progress_interval_s = 0.05
+    clock = ManualClock()
+    ledger._clock = clock
     ledger.open(_row("r", completion_tokens=2**70), lambda: (2**80, math.nan))
-    await anyio.sleep(0.3)  # progress writes
+    clock.advance(3.0)  # three progress writes, one a second
     assert await ledger.aflush(30)
     ledger.record(_row("r", completion_tokens=2**70))
     assert await ledger.aflush(30)

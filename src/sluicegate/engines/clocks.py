@@ -4,7 +4,8 @@ An asyncio event loop is ``Timers`` (``time()``, ``call_at()``). A
 ``ManualClock`` is too, but its time moves only when a test says so: timing
 tests then step time instead of sleeping, and what they see does not depend on
 how busy the machine is. The model-free engines, the upstream pool and the
-server's timers (a stream's write watch, a resumable stream's grace) take one.
+server's timers (a stream's write watch, a resumable stream's grace, the
+ledger's progress writes) take one.
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sluicegate.engines.clocks import Timer, Timers
 from sluicegate.server.ledger_file import OPEN
 from sluicegate.server.ledger_read import read_rows, usage_totals
 from sluicegate.server.ledger_rows import NAMES, LedgerRow, UsageTotal
@@ -136,6 +137,8 @@ class Ledger:
         progress_interval_s: seconds between writes of open rows' token counts.
         max_backlog: statements waiting for the file past which ``behind``.
         close_timeout_s: how long ``close`` waits for a locked file.
+        clock: what the progress timer runs on; default: the running event
+            loop. Tests step a ``ManualClock``.
 
     Raises:
         sqlite3.Error: ``path`` is not an SQLite database.
@@ -154,6 +157,7 @@ class Ledger:
         close_timeout_s: float = 30.0,
         url: str | None = None,
         lease_s: float = 10.0,
+        clock: Timers | None = None,
     ) -> None:
         self.path = path
         self.url = url
@@ -161,7 +165,8 @@ class Ledger:
         self._running: dict[str, _Running] = {}
         self._progress_interval_s = progress_interval_s
         self._max_backlog = max_backlog
-        self._ticker: asyncio.TimerHandle | None = None
+        self._clock = clock
+        self._ticker: Timer | None = None
         self._writer: LedgerWriter | PgLedgerWriter | None = None
         self._dropped_before = 0  # by a writer closed since
         self.repaired_rows = 0
@@ -220,7 +225,7 @@ class Ledger:
         self._running[row.request_id] = _Running(progress, row.completion_tokens)
         writer.put(_OPEN_SQL, _values(row, OPEN, writer.server_id))
         if self._ticker is None:
-            self._schedule(asyncio.get_running_loop())
+            self._schedule(self._clock or asyncio.get_running_loop())
 
     def record(self, row: LedgerRow) -> LedgerRow:
         """Append the ended ``row``; it goes to the file in order, off the loop.
@@ -298,10 +303,11 @@ class Ledger:
             self._ticker.cancel()
             self._ticker = None
 
-    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._ticker = loop.call_later(self._progress_interval_s, self._tick, loop)
+    def _schedule(self, clock: Timers) -> None:
+        due = clock.time() + self._progress_interval_s
+        self._ticker = clock.call_at(due, lambda: self._tick(clock))
 
-    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _tick(self, clock: Timers) -> None:
         writer = self._writer
         if writer is None:
             return
@@ -312,7 +318,7 @@ class Ledger:
                 running.tokens = tokens
                 params = (count(tokens), when(first_token_at), now, request_id)
                 writer.put(_PROGRESS_SQL, params)
-        self._schedule(loop)
+        self._schedule(clock)
 
 
 def _values(row: LedgerRow, state: str, server_id: str) -> tuple[object, ...]:
