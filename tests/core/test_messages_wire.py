@@ -33,6 +33,7 @@ from sluicegate.core.messages_wire import (
     message_body,
     message_error_body,
     stop_reason,
+    usage_object,
 )
 from sluicegate.core.sse import SSEDecoder
 from sluicegate.core.stream import StreamMachine
@@ -108,7 +109,12 @@ def test_text_then_a_call_gives_two_blocks_and_the_tool_use_ending() -> None:
     ]
     start = got[0][1]["message"]
     assert start["id"] == "msg_1"
-    assert start["usage"] == {"input_tokens": 7, "output_tokens": 0}
+    assert start["usage"] == {
+        "input_tokens": 7,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 0,
+    }
     assert got[1][1] == {
         "type": "content_block_start",
         "index": 0,
@@ -125,7 +131,12 @@ def test_text_then_a_call_gives_two_blocks_and_the_tool_use_ending() -> None:
     assert got[9][1] == {
         "type": "message_delta",
         "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-        "usage": {"input_tokens": 7, "output_tokens": 3},
+        "usage": {
+            "input_tokens": 7,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 3,
+        },
     }
 
 
@@ -217,7 +228,12 @@ def test_the_whole_message_body() -> None:
         {"type": "tool_use", "id": "", "name": "", "input": {}},
     ]
     assert body["stop_reason"] == "tool_use"
-    assert body["usage"] == {"input_tokens": 7, "output_tokens": 3}
+    assert body["usage"] == {
+        "input_tokens": 7,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 3,
+    }
     cut = message_body(HEADER, Whole("", None, USAGE))
     assert cut["content"] == []
     assert cut["stop_reason"] is None
@@ -311,3 +327,13 @@ def test_any_legal_sequence_gives_well_formed_blocks(
     assert text_seen == "".join(texts)
     assert args_seen == calls
     assert [name for name, _ in got[-2:]] == ["message_delta", "message_stop"]
+
+
+def test_usage_splits_the_prompt_into_uncached_and_cache_read_tokens() -> None:
+    assert usage_object(Usage(10, 4, cached_tokens=6)) == {
+        "input_tokens": 4,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 6,
+        "output_tokens": 4,
+    }
+    assert usage_object(Usage(3, 1, cached_tokens=9))["input_tokens"] == 0

@@ -77,6 +77,9 @@ def test_a_stream_has_anthropic_events_in_order_and_equals_the_whole_message(
     assert start.id.startswith("msg_")
     assert start.content == []
     assert start.usage.input_tokens == whole.usage.input_tokens > 0
+    for usage in (start.usage, whole.usage, events[-2].usage):
+        assert usage.cache_creation_input_tokens == 0
+        assert usage.cache_read_input_tokens == 0
     text = "".join(e.delta.text for e in events[2:-3])
     assert [{"type": "text", "text": text}] == _blocks(whole)
     delta = events[-2]
@@ -211,6 +214,26 @@ def test_errors_are_in_anthropic_shape_before_the_stream(
     )
     assert refused.status_code == 400
     assert "'image'" in refused.json()["error"]["message"]
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "toolu_1",
+        "content": [{"type": "text", "text": "a chart:"}, image],
+    }
+    call = {"type": "tool_use", "id": "toolu_1", "name": "chart", "input": {}}
+    with pytest.raises(anthropic.BadRequestError) as nested:
+        claude.messages.create(
+            model=model_id,
+            max_tokens=4,
+            messages=[
+                {"role": "user", "content": "Draw it."},
+                {"role": "assistant", "content": [call]},
+                {"role": "user", "content": [result]},
+            ],
+        )
+    assert _body(nested.value)["error"]["message"] == (
+        "messages[2].content[0].content[1]: content blocks of type 'image' are"
+        " not supported (this server serves text models)"
+    )
     with pytest.raises(anthropic.BadRequestError) as thought:
         claude.messages.create(
             model=model_id,

@@ -123,10 +123,16 @@ class TextOutput:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts of one response (OpenAI ``usage``), in tokens."""
+    """Token counts of one response (OpenAI ``usage``), in tokens.
+
+    ``cached_tokens`` is the part of ``prompt_tokens`` the engine read from a
+    cache instead of computing (OpenAI's ``prompt_tokens_details.cached_tokens``);
+    0 when none or unknown.
+    """
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -6,7 +6,8 @@ and writes Anthropic's streaming events, each ``event: <type>`` then one
 
 ::
 
-    start()          message_start (usage: input_tokens, output_tokens 0)
+    start()          message_start (usage: input_tokens, the two cache
+                     counts, output_tokens 0)
     Delta text       content_block_start {type: text} when no text block is
                      open (closing a tool_use block first), then
                      content_block_delta {text_delta}
@@ -62,6 +63,7 @@ __all__ = [
     "message_body",
     "message_error_body",
     "stop_reason",
+    "usage_object",
 ]
 
 ERROR_TYPES = {
@@ -82,6 +84,27 @@ _STOP_REASONS = {
     FinishReason.TOOL_CALLS: "tool_use",
 }
 _PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def usage_object(usage: Usage) -> dict[str, int]:
+    """Anthropic's ``usage``: ``{input_tokens, cache_creation_input_tokens,
+    cache_read_input_tokens, output_tokens}`` (tokens).
+
+    ``input_tokens`` counts the prompt tokens not read from a cache, as
+    Anthropic counts them (the prompt is the sum of the three input fields);
+    ``cache_read_input_tokens`` is ``usage.cached_tokens``;
+    ``cache_creation_input_tokens`` is 0 (no request writes a cache
+    breakpoint here).
+
+    Spec: Anthropic API reference, "Messages", ``usage``.
+    """
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    return {
+        "input_tokens": usage.prompt_tokens - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": usage.completion_tokens,
+    }
 
 
 def stop_reason(reason: FinishReason | None, stop_sequence: str | None) -> str | None:
@@ -213,7 +236,7 @@ class MessagesStream:
             "model": header.model,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": header.prompt_tokens, "output_tokens": 0},
+            "usage": usage_object(Usage(header.prompt_tokens, 0)),
         }
         start = {"type": "message_start", "message": message}
         return [self._emit("message_start", start)]
@@ -326,10 +349,7 @@ class MessagesStream:
             "stop_reason": stop_reason(self._reason, self._stop),
             "stop_sequence": self._stop,
         }
-        counts = {
-            "input_tokens": usage.prompt_tokens,
-            "output_tokens": usage.completion_tokens,
-        }
+        counts = usage_object(usage)
         payload = {"type": "message_delta", "delta": delta, "usage": counts}
         return [
             self._emit("message_delta", payload),
@@ -380,10 +400,7 @@ def message_body(header: ResponseHeader, whole: Any) -> dict[str, Any]:
         "content": content,
         "stop_reason": stop_reason(whole.finish_reason, whole.stop_sequence),
         "stop_sequence": whole.stop_sequence,
-        "usage": {
-            "input_tokens": whole.usage.prompt_tokens,
-            "output_tokens": whole.usage.completion_tokens,
-        },
+        "usage": usage_object(whole.usage),
     }
 
 

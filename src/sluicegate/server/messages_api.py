@@ -192,15 +192,25 @@ def _refuse_blocks(messages: object) -> None:
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
             continue
-        for j, block in enumerate(content):
-            kind = block.get("type") if isinstance(block, dict) else None
-            if kind in _REFUSED_BLOCKS:
-                raise RequestError(
-                    f"Content blocks of type {kind!r} are not supported (this server"
-                    " serves text models)",
-                    param=f"messages[{i}].content[{j}].type",
-                    code="unsupported_content",
-                )
+        _refuse_in(content, f"messages[{i}].content")
+
+
+def _refuse_in(blocks: list[Any], at: str, outer: bool = True) -> None:
+    """Refuse an unsupported block of ``blocks``, or of a ``tool_result``'s
+    content among them (where Anthropic allows images too), naming it; one
+    level deep only (a tool result holds no tool result)."""
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind in _REFUSED_BLOCKS:
+            raise RequestError(
+                f"{at}[{j}]: content blocks of type {kind!r} are not supported"
+                " (this server serves text models)",
+                param=f"{at}[{j}].type",
+                code="unsupported_content",
+            )
+        inner = block.get("content") if kind == "tool_result" and outer else None
+        if isinstance(inner, list):
+            _refuse_in(inner, f"{at}[{j}].content", outer=False)
 
 
 def to_chat_request(
