@@ -214,12 +214,12 @@ def test_errors_are_in_anthropic_shape_before_the_stream(
     )
     assert refused.status_code == 400
     assert "'image'" in refused.json()["error"]["message"]
-    result = {
+    result: Any = {
         "type": "tool_result",
         "tool_use_id": "toolu_1",
         "content": [{"type": "text", "text": "a chart:"}, image],
     }
-    call = {"type": "tool_use", "id": "toolu_1", "name": "chart", "input": {}}
+    call: Any = {"type": "tool_use", "id": "toolu_1", "name": "chart", "input": {}}
     with pytest.raises(anthropic.BadRequestError) as nested:
         claude.messages.create(
             model=model_id,
