@@ -152,6 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = ServerConfig(  # a setting out of range: one line, no traceback
             heartbeat_interval_s=args.heartbeat_s,
             chat_template=template,
+            reasoning_parser=args.reasoning_parser,
             **config_fields(args),
         )
         app = create_app(engines, config)
@@ -211,6 +212,7 @@ def _port(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from sluicegate.core.reasoning import REASONING_PARSERS
     from sluicegate.server.options import add_serve_options, add_usage_command
 
     parser = argparse.ArgumentParser(
@@ -268,6 +270,17 @@ def _parser() -> argparse.ArgumentParser:
         "--chat-template",
         metavar="FILE",
         help="a Jinja chat template replacing the model's own",
+    )
+    serve.add_argument(
+        "--reasoning-parser",
+        metavar="NAME",
+        default="auto",
+        choices=["auto", *sorted(REASONING_PARSERS)],
+        help=(
+            "split the model's reasoning from its answer: "
+            + ", ".join(sorted(REASONING_PARSERS))
+            + ", or auto (detected from the chat template)"
+        ),
     )
     serve.add_argument("--queue-limit", type=int, default=64)
     serve.add_argument(

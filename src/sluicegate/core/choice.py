@@ -30,21 +30,36 @@ __all__ = ["ChoiceDecoder", "ChoiceStep"]
 
 @dataclass(frozen=True, slots=True, init=False)
 class ChoiceStep:
-    """Text safe to emit now, and ``FinishReason.STOP`` when a stop string matched."""
+    """Text safe to emit now, and ``FinishReason.STOP`` when a stop string matched.
+
+    Attributes:
+        text: content text safe to send now.
+        finish_reason: ``FinishReason.STOP`` when a stop string matched.
+        reasoning: reasoning text safe to send now, before ``text`` (a choice
+            decoded with a reasoning splitter); ``""`` otherwise.
+    """
 
     text: str
     finish_reason: FinishReason | None = None
+    reasoning: str = ""
 
-    def __init__(self, text: str, finish_reason: FinishReason | None = None) -> None:
+    def __init__(
+        self,
+        text: str,
+        finish_reason: FinishReason | None = None,
+        reasoning: str = "",
+    ) -> None:
         # On the per-token path (texts not shared yet). The generated __init__ of a
         # frozen dataclass calls object.__setattr__ per field; the slots' own
         # setters cost a third less.
         _set_text(self, text)
         _set_finish_reason(self, finish_reason)
+        _set_reasoning(self, reasoning)
 
 
 _set_text = vars(ChoiceStep)["text"].__set__
 _set_finish_reason = vars(ChoiceStep)["finish_reason"].__set__
+_set_reasoning = vars(ChoiceStep)["reasoning"].__set__
 _NOTHING = ChoiceStep("")
 
 # ``ChoiceStep(text)`` by text, for short texts: a token's text is mostly one piece

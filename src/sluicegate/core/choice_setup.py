@@ -18,6 +18,8 @@ from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.events import FinishReason, TokenLogprob
 from sluicegate.core.logprobs import LogprobAligner
+from sluicegate.core.reasoning import ReasoningParser, ReasoningSplitter
+from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder
 from sluicegate.core.stops import StopMatcher, StopPattern
 
 __all__ = [
@@ -193,10 +195,12 @@ def new_choice(
     include_stop_str_in_output: bool,
     skip_special_tokens: bool,
     logprobs: bool,
+    reasoning: ReasoningParser | None = None,
 ) -> ChoiceState:
     """Choice ``index`` of a response: a fresh stop matcher over ``pattern``, and
     for a token engine (``vocabulary`` given) its detokenizer and, with
-    ``logprobs``, an aligner."""
+    ``logprobs``, an aligner; with a ``reasoning`` parser that reasons, a
+    ``ReasoningChoiceDecoder`` (its splitter before the stop matcher)."""
     stops = StopMatcher(pattern, include_stop_str_in_output=include_stop_str_in_output)
     if vocabulary is None:
         return ChoiceState(index, TextChoiceDecoder(stops), None, options.echo)
@@ -204,5 +208,9 @@ def new_choice(
         options, vocabulary, skip_special_tokens=skip_special_tokens
     )
     aligner = LogprobAligner[TokenLogprob]() if logprobs else None
-    decoder = ChoiceDecoder(detokenizer, stops)
+    if reasoning is not None and reasoning.reasons:
+        splitter = ReasoningSplitter(reasoning)
+        decoder: ChoiceDecoder = ReasoningChoiceDecoder(detokenizer, stops, splitter)
+    else:
+        decoder = ChoiceDecoder(detokenizer, stops)
     return ChoiceState(index, decoder, detokenizer, options.echo, aligner)

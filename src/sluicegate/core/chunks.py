@@ -293,13 +293,23 @@ def completion_chunk(
     )
 
 
-def usage_dict(usage: Usage) -> dict[str, int]:
-    """``{"prompt_tokens", "completion_tokens", "total_tokens"}`` (tokens)."""
-    return {
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    """``{"prompt_tokens", "completion_tokens", "total_tokens"}`` (tokens), and
+    ``completion_tokens_details: {"reasoning_tokens"}`` when ``usage`` counts
+    reasoning (a response with a reasoning channel, even when it reasoned 0).
+
+    Spec: OpenAI API reference, "The chat completion object", ``usage``.
+    """
+    counts: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
     }
+    if usage.reasoning_tokens is not None:
+        counts["completion_tokens_details"] = {
+            "reasoning_tokens": usage.reasoning_tokens
+        }
+    return counts
 
 
 def usage_chunk(header: ResponseHeader, usage: Usage) -> dict[str, Any]:
@@ -322,6 +332,7 @@ def chat_completion(
     usage: Usage,
     logprobs: Sequence[Sequence[LogprobToken] | None] | None = None,
     tool_calls: Sequence[Sequence[ToolCallFragment]] | None = None,
+    reasoning: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """A non-streamed ``chat.completion`` response.
 
@@ -335,12 +346,16 @@ def chat_completion(
         tool_calls: each choice's calls, one whole fragment per call (``id``,
             ``name`` and all of its ``arguments``), in index order; ``None``
             or ``()`` for none.
+        reasoning: each choice's whole reasoning text, in index order, for a
+            response with a reasoning channel; ``None`` for none.
 
     Returns:
         ``choices`` as ``[{index, message: {role: "assistant", content},
         logprobs, finish_reason}]``, then ``usage``. A choice with calls has
         ``message.tool_calls`` (``[{id, type: "function", function: {name,
         arguments}}]``) and ``content: null`` when it has no content text.
+        With ``reasoning``, every message has ``reasoning_content`` (``null``
+        for a choice that did not reason), as the streamed deltas name it.
 
     Spec: OpenAI API reference, "The chat completion object".
     """
@@ -352,6 +367,8 @@ def chat_completion(
         lambda content: {"message": {"role": "assistant", "content": content}},
         chat_logprobs,
     )
+    for choice, thought in zip(response["choices"], reasoning or (), strict=False):
+        choice["message"]["reasoning_content"] = thought or None
     for choice, calls in zip(response["choices"], tool_calls or (), strict=False):
         if calls:
             message = choice["message"]

@@ -16,6 +16,9 @@ Invariants:
       (``start(index)``), before the engine's first token.
     - With logprobs, each ``Delta`` carries the tokens whose text it holds:
       text is then cut at token boundaries.
+    - With a reasoning parser, a step's reasoning goes out as one ``Delta``
+      whose ``parts`` hold it (``text`` empty), before the step's content
+      ``Delta``; stop strings are matched on the content only.
     - When every choice has finished, one ``End`` carries the usage: each prompt
       once, completion tokens summed over choices. A text engine counts its
       prompts itself (``TextOutput.prompt_tokens``): each prompt's latest count
@@ -57,6 +60,8 @@ from sluicegate.core.events import (
     Usage,
 )
 from sluicegate.core.logprobs import describe_logprob
+from sluicegate.core.reasoning import ReasoningParser
+from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder
 from sluicegate.core.stops import compile_stops
 
 __all__ = [
@@ -95,9 +100,14 @@ class ResponseDecoder:
         logprobs: give each ``Delta`` the logprobs of its tokens.
         continuous_usage: put the usage so far on every ``Delta`` and ``Finish``.
         clock: Unix time in seconds, read once, at the first token.
+        reasoning: the request's reasoning markers (``request_reasoning``), or
+            ``None``: no reasoning channel. With one, a token engine's text is
+            split (``ReasoningChoiceDecoder``): reasoning goes out as ``Delta``
+            parts before the content, and the usage counts reasoning tokens.
 
     Raises:
-        ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens).
+        ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens),
+            or with a ``reasoning`` parser (not aligned yet).
 
     Attributes:
         aborts: indices of choices a stop string ended while their engine
@@ -116,6 +126,7 @@ class ResponseDecoder:
         "_pieces",
         "_prompt_of",
         "_prompt_tokens",
+        "_reasoning",
         "_reported_prompts",
         "_text_decoders",
         "_token_decoders",
@@ -137,9 +148,14 @@ class ResponseDecoder:
         logprobs: bool = False,
         continuous_usage: bool = False,
         clock: Callable[[], float] = time.time,
+        reasoning: ReasoningParser | None = None,
     ) -> None:
         if logprobs and vocabulary is None:
             raise ValueError("expected a vocabulary for logprobs; got None")
+        if reasoning is not None and not reasoning.reasons:
+            reasoning = None
+        if logprobs and reasoning is not None:
+            raise ValueError("expected no reasoning parser with logprobs")
         pattern = compile_stops(stops)  # once per response, shared by its choices
         self._pieces: Sequence[bytes] = () if vocabulary is None else vocabulary.pieces
         self._choices = [
@@ -151,8 +167,14 @@ class ResponseDecoder:
                 include_stop_str_in_output=include_stop_str_in_output,
                 skip_special_tokens=skip_special_tokens,
                 logprobs=logprobs,
+                reasoning=reasoning,
             )
             for index, options in enumerate(choices)
+        ]
+        self._reasoning = [
+            c.decoder
+            for c in self._choices
+            if isinstance(c.decoder, ReasoningChoiceDecoder)
         ]
         # Typed views of the decoders, for the per-token paths: one kind is empty.
         self._token_decoders = [
@@ -174,10 +196,14 @@ class ResponseDecoder:
 
     @property
     def usage(self) -> Usage:
-        """Prompt tokens once, completion tokens taken summed over choices."""
+        """Prompt tokens once, completion tokens taken summed over choices; with
+        a reasoning channel, the reasoning tokens among them."""
         completion = sum(c.decoder.completion_tokens for c in self._choices)
         prompt = self._prompt_tokens + sum(self._reported_prompts.values())
-        return Usage(prompt, completion)
+        if not self._reasoning:
+            return Usage(prompt, completion)
+        reasoning = sum(d.reasoning_tokens for d in self._reasoning)
+        return Usage(prompt, completion, reasoning_tokens=reasoning)
 
     @property
     def usage_estimated(self) -> bool:
@@ -237,13 +263,17 @@ class ResponseDecoder:
                 if choice.aligner is None:
                     # Once per token: the decoder, then the text (no logprobs).
                     step = self._token_decoders[index].feed(item.token_ids)
-                    if step.finish_reason is None and item.finish_reason is None:
+                    ongoing = step.finish_reason is None and item.finish_reason is None
+                    if ongoing and not step.reasoning:
                         if not step.text:
                             return _NO_EVENTS
                         usage = self.usage if self._continuous_usage else None
                         return (Delta(index, step.text, None, usage),)
                     events: list[StreamEvent] = []
+                    self._reasoning_delta(choice, step.reasoning, events)
                     self._delta(choice, step.text, None, events)
+                    if ongoing:
+                        return events
                 else:
                     events = []
                     step = self._feed_with_logprobs(choice, item, events)
@@ -347,6 +377,7 @@ class ResponseDecoder:
             assert engine_reason is not None, "called for a finished step"
             tail = choice.decoder.flush()
             if choice.aligner is None:
+                self._reasoning_delta(choice, tail.reasoning, events)
                 self._delta(choice, tail.text, None, events)
             else:
                 self._flush_aligner(choice, tail.text, events)
@@ -403,6 +434,14 @@ class ResponseDecoder:
                 for logprob, start in tokens
             )
         events.append(Delta(choice.index, text, logprobs, self._usage_so_far()))
+
+    def _reasoning_delta(
+        self, choice: ChoiceState, text: str, events: list[StreamEvent]
+    ) -> None:
+        """Append a ``Delta`` of reasoning ``text`` (no content) if any."""
+        if text:
+            parts = DeltaParts(reasoning=text)
+            events.append(Delta(choice.index, "", None, self._usage_so_far(), parts))
 
     def _tool_calls(
         self,

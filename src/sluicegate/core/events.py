@@ -125,14 +125,22 @@ class TextOutput:
 class Usage:
     """Token counts of one response (OpenAI ``usage``), in tokens.
 
-    ``cached_tokens`` is the part of ``prompt_tokens`` the engine read from a
-    cache instead of computing (OpenAI's ``prompt_tokens_details.cached_tokens``);
-    0 when none or unknown.
+    Attributes:
+        prompt_tokens: the prompt's tokens, each prompt once.
+        completion_tokens: generated tokens, reasoning included.
+        cached_tokens: the part of ``prompt_tokens`` the engine read from a
+            cache instead of computing (OpenAI's
+            ``prompt_tokens_details.cached_tokens``); 0 when none or unknown.
+        reasoning_tokens: the part of ``completion_tokens`` spent inside the
+            reasoning (``completion_tokens_details.reasoning_tokens``); ``None``
+            when the response has no reasoning channel (no reasoning parser):
+            the detail is then not sent.
     """
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    reasoning_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:

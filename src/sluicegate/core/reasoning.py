@@ -303,12 +303,16 @@ class ReasoningSplitter:
         not counted yet: they count once the start marker completes."""
         return self._spent
 
-    def feed(self, text: str) -> ReasoningStep:
+    def feed(self, text: str, tokens: int = 1) -> ReasoningStep:
         """Take the next ``text`` and return what is safe to emit now.
 
         Args:
             text: the next characters of the choice (may be empty; an empty call
                 still counts in ``reasoning_tokens``, as one token's text).
+            tokens: the tokens ``text`` stands for (>= 0; default one): what
+                this call adds to the count. 0 for text of tokens already
+                counted (a detokenizer's tail at the end); an engine that yields
+                text gives its step's count.
 
         Returns:
             The reasoning and the content no marker can still claim, markers
@@ -322,7 +326,7 @@ class ReasoningSplitter:
         phase = self._phase
         if phase is ReasoningPhase.CONTENT:
             return ReasoningStep("", text, phase)
-        self._feeds += 1
+        self._feeds += tokens
         if phase is ReasoningPhase.REASONING:
             self._spent = self._feeds
             if not self._held and self._parser.end[0] not in text:

@@ -15,6 +15,8 @@ Invariants (besides ``ResponseDecoder``'s):
       its ``Finish``; that ``Finish`` says ``tool_calls`` when the choice made
       calls, none is left open, and it ended on a stop (``length`` stays
       ``length``: a call cut short is never reported as made).
+    - Reasoning ``Delta``s pass through unparsed: calls are parsed from the
+      content only, which begins after the reasoning.
     - Logprobs stay with the text they belong to as far as parts allow: a
       step's tokens ride on the first ``Delta`` the step produced, or on the
       next one when the parser held its text.
@@ -109,6 +111,9 @@ class ToolCallDecoder(ResponseDecoder):
         out: list[StreamEvent] = []
         for event in events:
             if type(event) is Delta:
+                if event.parts is not None and event.parts.reasoning:
+                    out.append(event)  # reasoning: the parser reads content only
+                    continue
                 self._parsed(event, self._parsers[event.index].feed(event.text), out)
             elif type(event) is Finish:
                 self._finished(event, out)

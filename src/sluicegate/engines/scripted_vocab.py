@@ -38,6 +38,9 @@ class ScriptedTokenizer:
     Args:
         chat_template: the Jinja template to report as the model's own, or ``None``
             (the server then uses its built-in Gemma 3 template).
+        extra_pieces: more pieces, with ids after the built-in ones, for scripts
+            of token ids that cut text in a given way (a marker split across
+            tokens); ``encode`` never produces them.
 
     Attributes:
         bos_id, eos_id, end_of_turn_id: ids of ``<bos>``, ``<eos>`` and
@@ -50,9 +53,12 @@ class ScriptedTokenizer:
     _STOP_IDS = frozenset({eos_id, end_of_turn_id})
     _SPECIAL_IDS = frozenset(range(BYTES_START))
 
-    def __init__(self, chat_template: str | None = None) -> None:
-        self._pieces = (*_SPECIALS, *(bytes([b]) for b in range(256)), *_WORDS)
-        self._ids = {piece: i for i, piece in enumerate(self._pieces)}
+    def __init__(
+        self, chat_template: str | None = None, extra_pieces: Sequence[bytes] = ()
+    ) -> None:
+        builtin = (*_SPECIALS, *(bytes([b]) for b in range(256)), *_WORDS)
+        self._ids = {piece: i for i, piece in enumerate(builtin)}
+        self._pieces = (*builtin, *extra_pieces)
         # Greedy longest piece first, as one regex over the UTF-8 bytes: the
         # alternatives go longest first (the first one that matches at a position
         # is the longest piece there), then any single byte (each is a piece).

@@ -273,7 +273,12 @@ class _Routes:
     """The generation endpoints and the guard, sharing the models, config and ledger."""
 
     def __init__(self, engines: Sequence[Engine], config: ServerConfig) -> None:
-        self.models = ServedModels(engines, config.model_aliases, config.chat_template)
+        self.models = ServedModels(
+            engines,
+            config.model_aliases,
+            config.chat_template,
+            config.reasoning_parser,
+        )
         engine = self.engine = self.models.default.engine
         self.config = config
         self.ledger = Ledger(

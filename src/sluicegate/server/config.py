@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluicegate.core.reasoning import REASONING_PARSERS
 from sluicegate.core.schema_limits import SchemaLimits
 from sluicegate.server.admission import ApiKey, Quota
 
@@ -92,6 +93,10 @@ class ServerConfig:
             ``truncated``.
         chat_template: Jinja source that replaces the model's chat template
             (``--chat-template FILE``); ``None`` keeps the model's own.
+        reasoning_parser: ``--reasoning-parser``: how the output of an engine
+            that takes token ids is split into reasoning and content: a name
+            of ``core.reasoning.REASONING_PARSERS``, or ``"auto"`` (detected
+            from each chat template; none for the built-in Gemma one).
         schema_limits: bounds on each JSON schema a request carries (400 past
             one); see docs/security.md, "Schema limits".
         schema_timeout_s: seconds to check and compile a request's schemas,
@@ -127,6 +132,7 @@ class ServerConfig:
     ledger_url: str | None = None
     ledger_lease_s: float = 10.0
     chat_template: str | None = None
+    reasoning_parser: str = "auto"
     schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
     schema_timeout_s: float = 10.0
 
@@ -138,6 +144,14 @@ class ServerConfig:
         if self.max_body_bytes < 1:
             raise ValueError(
                 f"max_body_bytes must be >= 1, got {self.max_body_bytes!r}"
+            )
+        if self.reasoning_parser != "auto" and (
+            self.reasoning_parser not in REASONING_PARSERS
+        ):
+            known = ", ".join(["auto", *sorted(REASONING_PARSERS)])
+            raise ValueError(
+                f"reasoning_parser must be one of {known}, got "
+                f"{self.reasoning_parser!r}"
             )
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n!r}")

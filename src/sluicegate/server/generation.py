@@ -77,6 +77,7 @@ class Generation:
             skip_special_tokens=plan.skip_special_tokens,
             logprobs=plan.logprobs is not None and not self._text,
             continuous_usage=plan.continuous_usage,
+            reasoning=plan.reasoning,
         )
         self._aborts = self._decoder.aborts  # read once per token
         self._sequence_ids = plan.sequence_ids

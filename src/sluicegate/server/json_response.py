@@ -141,8 +141,12 @@ class CompletionResponse:
         endpoint = self._header.endpoint
         joined = [join_all_parts(parts) for parts in collected.parts]
         calls = [parts.tool_calls if parts else () for parts in joined]
+        thoughts = [parts.reasoning if parts else "" for parts in joined]
         if endpoint is Endpoint.CHAT:
-            return chat_completion(self._header, choices, usage, logprobs, calls)
+            reasoning = None if usage.reasoning_tokens is None else thoughts
+            return chat_completion(
+                self._header, choices, usage, logprobs, calls, reasoning
+            )
         if endpoint is Endpoint.COMPLETION:
             return text_completion(self._header, choices, usage, logprobs)
         ((text, reason),) = choices  # one output: Responses and Messages

@@ -52,6 +52,9 @@ class ServedModels:
         aliases: more names of the default model.
         chat_template: a Jinja chat template for every engine that takes token
             ids, instead of each model's own; ``None`` for their own.
+        reasoning_parser: the reasoning markers of every engine that takes
+            token ids (``ChatTemplate``'s ``reasoning``: a parser name or
+            ``"auto"``).
 
     Raises:
         ValueError: no engine, or two with the same model id (or an alias that
@@ -64,6 +67,7 @@ class ServedModels:
         engines: Sequence[Engine],
         aliases: Sequence[str] = (),
         chat_template: str | None = None,
+        reasoning_parser: str = "auto",
     ) -> None:
         if not engines:
             raise ValueError("expected at least one engine")
@@ -74,7 +78,9 @@ class ServedModels:
                 raise ValueError(f"two engines serve the model id {model_id!r}")
             template = None
             if engine.output_kind is OutputKind.TOKENS:
-                template = ChatTemplate(engine.tokenizer, chat_template)
+                template = ChatTemplate(
+                    engine.tokenizer, chat_template, reasoning_parser
+                )
             served[model_id] = ServedModel(engine, template)
         clash = sorted(set(aliases) & set(served))
         if clash:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from sluicegate import __version__
 from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import RequestError
+from sluicegate.core.reasoning import ReasoningParser
 from sluicegate.core.tooldecoder import ToolCallOptions
 from sluicegate.engines.base import GenerateRequest, SamplingParams, TextPrompt
 from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -82,6 +83,10 @@ class Plan:
             the log ends (a stored, non-streamed Responses request): its ledger
             row has the status of that answer (500 for an errored stream, 499
             when its client left before it).
+        reasoning: the markers each choice's text is split at into reasoning
+            and content, ``starts_inside`` decided for this request
+            (``core.reasoning_choice.request_reasoning``); ``None``: no
+            reasoning channel.
     """
 
     header: ResponseHeader
@@ -100,6 +105,7 @@ class Plan:
     cadence_s: float | None = None
     background: bool = False
     whole: bool = False
+    reasoning: ReasoningParser | None = None
 
     @property
     def prompt_tokens(self) -> int:

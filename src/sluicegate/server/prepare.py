@@ -33,6 +33,7 @@ import anyio.to_thread
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import ModelNotFound, RequestError
+from sluicegate.core.reasoning_choice import request_reasoning
 from sluicegate.core.toolcalls import OPEN_TAG
 from sluicegate.engines.base import (
     Engine,
@@ -208,6 +209,7 @@ async def plan_chat(
         add_generation_prompt=request.add_generation_prompt,
         context_length=engine.model.context_length,
         tools=tools,
+        variables=request.template_variables,
     )
     # A long conversation renders in a worker thread, as a long prompt tokenizes:
     # the loop keeps its share of the interpreter meanwhile.
@@ -216,12 +218,31 @@ async def plan_chat(
     else:
         prompt = await anyio.to_thread.run_sync(render)
     ids = await tokenize(prompt)
+    # A grammar from the first token (a response format, a required call) leaves
+    # no room to reason first; a lazy one (tools on "auto") and the markup guard
+    # leave the text free until a call.
+    constrained = grammar is not None and not grammar.triggers
     # A response format's grammar keeps markup out already (and a stop string
     # would cut a JSON string that holds a tag): the guard is for free text.
     guarded = grammar is None and tools is None and _shows_tool_markup(request)
     if guarded:
         grammar = NO_TOOL_MARKUP
     plan = _plan(request, response_id, engine, config, model, [ids], [""], grammar)
+    reasoning = request_reasoning(
+        template.reasoning,
+        "".join(prompt.parts),
+        thinking=request.thinking,
+        constrained=constrained,
+    )
+    if reasoning is not None:
+        if request.logprobs:
+            raise RequestError(
+                "logprobs are not supported yet for a model whose reasoning is "
+                "split from its answer (--reasoning-parser); got logprobs=True",
+                param="logprobs",
+                code="unsupported_parameter",
+            )
+        plan = dataclasses.replace(plan, reasoning=reasoning)
     if guarded and not request.include_stop_str_in_output:
         # For an engine without grammars; with include_stop_str_in_output the
         # matched tag would be sent, so not then.

@@ -36,6 +36,13 @@ Deliberate divergences from the OpenAI API reference:
   own: events on a fixed clock (see docs/side-channels.md).
   ``stream_options.include_obfuscation`` is OpenAI's; its default here is the
   server's setting (on unless ``serve --no-obfuscation``).
+- ``chat_template_kwargs`` (vLLM's name) holds at most
+  ``MAX_TEMPLATE_KWARGS`` variables for the chat template, each a name of at
+  most 64 word characters and a boolean, a number or a string of at most
+  ``MAX_TEMPLATE_KWARG_CHARS`` characters; they never replace the variables the
+  server sets. Its ``enable_thinking`` and ``reasoning_effort`` (``"none"``
+  switches thinking off, any other value on) choose whether the output begins
+  inside the reasoning (docs/DESIGN.md, "Reasoning").
 - ``null`` for any parameter means "not given" (its default applies).
 - Unknown parameters are ignored, and logged once per name (the first
   ``MAX_LOGGED_UNKNOWN`` names of the process, each cut to
@@ -57,7 +64,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from typing_extensions import override
@@ -112,6 +119,12 @@ at 2,048 it takes tens of milliseconds."""
 MAX_TOP_LOGPROBS = 20
 """Most alternatives per token: chat ``top_logprobs``, completions ``logprobs``."""
 
+MAX_TEMPLATE_KWARGS = 16
+"""Most variables ``chat_template_kwargs`` may hold."""
+
+MAX_TEMPLATE_KWARG_CHARS = 1000
+"""Longest string value of one ``chat_template_kwargs`` variable (chars)."""
+
 MAX_UNKNOWN_PARAMETERS = 64
 """Most unknown top-level parameters one request may carry; more is a 400."""
 
@@ -163,6 +176,56 @@ class ChatCompletionRequest(RequestFields):
     """``None``: ``auto`` with tools, ``none`` without (OpenAI's default)."""
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, bool | int | float | str] = Field(
+        default_factory=dict, max_length=MAX_TEMPLATE_KWARGS
+    )
+    """More variables for the chat template (``enable_thinking``, ...)."""
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    """OpenAI's reasoning effort: ``"none"`` switches thinking off, any other
+    value on (no budget is derived from it); also a template variable."""
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(
+        cls, value: dict[str, bool | int | float | str]
+    ) -> dict[str, bool | int | float | str]:
+        for name, item in value.items():
+            if not (name.isidentifier() and name.isascii() and len(name) <= 64):
+                raise ValueError(
+                    f"expected variable names of at most 64 word characters; "
+                    f"got {bounded_repr(name, 64)}"
+                )
+            if isinstance(item, str) and len(item) > MAX_TEMPLATE_KWARG_CHARS:
+                raise ValueError(
+                    f"expected strings of at most {MAX_TEMPLATE_KWARG_CHARS} "
+                    f"characters; {name} has {len(item)}"
+                )
+        return value
+
+    @property
+    def thinking(self) -> bool | None:
+        """Whether the request asks for thinking: ``chat_template_kwargs``
+        ``enable_thinking`` (a boolean) first, then ``reasoning_effort``
+        (``"none"``: no); ``None`` when it says nothing."""
+        enabled = self.chat_template_kwargs.get("enable_thinking")
+        if isinstance(enabled, bool):
+            return enabled
+        if self.reasoning_effort is None:
+            return None
+        return self.reasoning_effort != "none"
+
+    @property
+    def template_variables(self) -> dict[str, Any]:
+        """The chat template's extra variables: ``chat_template_kwargs``, plus
+        ``reasoning_effort`` and ``enable_thinking`` when the request set them
+        and the kwargs did not."""
+        variables: dict[str, Any] = {}
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+        if self.thinking is not None:
+            variables["enable_thinking"] = self.thinking
+        variables.update(self.chat_template_kwargs)
+        return variables
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -37,7 +37,7 @@ Spec: Hugging Face "Chat templates" (the template variables); Gemma 3 model card
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import jinja2
@@ -45,6 +45,11 @@ from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from sluicegate.core.errors import RequestError, bounded_repr
+from sluicegate.core.reasoning import (
+    ReasoningParser,
+    detect_reasoning_parser,
+    reasoning_parser,
+)
 from sluicegate.engines.base import Tokenizer
 from sluicegate.server.control_text import ControlText
 from sluicegate.server.messages import ChatMessage
@@ -91,18 +96,34 @@ class ChatTemplate:
         tokenizer: the served model's tokenizer; its ``chat_template`` (or
             ``GEMMA3_TEMPLATE`` when ``None``), ``bos_token`` and ``eos_token``.
         source: a template that replaces the model's (``--chat-template FILE``).
+        reasoning: ``--reasoning-parser``: a name of ``REASONING_PARSERS``, or
+            ``"auto"`` to detect the family from the template's source
+            (``detect_reasoning_parser``).
+
+    Attributes:
+        reasoning: the model's reasoning markers, or ``None`` when it has no
+            reasoning channel (``"none"``, or nothing detected).
 
     Raises:
         jinja2.TemplateSyntaxError: the template does not compile (a server
             configuration error, raised at startup).
+        KeyError: an unknown ``reasoning`` name.
     """
 
-    def __init__(self, tokenizer: Tokenizer, source: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, source: str | None = None, reasoning: str = "auto"
+    ) -> None:
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, autoescape=False
         )
         env.globals["raise_exception"] = _raise_exception
         self.source = source or tokenizer.chat_template or GEMMA3_TEMPLATE
+        parser: ReasoningParser | None = (
+            detect_reasoning_parser(self.source)
+            if reasoning == "auto"
+            else reasoning_parser(reasoning)
+        )
+        self.reasoning = parser if parser is not None and parser.reasons else None
         self._template = env.from_string(self.source)
         self.renders_tools = "tools" in meta.find_undeclared_variables(
             env.parse(self.source)
@@ -157,6 +178,7 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         context_length: int | None = None,
         tools: ToolSetup | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> PromptText:
         """The rendered prompt, ready to tokenize: BOS once, and control tokens
         only where the template wrote them (message contents are tokenized as
@@ -169,6 +191,8 @@ class ChatTemplate:
                 prompt too long to leave room for a completion is refused here,
                 before any tokenizing (``check_prompt_size``).
             tools: the calls the request allows (shown to the model), or ``None``.
+            variables: more template variables (``chat_template_kwargs``, such
+                as ``enable_thinking``); they never replace the ones above.
 
         Raises:
             RequestError: see ``render``; and 400 ``context_length_exceeded``
@@ -177,7 +201,7 @@ class ChatTemplate:
         plain, origins = template_messages(messages, tools, native=self.renders_tools)
         escaped = self._escaped(plain)
         text = self._checked_render(
-            escaped or plain, add_generation_prompt, tools, origins
+            escaped or plain, add_generation_prompt, tools, origins, variables
         )
         add_special = not (self._bos_token and text.startswith(self._bos_token))
         if escaped is None:  # no content holds control-token text: one call
@@ -208,12 +232,14 @@ class ChatTemplate:
         generation_prompt: bool,
         setup: ToolSetup | None,
         origins: list[int],
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
         tools = template_tools(setup) if self.renders_tools else None
+        extra = variables or {}
         try:
-            return self._render(messages, generation_prompt, tools)
+            return self._render(messages, generation_prompt, tools, extra)
         except jinja2.TemplateError as exc:
-            failing = self._first_failing(messages, generation_prompt, tools)
+            failing = self._first_failing(messages, generation_prompt, tools, extra)
             index = origins[failing] if failing < len(origins) else failing
             raise RequestError(
                 f"The chat template cannot render messages[{index}] "
@@ -227,9 +253,11 @@ class ChatTemplate:
         messages: list[dict[str, Any]],
         generation_prompt: bool,
         tools: list[dict[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
         if tools is not None:  # left undefined otherwise, as templates expect
             return self._template.render(
+                extra or {},
                 messages=messages,
                 bos_token=self._bos_token,
                 eos_token=self._eos_token,
@@ -237,6 +265,7 @@ class ChatTemplate:
                 tools=tools,
             )
         return self._template.render(
+            extra or {},
             messages=messages,
             bos_token=self._bos_token,
             eos_token=self._eos_token,
@@ -248,6 +277,7 @@ class ChatTemplate:
         messages: list[dict[str, Any]],
         generation_prompt: bool,
         tools: list[dict[str, Any]] | None,
+        extra: Mapping[str, Any],
     ) -> int:
         # The whole list fails. Bisect for where failing starts: messages[:good]
         # renders (the empty prefix is taken to), messages[:bad] does not, so
@@ -258,7 +288,7 @@ class ChatTemplate:
         while bad - good > 1:
             middle = (good + bad) // 2
             try:
-                self._render(messages[:middle], generation_prompt, tools)
+                self._render(messages[:middle], generation_prompt, tools, extra)
             except jinja2.TemplateError:
                 bad = middle
             else:

@@ -1,0 +1,175 @@
+"""One choice's token ids -> reasoning and content: detokenizer, splitter, stops.
+
+``ReasoningChoiceDecoder`` is the ``ChoiceDecoder`` of a choice whose model
+reasons (a ``ReasoningParser`` that ``reasons``): each token's text goes
+through a ``ReasoningSplitter``, and only the content it releases meets the
+stop matcher. ``request_reasoning`` decides, for one request, where the
+output begins (inside the reasoning or not) from the rendered prompt and the
+request's options.
+
+Invariants (besides ``ChoiceDecoder``'s):
+
+- Token ids are taken one at a time, so ``reasoning_tokens`` counts exactly the
+  tokens up to and including the one that completed the end marker, whatever
+  way the ids are split into ``feed`` calls (the splitter's own count).
+- Stop strings are matched on the content only: a stop string the reasoning
+  restates does not end the choice (docs/DESIGN.md, "Reasoning"). Once one
+  matched, later ids are discarded and not counted.
+- A cut (``flush()`` at ``max_tokens``, an end-of-sequence token inside the
+  reasoning) releases every held character to its channel.
+
+Spec: docs/DESIGN.md, "Reasoning".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
+from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
+from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.events import FinishReason
+from sluicegate.core.reasoning import (
+    ReasoningParser,
+    ReasoningSplitter,
+    opened_by_prompt,
+)
+from sluicegate.core.stops import StopMatcher
+
+__all__ = ["ReasoningChoiceDecoder", "request_reasoning"]
+
+_NOTHING = ChoiceStep("")
+
+
+class ReasoningChoiceDecoder(ChoiceDecoder):
+    """Token ids of one choice in; reasoning and content text out.
+
+    Args:
+        detokenizer: a fresh detokenizer for this choice (owned from now on).
+        stops: a fresh stop matcher, for the content (owned from now on).
+        splitter: a fresh splitter with the request's markers (owned from now
+            on).
+    """
+
+    __slots__ = ("_splitter",)
+
+    def __init__(
+        self,
+        detokenizer: IncrementalDetokenizer | WindowedDetokenizer,
+        stops: StopMatcher,
+        splitter: ReasoningSplitter,
+    ) -> None:
+        super().__init__(detokenizer, stops)
+        self._splitter = splitter
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Tokens spent inside the reasoning so far, markers included."""
+        return self._splitter.reasoning_tokens
+
+    def feed(self, token_ids: Iterable[int]) -> ChoiceStep:
+        """Take one engine step's token ids; see ``ChoiceDecoder.feed``.
+
+        Returns:
+            ``ChoiceStep(content, finish_reason, reasoning)``: the reasoning
+            safe to send now (it comes first), the content safe to send now, and
+            ``FinishReason.STOP`` on the step where a stop string completes in
+            the content. After that, ``ChoiceStep("")`` for every call.
+
+        Raises:
+            LocalProtocolError: after ``flush()``.
+            ValueError: a token id outside the detokenizer's vocabulary.
+        """
+        if self._closed:
+            raise LocalProtocolError("ChoiceDecoder.feed() after flush()")
+        if self._stopped:
+            return _NOTHING
+        detokenizer, splitter, stops = self._detokenizer, self._splitter, self._stops
+        reasoning = content = ""
+        for token_id in token_ids:
+            step = splitter.feed(detokenizer.feed((token_id,)))
+            self._completion_tokens += 1
+            reasoning += step.reasoning
+            if step.content:
+                matched = stops.feed(step.content)
+                content += matched.text
+                if matched.stop is not None:
+                    self._stopped = True
+                    return ChoiceStep(content, FinishReason.STOP, reasoning)
+        if not reasoning and not content:
+            return _NOTHING
+        return ChoiceStep(content, None, reasoning)
+
+    def flush(self) -> ChoiceStep:
+        """End of the choice: the detokenizer's tail through the splitter and
+        the stop matcher, then what each held. Ends the object.
+
+        Returns:
+            As ``ChoiceDecoder.flush``, with the held reasoning in ``reasoning``
+            (a stream cut inside the reasoning: all of it).
+
+        Raises:
+            LocalProtocolError: called twice.
+        """
+        if self._closed:
+            raise LocalProtocolError("ChoiceDecoder.flush() called twice")
+        self._closed = True
+        tail = self._detokenizer.flush()
+        stops, splitter = self._stops, self._splitter
+        if stops.finished:
+            stops.flush()
+            splitter.flush()
+            return _NOTHING
+        # The tail's tokens were counted when they were fed.
+        first = splitter.feed(tail, 0)
+        last = splitter.flush()
+        reasoning = first.reasoning + last.reasoning
+        matched = stops.feed(first.content + last.content)
+        if matched.stop is not None:
+            stops.flush()
+            return ChoiceStep(matched.text, FinishReason.STOP, reasoning)
+        return ChoiceStep(matched.text + stops.flush(), None, reasoning)
+
+
+def request_reasoning(
+    parser: ReasoningParser | None,
+    prompt: str,
+    *,
+    thinking: bool | None = None,
+    constrained: bool = False,
+) -> ReasoningParser | None:
+    """The markers one request is decoded with, ``starts_inside`` decided.
+
+    The rendered prompt decides first (``opened_by_prompt``: a template that
+    opened the reasoning, or wrote an empty block); else the request's
+    ``thinking`` option (``True``: the output begins inside the reasoning, a
+    start marker the model writes anyway is dropped; ``False``: it begins
+    outside, and is reasoning only if the model opens a block itself); else
+    the parser's default. A ``constrained`` output (a grammar from the first
+    token: tools, a response format) cannot reason first, so it begins outside.
+
+    Args:
+        parser: the served model's parser, or ``None`` (no reasoning).
+        prompt: the rendered prompt's text, generation prompt included.
+        thinking: the request's choice (``chat_template_kwargs.enable_thinking``,
+            ``reasoning_effort``, Messages ``thinking``), or ``None`` for none.
+        constrained: the output is decoded under a grammar from its first token.
+
+    Returns:
+        ``None`` when there is no reasoning channel (no parser, one that does
+        not reason, or one without a start marker for an output that begins
+        outside); else the parser with this request's ``starts_inside``.
+    """
+    if parser is None or not parser.reasons:
+        return None
+    inside = opened_by_prompt(prompt, parser)
+    if inside is None:
+        inside = parser.starts_inside if thinking is None else thinking
+    if constrained:
+        inside = False
+    if not inside and not parser.start:
+        return None  # a family with no start marker can only begin inside
+    if inside == parser.starts_inside:
+        return parser
+    return dataclasses.replace(parser, starts_inside=inside)

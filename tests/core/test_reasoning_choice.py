@@ -1,0 +1,254 @@
+"""Reasoning through a choice's decoder and a response's: token ids in, reasoning
+deltas before content deltas, stop strings on the content only, counts exact."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from sluicegate.core.chunks import usage_dict
+from sluicegate.core.decoding import ChoiceOptions, ResponseDecoder
+from sluicegate.core.detokenize import IncrementalDetokenizer
+from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.events import (
+    Delta,
+    End,
+    EngineOutput,
+    Finish,
+    FinishReason,
+    StreamEvent,
+    Usage,
+)
+from sluicegate.core.reasoning import (
+    ReasoningParser,
+    ReasoningSplitter,
+    reasoning_parser,
+)
+from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder, request_reasoning
+from sluicegate.core.stops import StopMatcher, compile_stops
+from sluicegate.core.tooldecoder import ToolCallOptions, new_response_decoder
+from tests.reasoning_splits import S28, S28_WIDE, marker_splits
+
+QWEN3 = reasoning_parser("qwen3")
+R1 = reasoning_parser("deepseek_r1")
+STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
+
+
+@dataclass(frozen=True)
+class _Vocabulary:
+    pieces: Sequence[bytes]
+    special_ids: frozenset[int]
+    stop_ids: frozenset[int]
+
+
+def _vocabulary(tokens: Sequence[bytes]) -> tuple[_Vocabulary, list[int]]:
+    """A vocabulary holding ``tokens`` (and ``<eos>`` last), and their ids."""
+    pieces = list(dict.fromkeys(tokens))
+    eos = len(pieces)
+    ids = {p: i for i, p in enumerate(pieces)}
+    vocabulary = _Vocabulary((*pieces, b"<eos>"), frozenset({eos}), frozenset({eos}))
+    return vocabulary, [ids[t] for t in tokens]
+
+
+def _run(
+    tokens: Sequence[bytes],
+    parser: ReasoningParser | None = QWEN3,
+    *,
+    stops: Sequence[str] = (),
+    reason: FinishReason = STOP,
+    tools: ToolCallOptions | None = None,
+) -> list[StreamEvent]:
+    vocabulary, ids = _vocabulary(tokens)
+    decoder = new_response_decoder(
+        tools,
+        [ChoiceOptions()],
+        vocabulary,
+        prompt_tokens=2,
+        stops=stops,
+        reasoning=parser,
+    )
+    eos = len(vocabulary.pieces) - 1
+    events: list[StreamEvent] = []
+    for token_id in ids:
+        events += decoder.feed(0, EngineOutput((token_id,)))
+    last = (eos,) if reason is STOP else ()
+    events += decoder.feed(0, EngineOutput(last, reason))
+    return events
+
+
+def _channels(events: Sequence[StreamEvent]) -> tuple[str, str]:
+    """The reasoning and the content the events carry, checking that every
+    reasoning delta comes before the first content delta."""
+    reasoning: list[str] = []
+    content: list[str] = []
+    for event in events:
+        if isinstance(event, Delta):
+            if event.parts is not None and event.parts.reasoning:
+                assert event.text == ""
+                assert not content, "reasoning after content"
+                reasoning.append(event.parts.reasoning)
+            else:
+                content.append(event.text)
+    return "".join(reasoning), "".join(content)
+
+
+@pytest.mark.parametrize(
+    ("text", "reasoning", "content"),
+    [
+        (S28, "plan: 2+2=4", "The answer is 4."),
+        (S28_WIDE, "plan: 2+2≈4€", "€The answer is 4 ≈."),
+    ],
+)
+def test_every_split_of_the_markers_gives_the_same_channels_and_count(
+    text: str, reasoning: str, content: str
+) -> None:
+    for tokens in marker_splits(text):
+        events = _run(tokens)
+        assert _channels(events) == (reasoning, content), tokens
+        # The tokens up to and including the one that completes "</think>".
+        spent = len(text[: text.index("</think>") + len("</think>")].encode())
+        through = next(
+            i for i in range(len(tokens) + 1) if len(b"".join(tokens[:i])) >= spent
+        )
+        end = events[-1]
+        assert isinstance(end, End)
+        assert end.usage == Usage(2, len(tokens) + 1, reasoning_tokens=through), tokens
+
+
+def test_a_cut_inside_the_reasoning_delivers_it_all_and_counts_every_token() -> None:
+    tokens = [b"<think>", b"plan: 2", b"+2=4</th"]
+    events = _run(tokens, reason=LENGTH)
+    assert _channels(events) == ("plan: 2+2=4</th", "")
+    assert events[-2:] == [Finish(0, LENGTH), End(Usage(2, 3, reasoning_tokens=3))]
+
+
+def test_stop_strings_apply_to_the_content_only() -> None:
+    tokens = [b"<think>", b"Answer:", b" 4", b"</think>", b"Answer:", b" 4"]
+    events = _run(tokens, stops=["Answer:"])
+    assert _channels(events) == ("Answer: 4", "")
+    assert events[-2:] == [
+        Finish(0, STOP, None, "Answer:"),
+        End(Usage(2, 5, reasoning_tokens=4)),
+    ]
+
+
+def test_a_stop_string_in_the_step_that_ends_the_reasoning() -> None:
+    events = _run([b"<think>", b"a</think>b. c", b" more"], stops=["."])
+    assert _channels(events) == ("a", "b")
+    assert events[-1] == End(Usage(2, 2, reasoning_tokens=2))
+
+
+def test_no_start_marker_is_all_content_and_reasoning_tokens_are_zero() -> None:
+    events = _run([b"The", b" answer"])
+    assert _channels(events) == ("", "The answer")
+    assert events[-1] == End(Usage(2, 3, reasoning_tokens=0))
+    assert usage_dict(Usage(2, 3, reasoning_tokens=0))["completion_tokens_details"] == {
+        "reasoning_tokens": 0
+    }
+
+
+def test_a_parser_that_does_not_reason_keeps_the_plain_decoder() -> None:
+    events = _run([b"<think>", b"x"], reasoning_parser("none"))
+    assert _channels(events) == ("", "<think>x")
+    assert events[-1] == End(Usage(2, 3))
+    assert "completion_tokens_details" not in usage_dict(Usage(2, 3))
+
+
+def test_tool_call_parsing_sees_the_content_only() -> None:
+    call = b'<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    events = _run(
+        [b"<think>", b"<tool_call>no", b"</think>", call],
+        tools=ToolCallOptions(("f",)),
+    )
+    reasoning = [
+        e.parts.reasoning
+        for e in events
+        if isinstance(e, Delta) and e.parts and e.parts.reasoning
+    ]
+    calls = [
+        f
+        for e in events
+        if isinstance(e, Delta) and e.parts
+        for f in e.parts.tool_calls
+    ]
+    assert "".join(reasoning) == "<tool_call>no"
+    assert [c.name for c in calls if c.name] == ["f"]
+    assert events[-2].finish_reason is FinishReason.TOOL_CALLS  # type: ignore[union-attr]
+
+
+def test_logprobs_with_reasoning_are_refused() -> None:
+    vocabulary, _ = _vocabulary([b"a"])
+    with pytest.raises(ValueError, match="reasoning"):
+        ResponseDecoder(
+            [ChoiceOptions()], vocabulary, prompt_tokens=1, logprobs=True, reasoning=R1
+        )
+
+
+def _choice_decoder(
+    tokens: Sequence[bytes], stops: Sequence[str] = ()
+) -> tuple[ReasoningChoiceDecoder, list[int]]:
+    vocabulary, ids = _vocabulary(tokens)
+    detokenizer = IncrementalDetokenizer(vocabulary.pieces, vocabulary.special_ids)
+    matcher = StopMatcher(compile_stops(stops))
+    return ReasoningChoiceDecoder(detokenizer, matcher, ReasoningSplitter(R1)), ids
+
+
+def test_choice_decoder_feeds_many_ids_at_once_and_flushes_a_held_marker() -> None:
+    decoder, ids = _choice_decoder([b"plan", b"</th"])
+    step = decoder.feed(ids)
+    assert (step.reasoning, step.text) == ("plan", "")
+    assert decoder.feed(()).text == ""  # nothing: the shared empty step
+    assert decoder.reasoning_tokens == 2
+    last = decoder.flush()
+    assert (last.reasoning, last.text, last.finish_reason) == ("</th", "", None)
+    with pytest.raises(LocalProtocolError):
+        decoder.feed(ids)
+    with pytest.raises(LocalProtocolError):
+        decoder.flush()
+
+
+def test_choice_decoder_tail_is_split_and_stop_checked_without_counting() -> None:
+    # An incomplete UTF-8 tail becomes U+FFFD at flush(): it goes to its channel.
+    decoder, ids = _choice_decoder([b"a</think>x", b"\xe2"], stops=["x\ufffd"])
+    step = decoder.feed(ids)
+    assert (step.reasoning, step.text) == ("a", "")
+    last = decoder.flush()
+    assert (last.text, last.finish_reason) == ("", STOP)
+    assert decoder.completion_tokens == 2
+    decoder, ids = _choice_decoder([b"a</think>x", b"\xe2"])
+    assert decoder.feed(ids).text == "x"
+    assert decoder.flush().text == "\ufffd"
+
+
+def test_choice_decoder_after_a_stop_discards_and_flushes_nothing() -> None:
+    decoder, ids = _choice_decoder([b"</think>ab", b"c"], stops=["b"])
+    step = decoder.feed(ids[:1])
+    assert (step.text, step.finish_reason) == ("a", STOP)
+    assert decoder.feed(ids[1:]).text == ""
+    assert decoder.completion_tokens == 1
+    last = decoder.flush()
+    assert (last.reasoning, last.text, last.finish_reason) == ("", "", None)
+
+
+def _inside(parser: ReasoningParser | None) -> bool:
+    assert parser is not None
+    return parser.starts_inside
+
+
+def test_request_reasoning_reads_the_prompt_then_the_request_then_the_parser() -> None:
+    assert request_reasoning(None, "x") is None
+    assert request_reasoning(reasoning_parser("none"), "x") is None
+    # The prompt's tail decides first.
+    assert _inside(request_reasoning(QWEN3, "<start>\n<think>\n"))
+    assert not _inside(request_reasoning(R1, "<think></think>\n", thinking=True))
+    # Then the request's option, then the parser's default.
+    assert _inside(request_reasoning(QWEN3, "x", thinking=True))
+    assert not _inside(request_reasoning(R1, "x", thinking=False))
+    assert request_reasoning(R1, "x") is R1
+    # A grammar from the first token: the output begins outside.
+    assert not _inside(request_reasoning(R1, "x", thinking=True, constrained=True))
+    no_start = ReasoningParser("inside", "", "</r>", starts_inside=True)
+    assert request_reasoning(no_start, "x") is no_start
+    assert request_reasoning(no_start, "x", thinking=False) is None

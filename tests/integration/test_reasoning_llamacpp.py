@@ -1,0 +1,153 @@
+"""Reasoning on the real default model (S27): a chat template that opens the
+reasoning when the request asks for thinking, the parser detected from it, the
+official openai SDK reading the stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from .servers import N_CTX, StartServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
+
+# Gemma 3's turns, then "<think>\n" after the generation prompt when the request
+# asks for thinking (as DeepSeek-R1's template always does: the model starts
+# inside the reasoning), or an empty block when it does not (as Qwen3's does).
+# Gemma does not think: what it writes is reasoning until it writes "</think>".
+THINKING_TEMPLATE = """\
+{{- bos_token -}}
+{%- for message in messages -%}
+{%- set speaker = "model" if message["role"] == "assistant" else message["role"] -%}
+{{- "<start_of_turn>" ~ speaker ~ "\\n" -}}
+{{- message["content"] | trim ~ "<end_of_turn>\\n" -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+{{- "<start_of_turn>model\\n" -}}
+{%- if enable_thinking -%}{{- "<think>\\n" -}}
+{%- else -%}{{- "<think>\\n\\n</think>\\n\\n" -}}{%- endif -%}
+{%- endif -%}
+"""
+QUESTION = "Count from one to ten in words."
+
+
+@pytest.fixture(scope="module")
+def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    template = Path(tmp_path_factory.mktemp("templates")) / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE, encoding="utf-8")
+    return template
+
+
+def _server(
+    start: StartServer, name: str, template: Path, parser: str
+) -> openai.OpenAI:
+    server = start(
+        name,
+        "--log-level",
+        "warning",
+        "--engine",
+        "llamacpp",
+        "--n-ctx",
+        str(N_CTX),
+        "--parallel",
+        "1",
+        "--chat-template",
+        str(template),
+        "--reasoning-parser",
+        parser,
+    )
+    return openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key="none", max_retries=0
+    )
+
+
+@pytest.fixture(scope="module")
+def client(start_server: StartServer, template_file: Path) -> openai.OpenAI:
+    """The parser detected from the template (``auto``): ``<think>`` markers."""
+    return _server(start_server, "llamacpp-thinking", template_file, "auto")
+
+
+@pytest.fixture(scope="module")
+def raw_client(start_server: StartServer, template_file: Path) -> openai.OpenAI:
+    """The same model and template with no parser: the model's own text."""
+    return _server(start_server, "llamacpp-thinking-raw", template_file, "none")
+
+
+def _expected(raw: str, inside: bool) -> tuple[str, str]:
+    """What the splitter makes of the model's raw text (docs/DESIGN.md,
+    "Reasoning"): a leading start marker opens the reasoning (or, when the
+    prompt opened it already, is dropped); the first end marker ends it;
+    without either, the output is all reasoning (inside) or all content."""
+    if raw.startswith("<think>"):
+        raw, inside = raw.removeprefix("<think>"), True
+    if not inside:
+        return "", raw
+    reasoning, marker, content = raw.partition("</think>")
+    return reasoning, content if marker else ""
+
+
+@pytest.mark.parametrize(
+    ("thinking", "max_tokens"), [(True, 40), (True, 12), (False, 40)]
+)
+def test_every_generated_character_is_reasoning_until_the_end_marker(
+    client: openai.OpenAI, raw_client: openai.OpenAI, thinking: bool, max_tokens: int
+) -> None:
+    model = client.models.list().data[0].id
+    request: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "extra_body": {"chat_template_kwargs": {"enable_thinking": thinking}},
+    }
+    # The model's own text for the same prompt, unsplit.
+    raw = raw_client.chat.completions.create(**request)
+    reasoning, content = _expected(raw.choices[0].message.content or "", thinking)
+    assert raw.usage is not None
+
+    stream = client.chat.completions.create(
+        **request, stream=True, stream_options={"include_usage": True}
+    )
+    pieces: dict[str, list[str]] = {"reasoning": [], "content": []}
+    finishes, usage = [], None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            delta = choice.delta.model_dump()
+            if delta.get("reasoning_content"):
+                assert not pieces["content"], "reasoning after content"
+                pieces["reasoning"].append(delta["reasoning_content"])
+            if delta.get("content"):
+                pieces["content"].append(delta["content"])
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+    streamed = ("".join(pieces["reasoning"]), "".join(pieces["content"]))
+    assert streamed == (reasoning, content)
+    if thinking:
+        assert reasoning  # the model wrote something, and it went to reasoning
+    # The first end marker is in neither channel (later ones, which the model
+    # may write after imitating an empty block, are text of the answer).
+    assert "</think>" not in reasoning
+    assert finishes == [raw.choices[0].finish_reason]
+    assert usage is not None
+    assert usage.completion_tokens == raw.usage.completion_tokens
+    details = usage.completion_tokens_details
+    assert details is not None
+    if not reasoning:
+        assert details.reasoning_tokens == 0
+    elif not content:  # ended inside the reasoning: every token was reasoning
+        assert details.reasoning_tokens == usage.completion_tokens
+    else:
+        assert 0 < (details.reasoning_tokens or 0) < usage.completion_tokens
+    if finishes == ["length"]:
+        assert usage.completion_tokens == max_tokens
+
+    whole = client.chat.completions.create(**request)
+    message = whole.choices[0].message.model_dump()
+    assert (message["reasoning_content"] or "", message["content"] or "") == streamed
+    assert whole.choices[0].finish_reason == finishes[0]
+    assert whole.usage is not None
+    assert whole.usage.model_dump() == usage.model_dump()
