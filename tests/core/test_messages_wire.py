@@ -33,6 +33,7 @@ from sluicegate.core.messages_wire import (
     message_body,
     message_error_body,
     stop_reason,
+    thinking_signature,
     usage_object,
 )
 from sluicegate.core.sse import SSEDecoder
@@ -337,3 +338,49 @@ def test_usage_splits_the_prompt_into_uncached_and_cache_read_tokens() -> None:
         "output_tokens": 4,
     }
     assert usage_object(Usage(3, 1, cached_tokens=9))["input_tokens"] == 0
+
+
+def thought(text: str) -> Delta:
+    return Delta(0, "", parts=DeltaParts(reasoning=text))
+
+
+def test_reasoning_is_a_thinking_block_signed_once_before_the_text() -> None:
+    got = run(
+        thought("plan"),
+        thought(": 4"),
+        Delta(0, "Four."),
+        Finish(0, FinishReason.STOP),
+        End(USAGE),
+    )
+    assert [(name, data.get("index")) for name, data in got[:7]] == [
+        ("message_start", None),
+        ("content_block_start", 0),
+        ("content_block_delta", 0),
+        ("content_block_delta", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+    ]
+    assert got[1][1]["content_block"] == {
+        "type": "thinking",
+        "thinking": "",
+        "signature": "",
+    }
+    assert got[3][1]["delta"] == {"type": "thinking_delta", "thinking": ": 4"}
+    signature = thinking_signature("plan: 4")
+    assert got[4][1]["delta"] == {"type": "signature_delta", "signature": signature}
+    whole = Whole("Four.", FinishReason.STOP, USAGE, reasoning="plan: 4")
+    assert whole_body(HEADER, whole)["content"] == [
+        {"type": "thinking", "thinking": "plan: 4", "signature": signature},
+        {"type": "text", "text": "Four."},
+    ]
+
+
+def test_a_stream_cut_inside_the_reasoning_still_signs_and_closes_it() -> None:
+    got = run(thought("pl"), Finish(0, FinishReason.LENGTH), End(USAGE))
+    names = [(name, data.get("delta", {}).get("type")) for name, data in got]
+    assert names[2:5] == [
+        ("content_block_delta", "thinking_delta"),
+        ("content_block_delta", "signature_delta"),
+        ("content_block_stop", None),
+    ]

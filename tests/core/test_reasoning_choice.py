@@ -23,7 +23,9 @@ from sluicegate.core.events import (
 )
 from sluicegate.core.reasoning import (
     ReasoningParser,
+    ReasoningPhase,
     ReasoningSplitter,
+    ReasoningStep,
     reasoning_parser,
 )
 from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder, request_reasoning
@@ -34,6 +36,7 @@ from tests.reasoning_splits import S28, S28_WIDE, marker_splits
 QWEN3 = reasoning_parser("qwen3")
 R1 = reasoning_parser("deepseek_r1")
 STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
+CONTENT = ReasoningPhase.CONTENT
 
 
 @dataclass(frozen=True)
@@ -252,3 +255,36 @@ def test_request_reasoning_reads_the_prompt_then_the_request_then_the_parser() -
     no_start = ReasoningParser("inside", "", "</r>", starts_inside=True)
     assert request_reasoning(no_start, "x") is no_start
     assert request_reasoning(no_start, "x", thinking=False) is None
+
+
+def test_end_reasoning_releases_what_is_held_to_its_channel() -> None:
+    inside = ReasoningSplitter(R1)
+    inside.feed("<thi")  # may still be the start marker: held
+    assert inside.end_reasoning() == ReasoningStep("<thi", "", CONTENT)
+    assert inside.reasoning_tokens == 1
+    assert inside.feed("</think>x") == ReasoningStep("", "</think>x", CONTENT)
+    assert inside.end_reasoning() == ReasoningStep("", "", CONTENT)
+    outside = ReasoningSplitter(QWEN3)
+    outside.feed("<thi")
+    assert outside.end_reasoning() == ReasoningStep("", "<thi", CONTENT)
+    assert outside.reasoning_tokens == 0
+    reasoning = ReasoningSplitter(QWEN3)
+    reasoning.feed("<think>a</th")
+    assert reasoning.end_reasoning() == ReasoningStep("</th", "", CONTENT)
+    reasoning.flush()
+    with pytest.raises(LocalProtocolError):
+        reasoning.end_reasoning()
+
+
+def test_a_budget_ends_the_reasoning_at_its_last_token() -> None:
+    vocabulary, ids = _vocabulary([b"<think>", b"a", b"b</th", b"ink>c"])
+    detokenizer = IncrementalDetokenizer(vocabulary.pieces, vocabulary.special_ids)
+    splitter = ReasoningSplitter(QWEN3)
+    decoder = ReasoningChoiceDecoder(
+        detokenizer, StopMatcher(compile_stops(["ink"])), splitter, budget_tokens=3
+    )
+    step = decoder.feed(ids[:3])
+    assert (step.reasoning, step.text) == ("ab</th", "")
+    step = decoder.feed(ids[3:])  # after the budget: content, stop strings apply
+    assert (step.reasoning, step.text, step.finish_reason) == ("", "", STOP)
+    assert decoder.reasoning_tokens == 3

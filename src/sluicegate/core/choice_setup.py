@@ -196,11 +196,13 @@ def new_choice(
     skip_special_tokens: bool,
     logprobs: bool,
     reasoning: ReasoningParser | None = None,
+    reasoning_budget: int | None = None,
 ) -> ChoiceState:
     """Choice ``index`` of a response: a fresh stop matcher over ``pattern``, and
     for a token engine (``vocabulary`` given) its detokenizer and, with
     ``logprobs``, an aligner; with a ``reasoning`` parser that reasons, a
-    ``ReasoningChoiceDecoder`` (its splitter before the stop matcher)."""
+    ``ReasoningChoiceDecoder`` (its splitter before the stop matcher, the
+    reasoning ended at ``reasoning_budget`` tokens when given)."""
     stops = StopMatcher(pattern, include_stop_str_in_output=include_stop_str_in_output)
     if vocabulary is None:
         return ChoiceState(index, TextChoiceDecoder(stops), None, options.echo)
@@ -210,7 +212,9 @@ def new_choice(
     aligner = LogprobAligner[TokenLogprob]() if logprobs else None
     if reasoning is not None and reasoning.reasons:
         splitter = ReasoningSplitter(reasoning)
-        decoder: ChoiceDecoder = ReasoningChoiceDecoder(detokenizer, stops, splitter)
+        decoder: ChoiceDecoder = ReasoningChoiceDecoder(
+            detokenizer, stops, splitter, reasoning_budget
+        )
     else:
         decoder = ChoiceDecoder(detokenizer, stops)
     return ChoiceState(index, decoder, detokenizer, options.echo, aligner)

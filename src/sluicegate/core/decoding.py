@@ -104,6 +104,8 @@ class ResponseDecoder:
             ``None``: no reasoning channel. With one, a token engine's text is
             split (``ReasoningChoiceDecoder``): reasoning goes out as ``Delta``
             parts before the content, and the usage counts reasoning tokens.
+        reasoning_budget: the most tokens a choice's reasoning may take before
+            it is ended (the rest is content); ``None``: no budget.
 
     Raises:
         ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens),
@@ -149,6 +151,7 @@ class ResponseDecoder:
         continuous_usage: bool = False,
         clock: Callable[[], float] = time.time,
         reasoning: ReasoningParser | None = None,
+        reasoning_budget: int | None = None,
     ) -> None:
         if logprobs and vocabulary is None:
             raise ValueError("expected a vocabulary for logprobs; got None")
@@ -168,6 +171,7 @@ class ResponseDecoder:
                 skip_special_tokens=skip_special_tokens,
                 logprobs=logprobs,
                 reasoning=reasoning,
+                reasoning_budget=reasoning_budget,
             )
             for index, options in enumerate(choices)
         ]

@@ -8,6 +8,11 @@ and writes Anthropic's streaming events, each ``event: <type>`` then one
 
     start()          message_start (usage: input_tokens, the two cache
                      counts, output_tokens 0)
+    Delta reasoning  content_block_start {type: thinking, thinking: "",
+                     signature: ""} when no thinking block is open, then
+                     content_block_delta {thinking_delta}; the block closes
+                     with one content_block_delta {signature_delta} before
+                     its content_block_stop
     Delta text       content_block_start {type: text} when no text block is
                      open (closing a tool_use block first), then
                      content_block_delta {text_delta}
@@ -32,11 +37,19 @@ API has no padding field of its own, so the pad is an ``obfuscation`` field
 last, which Anthropic's SDKs ignore as any unknown field; a ``ping`` has the
 last delta's size.
 
-Spec: Anthropic API reference, "Messages" and "Streaming messages"; "Errors".
+A thinking block's ``signature`` is ``thinking_signature`` of its text: a
+digest, not a secret (the server keeps no key, and a request's earlier thinking
+blocks are accepted and left out of the prompt, as Anthropic's API leaves them
+out of the context, so nothing relies on it being unforgeable).
+
+Spec: Anthropic API reference, "Messages" and "Streaming messages"; "Errors";
+"Extended thinking".
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from typing import Any
 
 import orjson
@@ -63,6 +76,7 @@ __all__ = [
     "message_body",
     "message_error_body",
     "stop_reason",
+    "thinking_signature",
     "usage_object",
 ]
 
@@ -117,6 +131,29 @@ def stop_reason(reason: FinishReason | None, stop_sequence: str | None) -> str |
     return _STOP_REASONS[reason]
 
 
+def thinking_signature(text: str) -> str:
+    """The ``signature`` of a thinking block whose text is ``text``: the
+    base64 of its UTF-8 SHA-256 digest, as the streamed and the non-streamed
+    answers give it (``_Thinking`` computes it piece by piece)."""
+    return _Thinking(text).signature
+
+
+class _Thinking:
+    """A thinking block's text so far, digested as it streams."""
+
+    __slots__ = ("_digest",)
+
+    def __init__(self, text: str = "") -> None:
+        self._digest = hashlib.sha256(text.encode())
+
+    def add(self, text: str) -> None:
+        self._digest.update(text.encode())
+
+    @property
+    def signature(self) -> str:
+        return base64.b64encode(self._digest.digest()).decode()
+
+
 def _ping() -> dict[str, Any]:
     return {"type": "ping"}
 
@@ -149,6 +186,7 @@ class MessagesStream:
         "_reason",
         "_state",
         "_stop",
+        "_thinking",
         "_written",
     )
 
@@ -167,8 +205,9 @@ class MessagesStream:
         self._state = StreamState.NEW
         self._reason: FinishReason | None = None
         self._stop: str | None = None
-        # The open content block: None, "text", or the tool call's index.
+        # The open content block: None, "thinking", "text", or a call's index.
         self._block: str | int | None = None
+        self._thinking = _Thinking()
         self._index = -1  # the open (or last) content block's index
         self._pending = Closing()
         self._written = Closing()
@@ -252,6 +291,8 @@ class MessagesStream:
         frames: list[bytes] = []
         match event:
             case Delta(text=text, parts=parts):
+                if parts is not None and parts.reasoning:
+                    self._thought(parts.reasoning, frames)
                 if text:
                     self._text(text, frames)
                 if parts is not None:
@@ -313,10 +354,28 @@ class MessagesStream:
         frames.append(self._emit("content_block_start", payload))
 
     def _close(self, frames: list[bytes]) -> None:
+        if self._block == "thinking":
+            delta = {"type": "signature_delta", "signature": self._thinking.signature}
+            payload = {
+                "type": "content_block_delta",
+                "index": self._index,
+                "delta": delta,
+            }
+            frames.append(self._emit("content_block_delta", payload))
         if self._block is not None:
             payload = {"type": "content_block_stop", "index": self._index}
             frames.append(self._emit("content_block_stop", payload))
             self._block = None
+
+    def _thought(self, text: str, frames: list[bytes]) -> None:
+        if self._block != "thinking":
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+            self._open("thinking", block, frames)
+            self._thinking = _Thinking()
+        self._thinking.add(text)
+        delta = {"type": "thinking_delta", "thinking": text}
+        payload = {"type": "content_block_delta", "index": self._index, "delta": delta}
+        frames.append(self._emit("content_block_delta", payload, text))
 
     def _text(self, text: str, frames: list[bytes]) -> None:
         if self._block != "text":
@@ -370,10 +429,12 @@ def message_body(header: ResponseHeader, whole: Any) -> dict[str, Any]:
 
     Args:
         header: id and model.
-        whole: a ``wire.Whole``: text, finish reason, usage, calls, stop string.
+        whole: a ``wire.Whole``: text, finish reason, usage, calls, stop string,
+            reasoning.
 
     Returns:
-        ``{id, type: "message", role: "assistant", model, content: [text block
+        ``{id, type: "message", role: "assistant", model, content: [thinking
+        block {thinking, signature} (when there is reasoning), text block
         (when there is text), tool_use blocks with ``input`` the parsed
         arguments], stop_reason, stop_sequence, usage: {input_tokens,
         output_tokens}}``.
@@ -381,6 +442,10 @@ def message_body(header: ResponseHeader, whole: Any) -> dict[str, Any]:
     Spec: Anthropic API reference, "Messages", the response.
     """
     content: list[dict[str, Any]] = []
+    if whole.reasoning:
+        signature = thinking_signature(whole.reasoning)
+        thinking = {"type": "thinking", "thinking": whole.reasoning}
+        content.append({**thinking, "signature": signature})
     if whole.text:
         content.append({"type": "text", "text": whole.text})
     for call in whole.tool_calls:

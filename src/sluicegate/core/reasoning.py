@@ -360,6 +360,32 @@ class ReasoningSplitter:
             return ReasoningStep(held, "", self._phase)
         return ReasoningStep("", held, self._phase)
 
+    def end_reasoning(self) -> ReasoningStep:
+        """End the reasoning now (its budget is spent): what is held goes out as
+        reasoning, and every later character is content, verbatim (an end
+        marker the model writes later included). Nothing changes once the
+        phase is ``CONTENT``.
+
+        Returns:
+            The held text in its channel (a partial start marker of an output
+            that does not start inside is content), phase ``CONTENT``.
+
+        Raises:
+            LocalProtocolError: after ``flush()``.
+        """
+        if self._closed:
+            raise LocalProtocolError("ReasoningSplitter.end_reasoning() after flush()")
+        phase = self._phase
+        held, self._held = self._held, ""
+        self._phase = ReasoningPhase.CONTENT
+        if phase is ReasoningPhase.CONTENT or (
+            phase is ReasoningPhase.START and not self._inside
+        ):
+            return ReasoningStep("", held, ReasoningPhase.CONTENT)
+        if phase is ReasoningPhase.START:
+            self._spent = self._feeds
+        return ReasoningStep(held, "", ReasoningPhase.CONTENT)
+
     def _begin(self, pending: str) -> ReasoningStep:
         """Phase ``START``: decide from ``pending`` (all output so far) whether it
         begins with the start marker."""

@@ -32,7 +32,9 @@ from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import FinishReason
 from sluicegate.core.reasoning import (
     ReasoningParser,
+    ReasoningPhase,
     ReasoningSplitter,
+    ReasoningStep,
     opened_by_prompt,
 )
 from sluicegate.core.stops import StopMatcher
@@ -50,18 +52,25 @@ class ReasoningChoiceDecoder(ChoiceDecoder):
         stops: a fresh stop matcher, for the content (owned from now on).
         splitter: a fresh splitter with the request's markers (owned from now
             on).
+        budget_tokens: the most tokens the reasoning may take (Messages
+            ``thinking.budget_tokens``): at the token that reaches it the
+            reasoning ends (``ReasoningSplitter.end_reasoning``) and the rest is
+            content; ``None``: no budget. The model is not told: what it writes
+            after is content, verbatim.
     """
 
-    __slots__ = ("_splitter",)
+    __slots__ = ("_budget", "_splitter")
 
     def __init__(
         self,
         detokenizer: IncrementalDetokenizer | WindowedDetokenizer,
         stops: StopMatcher,
         splitter: ReasoningSplitter,
+        budget_tokens: int | None = None,
     ) -> None:
         super().__init__(detokenizer, stops)
         self._splitter = splitter
+        self._budget = budget_tokens
 
     @property
     def reasoning_tokens(self) -> int:
@@ -86,10 +95,22 @@ class ReasoningChoiceDecoder(ChoiceDecoder):
         if self._stopped:
             return _NOTHING
         detokenizer, splitter, stops = self._detokenizer, self._splitter, self._stops
+        budget = self._budget
         reasoning = content = ""
         for token_id in token_ids:
             step = splitter.feed(detokenizer.feed((token_id,)))
             self._completion_tokens += 1
+            if (
+                budget is not None
+                and splitter.reasoning_tokens >= budget
+                and splitter.phase is not ReasoningPhase.CONTENT
+            ):
+                closing = splitter.end_reasoning()
+                step = ReasoningStep(
+                    step.reasoning + closing.reasoning,
+                    step.content + closing.content,
+                    closing.phase,
+                )
             reasoning += step.reasoning
             if step.content:
                 matched = stops.feed(step.content)

@@ -81,6 +81,7 @@ class Whole:
         tool_calls: one whole fragment per call (``id``, ``name`` and all of
             its ``arguments``), in index order.
         stop_sequence: the stop string that ended it, when one did.
+        reasoning: its reasoning text, before ``text`` (``""`` for none).
     """
 
     text: str
@@ -88,6 +89,7 @@ class Whole:
     usage: Usage
     tool_calls: tuple[ToolCallFragment, ...] = ()
     stop_sequence: str | None = None
+    reasoning: str = ""
 
 
 def stream_machine(

@@ -78,6 +78,7 @@ class Generation:
             logprobs=plan.logprobs is not None and not self._text,
             continuous_usage=plan.continuous_usage,
             reasoning=plan.reasoning,
+            reasoning_budget=plan.reasoning_budget,
         )
         self._aborts = self._decoder.aborts  # read once per token
         self._sequence_ids = plan.sequence_ids

@@ -151,7 +151,7 @@ class CompletionResponse:
             return text_completion(self._header, choices, usage, logprobs)
         ((text, reason),) = choices  # one output: Responses and Messages
         stop = self._generation.stop_sequences[0]
-        whole = Whole(text, reason, usage, tuple(calls[0]), stop)
+        whole = Whole(text, reason, usage, tuple(calls[0]), stop, thoughts[0])
         return whole_body(self._header, whole)
 
 

@@ -16,8 +16,14 @@ grammar, stop matcher, limits and engines, upstream ones included):
     tool_choice auto|any|tool|none       -> auto|required|named|none;
         disable_parallel_tool_use        -> parallel_tool_calls false
     output_config.format json_schema     -> response_format json_schema (strict)
+    thinking {type: enabled, budget_tokens} -> chat_template_kwargs
+        enable_thinking true (disabled: false), thinking_token_budget
+    assistant thinking / redacted_thinking blocks -> left out of the prompt
 
-Image and document blocks are refused (400 naming them). The answer is written
+Image and document blocks are refused (400 naming them). Earlier thinking
+blocks are accepted with or without their ``signature`` and are not rendered:
+Anthropic's API drops the thinking of earlier turns from the context, and the
+chat templates of thinking models strip it the same way. The answer is written
 by ``core/messages_wire.py``; errors before the stream are in Anthropic's shape
 (``error_answer``).
 
@@ -48,6 +54,9 @@ __all__ = [
     "parse_messages_request",
     "to_chat_request",
 ]
+
+MIN_THINKING_BUDGET = 1024
+"""The least ``thinking.budget_tokens`` Anthropic's API takes (tokens)."""
 
 MAX_BLOCKS = 1024
 """Most content blocks in one message (a bound on the work of one request)."""
@@ -82,8 +91,34 @@ class ToolResultBlock(_Model):
     is_error: bool = False
 
 
+class ThinkingBlock(_Model):
+    """Earlier reasoning: ``{"type": "thinking", "thinking", "signature"}``."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(_Model):
+    """Earlier reasoning a provider encrypted: ``{"type": "redacted_thinking",
+    "data"}``."""
+
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+class Thinking(_Model):
+    """``thinking``: ``{"type": "enabled", "budget_tokens"}``,
+    ``{"type": "adaptive"}`` (thinking on, no budget) or ``{"type":
+    "disabled"}``."""
+
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | None = Field(None, ge=MIN_THINKING_BUDGET)
+
+
 Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    Field(discriminator="type"),
 ]
 
 
@@ -145,9 +180,10 @@ class MessagesRequest(_Model):
     stream: bool = False
     metadata: dict[str, Any] | None = None
     output_config: OutputConfig | None = None
+    thinking: Thinking | None = None
 
 
-_REFUSED_BLOCKS = frozenset({"image", "document", "search_result", "thinking"})
+_REFUSED_BLOCKS = frozenset({"image", "document", "search_result"})
 
 
 def parse_messages_request(
@@ -164,14 +200,6 @@ def parse_messages_request(
             e.g. a missing ``max_tokens`` or an image block.
     """
     _refuse_blocks(body.get("messages"))
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") != "disabled":
-        raise RequestError(
-            "Extended thinking is not supported (the model has no thinking mode);"
-            " leave 'thinking' out or set its type to 'disabled'",
-            param="thinking",
-            code="unsupported_parameter",
-        )
     try:
         request = MessagesRequest.model_validate(
             {k: v for k, v in body.items() if v is not None}
@@ -182,7 +210,28 @@ def parse_messages_request(
         raise RequestError(
             "Missing required parameter: 'max_tokens'", param="max_tokens"
         )
+    _check_thinking(request)
     return request
+
+
+def _check_thinking(request: MessagesRequest) -> None:
+    """``budget_tokens`` is required when thinking is enabled, and below
+    ``max_tokens``, as Anthropic's API requires."""
+    thinking = request.thinking
+    if thinking is None or thinking.type != "enabled":
+        return
+    budget = thinking.budget_tokens
+    if budget is None:
+        raise RequestError(
+            "thinking.budget_tokens is required when thinking is enabled",
+            param="thinking.budget_tokens",
+        )
+    if request.max_tokens is not None and budget >= request.max_tokens:
+        raise RequestError(
+            f"thinking.budget_tokens must be less than max_tokens; got "
+            f"{budget} and max_tokens={request.max_tokens}",
+            param="thinking.budget_tokens",
+        )
 
 
 def _refuse_blocks(messages: object) -> None:
@@ -254,6 +303,11 @@ def to_chat_request(
         body["tools"] = [_chat_tool(tool) for tool in request.tools]
     if request.tool_choice is not None:
         body.update(_chat_tool_choice(request.tool_choice, bool(request.tools)))
+    if request.thinking is not None:
+        kind = request.thinking.type
+        body["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+        if kind == "enabled":
+            body["thinking_token_budget"] = request.thinking.budget_tokens
     return parse_chat_request(body)
 
 
@@ -274,6 +328,8 @@ def _chat_messages(message: Message) -> list[dict[str, Any]]:
     for block in message.content:
         if isinstance(block, TextBlock):
             texts.append(block.text)
+        elif isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+            continue  # earlier reasoning: not in the context (module docstring)
         elif isinstance(block, ToolUseBlock):
             arguments = orjson.dumps(block.input).decode()
             function = {"name": block.name, "arguments": arguments}

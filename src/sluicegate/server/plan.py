@@ -87,6 +87,8 @@ class Plan:
             and content, ``starts_inside`` decided for this request
             (``core.reasoning_choice.request_reasoning``); ``None``: no
             reasoning channel.
+        reasoning_budget: the most tokens each choice's reasoning may take
+            (``thinking_token_budget``); ``None``: no budget.
     """
 
     header: ResponseHeader
@@ -106,6 +108,7 @@ class Plan:
     background: bool = False
     whole: bool = False
     reasoning: ReasoningParser | None = None
+    reasoning_budget: int | None = None
 
     @property
     def prompt_tokens(self) -> int:

@@ -242,7 +242,11 @@ async def plan_chat(
                 param="logprobs",
                 code="unsupported_parameter",
             )
-        plan = dataclasses.replace(plan, reasoning=reasoning)
+        plan = dataclasses.replace(
+            plan,
+            reasoning=reasoning,
+            reasoning_budget=request.thinking_token_budget,
+        )
     if guarded and not request.include_stop_str_in_output:
         # For an engine without grammars; with include_stop_str_in_output the
         # matched tag would be sent, so not then.

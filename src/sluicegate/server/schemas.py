@@ -42,7 +42,8 @@ Deliberate divergences from the OpenAI API reference:
   ``MAX_TEMPLATE_KWARG_CHARS`` characters; they never replace the variables the
   server sets. Its ``enable_thinking`` and ``reasoning_effort`` (``"none"``
   switches thinking off, any other value on) choose whether the output begins
-  inside the reasoning (docs/DESIGN.md, "Reasoning").
+  inside the reasoning (docs/DESIGN.md, "Reasoning"). ``thinking_token_budget``
+  (tokens, as newer vLLM names it) ends the reasoning at that many tokens.
 - ``null`` for any parameter means "not given" (its default applies).
 - Unknown parameters are ignored, and logged once per name (the first
   ``MAX_LOGGED_UNKNOWN`` names of the process, each cut to
@@ -181,6 +182,9 @@ class ChatCompletionRequest(RequestFields):
     )
     """More variables for the chat template (``enable_thinking``, ...)."""
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    thinking_token_budget: int | None = Field(None, ge=1)
+    """The most tokens a choice's reasoning may take; at that token the
+    reasoning ends and the rest is content (Messages ``budget_tokens``)."""
     """OpenAI's reasoning effort: ``"none"`` switches thinking off, any other
     value on (no budget is derived from it); also a template variable."""
 
