@@ -262,3 +262,35 @@ def test_any_legal_sequence_gives_well_formed_items(
     ]
     done = [e["output_index"] for e in got if e["type"] == "response.output_item.done"]
     assert added == done == list(range(len(output)))
+
+
+def test_reasoning_is_an_item_of_its_own_before_the_message() -> None:
+    thought = Delta(0, "", parts=DeltaParts(reasoning="plan"))
+    got = run(
+        thought,
+        Delta(0, "Four."),
+        Finish(0, FinishReason.LENGTH),
+        End(Usage(7, 3, reasoning_tokens=2)),
+    )
+    kinds = [e["type"] for e in got]
+    assert kinds[2:9] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+    ]
+    assert got[3]["part"] == {"type": "reasoning_text", "text": ""}
+    assert got[4]["delta"] == "plan"
+    final = got[-1]["response"]
+    assert final["status"] == "incomplete"
+    item = final["output"][0]
+    assert item["type"] == "reasoning"
+    assert item["content"] == [{"type": "reasoning_text", "text": "plan"}]
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 2}
+    whole = Whole(
+        "Four.", FinishReason.LENGTH, Usage(7, 3, reasoning_tokens=2), reasoning="plan"
+    )
+    assert response_body(HEADER, whole)["output"] == final["output"]

@@ -8,13 +8,18 @@ that counts from 0 by one:
 ::
 
     start()          response.created, response.in_progress (status in_progress)
+    Delta reasoning  a reasoning item when none is open: output_item.added
+                     {type: reasoning, summary: [], content: []},
+                     response.content_part.added {type: reasoning_text}; then
+                     response.reasoning_text.delta
     Delta text       a message item when none is open (closing a function call
                      first): response.output_item.added,
                      response.content_part.added; then response.output_text.delta
     Delta tool call  the open item's done events, then on the call's first
                      fragment response.output_item.added {type: function_call};
                      response.function_call_arguments.delta per piece
-    Finish           the open item's done events: response.output_text.done,
+    Finish           the open item's done events: response.output_text.done
+                     (response.reasoning_text.done for a reasoning item),
                      response.content_part.done, response.output_item.done, or
                      response.function_call_arguments.done,
                      response.output_item.done
@@ -36,8 +41,12 @@ what was written: finished once the terminal event was written (completed or
 incomplete), errored once ``response.failed`` was, aborted when the writing
 failed before either.
 
+The reasoning is the model's own text, so it is a ``reasoning_text`` content
+part of the reasoning item (the events OpenAI defines for open-weight models'
+raw reasoning), not a ``summary``, which sluicegate never writes.
+
 Spec: OpenAI API reference, "Responses", "The response object" and "Streaming
-events".
+events" (``response.reasoning_text.delta``).
 """
 
 from __future__ import annotations
@@ -88,12 +97,13 @@ sets them; ``ResponseHeader.echo`` holds what the request did set."""
 
 def usage_object(usage: Usage) -> dict[str, Any]:
     """``{input_tokens, input_tokens_details, output_tokens,
-    output_tokens_details, total_tokens}`` (tokens)."""
+    output_tokens_details, total_tokens}`` (tokens); ``reasoning_tokens`` is 0
+    for a response without a reasoning channel."""
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 
@@ -269,6 +279,8 @@ class ResponsesStream:
         frames: list[bytes] = []
         match event:
             case Delta(text=text, parts=parts):
+                if parts is not None and parts.reasoning:
+                    self._thought(parts.reasoning, frames)
                 if text:
                     self._text(text, frames)
                 if parts is not None:
@@ -326,6 +338,33 @@ class ResponsesStream:
         self._output.append(item)
         added = {"output_index": len(self._output) - 1, "item": _copy(item)}
         frames.append(self._event("response.output_item.added", added))
+
+    def _thought(self, text: str, frames: list[bytes]) -> None:
+        item = self._item
+        if item is None or item["type"] != "reasoning":
+            suffix = f"{self._header.id}_{len(self._output)}".removeprefix("resp_")
+            item = {
+                "id": f"rs_{suffix}",
+                "type": "reasoning",
+                "status": "in_progress",
+                "summary": [],
+                "content": [],
+            }
+            self._open(item, frames)
+            self._call = None
+            part = {"type": "reasoning_text", "text": ""}
+            at = {"item_id": item["id"], "output_index": len(self._output) - 1}
+            added = {**at, "content_index": 0, "part": part}
+            frames.append(self._event("response.content_part.added", added))
+            item["content"].append(dict(part))
+        item["content"][0]["text"] += text
+        delta = {
+            "item_id": item["id"],
+            "output_index": len(self._output) - 1,
+            "content_index": 0,
+            "delta": text,
+        }
+        frames.append(self._event("response.reasoning_text.delta", delta, text))
 
     def _text(self, text: str, frames: list[bytes]) -> None:
         item = self._item
@@ -388,7 +427,13 @@ class ResponsesStream:
         item["status"] = (
             "incomplete" if self._reason is FinishReason.LENGTH else "completed"
         )
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            content = item["content"][0]
+            done = {**at, "content_index": 0, "text": content["text"]}
+            frames.append(self._event("response.reasoning_text.done", done))
+            part_done = {**at, "content_index": 0, "part": dict(content)}
+            frames.append(self._event("response.content_part.done", part_done))
+        elif item["type"] == "message":
             content = item["content"][0]
             done = {**at, "content_index": 0, "text": content["text"], "logprobs": []}
             frames.append(self._event("response.output_text.done", done))
@@ -420,7 +465,7 @@ class ResponsesStream:
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
     """The item as it is now (its content parts copied: they grow)."""
-    if item["type"] == "message":
+    if item["type"] in ("message", "reasoning"):
         return {**item, "content": [dict(part) for part in item["content"]]}
     return dict(item)
 
@@ -430,16 +475,19 @@ def response_body(header: ResponseHeader, whole: Any) -> dict[str, Any]:
 
     Args:
         header: id, created and model.
-        whole: a ``wire.Whole``: text, finish reason, usage, calls.
+        whole: a ``wire.Whole``: text, finish reason, usage, calls, reasoning.
 
     Returns:
         ``response_object`` with status ``completed`` (``incomplete`` with
         reason ``max_output_tokens`` when cut by the limit) and the output: a
-        message item when there is text, then one ``function_call`` item per
-        call, with the ids the stream would have given them.
+        reasoning item when there is reasoning, a message item when there is
+        text, then one ``function_call`` item per call, with the ids the
+        stream would have given them.
     """
     machine = ResponsesStream(header)
     machine.start()
+    if whole.reasoning:
+        machine.feed(Delta(0, "", parts=DeltaParts(reasoning=whole.reasoning)))
     parts = DeltaParts(tuple(whole.tool_calls)) if whole.tool_calls else None
     machine.feed(Delta(0, whole.text, parts=parts))
     machine.feed(Finish(0, whole.finish_reason or FinishReason.STOP))

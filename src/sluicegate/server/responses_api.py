@@ -16,6 +16,8 @@ that the chat planner checks and tokenizes as any other:
     tools [{type: function, name, ...}]   -> chat function tools
     tool_choice none|auto|required|{type: function, name}
     text.format text|json_object|json_schema -> response_format
+    reasoning.effort                      -> reasoning_effort
+    {type: reasoning, ...} (history)      -> left out of the prompt
 
     stream_options.include_obfuscation    -> stream_options.include_obfuscation
 
@@ -96,6 +98,15 @@ class StreamOptions(_Model):
     include_obfuscation: bool | None = None
 
 
+class ReasoningOptions(_Model):
+    """``reasoning``: ``effort`` (``"none"``: thinking off, any other value
+    on); ``summary`` is accepted and has no effect (no summaries are written:
+    the reasoning item carries the model's own text)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: str | None = None
+
+
 class ResponsesRequest(_Model):
     """A ``POST /v1/responses`` body.
 
@@ -119,6 +130,7 @@ class ResponsesRequest(_Model):
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    reasoning: ReasoningOptions | None = None
 
 
 _NOT_SERVED = {
@@ -278,6 +290,8 @@ def to_chat_request(
         body["tool_choice"] = choice
     if request.text is not None and request.text.format is not None:
         body["response_format"] = _response_format(request.text.format)
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        body["reasoning_effort"] = request.reasoning.effort
     return parse_chat_request(body)
 
 
@@ -306,6 +320,10 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], at: str) -> 
         messages.append(
             {"role": "tool", "tool_call_id": _str(item, "call_id", at), "content": text}
         )
+    elif kind == "reasoning":
+        # Earlier reasoning (a previous output's item): chat templates of
+        # thinking models leave it out of the prompt, and so does this one.
+        return
     elif kind == "message":
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
