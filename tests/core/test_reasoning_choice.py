@@ -19,6 +19,7 @@ from sluicegate.core.events import (
     Finish,
     FinishReason,
     StreamEvent,
+    TextOutput,
     Usage,
 )
 from sluicegate.core.reasoning import (
@@ -288,3 +289,15 @@ def test_a_budget_ends_the_reasoning_at_its_last_token() -> None:
     step = decoder.feed(ids[3:])  # after the budget: content, stop strings apply
     assert (step.reasoning, step.text, step.finish_reason) == ("", "", STOP)
     assert decoder.reasoning_tokens == 3
+
+
+def test_a_text_engines_reasoning_goes_first_and_is_counted() -> None:
+    decoder = ResponseDecoder([ChoiceOptions()], None, prompt_tokens=0)
+    events = list(
+        decoder.feed(0, TextOutput("", reasoning="plan", completion_tokens=2))
+    )
+    events += decoder.feed(0, TextOutput("4", reasoning="!"))
+    assert decoder.usage == Usage(0, 3, reasoning_tokens=3)  # the steps' tokens
+    events += decoder.feed(0, TextOutput("", STOP, 0, 5, reasoning_tokens=2))
+    assert _channels(events) == ("plan!", "4")
+    assert events[-1] == End(Usage(5, 3, reasoning_tokens=2))  # the engine's count

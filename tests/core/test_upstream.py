@@ -19,6 +19,7 @@ from sluicegate.core.upstream_items import (
     UpstreamError,
     UpstreamFinish,
     UpstreamItem,
+    UpstreamReasoning,
     UpstreamTruncated,
     UpstreamUsageRejected,
 )
@@ -465,3 +466,42 @@ def test_cumulative_texts_come_back_once(pieces: list[str]) -> None:
     grown = [pieces[0] + "".join(pieces[1 : i + 1]) for i in range(len(pieces))]
     body = b"".join(event(chat(g)) for g in grown) + event(chat(None, "stop")) + DONE
     assert text_of(read_all(body)) == grown[-1]
+
+
+def _thought(**fields: object) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": fields, "finish_reason": None}]}
+
+
+def test_reasoning_in_either_field_comes_before_the_content_once() -> None:
+    body = b"".join(
+        [
+            event(_thought(reasoning_content="a", content="")),
+            event(_thought(reasoning="b")),
+            event(_thought(reasoning_content="c", reasoning="c", content="x")),
+            event(_thought(reasoning_content="", reasoning=None, content="y")),
+            event(chat(None, "stop")),
+            event(
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 1,
+                        "completion_tokens": 5,
+                        "completion_tokens_details": {"reasoning_tokens": 3},
+                    },
+                }
+            ),
+            event(usage_chunk(1, 5)),  # the details gone: a change
+            event("[DONE]"),
+        ]
+    )
+    assert read_all(body) == [
+        UpstreamReasoning(0, "a"),
+        UpstreamReasoning(0, "b"),
+        UpstreamReasoning(0, "c"),
+        UpstreamDelta(0, "x"),
+        UpstreamDelta(0, "y"),
+        UpstreamFinish(0, FinishReason.STOP, "stop"),
+        Usage(1, 5, reasoning_tokens=3),
+        Usage(1, 5),
+        UpstreamDone(),
+    ]

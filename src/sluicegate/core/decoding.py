@@ -131,6 +131,7 @@ class ResponseDecoder:
         "_reasoning",
         "_reported_prompts",
         "_text_decoders",
+        "_text_reasoning",
         "_token_decoders",
         "_unread",
         "aborts",
@@ -191,6 +192,9 @@ class ResponseDecoder:
         self._prompt_of = prompt_of
         self._reported_prompts: dict[int, int] = {}  # prompt index -> tokens
         self._counted: set[int] = set()  # text choices the engine ended counting
+        # Text choices that reasoned: index -> reasoning tokens (the steps
+        # that carried reasoning, until the engine reports its own count).
+        self._text_reasoning: dict[int, int] = {}
         self._continuous_usage = continuous_usage  # read once per token
         self._clock = clock
         self._unread = len(self._choices)
@@ -204,9 +208,10 @@ class ResponseDecoder:
         a reasoning channel, the reasoning tokens among them."""
         completion = sum(c.decoder.completion_tokens for c in self._choices)
         prompt = self._prompt_tokens + sum(self._reported_prompts.values())
-        if not self._reasoning:
+        if not self._reasoning and not self._text_reasoning:
             return Usage(prompt, completion)
         reasoning = sum(d.reasoning_tokens for d in self._reasoning)
+        reasoning += sum(self._text_reasoning.values())
         return Usage(prompt, completion, reasoning_tokens=reasoning)
 
     @property
@@ -296,12 +301,15 @@ class ResponseDecoder:
                 text_decoder = self._text_decoders[index]
                 step = text_decoder.feed(item.text, item.completion_tokens)
                 ongoing = step.finish_reason is None and item.finish_reason is None
-                if ongoing and not item.tool_calls:
+                if item.reasoning or item.reasoning_tokens is not None:
+                    self._count_reasoning(index, item)
+                if ongoing and not item.tool_calls and not item.reasoning:
                     if not step.text:
                         return _NO_EVENTS
                     usage = self.usage if self._continuous_usage else None
                     return (Delta(index, step.text, None, usage),)
                 events = []
+                self._reasoning_delta(choice, item.reasoning, events)
                 self._delta(choice, step.text, None, events)
                 if step.finish_reason is None:  # after a stop string: dropped
                     self._tool_calls(index, item.tool_calls, events)
@@ -438,6 +446,15 @@ class ResponseDecoder:
                 for logprob, start in tokens
             )
         events.append(Delta(choice.index, text, logprobs, self._usage_so_far()))
+
+    def _count_reasoning(self, index: int, item: TextOutput) -> None:
+        """A text engine's reasoning: its own count when it gives one, else
+        the tokens of the steps that carried reasoning."""
+        if item.reasoning_tokens is not None:
+            self._text_reasoning[index] = item.reasoning_tokens
+        else:
+            counted = self._text_reasoning.get(index, 0)
+            self._text_reasoning[index] = counted + item.completion_tokens
 
     def _reasoning_delta(
         self, choice: ChoiceState, text: str, events: list[StreamEvent]

@@ -112,6 +112,12 @@ class TextOutput:
             client gets (``ToolCallFragment``: a call's start, then pieces of
             its arguments); ``()`` for none. They skip the stop matcher: stop
             strings are matched on content only.
+        reasoning: reasoning text of this step, before ``text`` (an upstream's
+            ``reasoning_content`` or ``reasoning``); it skips the stop matcher
+            too. ``""`` for none.
+        reasoning_tokens: the choice's reasoning tokens as the engine counted
+            them, on the last output when it knows (tokens); ``None`` before or
+            when unknown (the steps that carried reasoning are counted then).
     """
 
     text: str
@@ -119,6 +125,8 @@ class TextOutput:
     completion_tokens: int = 1
     prompt_tokens: int | None = None
     tool_calls: tuple[ToolCallFragment, ...] = ()
+    reasoning: str = ""
+    reasoning_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ __all__ = [
     "READER_LIMITS",
     "ReaderLimits",
     "UsageBounds",
+    "reported_reasoning_tokens",
     "usage_problem",
 ]
 
@@ -152,12 +153,20 @@ def usage_problem(
 def _reasoning_tokens(usage: dict[str, Any], completion: int) -> int:
     """``completion_tokens_details.reasoning_tokens`` when it is a count within
     ``completion``; else 0."""
+    reasoning = reported_reasoning_tokens(usage, completion)
+    return 0 if reasoning is None else reasoning
+
+
+def reported_reasoning_tokens(usage: dict[str, Any], completion: int) -> int | None:
+    """An upstream usage's ``completion_tokens_details.reasoning_tokens`` when
+    it is a count within ``completion`` (tokens); ``None`` when it is missing
+    or cannot be true."""
     details = usage.get("completion_tokens_details")
     if type(details) is not dict:
-        return 0
+        return None
     reasoning = details.get("reasoning_tokens")
     if type(reasoning) is not int or not 0 <= reasoning <= completion:
-        return 0
+        return None
     return reasoning
 
 

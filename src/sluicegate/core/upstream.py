@@ -4,6 +4,8 @@
 ``/completions`` response from an OpenAI-compatible server (vLLM, SGLang, TGI,
 llama.cpp's server, Ollama, sluicegate itself), as bytes in any split, and turns
 it into a few plain values: ``UpstreamDelta`` (new text of one choice),
+``UpstreamReasoning`` (new reasoning text of one choice, from
+``delta.reasoning_content`` or ``delta.reasoning``),
 ``UpstreamToolCall`` (a fragment of one of its tool calls, normalized by
 ``core/upstream_tools.py``), ``UpstreamFinish``, ``Usage`` (each time it
 changes), ``UpstreamError`` (an
@@ -86,6 +88,7 @@ from sluicegate.core.reader_limits import (
     READER_LIMITS,
     ReaderLimits,
     UsageBounds,
+    reported_reasoning_tokens,
     usage_problem,
 )
 from sluicegate.core.sse import Event, SSEDecoder
@@ -103,6 +106,7 @@ from sluicegate.core.upstream_items import (
     UpstreamError,
     UpstreamFinish,
     UpstreamItem,
+    UpstreamReasoning,
     UpstreamToolCall,
     UpstreamTruncated,
     UpstreamUsageRejected,
@@ -387,6 +391,8 @@ class UpstreamReader:
                 if type(delta) is dict
                 else (None, None)
             )
+            if type(delta) is dict:
+                self._reasoning(index, delta, out)
         else:
             text = choice.get("text")
         if type(text) is str and text:
@@ -427,6 +433,18 @@ class UpstreamReader:
             finish = finish_reason_of(reason, tools)
             out.append(UpstreamFinish(index, finish, reason))
 
+    def _reasoning(
+        self, index: int, delta: dict[str, Any], out: list[UpstreamItem]
+    ) -> None:
+        """A delta's reasoning, before its content: ``reasoning_content``
+        (vLLM, SGLang, llama.cpp's server), else ``reasoning`` (newer vLLM,
+        which for a while sent both with the same text: taken once)."""
+        reasoning = delta.get("reasoning_content")
+        if type(reasoning) is not str or not reasoning:
+            reasoning = delta.get("reasoning")
+        if type(reasoning) is str and reasoning:
+            out.append(UpstreamReasoning(index, reasoning))
+
     def _too_many_deltas(self, out: list[UpstreamItem]) -> None:
         limit = self._limits.max_deltas_per_chunk
         why = f"the upstream sent a chunk of more than {limit} deltas"
@@ -442,12 +460,14 @@ class UpstreamReader:
             out.append(UpstreamUsageRejected(why))
             return
         current = self._usage
+        reasoning = reported_reasoning_tokens(usage, completion)
         if (
             current is None
             or current.prompt_tokens != prompt
             or current.completion_tokens != completion
+            or current.reasoning_tokens != reasoning
         ):
-            self._usage = Usage(prompt, completion)
+            self._usage = Usage(prompt, completion, reasoning_tokens=reasoning)
             out.append(self._usage)
 
     def _error(self, obj: dict[str, Any], out: list[UpstreamItem]) -> None:

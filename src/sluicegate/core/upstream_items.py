@@ -21,6 +21,7 @@ __all__ = [
     "UpstreamError",
     "UpstreamFinish",
     "UpstreamItem",
+    "UpstreamReasoning",
     "UpstreamToolCall",
     "UpstreamTruncated",
     "UpstreamUsageRejected",
@@ -33,6 +34,15 @@ PROTOCOL_ERROR_CODE = "upstream_protocol_error"
 @dataclass(frozen=True, slots=True)
 class UpstreamDelta:
     """New text of choice ``index`` (non-empty; only what is new)."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamReasoning:
+    """New reasoning text of choice ``index`` (non-empty; chat only): the
+    upstream's ``delta.reasoning_content`` or ``delta.reasoning``."""
 
     index: int
     text: str
@@ -106,6 +116,7 @@ class UpstreamUsageRejected:
 
 UpstreamItem = (
     UpstreamDelta
+    | UpstreamReasoning
     | UpstreamToolCall
     | UpstreamFinish
     | Usage

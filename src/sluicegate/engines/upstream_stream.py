@@ -49,6 +49,7 @@ from sluicegate.core.upstream_items import (
     UpstreamError,
     UpstreamFinish,
     UpstreamItem,
+    UpstreamReasoning,
     UpstreamToolCall,
     UpstreamUsageRejected,
 )
@@ -187,6 +188,13 @@ def _apply(
             if seq.first_at is None:
                 _first_token(seq, lease, upstreams)
             outputs.push(TextOutput(item.text, None, step_tokens(seq)))
+        elif type(item) is UpstreamReasoning:
+            if item.index != 0:
+                continue
+            if seq.first_at is None:
+                _first_token(seq, lease, upstreams)
+            tokens = step_tokens(seq)
+            outputs.push(TextOutput("", None, tokens, reasoning=item.text))
         elif type(item) is UpstreamToolCall:
             if item.index != 0:
                 continue
@@ -271,5 +279,8 @@ def _finish(
     seq.emitted += tokens
     counts["generated"] += seq.emitted
     seq.result = "finished"
-    seq.outputs.push(TextOutput("", seq.finish, tokens, prompt))
+    reasoning = None if usage is None else usage.reasoning_tokens
+    seq.outputs.push(
+        TextOutput("", seq.finish, tokens, prompt, reasoning_tokens=reasoning)
+    )
     return Outcome.SUCCESS

@@ -4,8 +4,9 @@ An upstream server has its own template, tokenizer and context window, so it
 gets no token work at all: each prompt goes to it in the API's terms
 (``TextPrompt``), ``max_tokens`` is the client's (or the configured default),
 the sampling fields the client set are forwarded as set, and ``tools``,
-``tool_choice``, ``parallel_tool_calls`` and ``response_format`` go as the
-client set them (it constrains and parses the calls itself). What needs the
+``tool_choice``, ``parallel_tool_calls``, ``response_format``,
+``chat_template_kwargs`` and ``reasoning_effort`` go as the client set them (it
+constrains and parses the calls itself, and splits its own reasoning). What needs the
 model's vocabulary (``logprobs``, ``stop_token_ids``, the echo of a token-id
 prompt) is refused with a 400.
 """
@@ -73,6 +74,12 @@ def _constraint_fields(request: ChatCompletionRequest) -> dict[str, Any]:
         )
     if "parallel_tool_calls" in request.model_fields_set:
         fields["parallel_tool_calls"] = request.parallel_tool_calls
+    # The thinking switches, so that an upstream with a reasoning parser reasons
+    # (or not) as asked; its reasoning comes back as delta.reasoning_content.
+    if request.chat_template_kwargs:
+        fields["chat_template_kwargs"] = dict(request.chat_template_kwargs)
+    if request.reasoning_effort is not None:
+        fields["reasoning_effort"] = request.reasoning_effort
     if request.response_format is not None:
         fields["response_format"] = request.response_format.model_dump(
             mode="json", by_alias=True, exclude_none=True

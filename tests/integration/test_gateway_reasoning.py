@@ -1,0 +1,160 @@
+"""An upstream's reasoning through the gateway (S30): ``delta.reasoning_content``
+(vLLM, SGLang, llama.cpp's server), ``delta.reasoning`` (newer vLLM) or both,
+normalized into chat, Responses and Messages; nothing dropped or moved into
+the content. The upstream is a fake that streams as those servers do."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from .gateway import FakeUpstream, Reply, api_base, start_gateway
+from .servers import ServerProcess, StartServer
+
+pytestmark = pytest.mark.integration
+
+REASONING = ["plan", ": 2+2", "=4"]
+CONTENT = ["The answer", " is 4."]
+# The field names the reply uses, by the request's seed.
+STYLES = {
+    1: ("reasoning_content",),
+    2: ("reasoning",),
+    3: ("reasoning_content", "reasoning"),
+}
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+    return json.dumps(
+        {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": "fake",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **extra,
+        }
+    )
+
+
+def _reply(body: dict[str, Any]) -> Reply:
+    names = STYLES[body.get("seed", 1)]
+    events = [_chunk({"role": "assistant", "content": ""})]
+    events += [_chunk(dict.fromkeys(names, text)) for text in REASONING]
+    events += [_chunk({"content": text}) for text in CONTENT]
+    events.append(_chunk({}, "stop"))
+    usage = {
+        "prompt_tokens": 5,
+        "completion_tokens": 6,
+        "total_tokens": 11,
+        "completion_tokens_details": {"reasoning_tokens": 3},
+    }
+    events.append(
+        json.dumps(
+            {
+                "id": "x",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": "fake",
+                "choices": [],
+                "usage": usage,
+            }
+        )
+    )
+    events.append("[DONE]")
+    return Reply(events=events)
+
+
+@pytest.fixture(scope="module")
+def gateway(start_server: StartServer) -> Iterator[ServerProcess]:
+    with FakeUpstream(_reply) as fake:
+        yield start_gateway(start_server, "gateway-reasoning", [fake.url], "fake")
+
+
+@pytest.fixture(scope="module")
+def client(gateway: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=api_base(gateway), api_key="none", max_retries=0)
+
+
+@pytest.mark.parametrize("seed", sorted(STYLES))
+def test_chat_streams_the_upstreams_reasoning_as_reasoning_content(
+    client: openai.OpenAI, seed: int
+) -> None:
+    stream = client.chat.completions.create(
+        model="fake",
+        messages=[{"role": "user", "content": "2+2?"}],
+        seed=seed,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    order: list[tuple[str, str]] = []
+    usage = None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            delta = choice.delta.model_dump()
+            assert "reasoning" not in delta or delta["reasoning"] is None
+            if delta.get("reasoning_content"):
+                order.append(("reasoning", delta["reasoning_content"]))
+            if delta.get("content"):
+                order.append(("content", delta["content"]))
+    # Deltas may be merged on the way (a writer that lags coalesces them); the
+    # text of each channel and their order may not change.
+    kinds = [kind for kind, _ in order]
+    assert "reasoning" not in kinds[kinds.index("content") :]
+    assert "".join(t for k, t in order if k == "reasoning") == "".join(REASONING)
+    assert "".join(t for k, t in order if k == "content") == "".join(CONTENT)
+    assert usage is not None
+    assert usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens == 3
+    whole = client.chat.completions.create(
+        model="fake", messages=[{"role": "user", "content": "2+2?"}], seed=seed
+    )
+    message = whole.choices[0].message.model_dump()
+    assert message["reasoning_content"] == "".join(REASONING)
+    assert message["content"] == "".join(CONTENT)
+
+
+def test_responses_has_a_reasoning_item_before_the_message(
+    client: openai.OpenAI,
+) -> None:
+    stream = client.responses.create(model="fake", input="2+2?", stream=True)
+    events = list(stream)
+    kinds = [e.type for e in events]
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == "".join(REASONING)
+    last_reasoning = max(
+        i for i, k in enumerate(kinds) if k == "response.reasoning_text.delta"
+    )
+    assert last_reasoning < kinds.index("response.output_text.delta")
+    response = events[-1].response  # type: ignore[union-attr]
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.output_text == "".join(CONTENT)
+    assert response.usage is not None
+    assert response.usage.output_tokens_details.reasoning_tokens == 3
+
+
+@pytest.mark.parametrize("seed", [2])
+def test_messages_has_a_thinking_block_before_the_text(
+    gateway: ServerProcess, seed: int
+) -> None:
+    claude = anthropic.Anthropic(
+        base_url=gateway.base_url, api_key="none", max_retries=0
+    )
+    with claude.messages.stream(
+        model="fake",
+        max_tokens=2048,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        messages=[{"role": "user", "content": "2+2?"}],
+    ) as stream:
+        final = stream.get_final_message()
+    thinking, text = final.content
+    assert thinking.type == "thinking"
+    assert thinking.thinking == "".join(REASONING)
+    assert thinking.signature
+    assert text.type == "text"
+    assert text.text == "".join(CONTENT)
