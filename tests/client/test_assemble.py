@@ -12,6 +12,7 @@ from sluicegate.core.chunks import (
     ResponseHeader,
     chat_chunk,
     completion_chunk,
+    usage_chunk,
 )
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason, Usage
@@ -278,3 +279,22 @@ def test_core_encoding_then_client_decoding_is_the_identity(
     _, result = assemble(parts)
     assert result.text == text
     assert result.end_state is EndState.FINISHED
+
+
+def test_reasoning_is_assembled_apart_from_the_text_in_either_field() -> None:
+    deltas = [
+        {"reasoning_content": "plan"},
+        {"reasoning": ": 2+2"},
+        {"reasoning_content": "=4", "reasoning": "=4"},  # both: taken once
+        {"content": "4"},
+    ]
+    frames = [frame(chat_chunk(HEADER, 0, {"role": "assistant"}))]
+    frames += [frame(chat_chunk(HEADER, 0, d)) for d in deltas]
+    frames.append(frame(chat_chunk(HEADER, 0, {}, FinishReason.STOP)))
+    frames.append(frame(usage_chunk(HEADER, Usage(5, 4, reasoning_tokens=3))))
+    frames.append(DONE)
+    text_deltas, result = assemble([b"".join(frames)])
+    assert [d.text for d in text_deltas] == ["4"]
+    assert result.choices[0].reasoning == "plan: 2+2=4"
+    assert result.text == "4"
+    assert result.usage == Usage(5, 4, reasoning_tokens=3)

@@ -20,6 +20,10 @@ Invariants:
   seen and drops any event the cut left half-read; the next response's body is
   fed as the rest of this one.
 
+A chat delta's reasoning (``reasoning_content``, else ``reasoning``) is
+assembled apart from the text, into ``ChoiceResult.reasoning``; it is never a
+``TextDelta``.
+
 Tool calls are exposed (``ChoiceResult.tool_calls``) only when their arguments
 are whole JSON; the rest (cut by ``max_tokens``, say) are kept apart, in
 ``incomplete_tool_calls``. A ``tool_calls`` entry without an integer ``index``
@@ -68,10 +72,19 @@ MAX_ERROR_BODY_BYTES = 65536
 class _Choice:
     """Mutable accumulation of one choice (private: results are frozen)."""
 
-    __slots__ = ("finish_reason", "latest_call", "logprobs", "parts", "role", "tools")
+    __slots__ = (
+        "finish_reason",
+        "latest_call",
+        "logprobs",
+        "parts",
+        "reasoning",
+        "role",
+        "tools",
+    )
 
     def __init__(self) -> None:
         self.parts: list[str] = []
+        self.reasoning: list[str] = []
         self.finish_reason: str | None = None
         self.role: str | None = None
         self.logprobs: list[Mapping[str, Any]] = []
@@ -92,6 +105,7 @@ class _Choice:
             tuple(self.logprobs),
             tuple(complete),
             tuple(call for call in calls if call not in complete),
+            "".join(self.reasoning),
         )
 
 
@@ -337,9 +351,14 @@ class StreamAssembler:
             self._error = error if isinstance(error, dict) else {"message": error}
             return []
         if isinstance(usage := chunk.get("usage"), dict):
+            details = usage.get("completion_tokens_details")
+            reasoning = (
+                details.get("reasoning_tokens") if isinstance(details, dict) else None
+            )
             self._usage = Usage(
                 int(usage.get("prompt_tokens", 0)),
                 int(usage.get("completion_tokens", 0)),
+                reasoning_tokens=reasoning if type(reasoning) is int else None,
             )
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not all(
@@ -365,6 +384,13 @@ class StreamAssembler:
             if choice.role is None and isinstance(delta.get("role"), str):
                 choice.role = delta["role"]
             _take_tool_calls(choice, delta.get("tool_calls"))
+            # reasoning_content (sluicegate, vLLM, SGLang, llama.cpp's server),
+            # else reasoning (newer vLLM, which may send both: taken once).
+            thought = delta.get("reasoning_content")
+            if not isinstance(thought, str) or not thought:
+                thought = delta.get("reasoning")
+            if isinstance(thought, str) and thought:
+                choice.reasoning.append(thought)
             text = delta.get("content")
         else:
             text = wire.get("text")

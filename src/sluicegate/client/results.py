@@ -91,6 +91,8 @@ class ChoiceResult:
             index: only these are safe to act on.
         incomplete_tool_calls: calls whose arguments do not parse as JSON (cut
             short by ``max_tokens``, or broken), by index; never to be run.
+        reasoning: every chat ``delta.reasoning_content`` (or, when a delta has
+            none, ``delta.reasoning``) fragment, concatenated; ``""`` for none.
     """
 
     index: int
@@ -100,6 +102,7 @@ class ChoiceResult:
     logprobs: tuple[Mapping[str, Any], ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
     incomplete_tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str = ""
 
 
 @dataclass(frozen=True, slots=True)
