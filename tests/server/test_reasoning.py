@@ -3,6 +3,7 @@ scripted engine whose markers are split across tokens every way (S28)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -245,3 +246,36 @@ async def test_template_kwargs_are_bounded(kwargs: dict[str, Any]) -> None:
                 extra_body={"chat_template_kwargs": kwargs},
             )
     assert str(raised.value.body["param"]).startswith("chat_template_kwargs")  # type: ignore[index]
+
+
+async def test_a_resumable_streams_replay_carries_the_reasoning() -> None:
+    tokens = [b"<th", b"ink>plan", b"</think>", b"The answer"]
+    app = scripted_app(tokens)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        body = {
+            "messages": MESSAGES,
+            "stream": True,
+            "stream_options": {"include_usage": True, "resumable": True},
+        }
+        live = await http.post("/v1/chat/completions", json=body)
+        first = json.loads(live.text.split("data: ", 2)[1].split("\n")[0])
+        replay = await http.get(f"/v1/chat/completions/{first['id']}/events")
+
+    def channels(text: str) -> tuple[str, str, int]:
+        reasoning = content = ""
+        tokens_spent = -1
+        for line in text.splitlines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            for choice in chunk["choices"]:
+                reasoning += choice["delta"].get("reasoning_content", "")
+                content += choice["delta"].get("content") or ""
+            if chunk.get("usage"):
+                details = chunk["usage"]["completion_tokens_details"]
+                tokens_spent = details["reasoning_tokens"]
+        return reasoning, content, tokens_spent
+
+    assert channels(live.text) == ("plan", "The answer", 3)
+    assert channels(replay.text) == channels(live.text)
