@@ -180,3 +180,22 @@ def test_the_padded_fast_path_matches_the_plain_build(
 def _unpadded_pad(frame: bytes) -> str:
     pad: str = orjson.loads(frame[len(b"data: ") : -2])[PAD_FIELD]
     return pad
+
+
+def test_reasoning_deltas_are_padded_to_the_size_of_content_deltas() -> None:
+    header = _header()
+    events: list[StreamEvent] = [
+        Delta(0, "", parts=DeltaParts(reasoning="a")),
+        Delta(0, "b"),
+        Delta(0, "", parts=DeltaParts(reasoning="plan: 2+2=4, so the answer")),
+        Finish(0, STOP),
+        End(Usage(9, 3, reasoning_tokens=2)),
+    ]
+    frames = _stream(header, events)
+    plain = _stream(header, events, seed=None)
+    assert [_unpadded(f) for f in frames] == [_unpadded_plain(f) for f in plain]
+    floor = frame_floor(header)
+    for frame in frames[:-1]:  # all but [DONE]
+        assert len(frame) - floor in (16, 32, 64, 128, 256)
+    # A one-character reasoning delta is the size of a one-character content one.
+    assert len(frames[1]) == len(frames[2])
