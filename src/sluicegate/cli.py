@@ -99,7 +99,25 @@ def _build_engines(args: argparse.Namespace) -> list[Engine]:
             engines.extend(engines_from_file(args.upstreams, os.environ))
     except ValueError as exc:
         raise SystemExit(f"sluicegate: upstreams: {exc}") from exc
+    _learn_context_lengths(engines)
     return engines
+
+
+def _learn_context_lengths(engines: list[Engine]) -> None:
+    """Ask each upstream model's first upstream for its window, where the
+    configuration did not set it (``upstream_context.py``)."""
+    from sluicegate.engines.upstream import UpstreamEngine
+    from sluicegate.engines.upstream_context import context_lengths
+
+    unknown = [
+        e
+        for e in engines
+        if isinstance(e, UpstreamEngine) and not e.model.context_length
+    ]
+    asked = [(e.upstreams[0], e.upstreams[0].model or e.model.id) for e in unknown]
+    for engine, tokens in zip(unknown, context_lengths(asked), strict=True):
+        if tokens is not None:
+            engine.learn_context_length(tokens)
 
 
 def _build_engine(args: argparse.Namespace) -> Engine:

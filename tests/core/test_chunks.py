@@ -135,6 +135,13 @@ def test_usage_dict_adds_total_tokens() -> None:
     }
 
 
+def test_usage_dict_names_cached_prompt_tokens_only_when_there_are_some() -> None:
+    assert usage_dict(Usage(9, 11, cached_tokens=4))["prompt_tokens_details"] == {
+        "cached_tokens": 4
+    }
+    assert "prompt_tokens_details" not in usage_dict(Usage(9, 11, cached_tokens=0))
+
+
 @pytest.mark.parametrize("header", [CHAT, CHAT_USAGE, TEXT])
 def test_usage_chunk_has_no_choices_and_the_usage(header: ResponseHeader) -> None:
     chunk = usage_chunk(header, Usage(9, 11))

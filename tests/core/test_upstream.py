@@ -162,11 +162,35 @@ def test_continuous_usage_is_reported_only_when_it_changes() -> None:
     )
     assert read_all(body) == [
         Usage(4, 0),
+        Usage(4, 1),  # before the delta it counts: the prompt is known first
         UpstreamDelta(0, "a"),
-        Usage(4, 1),
         UpstreamFinish(0, FinishReason.STOP, "stop"),
         UpstreamDone(),
     ]
+
+
+@pytest.mark.parametrize(
+    ("details", "cached"),
+    [
+        ({"cached_tokens": 3}, 3),
+        ({"cached_tokens": 4}, 4),
+        ({"cached_tokens": 5}, 0),  # more than the prompt: not true
+        ({"cached_tokens": -1}, 0),
+        ({"cached_tokens": 1.0}, 0),
+        ({}, 0),
+        (None, 0),
+    ],
+)
+def test_cached_prompt_tokens_come_from_prompt_tokens_details(
+    details: object, cached: int
+) -> None:
+    usage = {
+        "prompt_tokens": 4,
+        "completion_tokens": 1,
+        "prompt_tokens_details": details,
+    }
+    body = event({**chat("a"), "usage": usage}) + DONE
+    assert read_all(body)[0] == Usage(4, 1, cached_tokens=cached)
 
 
 @pytest.mark.parametrize(

@@ -119,34 +119,61 @@ class Reply:
 
     ``events`` are SSE data strings, each sent in its own write; with
     ``status`` other than 200 the ``body`` is sent instead, as JSON.
+    ``hold_s``: after the events, keep the stream open that long (a test
+    that closes its client mid-stream).
     """
 
     status: int = 200
     headers: Mapping[str, str] | None = None
     body: Mapping[str, Any] | None = None
     events: Sequence[str] = ()
+    hold_s: float = 0.0
 
 
 class FakeUpstream:
     """An OpenAI-shaped HTTP server in a thread: ``GET /v1/models`` and canned POSTs.
 
     Args:
-        reply: the answer to each POST, from its JSON body.
+        reply: the answer to each POST to the generation routes, from its
+            JSON body.
+        routes: JSON answers of other paths, by ``"GET /path"`` or
+            ``"POST /path"`` (``GET /v1/models`` answers an empty list
+            unless given): each from the request's JSON body (``{}`` for a
+            GET), as ``(status, body)``.
     """
 
-    def __init__(self, reply: Callable[[dict[str, Any]], Reply]) -> None:
+    def __init__(
+        self,
+        reply: Callable[[dict[str, Any]], Reply],
+        routes: Mapping[str, Callable[[dict[str, Any]], tuple[int, Any]]] = {},
+    ) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.calls: list[str] = []
+        """Every route called, as ``"GET /path"``."""
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.0"  # bodies end with the connection
 
+            def _routed(self, method: str, body: dict[str, Any]) -> bool:
+                name = f"{method} {self.path.split('?')[0]}"
+                fake.calls.append(name)
+                route = routes.get(name)
+                if route is None:
+                    return False
+                status, answer = route(body)
+                fake._send_json(self, status, answer, {})
+                return True
+
             def do_GET(self) -> None:
-                fake._send_json(self, 200, {"object": "list", "data": []}, {})
+                if not self._routed("GET", {}):
+                    fake._send_json(self, 200, {"object": "list", "data": []}, {})
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if self._routed("POST", body):
+                    return
                 fake.requests.append(body)
                 answer = reply(body)
                 if answer.status != 200:
@@ -159,6 +186,11 @@ class FakeUpstream:
                 with contextlib.suppress(OSError):  # the gateway left
                     for event in answer.events:
                         self.wfile.write(f"data: {event}\n\n".encode())
+                        self.wfile.flush()
+                    held_until = time.monotonic() + answer.hold_s
+                    while time.monotonic() < held_until:  # comments find a close
+                        time.sleep(0.05)
+                        self.wfile.write(b": held\n\n")
                         self.wfile.flush()
 
             def log_message(self, format: str, *args: Any) -> None:
@@ -201,21 +233,28 @@ class FakeUpstream:
 
 
 def chat_chunk(
-    index: int, content: str | None, finish_reason: str | None = None
+    index: int,
+    content: str | None,
+    finish_reason: str | None = None,
+    *,
+    usage: Mapping[str, Any] | None = None,
+    **choice_fields: Any,
 ) -> str:
-    """One ``chat.completion.chunk`` as an upstream writes it (JSON text)."""
+    """One ``chat.completion.chunk`` as an upstream writes it (JSON text);
+    ``usage`` (continuous usage) and a dialect's extra choice fields
+    (``stop_reason``, ``matched_stop``) when given."""
     delta = {} if content is None else {"content": content}
-    return json.dumps(
-        {
-            "id": "chatcmpl-fake",
-            "object": "chat.completion.chunk",
-            "created": 1_700_000_000,
-            "model": "fake",
-            "choices": [
-                {"index": index, "delta": delta, "finish_reason": finish_reason}
-            ],
-        }
-    )
+    choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
+    chunk: dict[str, Any] = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "fake",
+        "choices": [{**choice, **choice_fields}],
+    }
+    if usage is not None:
+        chunk["usage"] = usage
+    return json.dumps(chunk)
 
 
 def usage_chunk(prompt_tokens: int, completion_tokens: int) -> str:

@@ -18,6 +18,7 @@ import pytest
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineRefused, EngineUnavailable
+from sluicegate.core.events import Usage
 from sluicegate.engines.base import GenerateRequest
 from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.scripted import DEFAULT_TEXT
@@ -74,7 +75,7 @@ class _Pending:
     def __aiter__(self) -> Any:
         return self._outputs.__aiter__()
 
-    async def accepted(self) -> None:
+    async def accepted(self) -> Usage | None:
         if self._error is None:
             await asyncio.Event().wait()  # never set: cancelled by the server
         assert self._error is not None

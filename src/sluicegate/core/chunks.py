@@ -81,7 +81,10 @@ class ResponseHeader:
         continuous_usage: every chunk carries the usage so far (vLLM's
             ``continuous_usage_stats``), the role chunks included.
         prompt_tokens: the prompt tokens of the response (tokens), for the usage
-            of the role chunks when ``continuous_usage`` is set.
+            of the role chunks when ``continuous_usage`` is set, and Messages'
+            ``message_start``.
+        cached_tokens: the part of ``prompt_tokens`` read from a cache, where
+            known before the first token (tokens).
         echo: the request's fields an API's response object repeats (the
             Responses API's ``tools``, ``tool_choice``, ``parallel_tool_calls``,
             ...), in its wire names; ``None`` for the API's defaults. Not
@@ -97,6 +100,7 @@ class ResponseHeader:
     system_fingerprint: str | None = None
     continuous_usage: bool = False
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     echo: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
@@ -296,7 +300,9 @@ def completion_chunk(
 def usage_dict(usage: Usage) -> dict[str, Any]:
     """``{"prompt_tokens", "completion_tokens", "total_tokens"}`` (tokens), and
     ``completion_tokens_details: {"reasoning_tokens"}`` when ``usage`` counts
-    reasoning (a response with a reasoning channel, even when it reasoned 0).
+    reasoning (a response with a reasoning channel, even when it reasoned 0),
+    and ``prompt_tokens_details: {"cached_tokens"}`` when the engine read some
+    of the prompt from its cache (left out otherwise, as vLLM leaves it out).
 
     Spec: OpenAI API reference, "The chat completion object", ``usage``.
     """
@@ -309,6 +315,8 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
         counts["completion_tokens_details"] = {
             "reasoning_tokens": usage.reasoning_tokens
         }
+    if usage.cached_tokens:
+        counts["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
     return counts
 
 

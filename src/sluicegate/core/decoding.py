@@ -21,9 +21,10 @@ Invariants:
       ``Delta``; stop strings are matched on the content only.
     - When every choice has finished, one ``End`` carries the usage: each prompt
       once, completion tokens summed over choices. A text engine counts its
-      prompts itself (``TextOutput.prompt_tokens``): each prompt's latest count
-      is added once, whichever of its choices reported it. With continuous usage, every
-      ``Delta`` and ``Finish`` also carries the usage so far.
+      prompts itself (``TextOutput.prompt_tokens``, with its cached part): each
+      prompt's latest count is added once, whichever of its choices reported
+      it. With continuous usage, every ``Delta`` and ``Finish`` also carries
+      the usage so far.
     - An engine failure, or a sequence that ends without a finish reason,
       becomes one ``Fail`` event and no ``End``.
     - A stop string ends its choice at once: its index is appended to
@@ -190,7 +191,8 @@ class ResponseDecoder:
         ]
         self._prompt_tokens = prompt_tokens
         self._prompt_of = prompt_of
-        self._reported_prompts: dict[int, int] = {}  # prompt index -> tokens
+        # prompt index -> (its tokens, those read from a cache)
+        self._reported_prompts: dict[int, tuple[int, int]] = {}
         self._counted: set[int] = set()  # text choices the engine ended counting
         # Text choices that reasoned: index -> reasoning tokens (the steps
         # that carried reasoning, until the engine reports its own count).
@@ -207,12 +209,14 @@ class ResponseDecoder:
         """Prompt tokens once, completion tokens taken summed over choices; with
         a reasoning channel, the reasoning tokens among them."""
         completion = sum(c.decoder.completion_tokens for c in self._choices)
-        prompt = self._prompt_tokens + sum(self._reported_prompts.values())
+        reported = self._reported_prompts.values()
+        prompt = self._prompt_tokens + sum(tokens for tokens, _ in reported)
+        cached = sum(cached for _, cached in reported)
         if not self._reasoning and not self._text_reasoning:
-            return Usage(prompt, completion)
+            return Usage(prompt, completion, cached)
         reasoning = sum(d.reasoning_tokens for d in self._reasoning)
         reasoning += sum(self._text_reasoning.values())
-        return Usage(prompt, completion, reasoning_tokens=reasoning)
+        return Usage(prompt, completion, cached, reasoning_tokens=reasoning)
 
     @property
     def usage_estimated(self) -> bool:
@@ -295,7 +299,10 @@ class ResponseDecoder:
                 if item.prompt_tokens is not None:
                     prompt_of = self._prompt_of
                     prompt = 0 if prompt_of is None else prompt_of[index]
-                    self._reported_prompts[prompt] = item.prompt_tokens
+                    self._reported_prompts[prompt] = (
+                        item.prompt_tokens,
+                        item.cached_tokens,
+                    )
                     if item.finish_reason is not None:
                         self._counted.add(index)
                 text_decoder = self._text_decoders[index]

@@ -118,6 +118,8 @@ class TextOutput:
         reasoning_tokens: the choice's reasoning tokens as the engine counted
             them, on the last output when it knows (tokens); ``None`` before or
             when unknown (the steps that carried reasoning are counted then).
+        cached_tokens: the part of ``prompt_tokens`` the engine read from its
+            cache (tokens); read only with ``prompt_tokens``.
     """
 
     text: str
@@ -127,6 +129,7 @@ class TextOutput:
     tool_calls: tuple[ToolCallFragment, ...] = ()
     reasoning: str = ""
     reasoning_tokens: int | None = None
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

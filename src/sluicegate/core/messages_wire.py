@@ -275,7 +275,7 @@ class MessagesStream:
             "model": header.model,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": usage_object(Usage(header.prompt_tokens, 0)),
+            "usage": usage_object(Usage(header.prompt_tokens, 0, header.cached_tokens)),
         }
         start = {"type": "message_start", "message": message}
         return [self._emit("message_start", start)]

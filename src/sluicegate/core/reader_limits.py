@@ -30,6 +30,7 @@ __all__ = [
     "READER_LIMITS",
     "ReaderLimits",
     "UsageBounds",
+    "cached_tokens",
     "reported_reasoning_tokens",
     "usage_problem",
 ]
@@ -148,6 +149,22 @@ def usage_problem(
         )
         return why, 0, 0
     return None, prompt, completion
+
+
+def cached_tokens(usage: dict[str, Any], prompt: int) -> int:
+    """``prompt_tokens_details.cached_tokens`` (vLLM, SGLang, llama-server,
+    OpenAI) when it is a count within ``prompt``; else 0 (none, or not true).
+
+    Spec: OpenAI API reference, "The chat completion object",
+    ``usage.prompt_tokens_details``.
+    """
+    details = usage.get("prompt_tokens_details")
+    if type(details) is not dict:
+        return 0
+    cached = details.get("cached_tokens")
+    if type(cached) is not int or not 0 <= cached <= prompt:
+        return 0
+    return cached
 
 
 def _reasoning_tokens(usage: dict[str, Any], completion: int) -> int:

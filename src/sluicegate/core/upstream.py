@@ -17,7 +17,11 @@ by its own core, so none of an upstream's quirks travel on.
 Quirks absorbed (each one seen in a real server or its issue tracker):
 
 - usage on every chunk (continuous usage) or only on a last chunk with
-  ``choices: []``: a ``Usage`` item only when the counts change;
+  ``choices: []``: a ``Usage`` item only when the counts change, before the
+  items of the chunk's deltas (the usage of a chunk counts them already, so the
+  prompt's tokens are known from the first content on); its
+  ``prompt_tokens_details.cached_tokens`` (vLLM, SGLang, llama-server) as
+  ``Usage.cached_tokens``;
 - ``finish_reason: ""`` (read as none), a ``finish_reason`` repeated on later
   chunks (one ``UpstreamFinish`` per choice), text after a choice's finish
   (dropped);
@@ -88,6 +92,7 @@ from sluicegate.core.reader_limits import (
     READER_LIMITS,
     ReaderLimits,
     UsageBounds,
+    cached_tokens,
     reported_reasoning_tokens,
     usage_problem,
 )
@@ -358,6 +363,9 @@ class UpstreamReader:
         if obj.get("object") == "error":  # vLLM's error object, not wrapped
             self._error({"error": obj}, out)
             return
+        usage = obj.get("usage")
+        if type(usage) is dict:  # before the deltas: they count in it already
+            self._read_usage(usage, out)
         choices = obj.get("choices")
         if type(choices) is list:
             self._chunk_deltas = 0
@@ -366,9 +374,6 @@ class UpstreamReader:
                     self._choice(choice, out)
                     if self._state is not ReaderState.READING:
                         return
-        usage = obj.get("usage")
-        if type(usage) is dict:
-            self._read_usage(usage, out)
 
     def _choice(self, choice: dict[str, Any], out: list[UpstreamItem]) -> None:
         self._chunk_deltas += 1
@@ -459,16 +464,11 @@ class UpstreamReader:
             self._usage = None
             out.append(UpstreamUsageRejected(why))
             return
-        current = self._usage
         reasoning = reported_reasoning_tokens(usage, completion)
-        if (
-            current is None
-            or current.prompt_tokens != prompt
-            or current.completion_tokens != completion
-            or current.reasoning_tokens != reasoning
-        ):
-            self._usage = Usage(prompt, completion, reasoning_tokens=reasoning)
-            out.append(self._usage)
+        read = Usage(prompt, completion, cached_tokens(usage, prompt), reasoning)
+        if read != self._usage:
+            self._usage = read
+            out.append(read)
 
     def _error(self, obj: dict[str, Any], out: list[UpstreamItem]) -> None:
         error = obj.get("error")

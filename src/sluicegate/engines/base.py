@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 from sluicegate.core.choice_setup import Vocabulary
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.decoding import OutputItem
-from sluicegate.core.events import EngineOutput, TextOutput
+from sluicegate.core.events import EngineOutput, TextOutput, Usage
 
 __all__ = [
     "AcceptingOutputs",
@@ -227,8 +227,11 @@ class AcceptingOutputs(Protocol):
     so that a refusal is that status, not a 200 followed by an error.
     """
 
-    async def accepted(self) -> None:
-        """Return once the engine has accepted the sequence (its stream began).
+    async def accepted(self) -> Usage | None:
+        """Return once the engine has accepted the sequence (its stream began):
+        its usage so far when the engine knows it by then (an upstream's
+        continuous usage: the prompt's tokens and their cached part), else
+        ``None``.
 
         Raises:
             EngineRefused: refused with a status of its own (e.g. an upstream's

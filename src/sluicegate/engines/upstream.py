@@ -179,6 +179,16 @@ class UpstreamEngine:
         return self._model
 
     @property
+    def upstreams(self) -> tuple[UpstreamConfig, ...]:
+        """The pool's upstreams, in order."""
+        return tuple(self._upstreams)
+
+    def learn_context_length(self, tokens: int) -> None:
+        """The model's window is ``tokens`` (> 0), as an upstream told it
+        (``upstream_context.py``); set before the first request."""
+        self._model = dataclasses.replace(self._model, context_length=tokens)
+
+    @property
     def tokenizer(self) -> Tokenizer:
         """None: the upstream tokenizes.
 

@@ -31,15 +31,18 @@ __all__ = [
 class UpstreamOutputs(SequenceOutputs[TextOutput]):
     """``SequenceOutputs`` of one upstream sequence, and ``AcceptingOutputs``."""
 
-    __slots__ = ("_accept",)
+    __slots__ = ("_accept", "usage")
 
     def __init__(self, on_close: Any, accept: asyncio.Future[None]) -> None:
         super().__init__(on_close)
         self._accept = accept
+        self.usage: Usage | None = None
+        """The upstream's latest usage, or ``None``."""
 
-    async def accepted(self) -> None:
+    async def accepted(self) -> Usage | None:
         """Return once an upstream's stream brought its first content (a text,
-        a tool call or a finish).
+        a tool call or a finish): the upstream's usage when it has said one by
+        then (continuous usage: its prompt and cached tokens), else ``None``.
 
         Raises:
             EngineRefused: the upstream's status (429/503 with ``Retry-After``,
@@ -50,6 +53,7 @@ class UpstreamOutputs(SequenceOutputs[TextOutput]):
             EngineError: the sequence ended otherwise before it was accepted.
         """
         await asyncio.shield(self._accept)
+        return self.usage
 
 
 class UpstreamSequence:

@@ -187,25 +187,38 @@ def _apply(
                 continue  # n is 1; an upstream that sends more is ignored
             if seq.first_at is None:
                 _first_token(seq, lease, upstreams)
-            outputs.push(TextOutput(item.text, None, step_tokens(seq)))
+            prompt, cached = _prompt_of(seq.usage)
+            tokens = step_tokens(seq)
+            outputs.push(
+                TextOutput(item.text, None, tokens, prompt, cached_tokens=cached)
+            )
         elif type(item) is UpstreamReasoning:
             if item.index != 0:
                 continue
             if seq.first_at is None:
                 _first_token(seq, lease, upstreams)
             tokens = step_tokens(seq)
-            outputs.push(TextOutput("", None, tokens, reasoning=item.text))
+            prompt, cached = _prompt_of(seq.usage)
+            output = TextOutput(
+                "", None, tokens, prompt, reasoning=item.text, cached_tokens=cached
+            )
+            outputs.push(output)
         elif type(item) is UpstreamToolCall:
             if item.index != 0:
                 continue
             if seq.first_at is None:
                 _first_token(seq, lease, upstreams)
             fragment = (item.fragment,)
-            outputs.push(TextOutput("", None, step_tokens(seq), None, fragment))
+            prompt, cached = _prompt_of(seq.usage)
+            tokens = step_tokens(seq)
+            output = TextOutput(
+                "", None, tokens, prompt, fragment, cached_tokens=cached
+            )
+            outputs.push(output)
         elif type(item) is Usage:
-            seq.usage = item
+            seq.usage = outputs.usage = item
         elif type(item) is UpstreamUsageRejected:
-            seq.usage = None  # the sequence's own count stands
+            seq.usage = outputs.usage = None  # the sequence's own count stands
             seq.usage_rejected = True
             logger.warning(
                 "request %s: the upstream's usage was dropped: %s",
@@ -271,16 +284,32 @@ def _finish(
         return _broken(seq, upstreams, "the upstream ended without a finish_reason")
     usage = seq.usage
     tokens = 0
-    prompt = None
+    prompt, cached = _prompt_of(usage)
     if usage is not None:
         tokens = max(0, usage.completion_tokens - seq.emitted)
-        prompt = usage.prompt_tokens
-        counts["prompt"] += prompt
+        counts["prompt"] += usage.prompt_tokens
     seq.emitted += tokens
     counts["generated"] += seq.emitted
     seq.result = "finished"
     reasoning = None if usage is None else usage.reasoning_tokens
     seq.outputs.push(
-        TextOutput("", seq.finish, tokens, prompt, reasoning_tokens=reasoning)
+        TextOutput(
+            "",
+            seq.finish,
+            tokens,
+            prompt,
+            (),
+            reasoning_tokens=reasoning,
+            cached_tokens=cached,
+        )
     )
     return Outcome.SUCCESS
+
+
+def _prompt_of(usage: Usage | None) -> tuple[int | None, int]:
+    """The prompt's tokens and their cached part, as the upstream's latest
+    usage says (continuous usage: from the first content on); ``(None, 0)``
+    before it said any."""
+    if usage is None:
+        return None, 0
+    return usage.prompt_tokens, usage.cached_tokens

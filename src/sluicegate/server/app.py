@@ -438,7 +438,7 @@ class _Routes:
         if plan.stream:
             return self._event_stream(generation, plan, meter)
         return CompletionResponse(
-            generation, plan.header, meter.record, self.limits, self.live
+            generation, generation.header, meter.record, self.limits, self.live
         )
 
     def _event_stream(
@@ -451,8 +451,9 @@ class _Routes:
         cadence_s = config.cadence_s if plan.cadence_s is None else plan.cadence_s
         if cadence_s != limits.cadence_s:
             limits = dataclasses.replace(limits, cadence_s=cadence_s)
+        header = generation.header
         return EventStreamResponse(
-            generation, plan.header, limits, meter.record, self.live, padded=padded
+            generation, header, limits, meter.record, self.live, padded=padded
         )
 
     async def _admit(

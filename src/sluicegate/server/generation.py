@@ -23,11 +23,13 @@ Invariants (besides the decoder's):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
+from sluicegate.core.chunks import ResponseHeader
 from sluicegate.core.decoding import ChoiceOptions, OutputItem
 from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.core.events import EngineOutput, FinishReason, TextOutput, Usage
@@ -81,6 +83,7 @@ class Generation:
             reasoning_budget=plan.reasoning_budget,
         )
         self._aborts = self._decoder.aborts  # read once per token
+        self._header = plan.header
         self._sequence_ids = plan.sequence_ids
         self._outputs: list[_Outputs | None] = [None] * len(self._sequence_ids)
         self._outbox = Outbox()  # where attach() puts events
@@ -155,20 +158,37 @@ class Generation:
             EngineError: a choice was refused (``EngineRefused`` with its own
                 status, ``EngineUnavailable``); every choice is aborted then.
         """
-        tasks: list[asyncio.Future[None]] = []
-        for outputs in self._outputs:
+        tasks: list[asyncio.Future[Usage | None]] = []
+        prompts: list[int] = []
+        for index, outputs in enumerate(self._outputs):
             accepting = _accepting(outputs)
             if accepting is not None:
                 tasks.append(asyncio.ensure_future(accepting.accepted()))
+                prompts.append(self._plan.choices[index].prompt_index)
         if not tasks:
             return
         try:
-            await asyncio.gather(*tasks)  # retrieves every task's exception
+            counts = await asyncio.gather(*tasks)  # retrieves every exception
         except BaseException:
             for task in tasks:
                 task.cancel()
             self.abort_unfinished()
             raise
+        known = {p: u for p, u in zip(prompts, counts, strict=True) if u is not None}
+        if len(known) == len({c.prompt_index for c in self._plan.choices}):
+            self._header = dataclasses.replace(
+                self._plan.header,
+                prompt_tokens=sum(u.prompt_tokens for u in known.values()),
+                cached_tokens=sum(u.cached_tokens for u in known.values()),
+            )
+
+    @property
+    def header(self) -> ResponseHeader:
+        """The plan's header; for an engine that counts prompts itself and told
+        every prompt's tokens at acceptance, with that ``prompt_tokens`` and
+        ``cached_tokens`` (so a Messages ``message_start`` and the first
+        continuous-usage chunks say them)."""
+        return self._header
 
     def attach(self, outbox: Outbox) -> None:
         """Read every choice into ``outbox`` from now on, without blocking.

@@ -364,7 +364,7 @@ class ResumableStreams:
         producer = Producer(
             self.store,
             generation,
-            plan.header,
+            generation.header,
             self._limits,
             self._live,
             math.inf if plan.background else self._config.resume_grace_s,

@@ -1,0 +1,76 @@
+"""An upstream model's context window, read from each dialect's answer."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from sluicegate.engines.upstream_config import UpstreamConfig
+from sluicegate.engines.upstream_context import (
+    context_lengths,
+    context_of_models,
+    context_of_props,
+)
+
+
+def test_a_model_list_tells_max_model_len_or_context_length() -> None:
+    vllm = {
+        "data": [
+            {"id": "other", "max_model_len": 1},
+            {"id": "m", "max_model_len": 8192},
+        ]
+    }
+    assert context_of_models(vllm, "m") == 8192
+    sluicegate = {"data": [{"id": "m", "context_length": 2048}]}
+    assert context_of_models(sluicegate, "m") == 2048
+    unknown: list[object] = [
+        {"data": [{"id": "m"}]},
+        {"data": [{"id": "m", "max_model_len": "8"}]},
+        {"data": [{"id": "m", "max_model_len": 0}]},
+        {"data": "x"},
+        [],
+        None,
+    ]
+    for told in unknown:
+        assert context_of_models(told, "m") is None, told
+
+
+def test_llama_server_props_tell_one_slots_window() -> None:
+    assert context_of_props({"default_generation_settings": {"n_ctx": 4096}}) == 4096
+    props: list[object] = [{"default_generation_settings": {}}, {"n_ctx": 5}, None]
+    for told in props:
+        assert context_of_props(told) is None
+
+
+@pytest.mark.parametrize(
+    ("answers", "window"),
+    [
+        ({"/v1/models": {"data": [{"id": "m", "max_model_len": 512}]}}, 512),
+        (
+            {
+                "/v1/models": {"data": []},
+                "/props": {"default_generation_settings": {"n_ctx": 64}},
+            },
+            64,
+        ),
+        ({"/v1/models": {"data": []}}, None),  # Ollama, TGI: none told
+        ({}, None),  # every path a 404
+    ],
+)
+def test_context_lengths_ask_the_models_then_the_props(
+    answers: dict[str, object], window: int | None
+) -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.headers.get("authorization")))
+        if request.url.path not in answers:
+            return httpx.Response(404)
+        return httpx.Response(200, content=json.dumps(answers[request.url.path]))
+
+    upstream = UpstreamConfig("http://up/v1", api_key="k")
+    found = context_lengths([(upstream, "m")], 5.0, httpx.MockTransport(handler))
+    assert found == [window]
+    assert all(auth == "Bearer k" for _, auth in seen)

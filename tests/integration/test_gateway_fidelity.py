@@ -1,0 +1,230 @@
+"""What an upstream says reaches the client through the gateway, in every API.
+
+The upstream is a fake in one dialect (``gateway.py``'s ``FakeUpstream``):
+vLLM's, with usage on every chunk (``continuous_usage_stats``) and cached
+prompt tokens in ``prompt_tokens_details``. The clients are the official
+``openai`` and ``anthropic`` SDKs, streamed and not.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from sluicegate.core.endstate import EndState
+from sluicegate.server.ledger import LedgerRow, read_rows
+
+from .gateway import FakeUpstream, Reply, chat_chunk, usage_chunk
+from .servers import ServerProcess, StartServer
+
+pytestmark = pytest.mark.integration
+
+PROMPT_TOKENS = 42
+CACHED_TOKENS = 16
+HELD = "held"
+"""A request whose last message is this gets a stream that stops after its
+first content and stays open (a client that leaves mid-stream)."""
+
+UPSTREAMS = """\
+[[models]]
+id = "vllm"
+[[models.upstreams]]
+url = "{url}"
+model = "fake"
+continuous_usage = true
+
+[[models]]
+id = "llama-server"
+[[models.upstreams]]
+url = "{llama_url}"
+model = "fake"
+"""
+VLLM_WINDOW, SLOT_WINDOW = 4096, 2048
+VLLM_MODELS = {"object": "list", "data": [{"id": "fake", "max_model_len": 4096}]}
+LLAMA_PROPS = {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 4}
+
+
+def _usage(completion: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": PROMPT_TOKENS,
+        "completion_tokens": completion,
+        "total_tokens": PROMPT_TOKENS + completion,
+        "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS},
+    }
+
+
+def _vllm(body: dict[str, Any]) -> Reply:
+    """vLLM with continuous usage: usage on every chunk, the role chunk's too."""
+    role = chat_chunk(0, "", usage=_usage(0))
+    texts = [chat_chunk(0, t, usage=_usage(i + 1)) for i, t in enumerate(["Hel", "lo"])]
+    last = body["messages"][-1]["content"]
+    if last == HELD:
+        return Reply(events=[role, texts[0]], hold_s=20.0)
+    finish = chat_chunk(0, None, "stop", usage=_usage(2))
+    final = json.dumps(
+        {**json.loads(usage_chunk(PROMPT_TOKENS, 2)), "usage": _usage(2)}
+    )
+    return Reply(events=[role, *texts, finish, final, "[DONE]"])
+
+
+@pytest.fixture(scope="module")
+def vllm() -> Iterator[FakeUpstream]:
+    with FakeUpstream(_vllm, {"GET /v1/models": lambda _: (200, VLLM_MODELS)}) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def slots_upstream() -> Iterator[FakeUpstream]:
+    """llama-server: its window at ``/props``, its model list without one."""
+    with FakeUpstream(_vllm, {"GET /props": lambda _: (200, LLAMA_PROPS)}) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def ledger_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fidelity") / "ledger.sqlite3"
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    start_server: StartServer,
+    vllm: FakeUpstream,
+    slots_upstream: FakeUpstream,
+    ledger_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> ServerProcess:
+    config = tmp_path_factory.mktemp("fidelity") / "upstreams.toml"
+    config.write_text(UPSTREAMS.format(url=vllm.url, llama_url=slots_upstream.url))
+    return start_server(
+        "gateway-fidelity",
+        *("--upstreams", str(config), "--ledger", str(ledger_path)),
+        *("--log-level", "warning"),
+    )
+
+
+@pytest.fixture(scope="module")
+def sdk(gateway: ServerProcess) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(
+        base_url=f"{gateway.base_url}/v1", api_key="x", max_retries=0
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def claude(gateway: ServerProcess) -> Iterator[anthropic.Anthropic]:
+    client = anthropic.Anthropic(base_url=gateway.base_url, api_key="x", max_retries=0)
+    yield client
+    client.close()
+
+
+def _ask(text: str = "Hi") -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+def test_continuous_usage_has_the_prompt_tokens_from_the_first_chunk(
+    sdk: openai.OpenAI,
+) -> None:
+    chunks = list(
+        sdk.chat.completions.create(
+            model="vllm",
+            messages=_ask(),
+            max_tokens=8,
+            stream=True,
+            extra_body={
+                "stream_options": {
+                    "include_usage": True,
+                    "continuous_usage_stats": True,
+                }
+            },
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "Hello"
+    )
+    usages = [c.usage for c in chunks]
+    assert all(u is not None for u in usages), usages
+    assert {u.prompt_tokens for u in usages if u is not None} == {PROMPT_TOKENS}
+    last = usages[-1]
+    assert last is not None
+    assert last.completion_tokens == 2
+    assert last.prompt_tokens_details is not None
+    assert last.prompt_tokens_details.cached_tokens == CACHED_TOKENS
+
+
+def test_cached_tokens_reach_chat_and_responses_usage(sdk: openai.OpenAI) -> None:
+    whole = sdk.chat.completions.create(model="vllm", messages=_ask(), max_tokens=8)
+    assert whole.usage is not None
+    assert whole.usage.prompt_tokens == PROMPT_TOKENS
+    assert whole.usage.prompt_tokens_details is not None
+    assert whole.usage.prompt_tokens_details.cached_tokens == CACHED_TOKENS
+    response = sdk.responses.create(model="vllm", input="Hi", max_output_tokens=8)
+    assert response.usage is not None
+    assert response.usage.input_tokens == PROMPT_TOKENS
+    assert response.usage.input_tokens_details.cached_tokens == CACHED_TOKENS
+    kw: Any = {"model": "vllm", "input": "Hi", "max_output_tokens": 8}
+    events = list(sdk.responses.create(**kw, stream=True))
+    final = events[-1].response
+    assert final.usage is not None
+    assert final.usage.input_tokens_details.cached_tokens == CACHED_TOKENS
+
+
+def test_message_start_has_the_input_tokens_and_cache_reads(
+    claude: anthropic.Anthropic,
+) -> None:
+    events = list(
+        claude.messages.create(model="vllm", max_tokens=8, messages=_ask(), stream=True)
+    )
+    start = events[0]
+    assert start.type == "message_start"
+    uncached = PROMPT_TOKENS - CACHED_TOKENS
+    assert start.message.usage.input_tokens == uncached
+    assert start.message.usage.cache_read_input_tokens == CACHED_TOKENS
+    whole = claude.messages.create(model="vllm", max_tokens=8, messages=_ask())
+    assert whole.usage.input_tokens == uncached
+    assert whole.usage.cache_read_input_tokens == CACHED_TOKENS
+    assert whole.usage.cache_creation_input_tokens == 0
+
+
+def _row(path: Path, response_id: str) -> LedgerRow:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for row in read_rows(path):
+            if row.request_id == response_id and row.end_state != "open":
+                return row
+        time.sleep(0.05)
+    raise AssertionError(f"no ended ledger row for {response_id}")
+
+
+def test_an_aborted_requests_ledger_row_has_its_prompt_tokens(
+    sdk: openai.OpenAI, ledger_path: Path
+) -> None:
+    stream = sdk.chat.completions.create(
+        model="vllm", messages=_ask(HELD), max_tokens=8, stream=True
+    )
+    response_id = ""
+    for chunk in stream:
+        response_id = chunk.id
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    stream.close()  # the client leaves mid-stream
+    row = _row(ledger_path, response_id)
+    assert row.end_state is EndState.ABORTED
+    assert row.prompt_tokens == PROMPT_TOKENS
+    assert row.completion_tokens == 1
+
+
+def test_models_show_the_context_length_each_upstream_tells(
+    sdk: openai.OpenAI, slots_upstream: FakeUpstream
+) -> None:
+    models = {m.id: m.model_dump() for m in sdk.models.list()}
+    assert models["vllm"]["context_length"] == VLLM_WINDOW  # its max_model_len
+    assert models["llama-server"]["context_length"] == SLOT_WINDOW  # /props n_ctx
+    assert "GET /props" in slots_upstream.calls
