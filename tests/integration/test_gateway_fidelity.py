@@ -45,7 +45,16 @@ id = "llama-server"
 [[models.upstreams]]
 url = "{llama_url}"
 model = "fake"
+
+[[models]]
+id = "ollama"
+context_length = 8192
+[[models.upstreams]]
+url = "{ollama_url}"
+model = "fake"
 """
+VLLM_COUNT, TEMPLATE_TOKENS = 17, [2, 106, 1645, 108, 9259]
+NOT_FOUND: Any = lambda _: (404, {"detail": "Not Found"})  # noqa: E731
 VLLM_WINDOW, SLOT_WINDOW = 4096, 2048
 VLLM_MODELS = {"object": "list", "data": [{"id": "fake", "max_model_len": 4096}]}
 LLAMA_PROPS = {"default_generation_settings": {"n_ctx": 2048}, "total_slots": 4}
@@ -76,14 +85,40 @@ def _vllm(body: dict[str, Any]) -> Reply:
 
 @pytest.fixture(scope="module")
 def vllm() -> Iterator[FakeUpstream]:
-    with FakeUpstream(_vllm, {"GET /v1/models": lambda _: (200, VLLM_MODELS)}) as fake:
+    routes = {
+        "GET /v1/models": lambda _: (200, VLLM_MODELS),
+        "POST /v1/messages/count_tokens": NOT_FOUND,
+        "POST /tokenize": lambda body: (200, {"count": VLLM_COUNT, "tokens": []}),
+    }
+    with FakeUpstream(_vllm, routes) as fake:
         yield fake
 
 
 @pytest.fixture(scope="module")
 def slots_upstream() -> Iterator[FakeUpstream]:
     """llama-server: its window at ``/props``, its model list without one."""
-    with FakeUpstream(_vllm, {"GET /props": lambda _: (200, LLAMA_PROPS)}) as fake:
+    routes = {
+        "GET /props": lambda _: (200, LLAMA_PROPS),
+        "POST /v1/messages/count_tokens": NOT_FOUND,
+        "POST /apply-template": lambda body: (200, {"prompt": "<t>Hi</t>"}),
+        "POST /tokenize": lambda body: (
+            200,
+            {"tokens": TEMPLATE_TOKENS if "content" in body else []},
+        ),
+    }
+    with FakeUpstream(_vllm, routes) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def ollama() -> Iterator[FakeUpstream]:
+    """Ollama's OpenAI routes: no token counter anywhere."""
+    routes = {
+        "POST /v1/messages/count_tokens": NOT_FOUND,
+        "POST /tokenize": NOT_FOUND,
+        "POST /apply-template": NOT_FOUND,
+    }
+    with FakeUpstream(_vllm, routes) as fake:
         yield fake
 
 
@@ -97,11 +132,16 @@ def gateway(
     start_server: StartServer,
     vllm: FakeUpstream,
     slots_upstream: FakeUpstream,
+    ollama: FakeUpstream,
     ledger_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> ServerProcess:
     config = tmp_path_factory.mktemp("fidelity") / "upstreams.toml"
-    config.write_text(UPSTREAMS.format(url=vllm.url, llama_url=slots_upstream.url))
+    config.write_text(
+        UPSTREAMS.format(
+            url=vllm.url, llama_url=slots_upstream.url, ollama_url=ollama.url
+        )
+    )
     return start_server(
         "gateway-fidelity",
         *("--upstreams", str(config), "--ledger", str(ledger_path)),
@@ -228,3 +268,18 @@ def test_models_show_the_context_length_each_upstream_tells(
     assert models["vllm"]["context_length"] == VLLM_WINDOW  # its max_model_len
     assert models["llama-server"]["context_length"] == SLOT_WINDOW  # /props n_ctx
     assert "GET /props" in slots_upstream.calls
+
+
+def test_count_tokens_uses_the_upstreams_tokenizer_or_refuses(
+    claude: anthropic.Anthropic, slots_upstream: FakeUpstream
+) -> None:
+    vllm = claude.messages.count_tokens(model="vllm", messages=_ask())
+    assert vllm.input_tokens == VLLM_COUNT  # vLLM's /tokenize with messages
+    llama = claude.messages.count_tokens(model="llama-server", messages=_ask())
+    assert llama.input_tokens == len(TEMPLATE_TOKENS)  # its template, then tokens
+    assert "POST /apply-template" in slots_upstream.calls
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.count_tokens(model="ollama", messages=_ask())
+    message = refused.value.message
+    assert "'ollama'" in message
+    assert "no token counter" in message

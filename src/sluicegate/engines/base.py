@@ -41,6 +41,7 @@ from sluicegate.core.events import EngineOutput, TextOutput, Usage
 
 __all__ = [
     "AcceptingOutputs",
+    "CountsPrompts",
     "Engine",
     "EngineStats",
     "GenerateRequest",
@@ -215,6 +216,20 @@ class GrammarCompiling(Protocol):
         """Compile ``grammar`` now, blocking the calling thread (seconds for a
         large schema); one that does not compile is left for the request to
         fail as it would have. Never raises for a bad grammar."""
+        ...
+
+
+@runtime_checkable
+class CountsPrompts(Protocol):
+    """An engine that takes text and counts a prompt's tokens with its own
+    tokenizer (an upstream's tokenize endpoint)."""
+
+    async def count_prompt(
+        self, request: GenerateRequest, messages_body: Mapping[str, Any]
+    ) -> int | None:
+        """``request``'s prompt tokens, or ``None`` when no counter answers;
+        ``messages_body`` is the client's Messages body, where one counter
+        takes it as it is."""
         ...
 
 

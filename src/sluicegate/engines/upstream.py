@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
+import orjson
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import (
@@ -75,6 +76,7 @@ from sluicegate.engines.upstream_config import (
     request_body,
     upstream_from_dict,
 )
+from sluicegate.engines.upstream_count import count_prompt
 from sluicegate.engines.upstream_health import check_health
 from sluicegate.engines.upstream_http import (
     DEFAULT_HOP_CLIENT,
@@ -182,6 +184,16 @@ class UpstreamEngine:
     def upstreams(self) -> tuple[UpstreamConfig, ...]:
         """The pool's upstreams, in order."""
         return tuple(self._upstreams)
+
+    async def count_prompt(
+        self, request: GenerateRequest, messages_body: Mapping[str, Any]
+    ) -> int | None:
+        """``request``'s prompt tokens by the first upstream's tokenizer, or
+        ``None`` when it offers no counter (``upstream_count.py``)."""
+        upstream = self._upstreams[0]
+        model = upstream.model or self._model.id
+        chat = orjson.loads(request_body(request, model, continuous_usage=False))
+        return await count_prompt(upstream, model, chat, messages_body)
 
     def learn_context_length(self, tokens: int) -> None:
         """The model's window is ``tokens`` (> 0), as an upstream told it

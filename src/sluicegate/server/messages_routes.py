@@ -21,6 +21,8 @@ from starlette.types import ASGIApp
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.core.wire import Wire
+from sluicegate.engines.base import CountsPrompts, OutputKind
+from sluicegate.engines.upstream_count import TRIED
 from sluicegate.server.admission import AdmissionError, ApiKey
 from sluicegate.server.answers import json_answer
 from sluicegate.server.bodies import read_json_object
@@ -123,8 +125,10 @@ class MessagesRoutes:
         """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, the prompt's
         tokens through the model's chat template; nothing is generated.
 
-        An engine that takes text (an upstream server) counts no tokens here:
-        ``input_tokens`` is then 0.
+        An engine that takes text (an upstream server) has the prompt counted
+        by the upstream's tokenizer (``engines/upstream_count.py``); one with
+        no counter is a 400 naming the model, never a 0 a client would take
+        for a count.
         """
         config = self._routes.config
         try:
@@ -135,6 +139,19 @@ class MessagesRoutes:
                 plan = await plan_chat(
                     chat, "count_tokens", served.engine, served.template, config
                 )
+            engine = served.engine
+            if engine.output_kind is OutputKind.TEXT:
+                counted = None
+                if isinstance(engine, CountsPrompts):
+                    counted = await engine.count_prompt(plan.requests()[0], body)
+                if counted is None:
+                    raise RequestError(
+                        f"count_tokens cannot count the prompts of {chat.model!r}:"
+                        " its upstream offers no token counter (asked"
+                        f" {TRIED})",
+                        code="count_unavailable",
+                    )
+                return json_answer({"input_tokens": counted})
         except (RequestError, EngineError, AdmissionError) as exc:
             return error_answer(exc, config.retry_after_s)
         return json_answer({"input_tokens": plan.header.prompt_tokens})
