@@ -325,7 +325,7 @@ async def test_rows_left_open_by_a_dead_server_are_marked_truncated(
     with sqlite3.connect(path) as db:  # what a server killed mid-stream left
         db.execute(
             "INSERT INTO requests SELECT 'dead-0', key_id, endpoint, model, 200, "
-            "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, 0, 0, ? "
+            "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, 0, 0, 0, ? "
             "FROM requests",
             ("0123456789abcdef0123456789abcdef",),
         )
@@ -363,7 +363,12 @@ def test_a_ledger_file_of_the_first_release_is_migrated(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         columns = [c[1] for c in db.execute("PRAGMA table_info(requests)")]
-        assert columns[-3:] == ["server_id", "usage_estimated", "resumed"]
+        assert columns[-4:] == [
+            "server_id",
+            "usage_estimated",
+            "resumed",
+            "reasoning_tokens",
+        ]
     old, new = read_rows(path)
     assert (old.request_id, old.key_id, old.finish_reasons) == (
         "old-1",
@@ -395,6 +400,30 @@ def test_a_ledger_file_without_the_resumed_column_gets_it(tmp_path: Path) -> Non
     old, new = read_rows(path)
     assert (old.request_id, old.resumed) == ("old-1", 0)
     assert new == resumed
+
+
+def test_a_ledger_file_without_the_reasoning_column_gets_it(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute(_FIRST_SCHEMA)
+        db.execute("ALTER TABLE requests ADD COLUMN server_id TEXT")
+        for name in ("usage_estimated", "resumed"):
+            db.execute(
+                f"ALTER TABLE requests ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0"
+            )
+        db.execute("PRAGMA user_version = 4")
+        db.execute(
+            "INSERT INTO requests VALUES ('old-1', 'bob', '/v1/completions', 'm', "
+            "200, 'finished', 2, 3, '[\"length\"]', 1.0, 1.5, 2.0, NULL, 0, 0)"
+        )
+    assert read_rows(path)[0].reasoning_tokens == 0  # read before any migration
+    ledger = Ledger(path)
+    thought = dataclasses.replace(_row("new-1", EndState.FINISHED), reasoning_tokens=2)
+    ledger.record(thought)
+    ledger.close()
+    old, new = read_rows(path)
+    assert (old.request_id, old.reasoning_tokens) == ("old-1", 0)
+    assert new == thought
 
 
 def test_usage_command_prints_totals(

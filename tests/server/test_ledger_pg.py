@@ -126,7 +126,7 @@ def test_a_table_of_an_older_release_gets_the_missing_columns(
     body = ", ".join(
         f"{name} {kind}" + (" PRIMARY KEY" if name == "request_id" else "")
         for name, kind, _, _ in columns()
-        if name not in ("usage_estimated", "resumed", "server_id")
+        if name not in ("usage_estimated", "resumed", "reasoning_tokens", "server_id")
     )
     _query(postgres_url, f"CREATE TABLE requests ({body})")
     _query(
@@ -140,6 +140,7 @@ def test_a_table_of_an_older_release_gets_the_missing_columns(
     ledger.close()
     old, new = pg_read_rows(postgres_url)
     assert (old.request_id, old.usage_estimated, old.resumed) == ("old", False, 0)
+    assert old.reasoning_tokens == 0
     assert new == _row("new", EndState.FINISHED)
 
 
@@ -239,7 +240,7 @@ async def test_a_replica_marks_the_open_rows_of_servers_whose_lease_expired(
     _query(
         postgres_url,
         "INSERT INTO requests SELECT 'dead-0', key_id, endpoint, model, 200, "
-        "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, 0, 0, %s "
+        "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, 0, 0, 0, %s "
         "FROM requests",
         (_DEAD,),
     )

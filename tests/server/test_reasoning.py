@@ -16,6 +16,7 @@ from starlette.applications import Starlette
 from sluicegate.engines.scripted import ScriptedEngine, ScriptedTokenizer
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.ledger import Ledger
 from tests.reasoning_splits import S28, S28_WIDE, marker_splits
 
 pytestmark = pytest.mark.anyio
@@ -132,7 +133,8 @@ async def test_a_cut_inside_the_reasoning_is_length_with_the_reasoning_delivered
     None
 ):
     tokens = [b"<th", b"ink>", b"plan", b": 2+2", b"=4</th", b"ink>", b"The"]
-    async with openai_client(scripted_app(tokens)) as client:
+    app = scripted_app(tokens)
+    async with openai_client(app) as client:
         got = await streamed(client, max_tokens=5)
         whole = await client.chat.completions.create(
             model="scripted", messages=MESSAGES, max_tokens=5
@@ -148,6 +150,12 @@ async def test_a_cut_inside_the_reasoning_is_length_with_the_reasoning_delivered
     message = whole.choices[0].message.model_dump()
     assert (message["reasoning_content"], message["content"]) == ("plan: 2+2=4</th", "")
     assert whole.choices[0].finish_reason == "length"
+    # The ledger's rows count the reasoning tokens too.
+    ledger: Ledger = app.state.ledger
+    assert [(row.completion_tokens, row.reasoning_tokens) for row in ledger.rows] == [
+        (5, 5),
+        (5, 5),
+    ]
 
 
 async def test_stop_strings_are_matched_in_the_content_only() -> None:

@@ -337,6 +337,7 @@ def _values(row: LedgerRow, state: str, server_id: str) -> tuple[object, ...]:
         row.ended_at,
         int(row.usage_estimated),
         row.resumed,
+        row.reasoning_tokens,
         server_id,
     )
 

@@ -4,7 +4,8 @@
 it is missing; ``migrate`` brings a table of an older release to
 ``SCHEMA_VERSION`` in one transaction: version 1 (the first release's table) gets
 ``server_id`` and an index of the ``open`` rows, version 2 gets
-``usage_estimated``, version 3 gets ``resumed``. ``transaction`` runs statements
+``usage_estimated``, version 3 gets ``resumed``, version 4 gets
+``reasoning_tokens``. ``transaction`` runs statements
 in one ``BEGIN IMMEDIATE`` transaction, all or none.
 
 Spec: SQLite, "Write-Ahead Logging", "ALTER TABLE", "PRAGMA user_version".
@@ -22,9 +23,10 @@ __all__ = ["OPEN", "SCHEMA_VERSION", "Statement", "connect", "migrate", "transac
 OPEN: Final = "open"
 """The ``end_state`` in the file of a request that has not ended yet."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """``PRAGMA user_version`` of a current ledger file (0 or 1: the first release;
-2: before ``usage_estimated``; 3: before ``resumed``)."""
+2: before ``usage_estimated``; 3: before ``resumed``; 4: before
+``reasoning_tokens``)."""
 
 _TABLE = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -41,7 +43,8 @@ CREATE TABLE IF NOT EXISTS requests (
     first_token_at REAL,
     ended_at REAL NOT NULL,
     usage_estimated INTEGER NOT NULL DEFAULT 0,
-    resumed INTEGER NOT NULL DEFAULT 0
+    resumed INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens INTEGER NOT NULL DEFAULT 0
 )
 """
 _OPEN_INDEX = (
@@ -110,10 +113,11 @@ def migrate(db: sqlite3.Connection) -> None:
                 "ALTER TABLE requests ADD COLUMN "
                 "usage_estimated INTEGER NOT NULL DEFAULT 0"
             )
-        if "resumed" not in columns:
-            db.execute(
-                "ALTER TABLE requests ADD COLUMN resumed INTEGER NOT NULL DEFAULT 0"
-            )
+        for name in ("resumed", "reasoning_tokens"):
+            if name not in columns:
+                db.execute(
+                    f"ALTER TABLE requests ADD COLUMN {name} INTEGER NOT NULL DEFAULT 0"
+                )
         db.execute(_OPEN_INDEX)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute("COMMIT")

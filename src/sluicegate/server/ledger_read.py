@@ -66,7 +66,7 @@ def row_of(values: tuple[object, ...]) -> LedgerRow:
             reason, a count that is not a number).
     """
     (rid, key_id, endpoint, model, status, state, prompt, completion) = values[:8]
-    reasons, received, first, ended, estimated, resumed = values[8:]
+    reasons, received, first, ended, estimated, resumed, reasoning = values[8:]
     assert isinstance(reasons, str)
     return LedgerRow(
         request_id=str(rid),
@@ -83,6 +83,7 @@ def row_of(values: tuple[object, ...]) -> LedgerRow:
         key_id=str(key_id),
         usage_estimated=bool(estimated),
         resumed=int(str(resumed)),
+        reasoning_tokens=int(str(reasoning)),
     )
 
 

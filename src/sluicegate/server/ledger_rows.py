@@ -27,6 +27,7 @@ NAMES = (
     "ended_at",
     "usage_estimated",
     "resumed",
+    "reasoning_tokens",
 )
 """The ledger table's columns of a row, in ``LedgerRow``'s order of meaning
 (``server_id`` is the writer's, not the row's)."""
@@ -63,6 +64,9 @@ class LedgerRow:
             gives no counts per chunk).
         resumed: times a resumable stream was resumed (reads of its log after
             the first connection's); 0 for every other request.
+        reasoning_tokens: the part of ``completion_tokens`` spent inside the
+            reasoning (a model with a reasoning parser, or an upstream that
+            streams reasoning); 0 for none.
     """
 
     request_id: str
@@ -79,6 +83,7 @@ class LedgerRow:
     key_id: str = "anonymous"
     usage_estimated: bool = False
     resumed: int = 0
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ row and logs and counts the repairs (``sluicegate_ledger_repaired_rows_total``).
 
 The rules, per column type of ``ledger_file.py``'s table:
 
-- INTEGER (``status``, ``prompt_tokens``, ``completion_tokens``, ``resumed``):
+- INTEGER (``status``, ``prompt_tokens``, ``completion_tokens``, ``resumed``,
+  ``reasoning_tokens``):
   an ``int`` from 0 to ``MAX_COUNT`` (SQLite's INTEGER and PostgreSQL's
   ``bigint`` are signed 64-bit). Past it: ``MAX_COUNT``; below 0: 0; a finite
   ``float``: its integer part, clamped so; NaN, anything else: 0.
@@ -63,7 +64,13 @@ MAX_TEXT_CHARS: Final = 1024
 """The longest text a ledger column keeps, in code points (ids, key ids, paths
 and model names are far shorter; this bounds a row whatever reaches it)."""
 
-COUNTS: Final = ("status", "prompt_tokens", "completion_tokens", "resumed")
+COUNTS: Final = (
+    "status",
+    "prompt_tokens",
+    "completion_tokens",
+    "resumed",
+    "reasoning_tokens",
+)
 """The integer fields of a row."""
 TIMES: Final = ("received_at", "first_token_at", "ended_at")
 """The Unix-time fields of a row (``first_token_at`` may be ``None``)."""

@@ -105,4 +105,5 @@ class Meter:
             key_id=self.key_id,
             usage_estimated=generation.usage_estimated if generation else False,
             resumed=self.resumed,
+            reasoning_tokens=(usage.reasoning_tokens or 0) if usage else 0,
         )
