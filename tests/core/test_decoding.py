@@ -253,6 +253,20 @@ def test_text_held_back_is_flushed_at_the_engines_finish() -> None:
     ]
 
 
+def test_a_stop_string_the_text_engine_matched_itself_is_named() -> None:
+    decoder = _decoder(vocabulary=None, stops=["END"])
+    assert decoder.feed(0, TextOutput("Hi", STOP, 1, stop_sequence="END")) == [
+        Delta(0, "Hi"),
+        Finish(0, STOP, stop_sequence="END"),
+        End(Usage(3, 1)),
+    ]
+    assert decoder.stop_sequences == ("END",)
+    length = _decoder(vocabulary=None, stops=["END"])
+    finish = length.feed(0, TextOutput("Hi", LENGTH, 1, stop_sequence="END"))
+    assert finish[1] == Finish(0, LENGTH)  # only a stop names its string
+    assert length.stop_sequences == (None,)
+
+
 def test_a_text_engine_counts_each_prompt_once_by_its_latest_report() -> None:
     decoder = ResponseDecoder(
         [ChoiceOptions()] * 3,

@@ -249,6 +249,30 @@ def test_other_finish_reasons_are_stop_and_keep_their_word() -> None:
     assert read_all(body)[1] == UpstreamFinish(0, FinishReason.LENGTH, "max_tokens")
 
 
+@pytest.mark.parametrize(
+    ("fields", "matched"),
+    [
+        ({"stop_reason": "\n\n"}, "\n\n"),  # vLLM: the stop string
+        ({"matched_stop": "END"}, "END"),  # SGLang
+        ({"stop_reason": 106}, None),  # a stop token's id
+        ({"stop_reason": None, "matched_stop": None}, None),  # end of sequence
+        ({"stop_reason": ""}, None),
+        ({"stop_reason": "x" * 5000}, None),  # past MAX_MATCHED_STOP_CHARS
+        ({}, None),
+    ],
+)
+def test_a_finish_names_the_stop_string_the_upstream_matched(
+    fields: dict[str, object], matched: str | None
+) -> None:
+    chunk = chat("x", "stop")
+    choices = chunk["choices"]
+    assert isinstance(choices, list)
+    choices[0].update(fields)
+    assert read_all(event(chunk) + DONE)[1] == UpstreamFinish(
+        0, FinishReason.STOP, "stop", matched
+    )
+
+
 @pytest.mark.parametrize("reason", ["abort", "error"])
 def test_an_aborted_finish_is_an_error(reason: str) -> None:
     items = read_all(event(chat("x", reason)) + event(chat("y")) + DONE)

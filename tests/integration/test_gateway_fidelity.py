@@ -47,6 +47,13 @@ url = "{llama_url}"
 model = "fake"
 
 [[models]]
+id = "sglang"
+context_length = 8192
+[[models.upstreams]]
+url = "{sglang_url}"
+model = "fake"
+
+[[models]]
 id = "ollama"
 context_length = 8192
 [[models.upstreams]]
@@ -69,14 +76,19 @@ def _usage(completion: int) -> dict[str, Any]:
     }
 
 
-def _vllm(body: dict[str, Any]) -> Reply:
-    """vLLM with continuous usage: usage on every chunk, the role chunk's too."""
+def _vllm(body: dict[str, Any], stop_field: str = "stop_reason") -> Reply:
+    """vLLM with continuous usage: usage on every chunk, the role chunk's too;
+    a request with ``stop`` is stopped on its first stop string, named in
+    ``stop_field`` (vLLM's ``stop_reason``, SGLang's ``matched_stop``), or on
+    another string when the first is ``"UNASKED"``."""
     role = chat_chunk(0, "", usage=_usage(0))
     texts = [chat_chunk(0, t, usage=_usage(i + 1)) for i, t in enumerate(["Hel", "lo"])]
     last = body["messages"][-1]["content"]
     if last == HELD:
         return Reply(events=[role, texts[0]], hold_s=20.0)
-    finish = chat_chunk(0, None, "stop", usage=_usage(2))
+    stops = body.get("stop") or [None]
+    matched = "never sent" if stops[0] == "UNASKED" else stops[0]
+    finish = chat_chunk(0, None, "stop", usage=_usage(2), **{stop_field: matched})
     final = json.dumps(
         {**json.loads(usage_chunk(PROMPT_TOKENS, 2)), "usage": _usage(2)}
     )
@@ -91,6 +103,13 @@ def vllm() -> Iterator[FakeUpstream]:
         "POST /tokenize": lambda body: (200, {"count": VLLM_COUNT, "tokens": []}),
     }
     with FakeUpstream(_vllm, routes) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def sglang() -> Iterator[FakeUpstream]:
+    """SGLang: the matched stop string in ``matched_stop``."""
+    with FakeUpstream(lambda body: _vllm(body, "matched_stop")) as fake:
         yield fake
 
 
@@ -133,13 +152,17 @@ def gateway(
     vllm: FakeUpstream,
     slots_upstream: FakeUpstream,
     ollama: FakeUpstream,
+    sglang: FakeUpstream,
     ledger_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> ServerProcess:
     config = tmp_path_factory.mktemp("fidelity") / "upstreams.toml"
     config.write_text(
         UPSTREAMS.format(
-            url=vllm.url, llama_url=slots_upstream.url, ollama_url=ollama.url
+            url=vllm.url,
+            llama_url=slots_upstream.url,
+            ollama_url=ollama.url,
+            sglang_url=sglang.url,
         )
     )
     return start_server(
@@ -283,3 +306,21 @@ def test_count_tokens_uses_the_upstreams_tokenizer_or_refuses(
     message = refused.value.message
     assert "'ollama'" in message
     assert "no token counter" in message
+
+
+@pytest.mark.parametrize("model", ["vllm", "sglang"])
+def test_a_stop_string_the_upstream_matched_is_the_messages_stop_sequence(
+    claude: anthropic.Anthropic, model: str
+) -> None:
+    kw: Any = {"model": model, "max_tokens": 8, "messages": _ask()}
+    whole = claude.messages.create(**kw, stop_sequences=["\n\n", "END"])
+    assert (whole.stop_reason, whole.stop_sequence) == ("stop_sequence", "\n\n")
+    events = list(claude.messages.create(**kw, stop_sequences=["END"], stream=True))
+    delta = events[-2]
+    assert delta.type == "message_delta"
+    assert (delta.delta.stop_reason, delta.delta.stop_sequence) == (
+        "stop_sequence",
+        "END",
+    )
+    unasked = claude.messages.create(**kw, stop_sequences=["UNASKED"])
+    assert (unasked.stop_reason, unasked.stop_sequence) == ("end_turn", None)

@@ -173,6 +173,9 @@ class ChoiceState:
         engine_done: the engine ended it, or it was named to abort.
         read_done: nothing more is taken from this choice.
         released_chars: text the decoder has released (chars).
+        engine_stop: the stop string the engine says it stopped on (a text
+            engine's ``TextOutput.stop_sequence``), when the server's own
+            matcher did not match one.
     """
 
     index: int
@@ -184,6 +187,7 @@ class ChoiceState:
     engine_done: bool = False
     read_done: bool = False
     released_chars: int = 0
+    engine_stop: str | None = None
 
 
 def new_choice(

@@ -234,7 +234,7 @@ class ResponseDecoder:
     @property
     def stop_sequences(self) -> tuple[str | None, ...]:
         """Each choice's matched stop string, by index (``None`` for none)."""
-        return tuple(c.decoder.stop for c in self._choices)
+        return tuple(c.decoder.stop or c.engine_stop for c in self._choices)
 
     def closed(self, index: int) -> bool:
         """Whether choice ``index`` takes nothing more (ended, or ``flush()``)."""
@@ -322,6 +322,8 @@ class ResponseDecoder:
                     self._tool_calls(index, item.tool_calls, events)
                 if ongoing:
                     return events
+                if item.finish_reason is FinishReason.STOP:
+                    choice.engine_stop = item.stop_sequence
                 self._finish(choice, item.finish_reason, step, events)
             elif item is None:
                 choice.engine_done = True
@@ -403,7 +405,8 @@ class ResponseDecoder:
             reason = tail.finish_reason or engine_reason
         choice.finish_reason = reason
         usage = self._usage_so_far()
-        events.append(Finish(choice.index, reason, usage, choice.decoder.stop))
+        stop = choice.decoder.stop or choice.engine_stop
+        events.append(Finish(choice.index, reason, usage, stop))
 
     def _feed_with_logprobs(
         self, choice: ChoiceState, output: EngineOutput, events: list[StreamEvent]

@@ -120,6 +120,9 @@ class TextOutput:
             when unknown (the steps that carried reasoning are counted then).
         cached_tokens: the part of ``prompt_tokens`` the engine read from its
             cache (tokens); read only with ``prompt_tokens``.
+        stop_sequence: on the last output, the request's stop string the
+            engine itself stopped on (an upstream that matched it before the
+            server's own matcher could), else ``None``.
     """
 
     text: str
@@ -129,6 +132,7 @@ class TextOutput:
     tool_calls: tuple[ToolCallFragment, ...] = ()
     reasoning: str = ""
     reasoning_tokens: int | None = None
+    stop_sequence: str | None = None
     cached_tokens: int = 0
 
 

@@ -60,7 +60,10 @@ Invariants:
       out before the finish, or before an error or the truncation).
     - A choice's finish reason is ``finish_reason_of``'s
       (``core/upstream_choice.py``): ``TOOL_CALLS`` only for a choice whose
-      tool calls are all whole.
+      tool calls are all whole. Its ``matched_stop`` is the choice's
+      ``stop_reason`` (vLLM) or ``matched_stop`` (SGLang) when that is a
+      string: the stop string the upstream stopped on (the engine keeps it
+      only when the request sent that string).
 
 Deliberate divergences:
 
@@ -121,6 +124,21 @@ from sluicegate.core.upstream_tools import ToolCallNormalizer
 __all__ = ["UpstreamReader"]
 
 _FAILED_REASONS = frozenset({"abort", "error"})
+
+
+MAX_MATCHED_STOP_CHARS = 4096
+"""The longest stop string an upstream's ``stop_reason`` is taken for."""
+
+
+def _matched_stop(choice: dict[str, Any]) -> str | None:
+    """The stop string a finished choice names: vLLM's ``stop_reason`` or
+    SGLang's ``matched_stop`` when it is a string (a token id, ``null`` for an
+    end of sequence, or one too long is none)."""
+    for name in ("stop_reason", "matched_stop"):
+        value = choice.get(name)
+        if type(value) is str and 0 < len(value) <= MAX_MATCHED_STOP_CHARS:
+            return value
+    return None
 
 
 class UpstreamReader:
@@ -436,7 +454,7 @@ class UpstreamReader:
                 self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
                 return
             finish = finish_reason_of(reason, tools)
-            out.append(UpstreamFinish(index, finish, reason))
+            out.append(UpstreamFinish(index, finish, reason, _matched_stop(choice)))
 
     def _reasoning(
         self, index: int, delta: dict[str, Any], out: list[UpstreamItem]

@@ -63,11 +63,14 @@ class UpstreamToolCall:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamFinish:
-    """Choice ``index`` ended; ``raw`` is the upstream's own ``finish_reason``."""
+    """Choice ``index`` ended; ``raw`` is the upstream's own ``finish_reason``;
+    ``matched_stop`` the stop string the upstream says it stopped on (vLLM's
+    ``stop_reason``, SGLang's ``matched_stop``), or ``None``."""
 
     index: int
     finish_reason: FinishReason
     raw: str
+    matched_stop: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

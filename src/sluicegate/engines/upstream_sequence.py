@@ -66,6 +66,7 @@ class UpstreamSequence:
         "first_at",
         "last_at",
         "lease",
+        "matched_stop",
         "outputs",
         "request",
         "result",
@@ -87,6 +88,7 @@ class UpstreamSequence:
         self.usage: Usage | None = None
         self.usage_rejected = False  # the upstream's usage could not be true
         self.finish: FinishReason | None = None
+        self.matched_stop: str | None = None  # the upstream's, one asked for
         self.lease: Lease | None = None
         self.timed_out: str | None = None
         self.result: str | None = None  # finished, failed or aborted

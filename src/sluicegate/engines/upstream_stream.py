@@ -40,7 +40,7 @@ import logging
 from collections.abc import Sequence
 
 from sluicegate.core.errors import EngineRefused
-from sluicegate.core.events import TextOutput, Usage
+from sluicegate.core.events import FinishReason, TextOutput, Usage
 from sluicegate.core.reader_limits import UsageBounds
 from sluicegate.core.upstream import UpstreamReader
 from sluicegate.core.upstream_items import (
@@ -228,6 +228,7 @@ def _apply(
         elif type(item) is UpstreamFinish:
             if item.index == 0:
                 seq.finish = item.finish_reason
+                seq.matched_stop = _asked_stop(seq, item.matched_stop)
                 if seq.first_at is None:
                     _first_token(seq, lease, upstreams)
         elif type(item) is UpstreamDone:
@@ -292,6 +293,7 @@ def _finish(
     counts["generated"] += seq.emitted
     seq.result = "finished"
     reasoning = None if usage is None else usage.reasoning_tokens
+    stop = seq.matched_stop if seq.finish is FinishReason.STOP else None
     seq.outputs.push(
         TextOutput(
             "",
@@ -301,9 +303,19 @@ def _finish(
             (),
             reasoning_tokens=reasoning,
             cached_tokens=cached,
+            stop_sequence=stop,
         )
     )
     return Outcome.SUCCESS
+
+
+def _asked_stop(seq: UpstreamSequence, matched: str | None) -> str | None:
+    """``matched`` when it is one of the stop strings the request sent (a peer
+    names no string of its own choosing), else ``None``."""
+    prompt = seq.request.text_prompt
+    if matched is None or prompt is None or matched not in prompt.stop:
+        return None
+    return matched
 
 
 def _prompt_of(usage: Usage | None) -> tuple[int | None, int]:
