@@ -301,3 +301,57 @@ def test_a_text_engines_reasoning_goes_first_and_is_counted() -> None:
     events += decoder.feed(0, TextOutput("", STOP, 0, 5, reasoning_tokens=2))
     assert _channels(events) == ("plan!", "4")
     assert events[-1] == End(Usage(5, 3, reasoning_tokens=2))  # the engine's count
+
+
+def test_a_text_engines_plain_markers_are_split_when_a_parser_is_given() -> None:
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=0, stops=["!"], reasoning=QWEN3
+    )
+    events: list[StreamEvent] = []
+    for piece in ["<th", "ink>pl", "an</thi", "nk>4", "!", " more"]:
+        events += decoder.feed(0, TextOutput(piece))
+    assert _channels(events) == ("plan", "4")
+    assert events[-2:] == [
+        Finish(0, STOP, None, "!"),
+        End(Usage(0, 5, reasoning_tokens=4)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stops", "content", "reason"),
+    [([], "4 </th", LENGTH), (["</th"], "4 ", STOP)],
+)
+def test_a_text_choices_held_text_is_split_and_stop_checked_at_the_end(
+    stops: list[str], content: str, reason: FinishReason
+) -> None:
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=0, stops=stops, reasoning=R1
+    )
+    events = list(decoder.feed(0, TextOutput("a</th")))  # held: may be the marker
+    events += decoder.feed(0, TextOutput("ink>4 </th"))
+    events += decoder.feed(0, TextOutput("", LENGTH, 0))
+    assert _channels(events) == ("a", content)
+    assert isinstance(events[-2], Finish)
+    assert events[-2].finish_reason is reason
+    # A cut inside the reasoning: the held marker is reasoning.
+    decoder = ResponseDecoder([ChoiceOptions()], None, prompt_tokens=0, reasoning=R1)
+    events = list(decoder.feed(0, TextOutput("a</th")))
+    events += decoder.feed(0, TextOutput("", LENGTH, 0))
+    assert _channels(events) == ("a</th", "")
+    # After a stop string: the flush gives nothing.
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=0, stops=["x"], reasoning=R1
+    )
+    events = list(decoder.feed(0, TextOutput("a</think>bx")))
+    assert _channels(events) == ("a", "b")
+
+
+def test_a_text_choices_held_start_marker_may_complete_a_stop_at_the_end() -> None:
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=0, stops=["<th"], reasoning=QWEN3
+    )
+    events = list(decoder.feed(0, TextOutput("<thi")))  # held: may open reasoning
+    assert events == []
+    events += decoder.feed(0, TextOutput("", LENGTH, 0))
+    assert _channels(events) == ("", "")
+    assert events[-2] == Finish(0, STOP, None, "<th")

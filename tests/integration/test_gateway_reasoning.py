@@ -158,3 +158,34 @@ def test_messages_has_a_thinking_block_before_the_text(
     assert thinking.signature
     assert text.type == "text"
     assert text.text == "".join(CONTENT)
+
+
+def _plain_reply(body: dict[str, Any]) -> Reply:
+    """An upstream without a reasoning parser: its markers are in the content,
+    split across chunks."""
+    pieces = ["<th", "ink>pl", "an</thi", "nk>The answer"]
+    events = [_chunk({"content": piece}) for piece in pieces]
+    return Reply(events=[*events, _chunk({}, "stop"), "[DONE]"])
+
+
+def test_a_named_parser_splits_an_upstreams_plain_markers(
+    start_server: StartServer,
+) -> None:
+    with FakeUpstream(_plain_reply) as fake:
+        gateway = start_gateway(
+            start_server,
+            "gateway-reasoning-plain",
+            [fake.url],
+            "fake",
+            "--reasoning-parser",
+            "qwen3",
+        )
+        client = openai.OpenAI(base_url=api_base(gateway), api_key="none")
+        whole = client.chat.completions.create(
+            model="fake", messages=[{"role": "user", "content": "2+2?"}]
+        )
+    message = whole.choices[0].message.model_dump()
+    assert (message["reasoning_content"], message["content"]) == ("plan", "The answer")
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens_details is not None
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 4

@@ -14,6 +14,7 @@ import pytest
 from starlette.applications import Starlette
 
 from sluicegate.engines.scripted import ScriptedEngine, ScriptedTokenizer
+from sluicegate.engines.scripted_text import ScriptedTextEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
@@ -287,3 +288,17 @@ async def test_a_resumable_streams_replay_carries_the_reasoning() -> None:
 
     assert channels(live.text) == ("plan", "The answer", 3)
     assert channels(replay.text) == channels(live.text)
+
+
+@pytest.mark.parametrize(("parser", "reasoning"), [("qwen3", "plan"), ("auto", "")])
+async def test_a_text_engines_plain_markers_are_split_when_a_family_is_named(
+    parser: str, reasoning: str
+) -> None:
+    # An upstream without a parser of its own writes its markers into content.
+    engine = ScriptedTextEngine("<think>plan</think>The answer", tokens_per_s=5000)
+    app = create_app(engine, ServerConfig(reasoning_parser=parser))
+    async with openai_client(app) as client:
+        got = await streamed(client)
+    assert _joined(got["order"], "reasoning") == reasoning
+    content = "The answer" if reasoning else "<think>plan</think>The answer"
+    assert _joined(got["order"], "content") == content

@@ -70,21 +70,38 @@ class ChoiceOptions:
 
 
 class TextChoiceDecoder:
-    """A ``ChoiceDecoder`` for an engine that yields text: the stop matcher only.
+    """A ``ChoiceDecoder`` for an engine that yields text: the stop matcher only,
+    after a reasoning splitter when one is given.
 
     Args:
         stops: a fresh stop matcher for this choice (owned from now on).
+        splitter: a fresh splitter (owned from now on) for an upstream whose
+            plain text holds its reasoning markers; ``None``: no splitting.
 
     Attributes:
         completion_tokens: the tokens fed before a stop string matched, as the
             engine counted them (all of the step that completed the stop).
     """
 
-    __slots__ = ("_stops", "completion_tokens")
+    __slots__ = ("_splitter", "_stops", "completion_tokens")
 
-    def __init__(self, stops: StopMatcher) -> None:
+    def __init__(
+        self, stops: StopMatcher, splitter: ReasoningSplitter | None = None
+    ) -> None:
         self._stops = stops
+        self._splitter = splitter
         self.completion_tokens = 0
+
+    @property
+    def splits(self) -> bool:
+        """Whether the text goes through a reasoning splitter."""
+        return self._splitter is not None
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The splitter's count (each step counts as the tokens it stands for);
+        0 without one."""
+        return 0 if self._splitter is None else self._splitter.reasoning_tokens
 
     @property
     def stop(self) -> str | None:
@@ -106,10 +123,14 @@ class TextChoiceDecoder:
         if stops.finished:
             return ChoiceStep("")  # after a stop string: discarded, not counted
         self.completion_tokens += tokens
+        reasoning = ""
+        if self._splitter is not None:
+            split = self._splitter.feed(text, tokens)
+            reasoning, text = split.reasoning, split.content
         step = stops.feed(text)
         if step.stop is not None:
-            return ChoiceStep(step.text, FinishReason.STOP)
-        return ChoiceStep(step.text)
+            return ChoiceStep(step.text, FinishReason.STOP, reasoning)
+        return ChoiceStep(step.text, None, reasoning)
 
     def flush(self) -> ChoiceStep:
         """End of the choice: what the stop matcher held (``""`` after a stop).
@@ -118,10 +139,17 @@ class TextChoiceDecoder:
             LocalProtocolError: called twice.
         """
         stops = self._stops
+        split = None if self._splitter is None else self._splitter.flush()
         if stops.finished:
             stops.flush()
             return ChoiceStep("")
-        return ChoiceStep(stops.flush())
+        if split is None:
+            return ChoiceStep(stops.flush())
+        step = stops.feed(split.content)
+        if step.stop is not None:
+            stops.flush()
+            return ChoiceStep(step.text, FinishReason.STOP, split.reasoning)
+        return ChoiceStep(step.text + stops.flush(), None, split.reasoning)
 
 
 def new_detokenizer(
@@ -208,13 +236,16 @@ def new_choice(
     ``ReasoningChoiceDecoder`` (its splitter before the stop matcher, the
     reasoning ended at ``reasoning_budget`` tokens when given)."""
     stops = StopMatcher(pattern, include_stop_str_in_output=include_stop_str_in_output)
+    reasons = reasoning is not None and reasoning.reasons
     if vocabulary is None:
-        return ChoiceState(index, TextChoiceDecoder(stops), None, options.echo)
+        splitter = ReasoningSplitter(reasoning) if reasoning and reasons else None
+        text_decoder = TextChoiceDecoder(stops, splitter)
+        return ChoiceState(index, text_decoder, None, options.echo)
     detokenizer = new_detokenizer(
         options, vocabulary, skip_special_tokens=skip_special_tokens
     )
     aligner = LogprobAligner[TokenLogprob]() if logprobs else None
-    if reasoning is not None and reasoning.reasons:
+    if reasoning is not None and reasons:
         splitter = ReasoningSplitter(reasoning)
         decoder: ChoiceDecoder = ReasoningChoiceDecoder(
             detokenizer, stops, splitter, reasoning_budget

@@ -133,6 +133,7 @@ class ResponseDecoder:
         "_reported_prompts",
         "_text_decoders",
         "_text_reasoning",
+        "_text_splitters",
         "_token_decoders",
         "_unread",
         "aborts",
@@ -189,6 +190,7 @@ class ResponseDecoder:
         self._text_decoders = [
             c.decoder for c in self._choices if isinstance(c.decoder, TextChoiceDecoder)
         ]
+        self._text_splitters = [d for d in self._text_decoders if d.splits]
         self._prompt_tokens = prompt_tokens
         self._prompt_of = prompt_of
         # prompt index -> (its tokens, those read from a cache)
@@ -212,10 +214,11 @@ class ResponseDecoder:
         reported = self._reported_prompts.values()
         prompt = self._prompt_tokens + sum(tokens for tokens, _ in reported)
         cached = sum(cached for _, cached in reported)
-        if not self._reasoning and not self._text_reasoning:
+        if not (self._reasoning or self._text_reasoning or self._text_splitters):
             return Usage(prompt, completion, cached)
         reasoning = sum(d.reasoning_tokens for d in self._reasoning)
         reasoning += sum(self._text_reasoning.values())
+        reasoning += sum(d.reasoning_tokens for d in self._text_splitters)
         return Usage(prompt, completion, cached, reasoning_tokens=reasoning)
 
     @property
@@ -310,13 +313,14 @@ class ResponseDecoder:
                 ongoing = step.finish_reason is None and item.finish_reason is None
                 if item.reasoning or item.reasoning_tokens is not None:
                     self._count_reasoning(index, item)
-                if ongoing and not item.tool_calls and not item.reasoning:
+                thought = item.reasoning + step.reasoning
+                if ongoing and not item.tool_calls and not thought:
                     if not step.text:
                         return _NO_EVENTS
                     usage = self.usage if self._continuous_usage else None
                     return (Delta(index, step.text, None, usage),)
                 events = []
-                self._reasoning_delta(choice, item.reasoning, events)
+                self._reasoning_delta(choice, thought, events)
                 self._delta(choice, step.text, None, events)
                 if step.finish_reason is None:  # after a stop string: dropped
                     self._tool_calls(index, item.tool_calls, events)

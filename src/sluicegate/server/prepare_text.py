@@ -6,7 +6,9 @@ gets no token work at all: each prompt goes to it in the API's terms
 the sampling fields the client set are forwarded as set, and ``tools``,
 ``tool_choice``, ``parallel_tool_calls``, ``response_format``,
 ``chat_template_kwargs`` and ``reasoning_effort`` go as the client set them (it
-constrains and parses the calls itself, and splits its own reasoning). What needs the
+constrains and parses the calls itself, and splits its own reasoning). With
+``serve --reasoning-parser NAME`` (not ``auto``) the upstream's plain content is
+split here at that family's markers, for an upstream without a parser. What needs the
 model's vocabulary (``logprobs``, ``stop_token_ids``, the echo of a token-id
 prompt) is refused with a 400.
 """
@@ -18,6 +20,8 @@ from typing import Any
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import RequestError
+from sluicegate.core.reasoning import reasoning_parser
+from sluicegate.core.reasoning_choice import request_reasoning
 from sluicegate.engines.base import Engine, TextPrompt
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.plan import Plan, plan_of, sampling_params
@@ -50,7 +54,15 @@ def text_chat_plan(
         extra=_constraint_fields(request),
         tool_names=frozenset(t.function.name for t in request.tools or ()),
     )
-    return _text_plan(request, response_id, engine, config, model, [text], [""])
+    plan = _text_plan(request, response_id, engine, config, model, [text], [""])
+    if config.reasoning_parser == "auto":
+        return plan  # the upstream splits its own reasoning, if it does
+    # Named on the command line: the upstream writes its markers into plain
+    # content (no parser of its own), and they are split here. Its prompt is
+    # not seen, so the request's thinking option or the parser decides.
+    parser = reasoning_parser(config.reasoning_parser)
+    reasoning = request_reasoning(parser, "", thinking=request.thinking)
+    return dataclasses.replace(plan, reasoning=reasoning)
 
 
 def _message_json(message: ChatMessage) -> dict[str, Any]:
