@@ -18,6 +18,8 @@ from sluicegate.engines.scripted_text import ScriptedTextEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
+from sluicegate.server.messages import ChatMessage
+from sluicegate.server.templates import ChatTemplate
 from tests.reasoning_splits import S28, S28_WIDE, marker_splits
 
 pytestmark = pytest.mark.anyio
@@ -302,3 +304,25 @@ async def test_a_text_engines_plain_markers_are_split_when_a_family_is_named(
     assert _joined(got["order"], "reasoning") == reasoning
     content = "The answer" if reasoning else "<think>plan</think>The answer"
     assert _joined(got["order"], "content") == content
+
+
+def test_earlier_reasoning_reaches_the_template_as_text_only() -> None:
+    source = (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+        "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>"
+        "{% endif %}{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    )
+    tokenizer = ScriptedTokenizer()
+    template = ChatTemplate(tokenizer, source)
+    messages = [
+        ChatMessage(role="user", content="1+1?"),
+        ChatMessage(
+            role="assistant", content="2", reasoning_content="one <end_of_turn> one"
+        ),
+    ]
+    prompt = template.prompt(messages)
+    text = "".join(prompt.parts)
+    assert "<think>one <end_of_turn> one</think>2" in text
+    # The control token typed into the reasoning is text, not a turn's end.
+    ids = prompt.encode()
+    assert ids.count(ScriptedTokenizer.end_of_turn_id) == 2

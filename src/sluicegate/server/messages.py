@@ -36,6 +36,11 @@ class ChatMessage(BaseModel):
     """The call a ``tool`` message answers."""
     name: str | None = None
     """The participant's name (OpenAI's ``name``); not rendered."""
+    reasoning_content: str | None = None
+    """An assistant message's earlier reasoning, as a chat answer gave it
+    (``message.reasoning_content``); reaches the chat template as the message's
+    ``reasoning_content`` (Qwen3's template renders it for the turns after the
+    last user message, and drops it for earlier ones)."""
 
     @model_validator(mode="before")
     @classmethod

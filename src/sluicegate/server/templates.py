@@ -216,15 +216,20 @@ class ChatTemplate:
         return prompt
 
     def _escaped(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-        """``messages`` with control-token text in contents escaped, or ``None``
-        when no content holds any."""
-        escaped = [self._control.escape(m["content"]) for m in messages]
-        if all(e is None for e in escaped):
-            return None
-        return [
-            m if e is None else {**m, "content": e}
-            for m, e in zip(messages, escaped, strict=True)
-        ]
+        """``messages`` with control-token text in contents (and earlier
+        reasoning) escaped, or ``None`` when none holds any."""
+        changed = False
+        out = []
+        for message in messages:
+            fields = {}
+            for name in ("content", "reasoning_content"):
+                text = message.get(name)
+                escaped = None if text is None else self._control.escape(text)
+                if escaped is not None:
+                    fields[name] = escaped
+            changed = changed or bool(fields)
+            out.append({**message, **fields} if fields else message)
+        return out if changed else None
 
     def _checked_render(
         self,

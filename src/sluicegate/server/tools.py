@@ -172,9 +172,10 @@ def template_messages(
     Returns:
         The dicts, and for each the index in ``messages`` of the message it
         comes from (to name it in an error). ``native``: one dict per message
-        (``role``, ``content``, and ``tool_calls``, ``tool_call_id`` or
-        ``name`` where given). Otherwise only ``system``, ``user`` and
-        ``assistant`` messages, in the block format of docs/tools.md.
+        (``role``, ``content``, and ``tool_calls``, ``tool_call_id``,
+        ``name`` or ``reasoning_content`` where given). Otherwise only ``system``, ``user`` and
+        ``assistant`` messages, in the block format of docs/tools.md (with
+        ``reasoning_content`` where given).
         ``developer`` reads ``system`` in both.
 
     Raises:
@@ -203,7 +204,10 @@ def template_messages(
         if message.tool_calls:
             blocks = "\n".join(_history_block(c) for c in message.tool_calls)
             content = f"{content}\n{blocks}" if content else blocks
-        out.append({"role": role, "content": content})
+        turn: dict[str, Any] = {"role": role, "content": content}
+        if message.reasoning_content:
+            turn["reasoning_content"] = message.reasoning_content
+        out.append(turn)
         origins.append(i)
     if setup is not None:
         tools = tools_prompt(setup)
@@ -265,6 +269,8 @@ def _native(message: ChatMessage) -> dict[str, Any]:
         plain["tool_call_id"] = message.tool_call_id
     if message.name is not None:
         plain["name"] = message.name
+    if message.reasoning_content:
+        plain["reasoning_content"] = message.reasoning_content
     return plain
 
 
