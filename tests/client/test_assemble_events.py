@@ -9,7 +9,10 @@ import pytest
 from sluicegate.client import AsyncClient
 from sluicegate.client.assemble_events import EventApi, EventStreamAssembler
 from sluicegate.client.results import StreamResult
+from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
+from sluicegate.core.events import Delta, DeltaParts, End, Finish, FinishReason, Usage
+from sluicegate.core.wire import stream_machine
 from tests.check.test_api_probes import messages_events, responses_events, sse
 
 SSE = {"Content-Type": "text/event-stream"}
@@ -114,3 +117,27 @@ async def test_the_async_client_streams_both_apis() -> None:
     assert responses.raw == bodies["/v1/responses"]
     assert [s["stream"] for s in sent] == [True, True]
     assert sent[1]["max_tokens"] == 3
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_reasoning_is_assembled_apart_from_the_text(api: EventApi) -> None:
+    endpoint = Endpoint.RESPONSES if api == "responses" else Endpoint.MESSAGES
+    header = ResponseHeader("resp_1", 1, "m", endpoint, prompt_tokens=3)
+    machine = stream_machine(header)
+    frames = machine.start()
+    for event in (
+        Delta(0, "", parts=DeltaParts(reasoning="plan")),
+        Delta(0, "", parts=DeltaParts(reasoning=": 4")),
+        Delta(0, "Four."),
+        Finish(0, FinishReason.STOP),
+        End(Usage(3, 5, reasoning_tokens=2)),
+    ):
+        frames += machine.feed(event)
+    _, texts, result = run(api, b"".join(frames))
+    assert texts == ["Four."]
+    assert result.choices[0].reasoning == "plan: 4"
+    assert result.text == "Four."
+    assert result.usage is not None
+    # Messages has no reasoning count of its own.
+    expected = 2 if api == "responses" else None
+    assert result.usage.reasoning_tokens == expected

@@ -5,7 +5,10 @@ APIs: bytes in, ``TextDelta`` values out, and at the end the same
 ``StreamResult`` and end state (``core.endstate.classify``) the chat client
 gives. The terminal event plays the part of ``[DONE]``: ``response.completed``
 / ``response.incomplete`` (Responses) or ``message_stop`` (Messages); an
-``error`` event or ``response.failed`` makes the stream ``errored``.
+``error`` event or ``response.failed`` makes the stream ``errored``. Reasoning
+(``response.reasoning_text.delta``; Messages ``thinking_delta``) is assembled
+into ``ChoiceResult.reasoning``, never a ``TextDelta``; the Responses usage's
+``output_tokens_details.reasoning_tokens`` is kept.
 
 Spec: OpenAI API reference, "Responses: streaming events"; Anthropic API,
 "Streaming Messages".
@@ -64,6 +67,8 @@ class EventStreamAssembler:
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._reasoning_tokens: int | None = None
         self._finish: str | None = None
         self._usage: dict[str, int] = {}
         self._error: Mapping[str, Any] | None = None
@@ -153,10 +158,17 @@ class EventStreamAssembler:
         )  # fmt: skip
         usage = None
         if {"input", "output"} <= self._usage.keys():
-            usage = Usage(self._usage["input"], self._usage["output"])
+            usage = Usage(
+                self._usage["input"],
+                self._usage["output"],
+                reasoning_tokens=self._reasoning_tokens,
+            )
+        choice = ChoiceResult(
+            0, "".join(self._text), self._finish, reasoning="".join(self._reasoning)
+        )
         return StreamResult(
             end_state=state, status=self._status,
-            choices=(ChoiceResult(0, "".join(self._text), self._finish),),
+            choices=(choice,),
             usage=usage, error=self._error, events=self._events,
             saw_done=self._done, headers=dict(self._headers),
             timing=Timing(self._head_s, None, self._first_token_s, now_s),
@@ -175,11 +187,20 @@ def _responses(
     if name == "response.output_text.delta" and isinstance(obj.get("delta"), str):
         a._text.append(obj["delta"])
         return str(obj["delta"])
+    if name == "response.reasoning_text.delta" and isinstance(obj.get("delta"), str):
+        a._reasoning.append(obj["delta"])
+        return None
     resp = obj.get("response")
     if name in ("response.completed", "response.incomplete", "response.failed"):
         resp = resp if isinstance(resp, dict) else {}
         a._count(resp.get("usage"), "input_tokens", "input")
         a._count(resp.get("usage"), "output_tokens", "output")
+        usage = resp.get("usage")
+        details = (
+            usage.get("output_tokens_details") if isinstance(usage, dict) else None
+        )
+        if isinstance(details, dict) and type(details.get("reasoning_tokens")) is int:
+            a._reasoning_tokens = details["reasoning_tokens"]
         details = resp.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None
         a._finish = "stop" if name == "response.completed" else reason
@@ -196,6 +217,9 @@ def _messages(a: EventStreamAssembler, name: str, obj: Mapping[str, Any]) -> str
         if delta.get("type") == "text_delta" and isinstance(text, str) and text:
             a._text.append(text)
             return text
+        thought = delta.get("thinking")
+        if delta.get("type") == "thinking_delta" and isinstance(thought, str):
+            a._reasoning.append(thought)
     elif name == "message_start" and isinstance(obj.get("message"), dict):
         a._count(obj["message"].get("usage"), "input_tokens", "input")
     elif name == "message_delta":
