@@ -456,3 +456,36 @@ def test_every_control_is_labelled_and_reachable_by_keyboard(
     assert {"api-key", "model", "prompt", "max-tokens", "logprobs"} <= set(focused)
     screenshot(page, tmp_path, "keyboard-focus")
     page.close()
+
+
+def test_reasoning_is_shown_apart_from_the_answer(
+    browser: BrowserContext, tmp_path: Path
+) -> None:
+    """A scripted thinking model (its markers split by ``--reasoning-parser``):
+    the page paints the reasoning in its own section, the answer below."""
+    script = tmp_path / "thinking.txt"
+    script.write_text("<think>plan: 2+2=4</think>The answer is 4.", encoding="utf-8")
+    server = start_server(
+        "scripted-thinking",
+        tmp_path,
+        "--engine",
+        "scripted",
+        "--scripted-text",
+        str(script),
+        "--scripted-rate",
+        "200",
+        "--reasoning-parser",
+        "qwen3",
+        "--no-ledger",
+    )
+    try:
+        page = open_page(browser, server)
+        fill(page, {"User message": "2+2?"})
+        assert send_and_wait(page) == "finished"
+        screenshot(page, tmp_path, "reasoning")
+        assert page.locator("#choice-0-reasoning").text_content() == "plan: 2+2=4"
+        assert page.locator("#choice-0-text").text_content() == "The answer is 4."
+        assert page.locator("#choice-0-reasoning").is_visible()
+        page.close()
+    finally:
+        stop_server(server)

@@ -138,6 +138,16 @@ class Painter {
       const heading = document.createElement("h3");
       heading.id = `choice-${index}-heading`;
       heading.textContent = `Choice ${index}`;
+      // The model's reasoning, apart from its answer; shown once some arrives.
+      const reasoning = document.createElement("details");
+      reasoning.className = "reasoning";
+      reasoning.open = true;
+      reasoning.hidden = true;
+      const summary = document.createElement("summary");
+      summary.textContent = "Reasoning";
+      const thought = document.createElement("div");
+      thought.id = `choice-${index}-reasoning`;
+      reasoning.append(summary, thought);
       const text = document.createElement("div");
       text.className = "text";
       text.id = `choice-${index}-text`;
@@ -148,15 +158,19 @@ class Painter {
       const finish = document.createElement("p");
       finish.className = "finish";
       finish.id = `choice-${index}-finish`;
-      article.append(heading, text, tools, finish);
+      article.append(heading, reasoning, text, tools, finish);
       el("choices").append(article);
-      this.choiceNodes.set(index, {text, tools, finish});
+      this.choiceNodes.set(index, {reasoning, thought, text, tools, finish});
     }
     return this.choiceNodes.get(index);
   }
 
   delta(delta) {
     const node = this.choiceNode(delta.index);
+    if (delta.reasoning) {
+      node.reasoning.hidden = false;
+      node.thought.append(delta.reasoning);
+    }
     if (delta.text) {
       if (delta.title) {
         const span = document.createElement("span");

@@ -32,7 +32,7 @@ export function classify(status, finishedChoices, n, sawDone, error, clientGone)
 }
 
 function newChoice(index) {
-  return {index, text: "", finishReason: null, toolCalls: [], tokens: 0};
+  return {index, text: "", reasoning: "", finishReason: null, toolCalls: [], tokens: 0};
 }
 
 // The logprobs of one chunk's choice as a hover text: "token  logprob  (top
@@ -92,7 +92,8 @@ export class StreamRecord {
 
   // Feed one event's data, which arrived atMs after the request was sent.
   // Returns {kind, json, deltas}: kind is "done", "error", "chunk" or "malformed";
-  // deltas lists {index, text, title, toolCalls, finishReason} per choice touched.
+  // deltas lists {index, text, reasoning, title, toolCalls, finishReason} per
+  // choice touched.
   feed(data, atMs) {
     if (data === DONE) {
       this.sawDone = true;
@@ -120,7 +121,7 @@ export class StreamRecord {
       this.usage = json.usage;
     }
     const deltas = (json.choices || []).map((c) => this.feedChoice(c));
-    if (deltas.some((d) => d.text || d.toolCalls.length)) {
+    if (deltas.some((d) => d.text || d.reasoning || d.toolCalls.length)) {
       this.token(atMs);
     }
     return {kind: "chunk", json, deltas};
@@ -132,6 +133,11 @@ export class StreamRecord {
     const text = typeof delta.content === "string" ? delta.content
       : typeof delta.text === "string" ? delta.text : "";
     choice.text += text;
+    // reasoning_content (sluicegate, vLLM, llama.cpp), else reasoning (newer vLLM).
+    const reasoning = typeof delta.reasoning_content === "string" && delta.reasoning_content
+      ? delta.reasoning_content
+      : typeof delta.reasoning === "string" ? delta.reasoning : "";
+    choice.reasoning += reasoning;
     const toolCalls = Array.isArray(delta.tool_calls) ? delta.tool_calls : [];
     for (const part of toolCalls) {
       const index = part.index || 0;
@@ -150,6 +156,7 @@ export class StreamRecord {
     return {
       index: choice.index,
       text,
+      reasoning,
       title: logprobsTitle(raw.logprobs),
       toolCalls,
       finishReason: raw.finish_reason || null,
