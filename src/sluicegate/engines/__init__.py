@@ -1,4 +1,5 @@
-"""Engines: the Engine protocol (``base``) and its implementations.
+"""Engines: the protocols (``base``: ``TokenEngine``, ``TextEngine``) and their
+implementations.
 
 ``llamacpp`` (a real GGUF model through llama.cpp), ``scripted`` (no model: replays
 token scripts with injectable faults), ``scripted_text`` (the same, yielding text)
@@ -7,6 +8,7 @@ importing this package does not load llama.cpp.
 """
 
 from sluicegate.engines.base import (
+    Capabilities,
     Engine,
     EngineStats,
     GenerateRequest,
@@ -14,10 +16,13 @@ from sluicegate.engines.base import (
     ModelInfo,
     OutputKind,
     SamplingParams,
+    TextEngine,
+    TokenEngine,
     Tokenizer,
 )
 
 __all__ = [
+    "Capabilities",
     "Engine",
     "EngineStats",
     "GenerateRequest",
@@ -25,5 +30,7 @@ __all__ = [
     "ModelInfo",
     "OutputKind",
     "SamplingParams",
+    "TextEngine",
+    "TokenEngine",
     "Tokenizer",
 ]

@@ -1,4 +1,4 @@
-"""The engine protocol: a request in, one sequence's outputs out.
+"""The engine protocols, by what an engine yields: token ids or text deltas.
 
 An engine serves ``GenerateRequest``s. ``generate()`` returns an async iterator of
 one sequence's outputs, one per decode step; the last carries the
@@ -7,12 +7,17 @@ one sequence's outputs, one per decode step; the last carries the
 the queue, from prefill or from the running batch at the next step, and frees its KV
 cells. The engine never waits on a consumer: outputs go into per-request buffers.
 
-Two parts of the contract are declared, not guessed:
+An engine follows one of two protocols, by what its outputs carry:
+``TokenEngine`` yields ``EngineOutput`` (token ids, which the server
+detokenizes: llama.cpp, the scripted engine) and ``TextEngine`` yields
+``TextOutput`` (text deltas: an upstream OpenAI-compatible server, for which
+the server does no token work). ``Engine`` is either; its ``output_kind`` is the
+tag that tells them apart and narrows the type. What an engine can do beyond
+its protocol (grammars, logprobs, a pool of upstreams) it declares in
+``capabilities``: the server never probes an engine's attributes.
 
-- What an output is (``Engine.output_kind``): ``TOKENS`` engines yield
-  ``EngineOutput`` (token ids, detokenized by the server); ``TEXT`` engines (an
-  upstream OpenAI-compatible server) yield ``TextOutput`` (text), and the server
-  does no token work for them.
+The rest of the contract is declared too, not guessed:
+
 - How outputs are delivered: any async iterator will do, read by a task; one
   that is also ``ListenableOutputs`` hands each item to a listener in the
   engine's own callback instead, with no task in between (``SequenceOutputs`` in
@@ -22,7 +27,7 @@ Two parts of the contract are declared, not guessed:
   upstream server, which answers with a status first), when ``accepted()``
   returns; the server sends its status line only after that.
 
-A ``TEXT`` engine gets its prompt as ``GenerateRequest.text_prompt`` (messages
+A ``TextEngine`` gets its prompt as ``GenerateRequest.text_prompt`` (messages
 or a completions prompt, in the API's terms) and counts the prompt's tokens
 itself (``TextOutput.prompt_tokens``).
 """
@@ -30,30 +35,40 @@ itself (``TextOutput.prompt_tokens``).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from sluicegate.core.choice_setup import Vocabulary
-from sluicegate.core.chunks import Endpoint
 from sluicegate.core.decoding import OutputItem
 from sluicegate.core.events import EngineOutput, TextOutput, Usage
+from sluicegate.engines.pool import UpstreamCounters
+from sluicegate.engines.values import (
+    EngineStats,
+    GenerateRequest,
+    Grammar,
+    ModelInfo,
+    SamplingParams,
+    TextPrompt,
+)
 
 __all__ = [
     "AcceptingOutputs",
+    "Capabilities",
     "CountsPrompts",
     "Engine",
     "EngineStats",
     "GenerateRequest",
     "Grammar",
-    "GrammarCompiling",
     "ListenableOutputs",
     "ModelInfo",
     "OutputItem",
     "OutputKind",
     "OutputListener",
     "SamplingParams",
+    "TextEngine",
     "TextPrompt",
+    "TokenEngine",
     "Tokenizer",
 ]
 
@@ -96,129 +111,6 @@ class ListenableOutputs(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class Grammar:
-    """A constraint on one sequence's output text, for constrained decoding.
-
-    Attributes:
-        text: the grammar in llguidance's Lark dialect: the root rule is
-            ``start``, and ``%json {...}`` embeds a JSON schema.
-        triggers: for a lazy grammar, the literal texts that begin its
-            constrained part (text before the first one is free; the grammar
-            text itself says so with a ``[lazy]`` rule); ``()`` when the whole
-            output is constrained.
-    """
-
-    text: str
-    triggers: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How to sample one sequence.
-
-    Attributes:
-        max_tokens: most completion tokens to generate (tokens, >= 1).
-        temperature: 0 means greedy.
-        top_p: nucleus mass in (0, 1].
-        top_k: keep the k most likely tokens; 0 disables.
-        min_p: drop tokens below ``min_p`` x the top probability; 0 disables.
-        seed: sampling seed; ``None`` picks one at random.
-        presence_penalty, frequency_penalty: OpenAI penalties in [-2, 2].
-        repetition_penalty: multiplicative penalty; 1 disables.
-        stop_token_ids: extra token ids that end the sequence (never in content).
-        ignore_eos: keep generating past end-of-sequence tokens.
-        logit_bias: token id -> bias added to its logit.
-        logprobs: ``None`` for no logprobs; k >= 0 for the sampled token's
-            logprob plus its k most likely alternatives.
-        grammar: a constraint the sequence's text must match (``None``: free
-            text); an engine that cannot enforce one ignores it.
-    """
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop_token_ids: frozenset[int] = frozenset()
-    ignore_eos: bool = False
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    logprobs: int | None = None
-    grammar: Grammar | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TextPrompt:
-    """The prompt of one sequence for an engine that takes text (``OutputKind.TEXT``).
-
-    Such an engine (an upstream OpenAI-compatible server) applies its own chat
-    template and tokenizer, so the server hands it the request in the API's own
-    terms instead of token ids.
-
-    Attributes:
-        endpoint: which API the prompt is for (chat or completions).
-        messages: chat: the validated messages, as JSON objects in the OpenAI
-            shape; ``()`` for completions.
-        prompt: completions: one prompt, text or token ids; ``""`` for chat.
-        stop: stop strings; the engine may pass them on (the server still
-            matches them itself on the text it receives).
-        max_tokens: what the client asked for (or the server's default); ``None``:
-            the engine's own limit. ``GenerateRequest.params.max_tokens`` is
-            then only the bound quotas reserve.
-        extra: other request fields to pass on unchanged (JSON values), such as
-            ``tools`` or ``response_format``.
-        tool_names: the names of the tools the client offered (chat); a call
-            the engine's model makes to any other is an error, never passed on.
-    """
-
-    endpoint: Endpoint
-    messages: tuple[Mapping[str, Any], ...] = ()
-    prompt: str | tuple[int, ...] = ""
-    stop: tuple[str, ...] = ()
-    max_tokens: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    tool_names: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateRequest:
-    """One sequence to generate: an id unique among running requests, the prompt.
-
-    Attributes:
-        request_id: unique among the engine's running requests.
-        prompt_token_ids: the prompt, tokenized (tokens); ``()`` for an engine
-            of ``OutputKind.TEXT``, which gets ``text_prompt`` instead.
-        params: how to sample.
-        text_prompt: the prompt in the API's terms, for an engine of
-            ``OutputKind.TEXT``; ``None`` for one that takes token ids.
-    """
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    params: SamplingParams
-    text_prompt: TextPrompt | None = None
-
-
-class GrammarCompiling(Protocol):
-    """An engine that compiles grammars for its vocabulary, and can do it ahead.
-
-    The server's schema worker calls ``compile_grammar`` off the event loop
-    before the request is submitted: an engine that would otherwise compile on
-    the request's first step (the llama.cpp worker, for every sequence of the
-    batch) finds the grammar compiled.
-    """
-
-    def compile_grammar(self, grammar: Grammar) -> None:
-        """Compile ``grammar`` now, blocking the calling thread (seconds for a
-        large schema); one that does not compile is left for the request to
-        fail as it would have. Never raises for a bad grammar."""
-        ...
-
-
 @runtime_checkable
 class CountsPrompts(Protocol):
     """An engine that takes text and counts a prompt's tokens with its own
@@ -257,50 +149,6 @@ class AcceptingOutputs(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    """A snapshot of the engine's load and counters.
-
-    Units: requests for ``queued``/``running``/``*_requests``, tokens (KV cells) for
-    ``kv_cells_*``, tokens for ``*_tokens``; ``steps`` counts decode steps and
-    ``step_time_s`` is their total wall time in seconds; ``last_step_tokens`` is
-    the batch size (tokens) of the latest step. ``failure`` is ``None`` while the
-    engine serves, and otherwise says why it stopped for good (its worker died):
-    a server that sees it should exit. ``submit_limit`` is how many sequences an
-    idle engine accepts at once before ``generate`` raises ``EngineUnavailable``
-    (its queue, plus the slots a sequence starts in at submission; ``None``: no
-    such bound): a request with more choices can never be admitted.
-    """
-
-    queued: int
-    running: int
-    kv_cells_used: int
-    kv_cells_total: int
-    prompt_tokens: int
-    generated_tokens: int
-    wasted_tokens: int
-    finished_requests: int
-    aborted_requests: int
-    failed_requests: int
-    running_ids: tuple[str, ...] = ()
-    aborted_ids: tuple[str, ...] = field(default=())
-    steps: int = 0
-    step_time_s: float = 0.0
-    last_step_tokens: int = 0
-    failure: str | None = None
-    submit_limit: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """What the server needs to know about the served model."""
-
-    id: str
-    context_length: int
-    created: int
-    owned_by: str = "sluicegate"
-
-
 @runtime_checkable
 class Tokenizer(Vocabulary, Protocol):
     """Text <-> token ids for one vocabulary; pieces are byte strings.
@@ -328,13 +176,30 @@ class Tokenizer(Vocabulary, Protocol):
         ...
 
 
-class Engine(Protocol):
-    """What sluicegate needs from an inference engine."""
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What one engine can do beyond its protocol, declared by the engine.
 
-    @property
-    def output_kind(self) -> OutputKind:
-        """What ``generate``'s outputs carry: token ids or text."""
-        ...
+    The server reads these instead of probing the engine's attributes.
+
+    Attributes:
+        grammars: it enforces ``SamplingParams.grammar``, and its
+            ``compile_grammar`` compiles one ahead (llama.cpp); ``False``: it
+            ignores grammars, and ``compile_grammar`` does nothing.
+        logprobs: its outputs carry the logprobs ``SamplingParams.logprobs``
+            asks for; ``False``: a request for logprobs is refused (400).
+        upstreams: it serves from a pool of upstream servers, and
+            ``upstream_counters()`` has a row per upstream; ``False``: always
+            ``[]``.
+    """
+
+    grammars: bool = False
+    logprobs: bool = False
+    upstreams: bool = False
+
+
+class _EngineBase(Protocol):
+    """What every engine has, whatever its outputs carry."""
 
     @property
     def model(self) -> ModelInfo:
@@ -342,22 +207,8 @@ class Engine(Protocol):
         ...
 
     @property
-    def tokenizer(self) -> Tokenizer:
-        """The served model's tokenizer."""
-        ...
-
-    def generate(
-        self, request: GenerateRequest
-    ) -> AsyncIterator[EngineOutput] | AsyncIterator[TextOutput]:
-        """Queue ``request`` and yield its outputs step by step.
-
-        The outputs are ``EngineOutput`` or ``TextOutput``, as ``output_kind``
-        says; they may also be ``ListenableOutputs``.
-
-        Raises:
-            EngineError: from the iterator, when the engine fails this request.
-            EngineUnavailable: at once, when the queue is full or the engine closed.
-        """
+    def capabilities(self) -> Capabilities:
+        """What it can do beyond the protocol; constant over its life."""
         ...
 
     def abort(self, request_id: str, *, stopped: bool = False) -> None:
@@ -377,3 +228,79 @@ class Engine(Protocol):
     async def aclose(self) -> None:
         """Abort everything, free the model; later ``generate`` calls fail."""
         ...
+
+
+class TokenEngine(_EngineBase, Protocol):
+    """An engine of token ids (llama.cpp, the scripted engine).
+
+    It takes the prompt as token ids (``GenerateRequest.prompt_token_ids``) and
+    yields ``EngineOutput``: the server renders chat templates with its
+    ``tokenizer``, counts the prompt, detokenizes, aligns logprobs and matches
+    stop strings.
+    """
+
+    @property
+    def output_kind(self) -> Literal[OutputKind.TOKENS]:
+        """``OutputKind.TOKENS``: the tag that tells the two protocols apart."""
+        ...
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The served model's tokenizer."""
+        ...
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
+        """Queue ``request`` and yield its outputs step by step.
+
+        The outputs may also be ``ListenableOutputs``.
+
+        Raises:
+            EngineError: from the iterator, when the engine fails this request.
+            EngineUnavailable: at once, when the queue is full or the engine closed.
+        """
+        ...
+
+    def compile_grammar(self, grammar: Grammar) -> None:
+        """Compile ``grammar`` for this engine's vocabulary now, blocking the
+        calling thread (seconds for a large schema), so that the request's first
+        step finds it compiled; the server calls it off the event loop, and only
+        when ``capabilities.grammars``. One that does not compile is left for
+        the request to fail as it would have. Never raises for a bad grammar."""
+        ...
+
+
+class TextEngine(_EngineBase, Protocol):
+    """An engine of text deltas (an upstream OpenAI-compatible server).
+
+    It takes the prompt in the API's terms (``GenerateRequest.text_prompt``),
+    applies its own chat template and tokenizer, and yields ``TextOutput``: the
+    server does no token work for it, and the last output of a sequence counts
+    the prompt's tokens (``TextOutput.prompt_tokens``). Its outputs may also be
+    ``AcceptingOutputs`` (a refusal with a status of its own before the stream)
+    and ``ListenableOutputs``.
+    """
+
+    @property
+    def output_kind(self) -> Literal[OutputKind.TEXT]:
+        """``OutputKind.TEXT``: the tag that tells the two protocols apart."""
+        ...
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TextOutput]:
+        """Start ``request`` and yield its outputs as text arrives.
+
+        Raises:
+            EngineError: from the iterator (or ``accepted()``), when the engine
+                fails this request.
+            EngineUnavailable: at once, when the engine is closed.
+        """
+        ...
+
+    def upstream_counters(self) -> list[UpstreamCounters]:
+        """Each upstream's state and counters (``[]`` without
+        ``capabilities.upstreams``, or before the first request)."""
+        ...
+
+
+Engine = TokenEngine | TextEngine
+"""Any engine; ``output_kind`` tells which protocol it follows (and narrows the
+type), so the server chooses its decoding stage from it."""

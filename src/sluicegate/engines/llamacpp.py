@@ -47,7 +47,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import llama_cpp as llama
 
@@ -55,6 +55,7 @@ from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, TokenLogprob
 from sluicegate.core.scheduling import BatchScheduler, Phase, PlannedChunk, Scheduled
 from sluicegate.engines.base import (
+    Capabilities,
     EngineStats,
     GenerateRequest,
     Grammar,
@@ -72,6 +73,8 @@ from sluicegate.engines.outputs import SequenceOutputs
 __all__ = ["LlamaCppEngine", "load_vocab"]
 
 log = logging.getLogger(__name__)
+
+_CAPABILITIES = Capabilities(grammars=True, logprobs=True)
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -183,9 +186,14 @@ class LlamaCppEngine:
         return self._tokenizer
 
     @property
-    def output_kind(self) -> OutputKind:
-        """``OutputKind.TOKENS``: every output carries token ids."""
+    def output_kind(self) -> Literal[OutputKind.TOKENS]:
+        """``OutputKind.TOKENS``: a ``TokenEngine``."""
         return OutputKind.TOKENS
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Grammars (compiled ahead by ``compile_grammar``) and logprobs."""
+        return _CAPABILITIES
 
     def generate(self, request: GenerateRequest) -> SequenceOutputs[EngineOutput]:
         """Queue ``request`` now; its outputs hold one ``EngineOutput`` per step.
@@ -244,7 +252,7 @@ class LlamaCppEngine:
 
     def compile_grammar(self, grammar: Grammar) -> None:
         """Compile ``grammar`` for this vocabulary now, in the caller's thread
-        (``GrammarCompiling``), so that the worker does not stall every
+        (``TokenEngine.compile_grammar``), so that the worker does not stall every
         sequence to compile it on the request's first draw."""
         self._grammars.compile(grammar)
 

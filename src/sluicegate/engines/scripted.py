@@ -48,10 +48,18 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, FinishReason
-from sluicegate.engines.base import EngineStats, GenerateRequest, ModelInfo, OutputKind
+from sluicegate.engines.base import (
+    Capabilities,
+    EngineStats,
+    GenerateRequest,
+    Grammar,
+    ModelInfo,
+    OutputKind,
+)
 from sluicegate.engines.clocks import Timers
 from sluicegate.engines.heap_clock import HeapClock
 from sluicegate.engines.outputs import SequenceOutputs
@@ -75,6 +83,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+_CAPABILITIES = Capabilities(logprobs=True)
 
 
 class _Phase(Enum):
@@ -192,9 +203,17 @@ class ScriptedEngine:
         return self._tokenizer
 
     @property
-    def output_kind(self) -> OutputKind:
-        """``OutputKind.TOKENS``: every output carries token ids."""
+    def output_kind(self) -> Literal[OutputKind.TOKENS]:
+        """``OutputKind.TOKENS``: a ``TokenEngine``."""
         return OutputKind.TOKENS
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Logprobs; no grammars (a grammar is ignored)."""
+        return _CAPABILITIES
+
+    def compile_grammar(self, grammar: Grammar) -> None:
+        """Nothing: the scripted engine ignores grammars."""
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
         """Queue ``request``; its outputs arrive one decode step at a time.

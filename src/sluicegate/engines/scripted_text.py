@@ -19,12 +19,13 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from sluicegate.core.decoding import OutputItem
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.events import EngineOutput, TextOutput
 from sluicegate.engines.base import (
+    Capabilities,
     EngineStats,
     GenerateRequest,
     ModelInfo,
@@ -32,6 +33,7 @@ from sluicegate.engines.base import (
     TextPrompt,
 )
 from sluicegate.engines.outputs import SequenceOutputs
+from sluicegate.engines.pool import UpstreamCounters
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.engines.scripted_script import Script
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
@@ -40,7 +42,7 @@ __all__ = ["ScriptedTextEngine"]
 
 
 class ScriptedTextEngine:
-    """An ``Engine`` of ``OutputKind.TEXT`` over a ``ScriptedEngine``.
+    """A ``TextEngine`` over a ``ScriptedEngine``.
 
     Args:
         script: as ``ScriptedEngine``'s.
@@ -62,9 +64,18 @@ class ScriptedTextEngine:
         return self._tokens.tokenizer
 
     @property
-    def output_kind(self) -> OutputKind:
-        """``OutputKind.TEXT``: every output carries text."""
+    def output_kind(self) -> Literal[OutputKind.TEXT]:
+        """``OutputKind.TEXT``: a ``TextEngine``."""
         return OutputKind.TEXT
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """None beyond the protocol: no logprobs, no upstreams."""
+        return Capabilities()
+
+    def upstream_counters(self) -> list[UpstreamCounters]:
+        """``[]``: no upstreams."""
+        return []
 
     def generate(self, request: GenerateRequest) -> SequenceOutputs[TextOutput]:
         """Queue ``request``; its outputs are ``TextOutput``, one per step.

@@ -42,7 +42,7 @@ import dataclasses
 import logging
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import orjson
@@ -55,11 +55,11 @@ from sluicegate.core.errors import (
     EngineUnavailable,
 )
 from sluicegate.engines.base import (
+    Capabilities,
     EngineStats,
     GenerateRequest,
     ModelInfo,
     OutputKind,
-    Tokenizer,
 )
 from sluicegate.engines.llamacpp_stats import RECENT_IDS
 from sluicegate.engines.pool import (
@@ -99,7 +99,7 @@ logger = logging.getLogger(__name__)
 
 
 class UpstreamEngine:
-    """An ``Engine`` of ``OutputKind.TEXT`` over a pool of OpenAI-compatible servers.
+    """A ``TextEngine`` over a pool of OpenAI-compatible servers.
 
     Args:
         model: the served model (its ``id`` is what clients ask for, and the
@@ -171,9 +171,14 @@ class UpstreamEngine:
         )
 
     @property
-    def output_kind(self) -> OutputKind:
-        """``OutputKind.TEXT``."""
+    def output_kind(self) -> Literal[OutputKind.TEXT]:
+        """``OutputKind.TEXT``: a ``TextEngine``."""
         return OutputKind.TEXT
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """A pool of upstreams (``upstream_counters``); no logprobs."""
+        return Capabilities(upstreams=True)
 
     @property
     def model(self) -> ModelInfo:
@@ -199,15 +204,6 @@ class UpstreamEngine:
         """The model's window is ``tokens`` (> 0), as an upstream told it
         (``upstream_context.py``); set before the first request."""
         self._model = dataclasses.replace(self._model, context_length=tokens)
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """None: the upstream tokenizes.
-
-        Raises:
-            RuntimeError: always.
-        """
-        raise RuntimeError("an upstream engine has no tokenizer of its own")
 
     @property
     def pool(self) -> UpstreamPool:

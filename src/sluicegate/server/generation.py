@@ -64,20 +64,27 @@ class Generation:
     def __init__(self, engine: Engine, plan: Plan) -> None:
         self._engine = engine
         self._plan = plan
-        self._text = engine.output_kind is OutputKind.TEXT
+        self._logprobs = engine.capabilities.logprobs
+        # The decoding stage, by the engine's protocol: token ids are
+        # detokenized with its tokenizer; text arrives decoded, and each
+        # sequence counts its own prompt (prompt_of).
+        if engine.output_kind is OutputKind.TEXT:
+            tokenizer, prompt_of = None, [c.prompt_index for c in plan.choices]
+        else:
+            tokenizer, prompt_of = engine.tokenizer, None
         self._decoder = new_response_decoder(
             plan.tools,
             [
                 ChoiceOptions(c.echo, c.params.stop_token_ids, c.params.ignore_eos)
                 for c in plan.choices
             ],
-            None if self._text else engine.tokenizer,
+            tokenizer,
             prompt_tokens=plan.prompt_tokens,
-            prompt_of=[c.prompt_index for c in plan.choices] if self._text else None,
+            prompt_of=prompt_of,
             stops=plan.stops,
             include_stop_str_in_output=plan.include_stop_str_in_output,
             skip_special_tokens=plan.skip_special_tokens,
-            logprobs=plan.logprobs is not None and not self._text,
+            logprobs=plan.logprobs is not None and self._logprobs,
             continuous_usage=plan.continuous_usage,
             reasoning=plan.reasoning,
             reasoning_budget=plan.reasoning_budget,
@@ -126,11 +133,12 @@ class Generation:
         """Submit every choice to the engine, before any byte is sent.
 
         Raises:
-            RequestError: logprobs asked of an engine that yields text.
+            RequestError: logprobs asked of an engine without them
+                (``Capabilities.logprobs``: one that yields text).
             EngineError: an engine that refuses at once (``EngineUnavailable`` for
                 a full queue); the choices already submitted are aborted.
         """
-        if self._text and self._plan.logprobs is not None:
+        if not self._logprobs and self._plan.logprobs is not None:
             raise RequestError(
                 "logprobs are not available from this model's engine",
                 param="logprobs",

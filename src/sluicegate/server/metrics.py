@@ -47,8 +47,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sluicegate.core.endstate import EndState
-from sluicegate.engines.base import Engine
-from sluicegate.engines.pool import UpstreamCounters
+from sluicegate.engines.base import Engine, OutputKind, TextEngine
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.ledger import LedgerRow
 
@@ -79,7 +78,7 @@ class Metrics:
         engine: read (``stats()``) at every scrape.
         live: the app's running responses, read at every scrape.
         engines: every engine the app serves; those with a pool of upstreams
-            (``upstream_counters()``) get per-upstream series, labelled by model
+            (``Capabilities.upstreams``) get per-upstream series, labelled by model
             and upstream URL.
     """
 
@@ -135,7 +134,11 @@ class Metrics:
         )
         self._refused_by: dict[str, Counter] = {}
         reg.register(_Snapshot(engine, live))
-        pools = [e for e in engines if callable(getattr(e, "upstream_counters", None))]
+        pools = [
+            e
+            for e in engines
+            if e.output_kind is OutputKind.TEXT and e.capabilities.upstreams
+        ]
         if pools:
             reg.register(_Upstreams(pools))
         # labels() locks, formats its values and looks the child up on every
@@ -367,7 +370,7 @@ class _Upstreams(Collector):
         ),
     )
 
-    def __init__(self, engines: Sequence[Engine]) -> None:
+    def __init__(self, engines: Sequence[TextEngine]) -> None:
         self._engines = engines
 
     def collect(self) -> Iterator[Metric]:
@@ -387,8 +390,7 @@ class _Upstreams(Collector):
         )
         for engine in self._engines:
             model = engine.model.id
-            rows: list[UpstreamCounters] = engine.upstream_counters()  # type: ignore[attr-defined]
-            for row in rows:
+            for row in engine.upstream_counters():
                 values = [model, row.name]
                 gauges["in_flight"].add_metric(values, row.in_flight)
                 gauges["max_streams"].add_metric(values, row.max_streams)

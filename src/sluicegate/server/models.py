@@ -7,9 +7,8 @@ the configured aliases (``ServerConfig.model_aliases``) name the first one too.
 
 Invariants:
     - Model ids are unique; the first engine is the default.
-    - An engine that takes token ids has its chat template compiled here, at
-      startup; an engine that takes text (``OutputKind.TEXT``) has none (its
-      upstream applies its own).
+    - A ``TokenEngine`` has its chat template compiled here, at startup; a
+      ``TextEngine`` has none (its upstream applies its own).
 
 Spec: OpenAI API reference, "Models" (``GET /v1/models``).
 """

@@ -12,7 +12,7 @@ only to be refused, and a long one is tokenized in a worker thread
 With a ``seed``, choice ``i`` of each prompt samples with ``seed + i``, so that the
 ``n`` choices differ while the whole response stays reproducible.
 
-An engine that takes text (``OutputKind.TEXT``: an upstream server) gets no
+A ``TextEngine`` (text deltas: an upstream server) gets no
 token work at all (``server/prepare_text.py``); it answers what does not fit
 with its own status before the first byte, and its tool calls come back as
 tool-call fragments (no ``Plan.tools``: no parser of the server's reads its
@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import secrets
-from typing import cast
 
 import anyio.to_thread
 
@@ -38,8 +37,8 @@ from sluicegate.core.toolcalls import OPEN_TAG
 from sluicegate.engines.base import (
     Engine,
     Grammar,
-    GrammarCompiling,
     OutputKind,
+    TokenEngine,
     Tokenizer,
 )
 from sluicegate.server.config import ServerConfig
@@ -197,10 +196,10 @@ async def plan_chat(
     _check_n(request.n, 1, config)
     # Before anything reads a schema (an upstream's compiler too): 400 past a
     # limit, or one the grammar cannot express.
-    compiles = engine.output_kind is not OutputKind.TEXT
-    grammar = await _checked_grammar(request, config, engine if compiles else None)
-    if not compiles:
+    if engine.output_kind is OutputKind.TEXT:
+        await _checked_grammar(request, config, None)
         return text_chat_plan(request, response_id, engine, config, model)
+    grammar = await _checked_grammar(request, config, engine)
     assert template is not None, "an engine of token ids has a chat template"
     tools = resolve_tools(request)
     render = functools.partial(
@@ -256,23 +255,16 @@ async def plan_chat(
     return dataclasses.replace(plan, tools=tools.decoding)
 
 
-def _grammar_compiling(engine: Engine | None) -> GrammarCompiling | None:
-    """``engine`` as ``GrammarCompiling`` when it has ``compile_grammar()``."""
-    if callable(getattr(engine, "compile_grammar", None)):
-        return cast(GrammarCompiling, engine)
-    return None
-
-
 SCHEMA_WORKER = SchemaWorker()
 """Where this process compiles request schemas (threads of a known stack)."""
 
 
 async def _checked_grammar(
-    request: ChatCompletionRequest, config: ServerConfig, engine: Engine | None
+    request: ChatCompletionRequest, config: ServerConfig, engine: TokenEngine | None
 ) -> Grammar | None:
     """The request's schemas checked against ``config.schema_limits``, then (for
     an ``engine`` of token ids) its ``grammar_for_request``, compiled ahead by
-    the engine when it can (``GrammarCompiling``): off the event loop when there
+    the engine when it can (``Capabilities.grammars``): off the event loop when there
     is a schema, within ``config.schema_timeout_s``. A compile takes up to
     seconds, in native code that releases the interpreter: the loop serves
     meanwhile, and the engine's other sequences do not wait for it.
@@ -283,7 +275,7 @@ async def _checked_grammar(
     """
     if request.response_format is None and not request.tools:
         return None if engine is None else grammar_for_request(request)
-    compiling = _grammar_compiling(engine)
+    compiling = engine if engine is not None and engine.capabilities.grammars else None
 
     def work() -> Grammar | None:
         check_schemas(request, config.schema_limits)
@@ -391,7 +383,7 @@ def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
 def _plan(
     request: ChatCompletionRequest | CompletionRequest,
     response_id: str,
-    engine: Engine,
+    engine: TokenEngine,
     config: ServerConfig,
     model: str,
     prompts: list[list[int]],
