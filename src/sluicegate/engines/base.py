@@ -55,7 +55,6 @@ from sluicegate.engines.values import (
 __all__ = [
     "AcceptingOutputs",
     "Capabilities",
-    "CountsPrompts",
     "Engine",
     "EngineStats",
     "GenerateRequest",
@@ -108,20 +107,6 @@ class ListenableOutputs(Protocol):
 
     def close(self) -> None:
         """Stop consuming: drop later items; abort the sequence if it runs."""
-        ...
-
-
-@runtime_checkable
-class CountsPrompts(Protocol):
-    """An engine that takes text and counts a prompt's tokens with its own
-    tokenizer (an upstream's tokenize endpoint)."""
-
-    async def count_prompt(
-        self, request: GenerateRequest, messages_body: Mapping[str, Any]
-    ) -> int | None:
-        """``request``'s prompt tokens, or ``None`` when no counter answers;
-        ``messages_body`` is the client's Messages body, where one counter
-        takes it as it is."""
         ...
 
 
@@ -191,11 +176,15 @@ class Capabilities:
         upstreams: it serves from a pool of upstream servers, and
             ``upstream_counters()`` has a row per upstream; ``False``: always
             ``[]``.
+        counts_prompts: its ``count_prompt`` counts a prompt's tokens with the
+            model's own tokenizer (an upstream's tokenize endpoint); ``False``:
+            it always answers ``None``.
     """
 
     grammars: bool = False
     logprobs: bool = False
     upstreams: bool = False
+    counts_prompts: bool = False
 
 
 class _EngineBase(Protocol):
@@ -298,6 +287,14 @@ class TextEngine(_EngineBase, Protocol):
     def upstream_counters(self) -> list[UpstreamCounters]:
         """Each upstream's state and counters (``[]`` without
         ``capabilities.upstreams``, or before the first request)."""
+        ...
+
+    async def count_prompt(
+        self, request: GenerateRequest, messages_body: Mapping[str, Any]
+    ) -> int | None:
+        """``request``'s prompt tokens, or ``None`` when no counter answers
+        (always, without ``capabilities.counts_prompts``); ``messages_body`` is
+        the client's Messages body, where one counter takes it as it is."""
         ...
 
 

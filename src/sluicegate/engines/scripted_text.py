@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from sluicegate.core.decoding import OutputItem
@@ -70,12 +71,18 @@ class ScriptedTextEngine:
 
     @property
     def capabilities(self) -> Capabilities:
-        """None beyond the protocol: no logprobs, no upstreams."""
+        """None beyond the protocol: no logprobs, no upstreams, no counter."""
         return Capabilities()
 
     def upstream_counters(self) -> list[UpstreamCounters]:
         """``[]``: no upstreams."""
         return []
+
+    async def count_prompt(
+        self, request: GenerateRequest, messages_body: Mapping[str, Any]
+    ) -> int | None:
+        """``None``: no token counter."""
+        return None
 
     def generate(self, request: GenerateRequest) -> SequenceOutputs[TextOutput]:
         """Queue ``request``; its outputs are ``TextOutput``, one per step.

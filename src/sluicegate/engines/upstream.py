@@ -177,8 +177,9 @@ class UpstreamEngine:
 
     @property
     def capabilities(self) -> Capabilities:
-        """A pool of upstreams (``upstream_counters``); no logprobs."""
-        return Capabilities(upstreams=True)
+        """A pool of upstreams (``upstream_counters``), prompts counted by the
+        first upstream's tokenizer (``count_prompt``); no logprobs."""
+        return Capabilities(upstreams=True, counts_prompts=True)
 
     @property
     def model(self) -> ModelInfo:

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.core.wire import Wire
-from sluicegate.engines.base import CountsPrompts, OutputKind
+from sluicegate.engines.base import OutputKind
 from sluicegate.engines.upstream_count import TRIED
 from sluicegate.server.admission import AdmissionError, ApiKey
 from sluicegate.server.answers import json_answer
@@ -142,7 +142,7 @@ class MessagesRoutes:
             engine = served.engine
             if engine.output_kind is OutputKind.TEXT:
                 counted = None
-                if isinstance(engine, CountsPrompts):
+                if engine.capabilities.counts_prompts:
                     counted = await engine.count_prompt(plan.requests()[0], body)
                 if counted is None:
                     raise RequestError(
