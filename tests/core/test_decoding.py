@@ -20,6 +20,7 @@ from sluicegate.core.decoding import (
 from sluicegate.core.errors import EngineError, LocalProtocolError
 from sluicegate.core.events import (
     Delta,
+    DeltaParts,
     End,
     EngineOutput,
     Fail,
@@ -28,6 +29,7 @@ from sluicegate.core.events import (
     StreamEvent,
     TextOutput,
     TokenLogprob,
+    ToolCallFragment,
     Usage,
 )
 from sluicegate.core.stops import StopMatcher
@@ -265,6 +267,27 @@ def test_a_stop_string_the_text_engine_matched_itself_is_named() -> None:
     finish = length.feed(0, TextOutput("Hi", LENGTH, 1, stop_sequence="END"))
     assert finish[1] == Finish(0, LENGTH)  # only a stop names its string
     assert length.stop_sequences == (None,)
+
+
+def test_a_call_past_max_tool_calls_cuts_the_choice_after_the_ones_before() -> None:
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=3, max_tool_calls=1, clock=lambda: 1.0
+    )
+    first = ToolCallFragment(0, "call_a", "f", "")
+    assert decoder.feed(0, TextOutput("", None, 1, tool_calls=(first,))) == [
+        Delta(0, "", parts=DeltaParts((first,)))
+    ]
+    args = ToolCallFragment(0, arguments="{}")
+    second = ToolCallFragment(1, "call_b", "g", "")
+    events = decoder.feed(0, TextOutput("", None, 1, tool_calls=(args, second)))
+    assert events == [
+        Delta(0, "", parts=DeltaParts((args,))),
+        Finish(0, FinishReason.TOOL_CALLS),
+        End(Usage(3, 2)),
+    ]
+    assert decoder.aborts == [0]  # the engine is stopped: nothing more is read
+    assert decoder.feed(0, TextOutput("", STOP, 1, tool_calls=(second,))) == ()
+    assert decoder.flush() == ()
 
 
 def test_a_text_engine_counts_each_prompt_once_by_its_latest_report() -> None:

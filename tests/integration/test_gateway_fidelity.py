@@ -76,6 +76,25 @@ def _usage(completion: int) -> dict[str, Any]:
     }
 
 
+def _call_chunk(entry: dict[str, Any], finish: str | None = None) -> str:
+    delta = {} if not entry else {"tool_calls": [entry]}
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return json.dumps({"object": "chat.completion.chunk", "choices": [choice]})
+
+
+def _two_calls() -> list[str]:
+    """Two calls of ``get_weather``, whatever ``parallel_tool_calls`` said (an
+    upstream that ignores it)."""
+    chunks = []
+    for i, city in enumerate(["Paris", "Oslo"]):
+        start = {"index": i, "id": f"call_{i}", "type": "function"}
+        function = {"name": "get_weather", "arguments": ""}
+        chunks.append(_call_chunk({**start, "function": function}))
+        arguments = json.dumps({"city": city})
+        chunks.append(_call_chunk({"index": i, "function": {"arguments": arguments}}))
+    return [*chunks, _call_chunk({}, "tool_calls")]
+
+
 def _vllm(body: dict[str, Any], stop_field: str = "stop_reason") -> Reply:
     """vLLM with continuous usage: usage on every chunk, the role chunk's too;
     a request with ``stop`` is stopped on its first stop string, named in
@@ -83,6 +102,8 @@ def _vllm(body: dict[str, Any], stop_field: str = "stop_reason") -> Reply:
     another string when the first is ``"UNASKED"``."""
     role = chat_chunk(0, "", usage=_usage(0))
     texts = [chat_chunk(0, t, usage=_usage(i + 1)) for i, t in enumerate(["Hel", "lo"])]
+    if body.get("tools"):
+        return Reply(events=[role, *_two_calls(), "[DONE]"])
     last = body["messages"][-1]["content"]
     if last == HELD:
         return Reply(events=[role, texts[0]], hold_s=20.0)
@@ -324,3 +345,47 @@ def test_a_stop_string_the_upstream_matched_is_the_messages_stop_sequence(
     )
     unasked = claude.messages.create(**kw, stop_sequences=["UNASKED"])
     assert (unasked.stop_reason, unasked.stop_sequence) == ("end_turn", None)
+
+
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_of_an_upstream_that_sends_two(
+    sdk: openai.OpenAI,
+) -> None:
+    kw: Any = {
+        "model": "vllm",
+        "messages": _ask(),
+        "tools": [WEATHER],
+        "max_tokens": 64,
+    }
+    both = sdk.chat.completions.create(**kw)
+    assert [c.function.arguments for c in both.choices[0].message.tool_calls or []] == [
+        '{"city": "Paris"}',
+        '{"city": "Oslo"}',
+    ]
+    one = sdk.chat.completions.create(**kw, parallel_tool_calls=False)
+    (call,) = one.choices[0].message.tool_calls or []
+    assert (call.function.name, call.function.arguments) == (
+        "get_weather",
+        '{"city": "Paris"}',
+    )
+    assert one.choices[0].finish_reason == "tool_calls"
+    chunks = list(
+        sdk.chat.completions.create(**kw, parallel_tool_calls=False, stream=True)
+    )
+    indexes = {
+        t.index
+        for c in chunks
+        if c.choices
+        for t in c.choices[0].delta.tool_calls or []
+    }
+    assert indexes == {0}
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "tool_calls"

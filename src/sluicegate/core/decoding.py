@@ -126,6 +126,7 @@ class ResponseDecoder:
         "_continuous_usage",
         "_counted",
         "_flushed",
+        "_max_calls",
         "_pieces",
         "_prompt_of",
         "_prompt_tokens",
@@ -155,6 +156,7 @@ class ResponseDecoder:
         clock: Callable[[], float] = time.time,
         reasoning: ReasoningParser | None = None,
         reasoning_budget: int | None = None,
+        max_tool_calls: int | None = None,
     ) -> None:
         if logprobs and vocabulary is None:
             raise ValueError("expected a vocabulary for logprobs; got None")
@@ -200,6 +202,7 @@ class ResponseDecoder:
         # that carried reasoning, until the engine reports its own count).
         self._text_reasoning: dict[int, int] = {}
         self._continuous_usage = continuous_usage  # read once per token
+        self._max_calls = max_tool_calls
         self._clock = clock
         self._unread = len(self._choices)
         self._flushed = False
@@ -322,13 +325,18 @@ class ResponseDecoder:
                 events = []
                 self._reasoning_delta(choice, thought, events)
                 self._delta(choice, step.text, None, events)
+                cut = False
                 if step.finish_reason is None:  # after a stop string: dropped
-                    self._tool_calls(index, item.tool_calls, events)
-                if ongoing:
+                    cut = self._tool_calls(index, item.tool_calls, events)
+                if cut:  # a call past max_tool_calls: the choice ends before it
+                    self.aborts.append(index)
+                    self._finish(choice, FinishReason.TOOL_CALLS, step, events)
+                elif ongoing:
                     return events
-                if item.finish_reason is FinishReason.STOP:
-                    choice.engine_stop = item.stop_sequence
-                self._finish(choice, item.finish_reason, step, events)
+                else:
+                    if item.finish_reason is FinishReason.STOP:
+                        choice.engine_stop = item.stop_sequence
+                    self._finish(choice, item.finish_reason, step, events)
             elif item is None:
                 choice.engine_done = True
                 events = [Fail(ENDED_WITHOUT_FINISH)]
@@ -483,12 +491,19 @@ class ResponseDecoder:
         index: int,
         fragments: tuple[ToolCallFragment, ...],
         events: list[StreamEvent],
-    ) -> None:
+    ) -> bool:
         """One ``Delta`` per fragment (a text engine's calls): the parts seam the
-        tool-call parser of the local engine feeds too (``core/tooldecoder.py``)."""
+        tool-call parser of the local engine feeds too (``core/tooldecoder.py``).
+        True, with the fragments before it, at the first fragment of a call past
+        ``max_tool_calls`` (the calls before it are whole: an upstream's calls
+        begin in order)."""
+        limit = self._max_calls
         for fragment in fragments:
+            if limit is not None and fragment.index >= limit:
+                return True
             parts = DeltaParts((fragment,))
             events.append(Delta(index, "", None, self._usage_so_far(), parts))
+        return False
 
     def _usage_so_far(self) -> Usage | None:
         return self.usage if self._continuous_usage else None

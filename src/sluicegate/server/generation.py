@@ -85,6 +85,7 @@ class Generation:
             include_stop_str_in_output=plan.include_stop_str_in_output,
             skip_special_tokens=plan.skip_special_tokens,
             logprobs=plan.logprobs is not None and self._logprobs,
+            max_tool_calls=plan.max_tool_calls,
             continuous_usage=plan.continuous_usage,
             reasoning=plan.reasoning,
             reasoning_budget=plan.reasoning_budget,

@@ -89,6 +89,10 @@ class Plan:
             reasoning channel.
         reasoning_budget: the most tokens each choice's reasoning may take
             (``thinking_token_budget``); ``None``: no budget.
+        max_tool_calls: for an engine that takes text, the most tool calls a
+            choice may bring back (1 with ``parallel_tool_calls: false`` or a
+            named ``tool_choice``); the choice is cut after them. ``None``: no
+            limit (the local engine's grammar holds its own).
     """
 
     header: ResponseHeader
@@ -109,6 +113,7 @@ class Plan:
     whole: bool = False
     reasoning: ReasoningParser | None = None
     reasoning_budget: int | None = None
+    max_tool_calls: int | None = None
 
     @property
     def prompt_tokens(self) -> int:

@@ -55,6 +55,10 @@ def text_chat_plan(
         tool_names=frozenset(t.function.name for t in request.tools or ()),
     )
     plan = _text_plan(request, response_id, engine, config, model, [text], [""])
+    choice = request.tool_choice
+    named = choice is not None and not isinstance(choice, str)
+    if request.tools and (named or not request.parallel_tool_calls):
+        plan = dataclasses.replace(plan, max_tool_calls=1)
     if config.reasoning_parser == "auto":
         return plan  # the upstream splits its own reasoning, if it does
     # Named on the command line: the upstream writes its markers into plain
