@@ -120,7 +120,8 @@ class Reply:
     ``events`` are SSE data strings, each sent in its own write; with
     ``status`` other than 200 the ``body`` is sent instead, as JSON.
     ``hold_s``: after the events, keep the stream open that long (a test
-    that closes its client mid-stream).
+    that closes its client mid-stream). ``delay_s``: after the 200's head,
+    wait that long before the first event (a long prefill).
     """
 
     status: int = 200
@@ -128,6 +129,7 @@ class Reply:
     body: Mapping[str, Any] | None = None
     events: Sequence[str] = ()
     hold_s: float = 0.0
+    delay_s: float = 0.0
 
 
 class FakeUpstream:
@@ -184,6 +186,8 @@ class FakeUpstream:
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 with contextlib.suppress(OSError):  # the gateway left
+                    self.wfile.flush()
+                    time.sleep(answer.delay_s)
                     for event in answer.events:
                         self.wfile.write(f"data: {event}\n\n".encode())
                         self.wfile.flush()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -28,6 +29,11 @@ pytestmark = pytest.mark.integration
 
 PROMPT_TOKENS = 42
 CACHED_TOKENS = 16
+PREFILL = "prefill"
+"""A request whose last message is this gets a 200 at once, then its first
+content 3 s later (a long prefill)."""
+BROKEN_PREFILL = "broken prefill"
+"""A 200 at once, then after 1.5 s the stream ends with no content at all."""
 HELD = "held"
 """A request whose last message is this gets a stream that stops after its
 first content and stays open (a client that leaves mid-stream)."""
@@ -105,6 +111,8 @@ def _vllm(body: dict[str, Any], stop_field: str = "stop_reason") -> Reply:
     if body.get("tools"):
         return Reply(events=[role, *_two_calls(), "[DONE]"])
     last = body["messages"][-1]["content"]
+    if last == BROKEN_PREFILL:
+        return Reply(events=[], delay_s=1.5)
     if last == HELD:
         return Reply(events=[role, texts[0]], hold_s=20.0)
     stops = body.get("stop") or [None]
@@ -113,7 +121,8 @@ def _vllm(body: dict[str, Any], stop_field: str = "stop_reason") -> Reply:
     final = json.dumps(
         {**json.loads(usage_chunk(PROMPT_TOKENS, 2)), "usage": _usage(2)}
     )
-    return Reply(events=[role, *texts, finish, final, "[DONE]"])
+    events = [role, *texts, finish, final, "[DONE]"]
+    return Reply(events=events, delay_s=3.0 if last == PREFILL else 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +198,7 @@ def gateway(
     return start_server(
         "gateway-fidelity",
         *("--upstreams", str(config), "--ledger", str(ledger_path)),
-        *("--log-level", "warning"),
+        *("--log-level", "warning", "--heartbeat-s", "0.2"),
     )
 
 
@@ -275,6 +284,39 @@ def test_message_start_has_the_input_tokens_and_cache_reads(
     assert whole.usage.input_tokens == uncached
     assert whole.usage.cache_read_input_tokens == CACHED_TOKENS
     assert whole.usage.cache_creation_input_tokens == 0
+
+
+def test_headers_and_heartbeats_come_during_an_upstream_prefill(
+    gateway: ServerProcess,
+) -> None:
+    """The upstream answered 200 and prefills for 3 s: the client gets its
+    headers and heartbeats (every 0.2 s) long before the first content."""
+    body = {"model": "vllm", "messages": _ask(PREFILL), "stream": True}
+    url = f"{gateway.base_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=30) as response:
+        assert response.status_code == 200
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            if '"content":"Hel"' in line:
+                break
+    before = lines[: lines.index(next(x for x in lines if '"content":"Hel"' in x))]
+    assert sum(line.startswith(":") for line in before) >= 2, before
+
+
+def test_a_refusal_after_the_headers_went_out_is_one_in_band_error(
+    gateway: ServerProcess,
+) -> None:
+    """The upstream answered 200, then failed before any content, after the
+    client's headers went out: what would have been a 502 is an error event."""
+    body = {"model": "vllm", "messages": _ask(BROKEN_PREFILL), "stream": True}
+    url = f"{gateway.base_url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=30) as response:
+        assert response.status_code == 200
+        data = [x for x in response.iter_lines() if x.startswith("data: ")]
+    assert len(data) == 2, data  # the role chunk, then the error
+    error = json.loads(data[-1].removeprefix("data: "))["error"]
+    assert "before any content" in error["message"]
 
 
 def _row(path: Path, response_id: str) -> LedgerRow:

@@ -81,6 +81,9 @@ class _Pending:
         assert self._error is not None
         raise self._error
 
+    async def responded(self) -> None:
+        await asyncio.Event().wait()  # never: refused, or waiting, before a 200
+
 
 def _app(engine: ScriptedTextEngine, **config: Any) -> Any:
     return create_app(engine, ServerConfig(**config))

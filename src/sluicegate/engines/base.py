@@ -133,6 +133,12 @@ class AcceptingOutputs(Protocol):
         """
         ...
 
+    async def responded(self) -> None:
+        """Return once the engine began to answer (an upstream's 200 status
+        line), which may be long before ``accepted()`` (its prefill); never
+        returns for a sequence refused before that."""
+        ...
+
 
 @runtime_checkable
 class Tokenizer(Vocabulary, Protocol):

@@ -263,7 +263,10 @@ class UpstreamEngine:
         seq = UpstreamSequence(request, loop.time())
         request_id = request.request_id
         seq.accept = loop.create_future()
-        seq.outputs = UpstreamOutputs(lambda: self.abort(request_id), seq.accept)
+        seq.responded = loop.create_future()
+        seq.outputs = UpstreamOutputs(
+            lambda: self.abort(request_id), seq.accept, seq.responded
+        )
         self._sequences[request_id] = seq
         seq.task = loop.create_task(self._run(seq, pool))
         arm(seq, self._upstreams)
@@ -376,6 +379,8 @@ class UpstreamEngine:
                     tried.append(lease.member)
                     continue
                 outcome = Outcome.SUCCESS  # a client that leaves is no failure
+                if not seq.responded.done():
+                    seq.responded.set_result(None)
                 try:
                     outcome = await read_stream(
                         seq,

@@ -31,11 +31,17 @@ __all__ = [
 class UpstreamOutputs(SequenceOutputs[TextOutput]):
     """``SequenceOutputs`` of one upstream sequence, and ``AcceptingOutputs``."""
 
-    __slots__ = ("_accept", "usage")
+    __slots__ = ("_accept", "_responded", "usage")
 
-    def __init__(self, on_close: Any, accept: asyncio.Future[None]) -> None:
+    def __init__(
+        self,
+        on_close: Any,
+        accept: asyncio.Future[None],
+        responded: asyncio.Future[None],
+    ) -> None:
         super().__init__(on_close)
         self._accept = accept
+        self._responded = responded
         self.usage: Usage | None = None
         """The upstream's latest usage, or ``None``."""
 
@@ -55,6 +61,11 @@ class UpstreamOutputs(SequenceOutputs[TextOutput]):
         await asyncio.shield(self._accept)
         return self.usage
 
+    async def responded(self) -> None:
+        """Return once an upstream answered 200 (its stream may bring its
+        first content much later: its prefill)."""
+        await asyncio.shield(self._responded)
+
 
 class UpstreamSequence:
     """One sequence's task, deadlines and counts."""
@@ -69,6 +80,7 @@ class UpstreamSequence:
         "matched_stop",
         "outputs",
         "request",
+        "responded",
         "result",
         "started",
         "stopped",
@@ -96,6 +108,7 @@ class UpstreamSequence:
         self.timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
         self.accept: asyncio.Future[None]
+        self.responded: asyncio.Future[None]  # set at an upstream's 200
         self.outputs: UpstreamOutputs
 
 

@@ -502,9 +502,11 @@ class _Routes:
             generation.start()
             if generation.awaits_acceptance:
                 # An engine that answers with a status first (an upstream server):
-                # its refusal is this response's status, not a 200 then an error.
+                # its refusal is this response's status, not a 200 then an error;
+                # once it answered 200, a long prefill waits a heartbeat interval
+                # at most before the headers (then heartbeats) go out.
                 with DisconnectRace(request.receive) as race:
-                    await generation.accepted()
+                    await generation.accepted(self.limits.heartbeat_interval_s)
                 if race.reason is not None:  # gone before the engine accepted it
                     generation.abort_unfinished()
                     grant.refund()

@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import cast
+from typing import Any, cast
 
 from sluicegate.core.chunks import ResponseHeader
 from sluicegate.core.decoding import ChoiceOptions, OutputItem
@@ -156,33 +156,52 @@ class Generation:
         """Whether the engine may still refuse a started choice (``accepted()``)."""
         return any(_accepting(o) is not None for o in self._outputs)
 
-    async def accepted(self) -> None:
+    async def accepted(self, patience_s: float | None = None) -> None:
         """Wait until the engine has accepted every choice, before any byte.
 
         Returns at once for an engine that accepts at ``generate()``; waits on
-        ``AcceptingOutputs.accepted()`` (an upstream server's status) for the
-        others, all choices at once.
+        ``AcceptingOutputs.accepted()`` (an upstream server's first content)
+        for the others, all choices at once. With ``patience_s``, returns too
+        once every choice has ``responded()`` (an upstream's 200) and
+        ``patience_s`` seconds more have passed without its acceptance (a long
+        prefill): the client then gets its headers and heartbeats, and a
+        refusal after that reaches it in band.
 
         Raises:
             EngineError: a choice was refused (``EngineRefused`` with its own
-                status, ``EngineUnavailable``); every choice is aborted then.
+                status, ``EngineUnavailable``) while this waited; every choice
+                is aborted then.
         """
-        tasks: list[asyncio.Future[Usage | None]] = []
-        prompts: list[int] = []
-        for index, outputs in enumerate(self._outputs):
-            accepting = _accepting(outputs)
-            if accepting is not None:
-                tasks.append(asyncio.ensure_future(accepting.accepted()))
-                prompts.append(self._plan.choices[index].prompt_index)
-        if not tasks:
+        accepting = [
+            (index, a)
+            for index, outputs in enumerate(self._outputs)
+            if (a := _accepting(outputs)) is not None
+        ]
+        if not accepting:
             return
+        tasks = [asyncio.ensure_future(a.accepted()) for _, a in accepting]
+        prompts = [self._plan.choices[index].prompt_index for index, _ in accepting]
+        every: asyncio.Future[Any] = asyncio.gather(*tasks)  # every exception
+        patient: asyncio.Future[Any] | None = None
+        if patience_s is not None:
+            waiting = _responded_then(patience_s, [a for _, a in accepting])
+            patient = asyncio.ensure_future(waiting)
         try:
-            counts = await asyncio.gather(*tasks)  # retrieves every exception
+            if patient is not None:
+                await asyncio.wait({every, patient}, return_when="FIRST_COMPLETED")
+            if not every.done():  # responded, then out of patience: go on
+                every.add_done_callback(_retrieved)
+                return
+            counts = every.result()
         except BaseException:
             for task in tasks:
                 task.cancel()
+            every.add_done_callback(_retrieved)
             self.abort_unfinished()
             raise
+        finally:
+            if patient is not None:
+                patient.cancel()
         known = {p: u for p, u in zip(prompts, counts, strict=True) if u is not None}
         if len(known) == len({c.prompt_index for c in self._plan.choices}):
             self._header = dataclasses.replace(
@@ -296,6 +315,21 @@ async def _aclose(outputs: _Outputs) -> None:
     aclose = getattr(outputs, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+async def _responded_then(
+    patience_s: float, accepting: Sequence[AcceptingOutputs]
+) -> None:
+    """Every choice has responded, then ``patience_s`` seconds passed."""
+    await asyncio.gather(*(a.responded() for a in accepting))
+    await asyncio.sleep(patience_s)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A done callback that retrieves the future's exception (it is the
+    outputs' to report, in band)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _accepting(outputs: object) -> AcceptingOutputs | None:
