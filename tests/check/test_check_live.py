@@ -26,4 +26,5 @@ def test_check_passes_every_probe_on_the_default_model(
     assert failed == {}, capsys.readouterr().out
     assert code == 0
     unseen = {k for k, v in verdicts.items() if v["verdict"] == "not-observable"}
-    assert unseen <= {"multibyte-text"}, capsys.readouterr().out
+    # The default model does not reason: nothing to grade reasoning on.
+    assert unseen <= {"multibyte-text", "reasoning-framing"}, capsys.readouterr().out

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,8 @@ EXPECTED_FAILS = {
     "tool_arguments_invalid": {"tool-arguments-valid"},
     "structured_output_invalid": {"structured-output"},
     "tools_declined": set(),
+    "reasoning": set(),
+    "reasoning_after_content": {"reasoning-framing"},
 }
 TOOL_PROBES = {
     "tool-calls-agree",
@@ -60,7 +63,34 @@ def test_each_transcript_fails_exactly_its_probes(name: str) -> None:
 
 
 def test_the_good_recording_passes_every_probe() -> None:
-    assert set(verdicts("good").values()) == {Verdict.PASS}
+    got = verdicts("good")
+    # Recorded from a model that does not reason: nothing to grade there.
+    assert got.pop("reasoning-framing") is Verdict.NOT_OBSERVABLE
+    assert set(got.values()) == {Verdict.PASS}
+
+
+def test_a_reasoning_stream_passes_the_reasoning_probe() -> None:
+    assert verdicts("reasoning")["reasoning-framing"] is Verdict.PASS
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ('"content":"Hello"', '"content":"</think>Hello"'),
+        ('"reasoning_tokens":2', '"reasoning_tokens":0'),
+        ('"reasoning_tokens":2', '"reasoning_tokens":9999'),
+    ],
+)
+def test_a_marker_in_the_content_or_a_wrong_count_fails_the_reasoning_probe(
+    old: str, new: str
+) -> None:
+    recording = load_recording((CORPUS / "reasoning.json").read_bytes())
+    stream = recording["stream"]
+    assert old.encode() in stream.body
+    body = stream.body.replace(old.encode(), new.encode())
+    edited = {**recording, "stream": dataclasses.replace(stream, body=body)}
+    got = {r.probe: r.verdict for r in run_probes(edited)}
+    assert got["reasoning-framing"] is Verdict.FAIL
 
 
 def test_a_missing_exchange_is_not_observable_not_a_pass() -> None:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from sluicegate.check import (
     framing,
     messages_probes,
+    reasoning,
     responses_probes,
     semantics,
     tools,
@@ -54,6 +55,7 @@ PROBES: tuple[Probe, ...] = (
     tools.tool_call_finish,
     tools.tool_arguments_valid,
     tools.structured_output,
+    reasoning.reasoning_framing,
 )
 RESPONSES_PROBES: tuple[Probe, ...] = tuple(
     getattr(responses_probes, name) for name in responses_probes.__all__

@@ -173,9 +173,9 @@ def template_messages(
         The dicts, and for each the index in ``messages`` of the message it
         comes from (to name it in an error). ``native``: one dict per message
         (``role``, ``content``, and ``tool_calls``, ``tool_call_id``,
-        ``name`` or ``reasoning_content`` where given). Otherwise only ``system``, ``user`` and
-        ``assistant`` messages, in the block format of docs/tools.md (with
-        ``reasoning_content`` where given).
+        ``name`` or ``reasoning_content`` where given). Otherwise only
+        ``system``, ``user`` and ``assistant`` messages, in the block format of
+        docs/tools.md (with ``reasoning_content`` where given).
         ``developer`` reads ``system`` in both.
 
     Raises:
