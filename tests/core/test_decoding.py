@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given
@@ -32,6 +32,7 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
+from sluicegate.core.logprobs import LogprobToken
 from sluicegate.core.stops import StopMatcher
 
 from .strategies import partitions
@@ -290,6 +291,44 @@ def test_a_call_past_max_tool_calls_cuts_the_choice_after_the_ones_before() -> N
     assert decoder.flush() == ()
 
 
+def _lp(token: str, logprob: float = -0.5) -> LogprobToken:
+    return LogprobToken(token, token.encode(), logprob, 0)
+
+
+def test_a_text_engines_logprobs_are_cut_at_its_tokens_and_the_stop_string() -> None:
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=3, stops=["END"], logprobs=True
+    )
+    first = (_lp("Hel"), _lp("lo"), _lp(" E"))
+    events = decoder.feed(0, TextOutput("Hello E", None, 3, logprobs=first))
+    # " E" may begin the stop string: its token waits with its text.
+    assert events == [
+        Delta(0, "Hel", (_lp("Hel"),)),
+        Delta(0, "lo", (replace(_lp("lo"), text_offset=3),)),
+    ]
+    events = decoder.feed(0, TextOutput("ND!", None, 2, logprobs=(_lp("ND"), _lp("!"))))
+    assert events == [
+        Delta(0, " ", (replace(_lp(" E"), text_offset=5),)),  # cut by the stop
+        Finish(0, STOP, stop_sequence="END"),
+        End(Usage(3, 5)),
+    ]
+
+
+def test_text_without_its_tokens_goes_out_without_logprobs() -> None:
+    decoder = ResponseDecoder(
+        [ChoiceOptions(echo="Hi")], None, prompt_tokens=3, logprobs=True
+    )
+    mismatched = (_lp("x"),)
+    assert decoder.feed(0, TextOutput("ab", None, 1, logprobs=mismatched)) == [
+        Delta(0, "ab", ())
+    ]
+    assert decoder.feed(0, TextOutput("c", STOP, 1, logprobs=(_lp("c"),))) == [
+        Delta(0, "c", (replace(_lp("c"), text_offset=4),)),
+        Finish(0, STOP),
+        End(Usage(3, 2)),
+    ]
+
+
 def test_a_text_engine_counts_each_prompt_once_by_its_latest_report() -> None:
     decoder = ResponseDecoder(
         [ChoiceOptions()] * 3,
@@ -325,11 +364,6 @@ def test_one_prompt_is_counted_once_without_a_prompt_map() -> None:
     assert decoder.feed(1, TextOutput("b", STOP, 1, prompt_tokens=5))[-1] == End(
         Usage(5, 2)
     )
-
-
-def test_text_engines_cannot_give_logprobs() -> None:
-    with pytest.raises(ValueError, match="vocabulary"):
-        _decoder(vocabulary=None, logprobs=True)
 
 
 @given(st.data())

@@ -60,6 +60,13 @@ url = "{sglang_url}"
 model = "fake"
 
 [[models]]
+id = "logprobs"
+context_length = 8192
+[[models.upstreams]]
+url = "{logprobs_url}"
+model = "fake"
+
+[[models]]
 id = "ollama"
 context_length = 8192
 [[models.upstreams]]
@@ -136,6 +143,44 @@ def vllm() -> Iterator[FakeUpstream]:
         yield fake
 
 
+LOGPROB_TOKENS = ["Hel", "lo", " world"]
+
+
+def _with_logprobs(body: dict[str, Any]) -> Reply:
+    """vLLM answering ``logprobs``: each chunk's tokens in the API's shape
+    (it ignores the stop strings: the gateway matches them)."""
+    chat = "messages" in body
+    k = body.get("top_logprobs", 0) if chat else body.get("logprobs") or 0
+    events = []
+    for i, token in enumerate(LOGPROB_TOKENS):
+        logprob = -0.5 - i
+        top = [(token, logprob), ("x", logprob - 1), ("y", logprob - 2)][:k]
+        choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        if chat:
+            choice["delta"] = {"content": token}
+            entry = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+            tops = [{"token": t, "logprob": v, "bytes": None} for t, v in top]
+            choice["logprobs"] = {"content": [{**entry, "top_logprobs": tops}]}
+        else:
+            choice["text"] = token
+            choice["logprobs"] = {
+                "tokens": [token],
+                "token_logprobs": [logprob],
+                "top_logprobs": [dict(top)],
+                "text_offset": [0],
+            }
+        events.append(json.dumps({"object": "chunk", "choices": [choice]}))
+    last = {"index": 0, "finish_reason": "stop", "delta": {}, "text": ""}
+    events.append(json.dumps({"object": "chunk", "choices": [last]}))
+    return Reply(events=[*events, "[DONE]"])
+
+
+@pytest.fixture(scope="module")
+def with_logprobs() -> Iterator[FakeUpstream]:
+    with FakeUpstream(_with_logprobs) as fake:
+        yield fake
+
+
 @pytest.fixture(scope="module")
 def sglang() -> Iterator[FakeUpstream]:
     """SGLang: the matched stop string in ``matched_stop``."""
@@ -183,6 +228,7 @@ def gateway(
     slots_upstream: FakeUpstream,
     ollama: FakeUpstream,
     sglang: FakeUpstream,
+    with_logprobs: FakeUpstream,
     ledger_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> ServerProcess:
@@ -193,6 +239,7 @@ def gateway(
             llama_url=slots_upstream.url,
             ollama_url=ollama.url,
             sglang_url=sglang.url,
+            logprobs_url=with_logprobs.url,
         )
     )
     return start_server(
@@ -431,3 +478,41 @@ def test_parallel_tool_calls_false_keeps_the_first_call_of_an_upstream_that_send
     assert indexes == {0}
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finishes[-1] == "tool_calls"
+
+
+def test_logprobs_cross_the_hop_aligned_to_the_gateways_own_text(
+    sdk: openai.OpenAI, with_logprobs: FakeUpstream
+) -> None:
+    chat: Any = {"model": "logprobs", "messages": _ask(), "max_tokens": 8}
+    whole = sdk.chat.completions.create(**chat, logprobs=True, top_logprobs=2)
+    choice = whole.choices[0]
+    assert choice.message.content == "Hello world"
+    assert choice.logprobs is not None
+    content = choice.logprobs.content or []
+    assert [t.token for t in content] == LOGPROB_TOKENS
+    assert [len(t.top_logprobs) for t in content] == [2, 2, 2]
+    asked = with_logprobs.requests[-1]
+    assert (asked["logprobs"], asked["top_logprobs"]) == (True, 2)
+    chunks = list(
+        sdk.chat.completions.create(**chat, logprobs=True, top_logprobs=1, stream=True)
+    )
+    streamed = [
+        t.token
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content or []
+    ]
+    assert streamed == LOGPROB_TOKENS
+    stopped = sdk.chat.completions.create(**chat, logprobs=True, stop=[" wor"])
+    assert stopped.choices[0].message.content == "Hello"
+    assert stopped.choices[0].logprobs is not None
+    kept = [t.token for t in stopped.choices[0].logprobs.content or []]
+    assert kept == ["Hel", "lo"]  # " world" starts where the stop string cut
+    text = sdk.completions.create(
+        model="logprobs", prompt="Say", max_tokens=8, logprobs=2
+    )
+    logprobs = text.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens == LOGPROB_TOKENS
+    assert logprobs.text_offset == [0, 3, 5]
+    assert with_logprobs.requests[-1]["logprobs"] == 2

@@ -17,7 +17,7 @@ from typing import Protocol
 from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.events import FinishReason, TokenLogprob
-from sluicegate.core.logprobs import LogprobAligner
+from sluicegate.core.logprobs import LogprobAligner, LogprobToken
 from sluicegate.core.reasoning import ReasoningParser, ReasoningSplitter
 from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder
 from sluicegate.core.stops import StopMatcher, StopPattern
@@ -107,6 +107,11 @@ class TextChoiceDecoder:
     def stop(self) -> str | None:
         """The stop string that matched, or ``None``."""
         return self._stops.stop
+
+    @property
+    def held(self) -> str:
+        """Text the stop matcher holds back now (not yet safe to send)."""
+        return self._stops.held
 
     def feed(self, text: str, tokens: int) -> ChoiceStep:
         """Take one step's ``text`` (standing for ``tokens`` tokens).
@@ -201,6 +206,9 @@ class ChoiceState:
         engine_done: the engine ended it, or it was named to abort.
         read_done: nothing more is taken from this choice.
         released_chars: text the decoder has released (chars).
+        text_aligner: cuts a text engine's text at its tokens' ends, with
+            logprobs (a piece of text that came without them counts as one
+            token of ``None``); else ``None``.
         engine_stop: the stop string the engine says it stopped on (a text
             engine's ``TextOutput.stop_sequence``), when the server's own
             matcher did not match one.
@@ -216,6 +224,7 @@ class ChoiceState:
     read_done: bool = False
     released_chars: int = 0
     engine_stop: str | None = None
+    text_aligner: LogprobAligner[LogprobToken | None] | None = None
 
 
 def new_choice(
@@ -240,7 +249,10 @@ def new_choice(
     if vocabulary is None:
         splitter = ReasoningSplitter(reasoning) if reasoning and reasons else None
         text_decoder = TextChoiceDecoder(stops, splitter)
-        return ChoiceState(index, text_decoder, None, options.echo)
+        choice = ChoiceState(index, text_decoder, None, options.echo)
+        if logprobs:
+            choice.text_aligner = LogprobAligner[LogprobToken | None]()
+        return choice
     detokenizer = new_detokenizer(
         options, vocabulary, skip_special_tokens=skip_special_tokens
     )

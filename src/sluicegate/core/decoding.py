@@ -34,6 +34,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -60,7 +61,7 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.logprobs import describe_logprob
+from sluicegate.core.logprobs import AlignedStep, LogprobToken, describe_logprob
 from sluicegate.core.reasoning import ReasoningParser
 from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder
 from sluicegate.core.stops import compile_stops
@@ -158,8 +159,6 @@ class ResponseDecoder:
         reasoning_budget: int | None = None,
         max_tool_calls: int | None = None,
     ) -> None:
-        if logprobs and vocabulary is None:
-            raise ValueError("expected a vocabulary for logprobs; got None")
         if reasoning is not None and not reasoning.reasons:
             reasoning = None
         if logprobs and reasoning is not None:
@@ -311,20 +310,28 @@ class ResponseDecoder:
                     )
                     if item.finish_reason is not None:
                         self._counted.add(index)
-                text_decoder = self._text_decoders[index]
-                step = text_decoder.feed(item.text, item.completion_tokens)
+                aligned: list[StreamEvent] | None = None
+                if choice.text_aligner is None:
+                    text_decoder = self._text_decoders[index]
+                    step = text_decoder.feed(item.text, item.completion_tokens)
+                else:
+                    aligned = []
+                    step = self._feed_text_with_logprobs(choice, item, aligned)
                 ongoing = step.finish_reason is None and item.finish_reason is None
                 if item.reasoning or item.reasoning_tokens is not None:
                     self._count_reasoning(index, item)
                 thought = item.reasoning + step.reasoning
-                if ongoing and not item.tool_calls and not thought:
+                if aligned is None and ongoing and not item.tool_calls and not thought:
                     if not step.text:
                         return _NO_EVENTS
                     usage = self.usage if self._continuous_usage else None
                     return (Delta(index, step.text, None, usage),)
                 events = []
                 self._reasoning_delta(choice, thought, events)
-                self._delta(choice, step.text, None, events)
+                if aligned is None:
+                    self._delta(choice, step.text, None, events)
+                else:
+                    events += aligned
                 cut = False
                 if step.finish_reason is None:  # after a stop string: dropped
                     cut = self._tool_calls(index, item.tool_calls, events)
@@ -409,7 +416,7 @@ class ResponseDecoder:
         else:
             assert engine_reason is not None, "called for a finished step"
             tail = choice.decoder.flush()
-            if choice.aligner is None:
+            if choice.aligner is None and choice.text_aligner is None:
                 self._reasoning_delta(choice, tail.reasoning, events)
                 self._delta(choice, tail.text, None, events)
             else:
@@ -449,6 +456,50 @@ class ResponseDecoder:
         if choice.aligner is not None:
             aligned = choice.aligner.flush(text)
             self._delta(choice, aligned.text, aligned.tokens, events)
+        elif choice.text_aligner is not None:
+            self._text_delta(choice, choice.text_aligner.flush(text), events)
+
+    def _feed_text_with_logprobs(
+        self, choice: ChoiceState, item: TextOutput, events: list[StreamEvent]
+    ) -> ChoiceStep:
+        """A text engine's step, token by token through the stop matcher and
+        the aligner (text that came without its tokens goes as one piece)."""
+        aligner = choice.text_aligner
+        assert aligner is not None, "called for a choice with logprobs"
+        decoder = self._text_decoders[choice.index]
+        tokens = item.logprobs
+        pieces: list[tuple[str, LogprobToken | None]] = [(item.text, None)]
+        if tokens and "".join(t.token for t in tokens) == item.text:
+            pieces = [(t.token, t) for t in tokens]
+        step, count = ChoiceStep(""), item.completion_tokens
+        for text, token in pieces:
+            step, count = decoder.feed(text, count), 0
+            choice.released_chars += len(step.text)
+            end: int | None = choice.released_chars + len(decoder.held)
+            if step.finish_reason is not None:
+                end = None  # it completed a stop string
+            self._text_delta(choice, aligner.feed(step.text, token, end), events)
+            if step.finish_reason is not None:
+                break
+        return step
+
+    def _text_delta(
+        self,
+        choice: ChoiceState,
+        aligned: AlignedStep[LogprobToken | None],
+        events: list[StreamEvent],
+    ) -> None:
+        """A ``Delta`` of a text engine's aligned text, its tokens' offsets
+        counted in the choice's text (echo included)."""
+        if not aligned.text and not aligned.tokens:
+            return
+        offset = len(choice.echo)
+        logprobs = tuple(
+            dataclasses.replace(token, text_offset=offset + start)
+            for token, start in aligned.tokens
+            if token is not None
+        )
+        events.append(Delta(choice.index, aligned.text, logprobs, self._usage_so_far()))
 
     def _delta(
         self,

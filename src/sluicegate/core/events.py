@@ -120,6 +120,9 @@ class TextOutput:
             when unknown (the steps that carried reasoning are counted then).
         cached_tokens: the part of ``prompt_tokens`` the engine read from its
             cache (tokens); read only with ``prompt_tokens``.
+        logprobs: the tokens ``text`` is made of, with their logprobs, when
+            the request asked for them and the engine gave them (their
+            ``token`` strings join to ``text``); ``None`` otherwise.
         stop_sequence: on the last output, the request's stop string the
             engine itself stopped on (an upstream that matched it before the
             server's own matcher could), else ``None``.
@@ -133,6 +136,7 @@ class TextOutput:
     reasoning: str = ""
     reasoning_tokens: int | None = None
     stop_sequence: str | None = None
+    logprobs: tuple[LogprobToken, ...] | None = None
     cached_tokens: int = 0
 
 

@@ -90,6 +90,7 @@ import orjson
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import LocalProtocolError, RemoteProtocolError, bounded_repr
 from sluicegate.core.events import Usage
+from sluicegate.core.logprobs import LogprobToken
 from sluicegate.core.reader_limits import (
     NO_USAGE_BOUNDS,
     READER_LIMITS,
@@ -119,6 +120,7 @@ from sluicegate.core.upstream_items import (
     UpstreamTruncated,
     UpstreamUsageRejected,
 )
+from sluicegate.core.upstream_logprobs import read_logprobs
 from sluicegate.core.upstream_tools import ToolCallNormalizer
 
 __all__ = ["UpstreamReader"]
@@ -421,7 +423,7 @@ class UpstreamReader:
         if type(text) is str and text:
             new = state.feed(text)
             if new:
-                out.append(UpstreamDelta(index, new))
+                out.append(UpstreamDelta(index, new, self._logprobs(choice, new, text)))
         if calls:
             if type(calls) is list:
                 self._chunk_deltas += len(calls)
@@ -455,6 +457,20 @@ class UpstreamReader:
                 return
             finish = finish_reason_of(reason, tools)
             out.append(UpstreamFinish(index, finish, reason, _matched_stop(choice)))
+
+    def _logprobs(
+        self, choice: dict[str, Any], new: str, text: str
+    ) -> tuple[LogprobToken, ...] | None:
+        """The chunk's token logprobs, when they are exactly ``new``'s tokens (a
+        cumulative chunk's, or tokens that split a character, are not)."""
+        raw = choice.get("logprobs")
+        if raw is None or new != text:
+            return None
+        chat = self._endpoint is Endpoint.CHAT
+        tokens = read_logprobs(raw, chat, self._limits.max_deltas_per_chunk)
+        if tokens is None or "".join(t.token for t in tokens) != new:
+            return None
+        return tokens
 
     def _reasoning(
         self, index: int, delta: dict[str, Any], out: list[UpstreamItem]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sluicegate.core.events import FinishReason, ToolCallFragment, Usage
+from sluicegate.core.logprobs import LogprobToken
 
 __all__ = [
     "PROTOCOL_ERROR_CODE",
@@ -33,10 +34,13 @@ PROTOCOL_ERROR_CODE = "upstream_protocol_error"
 
 @dataclass(frozen=True, slots=True)
 class UpstreamDelta:
-    """New text of choice ``index`` (non-empty; only what is new)."""
+    """New text of choice ``index`` (non-empty; only what is new), and the
+    logprobs of the tokens that make it up when the upstream sent them and
+    their texts join to exactly ``text`` (``None`` otherwise)."""
 
     index: int
     text: str
+    logprobs: tuple[LogprobToken, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

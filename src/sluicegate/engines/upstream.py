@@ -179,7 +179,7 @@ class UpstreamEngine:
     def capabilities(self) -> Capabilities:
         """A pool of upstreams (``upstream_counters``), prompts counted by the
         first upstream's tokenizer (``count_prompt``); no logprobs."""
-        return Capabilities(upstreams=True, counts_prompts=True)
+        return Capabilities(upstreams=True, counts_prompts=True, logprobs=True)
 
     @property
     def model(self) -> ModelInfo:

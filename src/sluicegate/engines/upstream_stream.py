@@ -189,9 +189,15 @@ def _apply(
                 _first_token(seq, lease, upstreams)
             prompt, cached = _prompt_of(seq.usage)
             tokens = step_tokens(seq)
-            outputs.push(
-                TextOutput(item.text, None, tokens, prompt, cached_tokens=cached)
+            output = TextOutput(
+                item.text,
+                None,
+                tokens,
+                prompt,
+                cached_tokens=cached,
+                logprobs=item.logprobs,
             )
+            outputs.push(output)
         elif type(item) is UpstreamReasoning:
             if item.index != 0:
                 continue

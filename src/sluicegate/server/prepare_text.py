@@ -143,11 +143,6 @@ def _text_plan(
     texts: list[TextPrompt],
     echoes: list[str],
 ) -> Plan:
-    if request.top_logprobs_k is not None:
-        raise RequestError(
-            "logprobs are not available from this model's engine (an upstream server)",
-            param="logprobs",
-        )
     if request.stop_token_ids:
         raise RequestError(
             "stop_token_ids need the model's vocabulary, which this model's engine "
@@ -163,6 +158,7 @@ def _text_plan(
         for name in _FORWARDED_SAMPLING
         if name in request.model_fields_set
     }
+    sampling |= _logprob_fields(request)
     texts = [
         dataclasses.replace(t, max_tokens=max_tokens, extra={**t.extra, **sampling})
         for t in texts
@@ -174,6 +170,19 @@ def _text_plan(
     )
     plan = plan_of(request, response_id, model, [[] for _ in texts], echoes, params)
     return dataclasses.replace(plan, text_prompts=tuple(texts))
+
+
+def _logprob_fields(
+    request: ChatCompletionRequest | CompletionRequest,
+) -> dict[str, Any]:
+    """The logprobs the client asked for, in the API's own fields, for the
+    upstream to report (an engine that cannot is refused by ``Generation``)."""
+    k = request.top_logprobs_k
+    if k is None:
+        return {}
+    if isinstance(request, ChatCompletionRequest):
+        return {"logprobs": True, "top_logprobs": k}
+    return {"logprobs": k}
 
 
 _FORWARDED_SAMPLING = (
