@@ -8,7 +8,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from sluicegate.core.chunks import usage_dict
+from sluicegate.core.chunks import (
+    Endpoint,
+    ResponseHeader,
+    chat_completion,
+    usage_dict,
+)
 from sluicegate.core.decoding import ChoiceOptions, ResponseDecoder
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.errors import LocalProtocolError
@@ -20,8 +25,10 @@ from sluicegate.core.events import (
     FinishReason,
     StreamEvent,
     TextOutput,
+    TokenLogprob,
     Usage,
 )
+from sluicegate.core.logprobs import LogprobToken
 from sluicegate.core.reasoning import (
     ReasoningParser,
     ReasoningPhase,
@@ -182,12 +189,73 @@ def test_tool_call_parsing_sees_the_content_only() -> None:
     assert events[-2].finish_reason is FinishReason.TOOL_CALLS  # type: ignore[union-attr]
 
 
-def test_logprobs_with_reasoning_are_refused() -> None:
-    vocabulary, _ = _vocabulary([b"a"])
-    with pytest.raises(ValueError, match="reasoning"):
-        ResponseDecoder(
-            [ChoiceOptions()], vocabulary, prompt_tokens=1, logprobs=True, reasoning=R1
-        )
+def _with_logprobs(
+    tokens: Sequence[bytes],
+    parser: ReasoningParser = QWEN3,
+    reason: FinishReason = STOP,
+) -> list[StreamEvent]:
+    vocabulary, ids = _vocabulary(tokens)
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], vocabulary, prompt_tokens=1, logprobs=True, reasoning=parser
+    )
+    eos = len(vocabulary.pieces) - 1
+    events: list[StreamEvent] = []
+    for token_id in ids:
+        logprob = TokenLogprob(token_id, -1.0)
+        events += decoder.feed(0, EngineOutput((token_id,), None, (logprob,)))
+    last = (eos,) if reason is STOP else ()
+    lps = tuple(TokenLogprob(t, -1.0) for t in last)
+    events += decoder.feed(0, EngineOutput(last, reason, lps))
+    return events
+
+
+def _logprob_pieces(events: Sequence[StreamEvent]) -> list[bytes]:
+    return [
+        lp.token_bytes
+        for e in events
+        if isinstance(e, Delta) and e.logprobs
+        for lp in e.logprobs
+    ]
+
+
+def test_logprobs_are_the_content_tokens_for_every_split() -> None:
+    for tokens in marker_splits(S28):
+        events = _with_logprobs(tokens)
+        assert _channels(events) == ("plan: 2+2=4", "The answer is 4."), tokens
+        # The token that completes "</think>" and every later one (the content's).
+        text = b""
+        boundary = 0
+        for i, token in enumerate(tokens):
+            text += token
+            if b"</think>" in text:
+                boundary = i
+                break
+        first = boundary if text.split(b"</think>", 1)[1] else boundary + 1
+        assert _logprob_pieces(events) == list(tokens[first:]), tokens
+        for event in events:
+            if isinstance(event, Delta) and event.parts is not None:
+                assert event.logprobs is None  # reasoning carries none
+
+
+def test_tokens_held_as_a_start_marker_carry_their_logprobs_into_the_content() -> None:
+    events = _with_logprobs([b"<th", b"e", b"re"])
+    assert _channels(events) == ("", "<there")
+    assert _logprob_pieces(events) == [b"<th", b"e", b"re"]
+    # Cut while held: the flush releases them as content, with their logprobs.
+    events = _with_logprobs([b"<", b"th"], reason=LENGTH)
+    assert _channels(events) == ("", "<th")
+    assert _logprob_pieces(events) == [b"<", b"th"]
+    # Held, then the reasoning opens: none.
+    events = _with_logprobs([b"<th", b"ink>a", b"</think>", b"b"])
+    assert _logprob_pieces(events) == [b"b"]
+    # The token that ends the reasoning and writes content carries its logprob.
+    events = _with_logprobs([b"<think>", b"a</think>b", b"c"])
+    assert _channels(events) == ("a", "bc")
+    assert _logprob_pieces(events) == [b"a</think>b", b"c"]
+    # Starting inside: a held marker that turns out to be reasoning carries none.
+    events = _with_logprobs([b"<th", b"at", b"</think>b"], R1)
+    assert _channels(events) == ("<that", "b")
+    assert _logprob_pieces(events) == [b"</think>b"]
 
 
 def _choice_decoder(
@@ -355,3 +423,30 @@ def test_a_text_choices_held_start_marker_may_complete_a_stop_at_the_end() -> No
     events += decoder.feed(0, TextOutput("", LENGTH, 0))
     assert _channels(events) == ("", "")
     assert events[-2] == Finish(0, STOP, None, "<th")
+
+
+def test_a_whole_chat_completion_names_each_choices_reasoning() -> None:
+    header = ResponseHeader("chatcmpl-1", 1, "m", Endpoint.CHAT, n=2)
+    usage = Usage(1, 4, reasoning_tokens=2)
+    body = chat_completion(
+        header, [("4", STOP), ("5", STOP)], usage, reasoning=["plan", ""]
+    )
+    messages = [choice["message"] for choice in body["choices"]]
+    assert [m["reasoning_content"] for m in messages] == ["plan", None]
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 2}
+
+
+def test_a_text_engines_split_reasoning_tokens_carry_no_logprobs() -> None:
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=0, logprobs=True, reasoning=QWEN3
+    )
+
+    def token(text: str) -> LogprobToken:
+        return LogprobToken(text, text.encode(), -1.0, 0)
+
+    pieces = ["<think>", "plan", "</think>", "The", " answer"]
+    item = TextOutput("".join(pieces), logprobs=tuple(map(token, pieces)))
+    events = list(decoder.feed(0, item))
+    events += decoder.feed(0, TextOutput("", STOP, 0))
+    assert _channels(events) == ("plan", "The answer")
+    assert _logprob_pieces(events) == [b"The", b" answer"]

@@ -268,14 +268,16 @@ def test_reasoning_is_an_item_of_its_own_before_the_message() -> None:
     thought = Delta(0, "", parts=DeltaParts(reasoning="plan"))
     got = run(
         thought,
+        Delta(0, "", parts=DeltaParts(reasoning="!")),
         Delta(0, "Four."),
         Finish(0, FinishReason.LENGTH),
         End(Usage(7, 3, reasoning_tokens=2)),
     )
     kinds = [e["type"] for e in got]
-    assert kinds[2:9] == [
+    assert kinds[2:10] == [
         "response.output_item.added",
         "response.content_part.added",
+        "response.reasoning_text.delta",
         "response.reasoning_text.delta",
         "response.reasoning_text.done",
         "response.content_part.done",
@@ -288,9 +290,9 @@ def test_reasoning_is_an_item_of_its_own_before_the_message() -> None:
     assert final["status"] == "incomplete"
     item = final["output"][0]
     assert item["type"] == "reasoning"
-    assert item["content"] == [{"type": "reasoning_text", "text": "plan"}]
+    assert item["content"] == [{"type": "reasoning_text", "text": "plan!"}]
     assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 2}
     whole = Whole(
-        "Four.", FinishReason.LENGTH, Usage(7, 3, reasoning_tokens=2), reasoning="plan"
+        "Four.", FinishReason.LENGTH, Usage(7, 3, reasoning_tokens=2), reasoning="plan!"
     )
     assert response_body(HEADER, whole)["output"] == final["output"]

@@ -235,13 +235,28 @@ async def test_without_a_parser_markers_are_content_and_usage_has_no_details() -
     assert got["usage"].completion_tokens_details is None
 
 
-async def test_logprobs_with_reasoning_are_refused_before_any_byte() -> None:
-    async with openai_client(scripted_app([b"x"])) as client:
-        with pytest.raises(openai.BadRequestError) as raised:
-            await client.chat.completions.create(
-                model="scripted", messages=MESSAGES, logprobs=True
-            )
-    assert raised.value.body["param"] == "logprobs"  # type: ignore[index]
+async def test_logprobs_are_given_for_the_content_tokens_only() -> None:
+    tokens = [b"<think>", b"plan", b"</think>", b"The", b" answer"]
+    async with openai_client(scripted_app(tokens)) as client:
+        stream = await client.chat.completions.create(
+            model="scripted", messages=MESSAGES, stream=True, logprobs=True
+        )
+        pieces: list[str] = []
+        async for chunk in stream:
+            for choice in chunk.choices:
+                delta = choice.delta.model_dump()
+                if delta.get("reasoning_content"):
+                    assert choice.logprobs is None
+                if choice.logprobs is not None and choice.logprobs.content:
+                    pieces += [entry.token for entry in choice.logprobs.content]
+        whole = await client.chat.completions.create(
+            model="scripted", messages=MESSAGES, logprobs=True
+        )
+    assert pieces == ["The", " answer"]
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None
+    assert [entry.token for entry in logprobs.content or ()] == pieces
+    assert whole.choices[0].message.model_dump()["reasoning_content"] == "plan"
 
 
 @pytest.mark.parametrize(

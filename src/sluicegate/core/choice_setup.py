@@ -11,14 +11,18 @@ keeps for it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.events import FinishReason, TokenLogprob
 from sluicegate.core.logprobs import LogprobAligner, LogprobToken
-from sluicegate.core.reasoning import ReasoningParser, ReasoningSplitter
+from sluicegate.core.reasoning import (
+    ReasoningParser,
+    ReasoningPhase,
+    ReasoningSplitter,
+)
 from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder
 from sluicegate.core.stops import StopMatcher, StopPattern
 
@@ -96,6 +100,11 @@ class TextChoiceDecoder:
     def splits(self) -> bool:
         """Whether the text goes through a reasoning splitter."""
         return self._splitter is not None
+
+    @property
+    def in_content(self) -> bool:
+        """Whether text fed now is content (no splitter, or past the reasoning)."""
+        return self._splitter is None or self._splitter.phase is ReasoningPhase.CONTENT
 
     @property
     def reasoning_tokens(self) -> int:
@@ -212,6 +221,9 @@ class ChoiceState:
         engine_stop: the stop string the engine says it stopped on (a text
             engine's ``TextOutput.stop_sequence``), when the server's own
             matcher did not match one.
+        held_logprobs: with logprobs and a reasoning splitter, the tokens whose
+            text the splitter holds as a possible start marker: content tokens
+            if the marker is ruled out, dropped if it opens the reasoning.
     """
 
     index: int
@@ -225,6 +237,7 @@ class ChoiceState:
     released_chars: int = 0
     engine_stop: str | None = None
     text_aligner: LogprobAligner[LogprobToken | None] | None = None
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 def new_choice(

@@ -62,7 +62,7 @@ from sluicegate.core.events import (
     Usage,
 )
 from sluicegate.core.logprobs import AlignedStep, LogprobToken, describe_logprob
-from sluicegate.core.reasoning import ReasoningParser
+from sluicegate.core.reasoning import ReasoningParser, ReasoningPhase
 from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder
 from sluicegate.core.stops import compile_stops
 
@@ -105,13 +105,13 @@ class ResponseDecoder:
         reasoning: the request's reasoning markers (``request_reasoning``), or
             ``None``: no reasoning channel. With one, a token engine's text is
             split (``ReasoningChoiceDecoder``): reasoning goes out as ``Delta``
-            parts before the content, and the usage counts reasoning tokens.
+            parts before the content, and the usage counts reasoning tokens;
+            with ``logprobs``, only content tokens carry them.
         reasoning_budget: the most tokens a choice's reasoning may take before
             it is ended (the rest is content); ``None``: no budget.
 
     Raises:
-        ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens),
-            or with a ``reasoning`` parser (not aligned yet).
+        ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens).
 
     Attributes:
         aborts: indices of choices a stop string ended while their engine
@@ -161,8 +161,6 @@ class ResponseDecoder:
     ) -> None:
         if reasoning is not None and not reasoning.reasons:
             reasoning = None
-        if logprobs and reasoning is not None:
-            raise ValueError("expected no reasoning parser with logprobs")
         pattern = compile_stops(stops)  # once per response, shared by its choices
         self._pieces: Sequence[bytes] = () if vocabulary is None else vocabulary.pieces
         self._choices = [
@@ -416,10 +414,12 @@ class ResponseDecoder:
         else:
             assert engine_reason is not None, "called for a finished step"
             tail = choice.decoder.flush()
+            self._reasoning_delta(choice, tail.reasoning, events)
             if choice.aligner is None and choice.text_aligner is None:
-                self._reasoning_delta(choice, tail.reasoning, events)
                 self._delta(choice, tail.text, None, events)
             else:
+                if tail.text and choice.held_logprobs:
+                    self._release_held(choice)  # a held start marker was text
                 self._flush_aligner(choice, tail.text, events)
             reason = tail.finish_reason or engine_reason
         choice.finish_reason = reason
@@ -438,8 +438,25 @@ class ResponseDecoder:
         if len(logprobs) != len(output.token_ids):
             raise EngineError(f"expected one logprob per token id; got {output!r}")
         step = ChoiceStep("")
+        splitting = decoder if isinstance(decoder, ReasoningChoiceDecoder) else None
         for token_id, logprob in zip(output.token_ids, logprobs, strict=True):
+            before = ReasoningPhase.CONTENT if splitting is None else splitting.phase
             step = decoder.feed((token_id,))
+            if splitting is not None and before is not ReasoningPhase.CONTENT:
+                # Logprobs are the content's (OpenAI's reasoning models give
+                # none for their reasoning): a token spent inside the reasoning
+                # carries none; the one that ends it carries its content.
+                self._reasoning_delta(choice, step.reasoning, events)
+                after = splitting.phase
+                if after is ReasoningPhase.START:
+                    choice.held_logprobs.append(logprob)
+                    continue
+                if after is ReasoningPhase.REASONING or not step.text:
+                    choice.held_logprobs.clear()  # the reasoning opened, or ended
+                    continue
+                if step.text and not step.reasoning:
+                    self._release_held(choice)  # the start marker ruled out
+                choice.held_logprobs.clear()
             choice.released_chars += len(step.text)
             end: int | None = choice.released_chars + len(decoder.held)
             if choice.detokenizer.pending_bytes or step.finish_reason is not None:
@@ -449,6 +466,15 @@ class ResponseDecoder:
             if step.finish_reason is not None:
                 break
         return step
+
+    def _release_held(self, choice: ChoiceState) -> None:
+        """The tokens held as a possible start marker are content after all:
+        into the aligner, their ends with the text that releases them."""
+        aligner = choice.aligner
+        assert aligner is not None, "held logprobs come with an aligner"
+        for held in choice.held_logprobs:
+            aligner.feed("", held, None)
+        choice.held_logprobs.clear()
 
     def _flush_aligner(
         self, choice: ChoiceState, text: str, events: list[StreamEvent]
@@ -472,8 +498,13 @@ class ResponseDecoder:
         if tokens and "".join(t.token for t in tokens) == item.text:
             pieces = [(t.token, t) for t in tokens]
         step, count = ChoiceStep(""), item.completion_tokens
+        reasoning = ""  # a splitter's (the upstream's own comes apart)
         for text, token in pieces:
+            content = decoder.in_content
             step, count = decoder.feed(text, count), 0
+            reasoning += step.reasoning
+            if not content and not step.text:
+                continue  # a reasoning token (or marker): logprobs are the content's
             choice.released_chars += len(step.text)
             end: int | None = choice.released_chars + len(decoder.held)
             if step.finish_reason is not None:
@@ -481,7 +512,7 @@ class ResponseDecoder:
             self._text_delta(choice, aligner.feed(step.text, token, end), events)
             if step.finish_reason is not None:
                 break
-        return step
+        return ChoiceStep(step.text, step.finish_reason, reasoning)
 
     def _text_delta(
         self,

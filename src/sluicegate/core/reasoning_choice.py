@@ -77,6 +77,11 @@ class ReasoningChoiceDecoder(ChoiceDecoder):
         """Tokens spent inside the reasoning so far, markers included."""
         return self._splitter.reasoning_tokens
 
+    @property
+    def phase(self) -> ReasoningPhase:
+        """The splitter's phase now (``CONTENT``: every later token is content)."""
+        return self._splitter.phase
+
     def feed(self, token_ids: Iterable[int]) -> ChoiceStep:
         """Take one engine step's token ids; see ``ChoiceDecoder.feed``.
 

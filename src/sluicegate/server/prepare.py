@@ -234,13 +234,6 @@ async def plan_chat(
         constrained=constrained,
     )
     if reasoning is not None:
-        if request.logprobs:
-            raise RequestError(
-                "logprobs are not supported yet for a model whose reasoning is "
-                "split from its answer (--reasoning-parser); got logprobs=True",
-                param="logprobs",
-                code="unsupported_parameter",
-            )
         plan = dataclasses.replace(
             plan,
             reasoning=reasoning,
