@@ -19,7 +19,12 @@ from sluicegate.core.events import (
     FinishReason,
     StreamEvent,
 )
-from sluicegate.engines.base import Engine, GenerateRequest, SamplingParams
+from sluicegate.engines.base import (
+    Capabilities,
+    Engine,
+    GenerateRequest,
+    SamplingParams,
+)
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.engines.scripted_text import ScriptedTextEngine
 from sluicegate.server.buffer import Outbox
@@ -50,6 +55,10 @@ def _plan(
 
 class _Iterated(ScriptedEngine):
     """Outputs as a plain async iterator: read by a task, not listened to."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(logprobs=True)  # plain iterators: not listenable
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
         outputs = super().generate(request)

@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from typing_extensions import override
 
 from sluicegate.core.events import EngineOutput
-from sluicegate.engines.base import GenerateRequest
+from sluicegate.engines.base import Capabilities, GenerateRequest
 from sluicegate.engines.scripted import ScriptedEngine, ScriptedTokenizer
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
@@ -153,6 +153,10 @@ async def test_every_chunk_shares_id_created_model_and_fingerprint() -> None:
 
 class _NoLogprobs(ScriptedEngine):
     """A scripted engine that forgets the logprobs it was asked for."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(logprobs=True)  # plain iterators: not listenable
 
     @override
     def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:

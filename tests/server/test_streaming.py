@@ -20,7 +20,7 @@ from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import Delta, EngineOutput, FinishReason
 from sluicegate.core.sse import DONE
-from sluicegate.engines.base import GenerateRequest, SamplingParams
+from sluicegate.engines.base import Capabilities, GenerateRequest, SamplingParams
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.buffer import LiveStreams
@@ -260,6 +260,10 @@ async def test_engine_error_after_first_token_is_one_error_event_without_done() 
 class _BrokenEngine(ScriptedEngine):
     """Its outputs raise a plain bug (not an ``EngineError``) after one step."""
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(logprobs=True)  # plain iterators: not listenable
+
     def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
         outputs = super().generate(request)
 
@@ -289,6 +293,10 @@ async def test_unexpected_exception_is_one_generic_error_event(
 
 class _SilentEndEngine(ScriptedEngine):
     """Its outputs end after one step without any finish reason."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(logprobs=True)  # plain iterators: not listenable
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
         outputs = super().generate(request)
@@ -323,6 +331,10 @@ async def test_a_connection_broken_before_the_first_frame_aborts() -> None:
 
 class _EngineErrorEngine(ScriptedEngine):
     """Plain async iterators that raise ``EngineError`` where the finish was."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(logprobs=True)  # plain iterators: not listenable
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
         outputs = super().generate(request)

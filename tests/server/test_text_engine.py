@@ -19,7 +19,7 @@ from sluicegate.core.chunks import Endpoint
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineRefused, EngineUnavailable
 from sluicegate.core.events import Usage
-from sluicegate.engines.base import GenerateRequest
+from sluicegate.engines.base import Capabilities, GenerateRequest
 from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.scripted import DEFAULT_TEXT
 from sluicegate.engines.scripted_text import ScriptedTextEngine
@@ -51,6 +51,10 @@ class _Refusing(ScriptedTextEngine):
         self.error = error
         self.generated: list[str] = []
         self.aborted: list[str] = []
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(listenable=True, late_acceptance=True)
 
     def generate(self, request: GenerateRequest) -> Any:
         self.generated.append(request.request_id)

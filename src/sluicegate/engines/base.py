@@ -13,19 +13,20 @@ detokenizes: llama.cpp, the scripted engine) and ``TextEngine`` yields
 ``TextOutput`` (text deltas: an upstream OpenAI-compatible server, for which
 the server does no token work). ``Engine`` is either; its ``output_kind`` is the
 tag that tells them apart and narrows the type. What an engine can do beyond
-its protocol (grammars, logprobs, a pool of upstreams) it declares in
-``capabilities``: the server never probes an engine's attributes.
+its protocol (grammars, logprobs, a pool of upstreams, how its outputs are
+delivered and accepted) it declares in ``capabilities``: the server never
+probes an engine's attributes, nor those of its outputs.
 
-The rest of the contract is declared too, not guessed:
-
-- How outputs are delivered: any async iterator will do, read by a task; one
-  that is also ``ListenableOutputs`` hands each item to a listener in the
-  engine's own callback instead, with no task in between (``SequenceOutputs`` in
-  ``outputs.py`` is one).
+- How outputs are delivered: any async iterator with ``aclose()``
+  (``ClosableOutputs``: an async generator will do) is read by a task; with
+  ``Capabilities.listenable`` they are ``ListenableOutputs`` instead, which hand
+  each item to a listener in the engine's own callback, with no task in between
+  (``SequenceOutputs`` in ``outputs.py`` is one).
 - When a sequence is accepted: at ``generate()`` (which raises at once when it
-  cannot take it), or, for outputs that are also ``AcceptingOutputs`` (an
-  upstream server, which answers with a status first), when ``accepted()``
-  returns; the server sends its status line only after that.
+  cannot take it), or, with ``Capabilities.late_acceptance``, when the outputs'
+  ``accepted()`` returns (they are ``AcceptingOutputs``: an upstream server
+  answers with a status first); the server sends its status line only after
+  that.
 
 A ``TextEngine`` gets its prompt as ``GenerateRequest.text_prompt`` (messages
 or a completions prompt, in the API's terms) and counts the prompt's tokens
@@ -55,6 +56,7 @@ from sluicegate.engines.values import (
 __all__ = [
     "AcceptingOutputs",
     "Capabilities",
+    "ClosableOutputs",
     "Engine",
     "EngineStats",
     "GenerateRequest",
@@ -87,7 +89,15 @@ sequence's ``EngineError``, or ``None`` when it ended without a finish reason
 (it was aborted)."""
 
 
-@runtime_checkable
+class ClosableOutputs(Protocol):
+    """Outputs read by a task (not ``Capabilities.listenable``): the server
+    calls ``aclose()`` once it stops reading them, whether or not they ended."""
+
+    async def aclose(self) -> None:
+        """Stop the sequence if it runs; later iteration ends."""
+        ...
+
+
 class ListenableOutputs(Protocol):
     """Outputs that can be listened to, besides being iterated.
 
@@ -110,7 +120,6 @@ class ListenableOutputs(Protocol):
         ...
 
 
-@runtime_checkable
 class AcceptingOutputs(Protocol):
     """Outputs whose engine may still refuse the sequence after ``generate``.
 
@@ -185,12 +194,20 @@ class Capabilities:
         counts_prompts: its ``count_prompt`` counts a prompt's tokens with the
             model's own tokenizer (an upstream's tokenize endpoint); ``False``:
             it always answers ``None``.
+        listenable: every ``generate`` returns ``ListenableOutputs``, which the
+            server listens to; ``False``: ``ClosableOutputs``, read by a task.
+        late_acceptance: every ``generate`` returns ``AcceptingOutputs``: the
+            engine may still refuse the sequence, and the server awaits
+            ``accepted()`` before its status line; ``False``: ``generate``
+            accepts or raises.
     """
 
     grammars: bool = False
     logprobs: bool = False
     upstreams: bool = False
     counts_prompts: bool = False
+    listenable: bool = False
+    late_acceptance: bool = False
 
 
 class _EngineBase(Protocol):

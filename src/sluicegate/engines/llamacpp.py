@@ -74,7 +74,7 @@ __all__ = ["LlamaCppEngine", "load_vocab"]
 
 log = logging.getLogger(__name__)
 
-_CAPABILITIES = Capabilities(grammars=True, logprobs=True)
+_CAPABILITIES = Capabilities(grammars=True, logprobs=True, listenable=True)
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -192,7 +192,8 @@ class LlamaCppEngine:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Grammars (compiled ahead by ``compile_grammar``) and logprobs."""
+        """Grammars (compiled ahead by ``compile_grammar``), logprobs, and
+        listenable outputs (``SequenceOutputs``)."""
         return _CAPABILITIES
 
     def generate(self, request: GenerateRequest) -> SequenceOutputs[EngineOutput]:

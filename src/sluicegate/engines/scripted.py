@@ -85,7 +85,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-_CAPABILITIES = Capabilities(logprobs=True)
+_CAPABILITIES = Capabilities(logprobs=True, listenable=True)
 
 
 class _Phase(Enum):
@@ -209,7 +209,7 @@ class ScriptedEngine:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Logprobs; no grammars (a grammar is ignored)."""
+        """Logprobs, listenable outputs; no grammars (a grammar is ignored)."""
         return _CAPABILITIES
 
     def compile_grammar(self, grammar: Grammar) -> None:

@@ -71,8 +71,8 @@ class ScriptedTextEngine:
 
     @property
     def capabilities(self) -> Capabilities:
-        """None beyond the protocol: no logprobs, no upstreams, no counter."""
-        return Capabilities()
+        """Listenable outputs; no logprobs, no upstreams, no counter."""
+        return Capabilities(listenable=True)
 
     def upstream_counters(self) -> list[UpstreamCounters]:
         """``[]``: no upstreams."""

@@ -178,8 +178,16 @@ class UpstreamEngine:
     @property
     def capabilities(self) -> Capabilities:
         """A pool of upstreams (``upstream_counters``), prompts counted by the
-        first upstream's tokenizer (``count_prompt``); no logprobs."""
-        return Capabilities(upstreams=True, counts_prompts=True, logprobs=True)
+        first upstream's tokenizer (``count_prompt``), logprobs as the
+        upstream gives them, listenable outputs accepted at the upstream's
+        first content."""
+        return Capabilities(
+            upstreams=True,
+            counts_prompts=True,
+            logprobs=True,
+            listenable=True,
+            late_acceptance=True,
+        )
 
     @property
     def model(self) -> ModelInfo:

@@ -3,10 +3,11 @@
 ``Generation`` is the thin shell around a ``ResponseDecoder`` (``core/decoding.py``,
 where every decision is made): it starts one engine sequence per choice, feeds
 each item the engine delivers to the decoder, puts the events it returns into an
-``Outbox``, and aborts the sequences the decoder names. Outputs that are
-``ListenableOutputs`` (the engine protocol's delivery contract) are listened to:
-each item is decoded in the engine's own callback, with no task in between; a
-task per choice reads any other async iterator. Whoever writes to the client
+``Outbox``, and aborts the sequences the decoder names. The outputs of an
+engine that declares them ``ListenableOutputs`` (``Capabilities.listenable``,
+the engine protocol's delivery contract) are listened to: each item is decoded
+in the engine's own callback, with no task in between; a task per choice reads
+any other engine's async iterators. Whoever writes to the client
 drains the outbox at its own pace, so the engine never waits on a client. No HTTP
 here: the responses (``sse_response.py``, ``json_response.py``) race their
 writing against the client's disconnect (``disconnect.py``).
@@ -36,6 +37,7 @@ from sluicegate.core.events import EngineOutput, FinishReason, TextOutput, Usage
 from sluicegate.core.tooldecoder import new_response_decoder
 from sluicegate.engines.base import (
     AcceptingOutputs,
+    ClosableOutputs,
     Engine,
     ListenableOutputs,
     OutputKind,
@@ -64,7 +66,8 @@ class Generation:
     def __init__(self, engine: Engine, plan: Plan) -> None:
         self._engine = engine
         self._plan = plan
-        self._logprobs = engine.capabilities.logprobs
+        self._capabilities = engine.capabilities
+        self._logprobs = self._capabilities.logprobs
         # The decoding stage, by the engine's protocol: token ids are
         # detokenized with its tokenizer; text arrives decoded, and each
         # sequence counts its own prompt (prompt_of).
@@ -154,7 +157,8 @@ class Generation:
     @property
     def awaits_acceptance(self) -> bool:
         """Whether the engine may still refuse a started choice (``accepted()``)."""
-        return any(_accepting(o) is not None for o in self._outputs)
+        late = self._capabilities.late_acceptance
+        return late and any(o is not None for o in self._outputs)
 
     async def accepted(self, patience_s: float | None = None) -> None:
         """Wait until the engine has accepted every choice, before any byte.
@@ -172,10 +176,12 @@ class Generation:
                 status, ``EngineUnavailable``) while this waited; every choice
                 is aborted then.
         """
+        if not self._capabilities.late_acceptance:
+            return
         accepting = [
-            (index, a)
+            (index, cast(AcceptingOutputs, outputs))  # declared so
             for index, outputs in enumerate(self._outputs)
-            if (a := _accepting(outputs)) is not None
+            if outputs is not None
         ]
         if not accepting:
             return
@@ -234,8 +240,8 @@ class Generation:
             assert outputs is not None, "start() before attach()"
             for event in self._decoder.start(index):
                 outbox.put(event)
-            listenable = _listenable(outputs)
-            if listenable is not None:
+            if self._capabilities.listenable:
+                listenable = cast(ListenableOutputs, outputs)  # declared so
                 self._listened.append(listenable)
                 listenable.listen(functools.partial(self._on_item, index))
             else:
@@ -280,7 +286,8 @@ class Generation:
         except Exception:  # the reader task's outermost frame: a bug
             self._fail_internal(index)
         finally:
-            await asyncio.shield(_aclose(outputs))
+            # Not listenable: closed as the protocol says (an async generator's).
+            await asyncio.shield(cast(ClosableOutputs, outputs).aclose())
 
     def _on_item(self, index: int, item: OutputItem) -> None:
         """One item of a choice's engine sequence, decoded into the outbox.
@@ -311,12 +318,6 @@ class Generation:
             self._outbox.put(event)
 
 
-async def _aclose(outputs: _Outputs) -> None:
-    aclose = getattr(outputs, "aclose", None)
-    if aclose is not None:
-        await aclose()
-
-
 async def _responded_then(
     patience_s: float, accepting: Sequence[AcceptingOutputs]
 ) -> None:
@@ -330,23 +331,3 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
     outputs' to report, in band)."""
     if not future.cancelled():
         future.exception()
-
-
-def _accepting(outputs: object) -> AcceptingOutputs | None:
-    """``outputs`` as ``AcceptingOutputs`` when it has ``accepted()``, else ``None``.
-
-    The same test as ``isinstance(outputs, AcceptingOutputs)``, without the
-    runtime protocol check's walk over the protocol's attributes (dozens of
-    calls, twice per request).
-    """
-    if callable(getattr(outputs, "accepted", None)):
-        return cast(AcceptingOutputs, outputs)
-    return None
-
-
-def _listenable(outputs: object) -> ListenableOutputs | None:
-    """``outputs`` as ``ListenableOutputs`` when it has ``listen()``, else ``None``
-    (as ``_accepting``: the protocol's test without its per-call attribute walk)."""
-    if callable(getattr(outputs, "listen", None)):
-        return cast(ListenableOutputs, outputs)
-    return None
