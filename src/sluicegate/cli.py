@@ -99,25 +99,21 @@ def _build_engines(args: argparse.Namespace) -> list[Engine]:
             engines.extend(engines_from_file(args.upstreams, os.environ))
     except ValueError as exc:
         raise SystemExit(f"sluicegate: upstreams: {exc}") from exc
-    _learn_context_lengths(engines)
+    _learn_upstreams(engines)
     return engines
 
 
-def _learn_context_lengths(engines: list[Engine]) -> None:
-    """Ask each upstream model's first upstream for its window, where the
-    configuration did not set it (``upstream_context.py``)."""
+def _learn_upstreams(engines: list[Engine]) -> None:
+    """Ask every upstream what it tells of itself (its model's window, its
+    kind: ``upstream_context.py``), all at once, and let each engine learn it."""
     from sluicegate.engines.upstream import UpstreamEngine
-    from sluicegate.engines.upstream_context import context_lengths
+    from sluicegate.engines.upstream_context import upstream_facts
 
-    unknown = [
-        e
-        for e in engines
-        if isinstance(e, UpstreamEngine) and not e.model.context_length
-    ]
-    asked = [(e.upstreams[0], e.upstreams[0].model or e.model.id) for e in unknown]
-    for engine, tokens in zip(unknown, context_lengths(asked), strict=True):
-        if tokens is not None:
-            engine.learn_context_length(tokens)
+    pools = [e for e in engines if isinstance(e, UpstreamEngine)]
+    asked = [(u, u.model or e.model.id) for e in pools for u in e.upstreams]
+    facts = iter(upstream_facts(asked))
+    for engine in pools:
+        engine.learn([next(facts) for _ in engine.upstreams])
 
 
 def _build_engine(args: argparse.Namespace) -> Engine:

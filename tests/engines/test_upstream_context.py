@@ -9,9 +9,10 @@ import pytest
 
 from sluicegate.engines.upstream_config import UpstreamConfig
 from sluicegate.engines.upstream_context import (
-    context_lengths,
+    UpstreamFacts,
     context_of_models,
     context_of_props,
+    upstream_facts,
 )
 
 
@@ -45,22 +46,32 @@ def test_llama_server_props_tell_one_slots_window() -> None:
 
 
 @pytest.mark.parametrize(
-    ("answers", "window"),
+    ("answers", "facts"),
     [
-        ({"/v1/models": {"data": [{"id": "m", "max_model_len": 512}]}}, 512),
+        (
+            {
+                "/v1/models": {
+                    "data": [{"id": "m", "max_model_len": 512, "owned_by": "vllm"}]
+                }
+            },
+            UpstreamFacts(512, "vllm"),
+        ),
         (
             {
                 "/v1/models": {"data": []},
                 "/props": {"default_generation_settings": {"n_ctx": 64}},
             },
-            64,
+            UpstreamFacts(64, None),
         ),
-        ({"/v1/models": {"data": []}}, None),  # Ollama, TGI: none told
-        ({}, None),  # every path a 404
+        (
+            {"/v1/models": {"data": [{"id": "m", "owned_by": "library"}]}},
+            UpstreamFacts(None, "library"),  # Ollama: no window told
+        ),
+        ({}, UpstreamFacts()),  # every path a 404
     ],
 )
-def test_context_lengths_ask_the_models_then_the_props(
-    answers: dict[str, object], window: int | None
+def test_upstream_facts_ask_the_models_then_the_props(
+    answers: dict[str, object], facts: UpstreamFacts
 ) -> None:
     seen: list[tuple[str, str | None]] = []
 
@@ -71,6 +82,6 @@ def test_context_lengths_ask_the_models_then_the_props(
         return httpx.Response(200, content=json.dumps(answers[request.url.path]))
 
     upstream = UpstreamConfig("http://up/v1", api_key="k")
-    found = context_lengths([(upstream, "m")], 5.0, httpx.MockTransport(handler))
-    assert found == [window]
+    found = upstream_facts([(upstream, "m")], 5.0, httpx.MockTransport(handler))
+    assert found == [facts]
     assert all(auth == "Bearer k" for _, auth in seen)

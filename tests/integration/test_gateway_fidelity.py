@@ -22,7 +22,14 @@ import pytest
 from sluicegate.core.endstate import EndState
 from sluicegate.server.ledger import LedgerRow, read_rows
 
-from .gateway import FakeUpstream, Reply, chat_chunk, usage_chunk
+from .gateway import (
+    FakeUpstream,
+    Reply,
+    api_base,
+    chat_chunk,
+    start_gateway,
+    usage_chunk,
+)
 from .servers import ServerProcess, StartServer
 
 pytestmark = pytest.mark.integration
@@ -516,3 +523,40 @@ def test_logprobs_cross_the_hop_aligned_to_the_gateways_own_text(
     assert logprobs.tokens == LOGPROB_TOKENS
     assert logprobs.text_offset == [0, 3, 5]
     assert with_logprobs.requests[-1]["logprobs"] == 2
+
+
+@pytest.fixture(scope="module")
+def over_sluicegate(start_server: StartServer) -> ServerProcess:
+    """A gateway (``--upstream`` alone, nothing configured) in front of a real
+    scripted sluicegate."""
+    upstream = start_server("fidelity-scripted", "--engine", "scripted", "--no-ledger")
+    return start_gateway(
+        start_server, "gateway-over-sluicegate", [api_base(upstream)], "scripted"
+    )
+
+
+def test_over_sluicegate_the_prompt_tokens_are_known_from_the_first_event(
+    over_sluicegate: ServerProcess,
+) -> None:
+    """The upstream lists itself as sluicegate's: continuous usage is asked for
+    without any configuration, so message_start and every continuous-usage
+    chunk carry the prompt's tokens."""
+    base = over_sluicegate.base_url
+    with anthropic.Anthropic(base_url=base, api_key="x", max_retries=0) as claude:
+        kw: Any = {"model": "scripted", "max_tokens": 8, "messages": _ask()}
+        events = list(claude.messages.create(**kw, stream=True))
+        whole = claude.messages.create(**kw)
+    assert events[0].message.usage.input_tokens == whole.usage.input_tokens > 0
+    with openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as sdk:
+        options = {"include_usage": True, "continuous_usage_stats": True}
+        chunks = list(
+            sdk.chat.completions.create(
+                model="scripted",
+                messages=_ask(),
+                max_tokens=8,
+                stream=True,
+                extra_body={"stream_options": options},
+            )
+        )
+    prompts = {c.usage.prompt_tokens for c in chunks if c.usage is not None}
+    assert prompts == {whole.usage.input_tokens}

@@ -76,6 +76,7 @@ from sluicegate.engines.upstream_config import (
     request_body,
     upstream_from_dict,
 )
+from sluicegate.engines.upstream_context import CONTINUOUS_USAGE_OWNERS, UpstreamFacts
 from sluicegate.engines.upstream_count import count_prompt
 from sluicegate.engines.upstream_health import check_health
 from sluicegate.engines.upstream_http import (
@@ -209,10 +210,20 @@ class UpstreamEngine:
         chat = orjson.loads(request_body(request, model, continuous_usage=False))
         return await count_prompt(upstream, model, chat, messages_body)
 
-    def learn_context_length(self, tokens: int) -> None:
-        """The model's window is ``tokens`` (> 0), as an upstream told it
-        (``upstream_context.py``); set before the first request."""
-        self._model = dataclasses.replace(self._model, context_length=tokens)
+    def learn(self, facts: Sequence[UpstreamFacts]) -> None:
+        """What each upstream told of itself at start-up, in pool order
+        (``upstream_context.py``): the model's window where the configuration
+        set none (the first upstream that told one), and continuous usage
+        for an upstream left unset whose kind reports it. Before the first
+        request."""
+        if not self._model.context_length:
+            told = next((f.context_length for f in facts if f.context_length), None)
+            if told is not None:
+                self._model = dataclasses.replace(self._model, context_length=told)
+        for i, (upstream, fact) in enumerate(zip(self._upstreams, facts, strict=True)):
+            if upstream.continuous_usage is None:
+                on = fact.owned_by in CONTINUOUS_USAGE_OWNERS
+                self._upstreams[i] = dataclasses.replace(upstream, continuous_usage=on)
 
     @property
     def pool(self) -> UpstreamPool:

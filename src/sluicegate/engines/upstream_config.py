@@ -65,8 +65,9 @@ class UpstreamConfig:
         timeouts: its time limits.
         continuous_usage: ask for usage on every chunk
             (``stream_options.continuous_usage_stats``; vLLM, SGLang and
-            sluicegate know it; OpenAI's own API may refuse it, so off by
-            default).
+            sluicegate know it; OpenAI's own API may refuse it). ``None``:
+            as the upstream's kind says at start-up (``upstream_context.py``:
+            on for vLLM and sluicegate), else off.
         health_path: what the active health check gets (relative to ``url``);
             ``""``: no active check.
         limits: the bounds its streams are read within (``ReaderLimits``).
@@ -79,7 +80,7 @@ class UpstreamConfig:
     api_key: str | None = field(default=None, repr=False)
     max_streams: int = 1024
     timeouts: UpstreamTimeouts = UpstreamTimeouts()
-    continuous_usage: bool = False
+    continuous_usage: bool | None = None
     health_path: str = "/models"
     limits: ReaderLimits = READER_LIMITS
     redactor: Redactor = field(init=False, repr=False, compare=False)
@@ -185,14 +186,18 @@ def upstream_from_dict(
         api_key=api_key,
         max_streams=max_streams,
         timeouts=UpstreamTimeouts(**limits),
-        continuous_usage=bool(spec.get("continuous_usage", False)),
+        continuous_usage=(
+            None
+            if spec.get("continuous_usage") is None
+            else bool(spec["continuous_usage"])
+        ),
         health_path=str(spec.get("health_path", "/models")),
         limits=ReaderLimits(**bounds),
     )
 
 
 def request_body(
-    request: GenerateRequest, model: str, *, continuous_usage: bool
+    request: GenerateRequest, model: str, *, continuous_usage: bool | None
 ) -> bytes:
     """The JSON body that asks the upstream for ``request``'s one stream.
 

@@ -1,4 +1,4 @@
-"""An upstream model's context window, asked of the upstream at start-up.
+"""What an upstream tells of itself at start-up: its model's window, its kind.
 
 ``/v1/models`` shows each model's ``context_length``. For an upstream model the
 file may set it; where it does not (and for ``--upstream`` pools), the server
@@ -11,6 +11,12 @@ model at once, where its dialect tells:
     sluicegate        GET <url>/models: the model's ``context_length``
     llama-server      GET <root>/props: ``default_generation_settings.n_ctx``
                       (one slot's window: what one request may use)
+
+The same ``/models`` entry's ``owned_by`` names the server's kind: ``vllm``
+and ``sluicegate`` know ``stream_options.continuous_usage_stats``, so an
+upstream whose configuration leaves ``continuous_usage`` unset gets it asked
+for (``CONTINUOUS_USAGE_OWNERS``); others (SGLang before it learnt it, TGI,
+llama-server, Ollama, OpenAI) are not sent it unless configured.
 
 ``<root>`` is the API base without its ``/v1``. Ollama's OpenAI routes tell
 no window (the model's trained length, at ``/api/show``, is not the one it
@@ -27,13 +33,35 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from sluicegate.engines.upstream_config import UpstreamConfig
 
-__all__ = ["MAX_BYTES", "context_lengths", "context_of_models", "context_of_props"]
+__all__ = [
+    "CONTINUOUS_USAGE_OWNERS",
+    "MAX_BYTES",
+    "UpstreamFacts",
+    "context_of_models",
+    "context_of_props",
+    "owner_of_models",
+    "upstream_facts",
+]
+
+CONTINUOUS_USAGE_OWNERS = frozenset({"vllm", "sluicegate"})
+"""``owned_by`` values of servers that report usage on every chunk when asked."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamFacts:
+    """What one upstream told: its model's window (tokens) and its
+    ``owned_by``, each ``None`` when it told none."""
+
+    context_length: int | None = None
+    owned_by: str | None = None
+
 
 MAX_BYTES = 1 << 20
 """Most bytes of one answer read."""
@@ -53,6 +81,18 @@ def context_of_models(listing: Any, model: str) -> int | None:
     return None
 
 
+def owner_of_models(listing: Any, model: str) -> str | None:
+    """The ``owned_by`` a ``/models`` answer gives ``model`` (at most 64
+    characters), or ``None``."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    for entry in data if isinstance(data, list) else ():
+        if isinstance(entry, dict) and entry.get("id") == model:
+            owner = entry.get("owned_by")
+            if type(owner) is str and len(owner) <= 64:
+                return owner
+    return None
+
+
 def context_of_props(props: Any) -> int | None:
     """The window llama-server's ``/props`` tells (tokens), or ``None``:
     ``default_generation_settings.n_ctx``, a positive integer."""
@@ -63,13 +103,13 @@ def context_of_props(props: Any) -> int | None:
     return value if type(value) is int and value > 0 else None
 
 
-def context_lengths(
+def upstream_facts(
     upstreams: Sequence[tuple[UpstreamConfig, str]],
     timeout_s: float = 10.0,
     transport: httpx.AsyncBaseTransport | None = None,
-) -> list[int | None]:
-    """Each upstream's window for its model (tokens), or ``None``; all asked at
-    once, within one deadline of ``timeout_s`` seconds.
+) -> list[UpstreamFacts]:
+    """What each upstream tells of its model; all asked at once, within one
+    deadline of ``timeout_s`` seconds (one that answers too late told nothing).
 
     Args:
         upstreams: ``(upstream, its name of the model)`` pairs.
@@ -83,7 +123,7 @@ async def _all(
     upstreams: Sequence[tuple[UpstreamConfig, str]],
     timeout_s: float,
     transport: httpx.AsyncBaseTransport | None,
-) -> list[int | None]:
+) -> list[UpstreamFacts]:
     async with httpx.AsyncClient(
         timeout=timeout_s, transport=transport, trust_env=False, follow_redirects=False
     ) as client:
@@ -93,7 +133,7 @@ async def _all(
         ]
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
-        found = [t.result() if t.done() else None for t in tasks]
+        found = [t.result() if t.done() else UpstreamFacts() for t in tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -102,16 +142,18 @@ async def _all(
 
 async def _one(
     client: httpx.AsyncClient, upstream: UpstreamConfig, model: str
-) -> int | None:
+) -> UpstreamFacts:
     base = upstream.url.rstrip("/")
     headers = {}
     if upstream.api_key is not None:
         headers["Authorization"] = f"Bearer {upstream.api_key}"
-    found = context_of_models(await _get(client, base + "/models", headers), model)
-    if found is not None:
-        return found
-    root = base.removesuffix("/v1")
-    return context_of_props(await _get(client, root + "/props", headers))
+    listing = await _get(client, base + "/models", headers)
+    owner = owner_of_models(listing, model)
+    found = context_of_models(listing, model)
+    if found is None:
+        root = base.removesuffix("/v1")
+        found = context_of_props(await _get(client, root + "/props", headers))
+    return UpstreamFacts(found, owner)
 
 
 async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> Any:

@@ -23,7 +23,7 @@ unique.
     model = "meta-llama/Llama-3.1-8B-Instruct"   # its name there (default: id)
     api_key_env = "VLLM_API_KEY"       # the variable holding its key
     max_streams = 64                   # streams in flight on it at most
-    continuous_usage = true            # ask for usage on every chunk
+    continuous_usage = true            # usage on every chunk (unset: by its kind)
     connect_timeout_s = 5
     first_token_timeout_s = 120
     idle_timeout_s = 60
