@@ -329,6 +329,20 @@ def test_text_without_its_tokens_goes_out_without_logprobs() -> None:
     ]
 
 
+def test_a_prompt_counted_early_stands_until_the_engine_says_its_own() -> None:
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=0, continuous_usage=True
+    )
+    decoder.report_prompt(0, 5)
+    assert decoder.feed(0, TextOutput("a", None, 1)) == (
+        Delta(0, "a", usage=Usage(5, 1)),
+    )
+    events = decoder.feed(0, TextOutput("", STOP, 1, prompt_tokens=7))
+    assert events[-1] == End(Usage(7, 2))
+    decoder.report_prompt(0, 5)  # the engine's own count stays
+    assert decoder.usage == Usage(7, 2)
+
+
 def test_a_text_engine_counts_each_prompt_once_by_its_latest_report() -> None:
     decoder = ResponseDecoder(
         [ChoiceOptions()] * 3,

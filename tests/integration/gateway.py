@@ -121,7 +121,8 @@ class Reply:
     ``status`` other than 200 the ``body`` is sent instead, as JSON.
     ``hold_s``: after the events, keep the stream open that long (a test
     that closes its client mid-stream). ``delay_s``: after the 200's head,
-    wait that long before the first event (a long prefill).
+    wait that long before the first event (a long prefill). ``gap_s``: and
+    that long between two events.
     """
 
     status: int = 200
@@ -130,6 +131,7 @@ class Reply:
     events: Sequence[str] = ()
     hold_s: float = 0.0
     delay_s: float = 0.0
+    gap_s: float = 0.0
 
 
 class FakeUpstream:
@@ -188,7 +190,9 @@ class FakeUpstream:
                 with contextlib.suppress(OSError):  # the gateway left
                     self.wfile.flush()
                     time.sleep(answer.delay_s)
-                    for event in answer.events:
+                    for i, event in enumerate(answer.events):
+                        if i and answer.gap_s:
+                            time.sleep(answer.gap_s)
                         self.wfile.write(f"data: {event}\n\n".encode())
                         self.wfile.flush()
                     held_until = time.monotonic() + answer.hold_s

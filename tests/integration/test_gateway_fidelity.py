@@ -139,6 +139,14 @@ def _vllm(body: dict[str, Any], stop_field: str = "stop_reason") -> Reply:
     return Reply(events=events, delay_s=3.0 if last == PREFILL else 0.0)
 
 
+def _final_usage_only(body: dict[str, Any]) -> Reply:
+    """llama-server: usage on the last chunk only (no continuous usage)."""
+    events = [chat_chunk(0, t) for t in ["Hel", "lo"]]
+    final = json.loads(usage_chunk(PROMPT_TOKENS, 2)) | {"usage": _usage(2)}
+    last = [chat_chunk(0, None, "stop"), json.dumps(final), "[DONE]"]
+    return Reply(events=[*events, *last], gap_s=0.2)
+
+
 @pytest.fixture(scope="module")
 def vllm() -> Iterator[FakeUpstream]:
     routes = {
@@ -207,7 +215,7 @@ def slots_upstream() -> Iterator[FakeUpstream]:
             {"tokens": TEMPLATE_TOKENS if "content" in body else []},
         ),
     }
-    with FakeUpstream(_vllm, routes) as fake:
+    with FakeUpstream(_final_usage_only, routes) as fake:
         yield fake
 
 
@@ -560,3 +568,16 @@ def test_over_sluicegate_the_prompt_tokens_are_known_from_the_first_event(
         )
     prompts = {c.usage.prompt_tokens for c in chunks if c.usage is not None}
     assert prompts == {whole.usage.input_tokens}
+
+
+def test_without_continuous_usage_message_start_has_the_upstreams_token_count(
+    claude: anthropic.Anthropic, slots_upstream: FakeUpstream
+) -> None:
+    """llama-server sends usage only at the end: the prompt is counted by its
+    tokenizer (``/apply-template``, ``/tokenize``) for ``message_start``, and
+    the end's usage is the upstream's own."""
+    kw: Any = {"model": "llama-server", "max_tokens": 8, "messages": _ask()}
+    events = list(claude.messages.create(**kw, stream=True))
+    assert events[0].message.usage.input_tokens == len(TEMPLATE_TOKENS)
+    assert "POST /apply-template" in slots_upstream.calls
+    assert events[-2].usage.input_tokens == PROMPT_TOKENS - CACHED_TOKENS

@@ -239,6 +239,12 @@ class ResponseDecoder:
         """Each choice's matched stop string, by index (``None`` for none)."""
         return tuple(c.decoder.stop or c.engine_stop for c in self._choices)
 
+    def report_prompt(self, prompt: int, tokens: int) -> None:
+        """Prompt ``prompt``'s tokens as counted before its engine said them
+        (an upstream's tokenizer); the engine's own count replaces this, and
+        one it already gave stays."""
+        self._reported_prompts.setdefault(prompt, (tokens, 0))
+
     def closed(self, index: int) -> bool:
         """Whether choice ``index`` takes nothing more (ended, or ``flush()``)."""
         return self._choices[index].read_done

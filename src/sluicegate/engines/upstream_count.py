@@ -92,11 +92,12 @@ async def _count(
     chat: Mapping[str, Any],
     messages_body: Mapping[str, Any],
 ) -> int | None:
-    counted = await _post(
-        client, base + "/messages/count_tokens", {**messages_body, "model": model}
-    )
-    if (found := _count_of(counted, "input_tokens")) is not None:
-        return found
+    if messages_body:  # the client's own Messages body, where there is one
+        counted = await _post(
+            client, base + "/messages/count_tokens", {**messages_body, "model": model}
+        )
+        if (found := _count_of(counted, "input_tokens")) is not None:
+            return found
     asked: dict[str, Any] = {
         "model": model,
         "messages": chat.get("messages", []),

@@ -30,7 +30,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
-from sluicegate.core.chunks import ResponseHeader
+from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.decoding import ChoiceOptions, OutputItem
 from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.core.events import EngineOutput, FinishReason, TextOutput, Usage
@@ -41,6 +41,7 @@ from sluicegate.engines.base import (
     Engine,
     ListenableOutputs,
     OutputKind,
+    TextEngine,
 )
 from sluicegate.server.buffer import Outbox
 from sluicegate.server.prepare import Plan
@@ -209,12 +210,40 @@ class Generation:
             if patient is not None:
                 patient.cancel()
         known = {p: u for p, u in zip(prompts, counts, strict=True) if u is not None}
+        missing = {c.prompt_index for c in self._plan.choices} - known.keys()
+        if missing and self._counts_early():
+            known |= await self._count_prompts(missing)
         if len(known) == len({c.prompt_index for c in self._plan.choices}):
             self._header = dataclasses.replace(
                 self._plan.header,
                 prompt_tokens=sum(u.prompt_tokens for u in known.values()),
                 cached_tokens=sum(u.cached_tokens for u in known.values()),
             )
+
+    def _counts_early(self) -> bool:
+        """Whether the prompt's tokens are wanted in the first event (a Messages
+        stream's ``message_start``, continuous usage) of an engine that can
+        count them when it did not say them at acceptance."""
+        plan = self._plan
+        messages = plan.header.endpoint is Endpoint.MESSAGES and plan.stream
+        wanted = messages or plan.continuous_usage
+        return wanted and self._capabilities.counts_prompts
+
+    async def _count_prompts(self, prompts: set[int]) -> dict[int, Usage]:
+        """The engine's count of each of ``prompts`` (an upstream's tokenizer),
+        reported to the decoder until the engine's own usage replaces it."""
+        engine = cast(TextEngine, self._engine)  # counts_prompts: declared so
+        requests = self._plan.requests()
+        counted: dict[int, Usage] = {}
+        for prompt in sorted(prompts):
+            index = next(
+                i for i, c in enumerate(self._plan.choices) if c.prompt_index == prompt
+            )
+            tokens = await engine.count_prompt(requests[index], {})
+            if tokens is not None:
+                counted[prompt] = Usage(tokens, 0)
+                self._decoder.report_prompt(prompt, tokens)
+        return counted
 
     @property
     def header(self) -> ResponseHeader:
