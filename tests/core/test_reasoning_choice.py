@@ -319,8 +319,6 @@ def test_request_reasoning_reads_the_prompt_then_the_request_then_the_parser() -
     assert _inside(request_reasoning(QWEN3, "x", thinking=True))
     assert not _inside(request_reasoning(R1, "x", thinking=False))
     assert request_reasoning(R1, "x") is R1
-    # A grammar from the first token: the output begins outside.
-    assert not _inside(request_reasoning(R1, "x", thinking=True, constrained=True))
     no_start = ReasoningParser("inside", "", "</r>", starts_inside=True)
     assert request_reasoning(no_start, "x") is no_start
     assert request_reasoning(no_start, "x", thinking=False) is None

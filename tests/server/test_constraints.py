@@ -9,11 +9,17 @@ import llguidance
 import pytest
 
 from sluicegate.core.errors import RequestError
+from sluicegate.core.reasoning import reasoning_parser
 from sluicegate.engines.base import Grammar
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab
 from sluicegate.model import default_model_path
-from sluicegate.server.constraints import NO_TOOL_MARKUP, closed_objects, grammar_for
+from sluicegate.server.constraints import (
+    NO_TOOL_MARKUP,
+    closed_objects,
+    grammar_for,
+    reasoning_grammar,
+)
 
 WEATHER = {
     "type": "function",
@@ -340,3 +346,41 @@ def test_a_response_schema_without_additional_properties_admits_only_its_keys(
     assert accepts(vocab, grammar, '{"legs": 4}')
     assert accepts(vocab, grammar, "{}")  # nothing required
     assert not accepts(vocab, grammar, '{"legs": 4, "tail": true}')
+
+
+@needs_model
+def test_a_grammar_wrapped_for_reasoning_applies_after_the_end_marker(
+    vocab: Any,
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"legs": {"type": "integer"}},
+        "required": ["legs"],
+        "additionalProperties": False,
+    }
+    answer = '{"legs": 4}'
+    typed = grammar_for(response_format=json_schema(schema))
+    assert typed is not None
+    inside = reasoning_grammar(typed, reasoning_parser("deepseek_r1"))
+    assert accepts(vocab, inside, "A cat has four.</think>\n\n" + answer)
+    assert accepts(vocab, inside, "Four.</think>" + answer)
+    assert not accepts(vocab, inside, answer)  # the prompt opened the reasoning
+    assert not accepts(vocab, inside, "Four.</think>Four legs.")
+    assert not accepts(
+        vocab, inside, "a</think>b</think>" + answer
+    )  # the first ends it
+    outside = reasoning_grammar(typed, reasoning_parser("qwen3"))
+    assert accepts(vocab, outside, answer)
+    assert accepts(vocab, outside, "<think>Four.</think>\n" + answer)
+    assert not accepts(vocab, outside, "Four.</think>" + answer)
+    required = grammar_for(tools=[WEATHER], tool_choice="required")
+    assert required is not None
+    both = reasoning_grammar(required, reasoning_parser("deepseek_r1"))
+    assert accepts(vocab, both, "Paris, then.</think>\n" + PARIS)
+    assert not accepts(vocab, both, "Paris, then.</think>\nIt rains.")
+    auto = grammar_for(tools=[WEATHER])
+    assert auto is not None
+    lazy = reasoning_grammar(auto, reasoning_parser("qwen3"))
+    assert lazy.triggers == auto.triggers
+    assert accepts(vocab, lazy, "<think>Look it up.</think>\n\nSure. " + PARIS)
+    assert accepts(vocab, lazy, "No tool is needed.")

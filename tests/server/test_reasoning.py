@@ -19,6 +19,8 @@ from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 from sluicegate.server.messages import ChatMessage
+from sluicegate.server.prepare import plan_chat
+from sluicegate.server.schemas import parse_chat_request
 from sluicegate.server.templates import ChatTemplate
 from tests.reasoning_splits import S28, S28_WIDE, marker_splits
 
@@ -341,3 +343,32 @@ def test_earlier_reasoning_reaches_the_template_as_text_only() -> None:
     # The control token typed into the reasoning is text, not a turn's end.
     ids = prompt.encode()
     assert ids.count(ScriptedTokenizer.end_of_turn_id) == 2
+
+
+@pytest.mark.parametrize(("thinking", "inside"), [(True, True), (False, False)])
+async def test_a_response_formats_grammar_applies_after_the_reasoning(
+    thinking: bool, inside: bool
+) -> None:
+    engine = ScriptedEngine(tokenizer=ScriptedTokenizer(THINKING_TEMPLATE))
+    template = ChatTemplate(engine.tokenizer, reasoning="auto")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    request = parse_chat_request(
+        {
+            "messages": MESSAGES,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": schema},
+            },
+            "chat_template_kwargs": {"enable_thinking": thinking},
+        }
+    )
+    plan = await plan_chat(request, "chatcmpl-1", engine, template, ServerConfig())
+    assert plan.reasoning is not None
+    assert plan.reasoning.starts_inside is inside
+    grammar = plan.choices[0].params.grammar
+    assert grammar is not None
+    start = grammar.text.splitlines()[1]
+    if inside:  # the prompt opened the reasoning: the answer after its end
+        assert start == "start: reasoning_block REASONING_GAP? reasoned_answer"
+    else:  # the model may open it, or answer at once
+        assert start.startswith("start: reasoned_answer | ")

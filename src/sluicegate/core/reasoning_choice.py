@@ -163,7 +163,6 @@ def request_reasoning(
     prompt: str,
     *,
     thinking: bool | None = None,
-    constrained: bool = False,
 ) -> ReasoningParser | None:
     """The markers one request is decoded with, ``starts_inside`` decided.
 
@@ -172,15 +171,14 @@ def request_reasoning(
     ``thinking`` option (``True``: the output begins inside the reasoning, a
     start marker the model writes anyway is dropped; ``False``: it begins
     outside, and is reasoning only if the model opens a block itself); else
-    the parser's default. A ``constrained`` output (a grammar from the first
-    token: tools, a response format) cannot reason first, so it begins outside.
+    the parser's default. (A grammar, for tools or a response format, then
+    applies after the reasoning: the server wraps it.)
 
     Args:
         parser: the served model's parser, or ``None`` (no reasoning).
         prompt: the rendered prompt's text, generation prompt included.
         thinking: the request's choice (``chat_template_kwargs.enable_thinking``,
             ``reasoning_effort``, Messages ``thinking``), or ``None`` for none.
-        constrained: the output is decoded under a grammar from its first token.
 
     Returns:
         ``None`` when there is no reasoning channel (no parser, one that does
@@ -192,8 +190,6 @@ def request_reasoning(
     inside = opened_by_prompt(prompt, parser)
     if inside is None:
         inside = parser.starts_inside if thinking is None else thinking
-    if constrained:
-        inside = False
     if not inside and not parser.start:
         return None  # a family with no start marker can only begin inside
     if inside == parser.starts_inside:

@@ -51,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sluicegate.core.errors import RequestError
+from sluicegate.core.reasoning import ReasoningParser
 from sluicegate.engines.base import Grammar
 from sluicegate.server.schemas import ChatCompletionRequest
 
@@ -60,6 +61,7 @@ __all__ = [
     "closed_objects",
     "grammar_for",
     "grammar_for_request",
+    "reasoning_grammar",
 ]
 
 TOOL_CALL_TRIGGER = "<tool_call>"
@@ -171,6 +173,44 @@ def grammar_for(
     )
     _check(text, "tools", "the tool-call grammar")
     return Grammar(text, triggers)
+
+
+def reasoning_grammar(grammar: Grammar, parser: ReasoningParser) -> Grammar:
+    """``grammar`` applied only once the reasoning has ended.
+
+    The output is a reasoning block (any text up to the first end marker, then
+    up to four spaces or newlines, as DeepSeek-R1 writes ``"</think>\n\n"``),
+    then what ``grammar`` admits. When ``parser`` starts inside, the block is
+    required (the prompt opened it: the answer comes after the end marker);
+    otherwise it is optional and opens with the start marker, so a model that
+    answers at once may (an optional block that needs no start marker would let
+    the reasoning's free text swallow the answer's first characters).
+
+    Args:
+        grammar: a whole grammar of this module (its root rule ``start``).
+        parser: the request's markers (``starts_inside`` decided).
+
+    Returns:
+        The combined grammar, as lazy as ``grammar`` (its triggers kept).
+    """
+    header, _, body = grammar.text.partition("\n")
+    body = body.replace("start:", "reasoned_answer:", 1)
+    block = "reasoning_block REASONING_GAP? reasoned_answer"
+    if parser.starts_inside:
+        start = f"start: {block}"
+    else:
+        start = f"start: reasoned_answer | {json.dumps(parser.start)} {block}"
+    text = "\n".join(
+        [
+            header,
+            start,
+            f"reasoning_block[lazy]: REASONING_TEXT {json.dumps(parser.end)}",
+            r"REASONING_TEXT: /(.|\n)*/",
+            r"REASONING_GAP: /[ \n]{1,4}/",
+            body,
+        ]
+    )
+    return Grammar(text, grammar.triggers)
 
 
 def _response_schema(response_format: Mapping[str, Any] | None) -> Any:

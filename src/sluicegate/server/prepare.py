@@ -42,7 +42,11 @@ from sluicegate.engines.base import (
     Tokenizer,
 )
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.constraints import NO_TOOL_MARKUP, grammar_for_request
+from sluicegate.server.constraints import (
+    NO_TOOL_MARKUP,
+    grammar_for_request,
+    reasoning_grammar,
+)
 from sluicegate.server.plan import (
     ChoicePlan,
     Plan,
@@ -199,8 +203,11 @@ async def plan_chat(
     if engine.output_kind is OutputKind.TEXT:
         await _checked_grammar(request, config, None)
         return text_chat_plan(request, response_id, engine, config, model)
-    grammar = await _checked_grammar(request, config, engine)
     assert template is not None, "an engine of token ids has a chat template"
+    # With a reasoning parser the grammar is compiled once it is wrapped to
+    # start after the reasoning, which needs the rendered prompt.
+    ahead = template.reasoning is None
+    grammar = await _checked_grammar(request, config, engine, compile_ahead=ahead)
     tools = resolve_tools(request)
     render = functools.partial(
         template.prompt,
@@ -217,22 +224,19 @@ async def plan_chat(
     else:
         prompt = await anyio.to_thread.run_sync(render)
     ids = await tokenize(prompt)
-    # A grammar from the first token (a response format, a required call) leaves
-    # no room to reason first; a lazy one (tools on "auto") and the markup guard
-    # leave the text free until a call.
-    constrained = grammar is not None and not grammar.triggers
+    reasoning = request_reasoning(
+        template.reasoning, "".join(prompt.parts), thinking=request.thinking
+    )
+    if grammar is not None and not ahead:
+        if reasoning is not None:  # the grammar applies once the reasoning ended
+            grammar = reasoning_grammar(grammar, reasoning)
+        await _compile_ahead(grammar, engine, config, request)
     # A response format's grammar keeps markup out already (and a stop string
     # would cut a JSON string that holds a tag): the guard is for free text.
     guarded = grammar is None and tools is None and _shows_tool_markup(request)
     if guarded:
         grammar = NO_TOOL_MARKUP
     plan = _plan(request, response_id, engine, config, model, [ids], [""], grammar)
-    reasoning = request_reasoning(
-        template.reasoning,
-        "".join(prompt.parts),
-        thinking=request.thinking,
-        constrained=constrained,
-    )
     if reasoning is not None:
         plan = dataclasses.replace(
             plan,
@@ -253,14 +257,19 @@ SCHEMA_WORKER = SchemaWorker()
 
 
 async def _checked_grammar(
-    request: ChatCompletionRequest, config: ServerConfig, engine: TokenEngine | None
+    request: ChatCompletionRequest,
+    config: ServerConfig,
+    engine: TokenEngine | None,
+    *,
+    compile_ahead: bool = True,
 ) -> Grammar | None:
     """The request's schemas checked against ``config.schema_limits``, then (for
     an ``engine`` of token ids) its ``grammar_for_request``, compiled ahead by
-    the engine when it can (``Capabilities.grammars``): off the event loop when there
-    is a schema, within ``config.schema_timeout_s``. A compile takes up to
-    seconds, in native code that releases the interpreter: the loop serves
-    meanwhile, and the engine's other sequences do not wait for it.
+    the engine when it can (``Capabilities.grammars``) and ``compile_ahead``:
+    off the event loop when there is a schema, within
+    ``config.schema_timeout_s``. A compile takes up to seconds, in native code
+    that releases the interpreter: the loop serves meanwhile, and the engine's
+    other sequences do not wait for it.
 
     Raises:
         RequestError: 400: a schema past a limit, one the grammar cannot
@@ -268,7 +277,8 @@ async def _checked_grammar(
     """
     if request.response_format is None and not request.tools:
         return None if engine is None else grammar_for_request(request)
-    compiling = engine if engine is not None and engine.capabilities.grammars else None
+    grammars = engine is not None and engine.capabilities.grammars
+    compiling = engine if grammars and compile_ahead else None
 
     def work() -> Grammar | None:
         check_schemas(request, config.schema_limits)
@@ -280,6 +290,32 @@ async def _checked_grammar(
         return grammar
 
     return await SCHEMA_WORKER.run(
+        work,
+        config.schema_timeout_s,
+        "the request's JSON schemas",
+        "response_format" if request.response_format is not None else "tools",
+    )
+
+
+async def _compile_ahead(
+    grammar: Grammar,
+    engine: TokenEngine,
+    config: ServerConfig,
+    request: ChatCompletionRequest,
+) -> None:
+    """``grammar`` compiled ahead by ``engine`` when it can, off the event loop
+    within ``config.schema_timeout_s`` (as ``_checked_grammar`` does).
+
+    Raises:
+        RequestError: 400 when the deadline ran out.
+    """
+    if not engine.capabilities.grammars:
+        return
+
+    def work() -> None:
+        engine.compile_grammar(grammar)
+
+    await SCHEMA_WORKER.run(
         work,
         config.schema_timeout_s,
         "the request's JSON schemas",
