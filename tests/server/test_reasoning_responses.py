@@ -4,8 +4,11 @@ reasoning item with its ``reasoning_text`` events before the message item, and
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 
 from tests.reasoning_splits import S28
@@ -84,3 +87,32 @@ async def test_a_previous_reasoning_item_in_the_input_is_accepted() -> None:
             model="scripted", input=history, reasoning={"effort": "low"}
         )
     assert [item.type for item in whole.output] == ["reasoning", "message"]
+
+
+async def test_a_stored_background_response_keeps_its_reasoning_item() -> None:
+    app = scripted_app(TOKENS)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        body = {**REQUEST, "background": True, "store": True}
+        created = (await http.post("/v1/responses", json=body)).json()
+        with anyio.fail_after(10):
+            while True:
+                stored = (await http.get(f"/v1/responses/{created['id']}")).json()
+                if stored["status"] not in ("queued", "in_progress"):
+                    break
+                await anyio.sleep(0.01)
+        replay = await http.get(f"/v1/responses/{created['id']}?stream=true")
+    reasoning, message = stored["output"]
+    assert reasoning["type"] == "reasoning"
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "plan: 2+2=4"}]
+    assert message["content"][0]["text"] == "The answer is 4."
+    assert stored["usage"]["output_tokens_details"] == {"reasoning_tokens": 4}
+    deltas = [
+        json.loads(line.removeprefix("data: "))
+        for line in replay.text.splitlines()
+        if line.startswith("data: ")
+    ]
+    thought = [
+        d["delta"] for d in deltas if d["type"] == "response.reasoning_text.delta"
+    ]
+    assert "".join(thought) == "plan: 2+2=4"
