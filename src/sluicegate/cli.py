@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sluicegate.engines.base import Engine
+    from sluicegate.engines.upstream import UpstreamEngine
 
 __all__ = ["main"]
 
@@ -83,6 +84,7 @@ def _build_engines(args: argparse.Namespace) -> list[Engine]:
         served_model,
     )
 
+    pools: list[UpstreamEngine] = []
     try:
         if args.upstream:
             local = bool(engines)
@@ -92,24 +94,20 @@ def _build_engines(args: argparse.Namespace) -> list[Engine]:
                 model_id = args.model_id
             else:  # the one model the pool lists, under its own name
                 model_id = served_model(args.upstream)
-            engines.append(
-                engine_from_urls(args.upstream, model_id, args.upstream_model)
-            )
+            pools.append(engine_from_urls(args.upstream, model_id, args.upstream_model))
         if args.upstreams is not None:
-            engines.extend(engines_from_file(args.upstreams, os.environ))
+            pools.extend(engines_from_file(args.upstreams, os.environ))
     except ValueError as exc:
         raise SystemExit(f"sluicegate: upstreams: {exc}") from exc
-    _learn_upstreams(engines)
-    return engines
+    _learn_upstreams(pools)
+    return [*engines, *pools]
 
 
-def _learn_upstreams(engines: list[Engine]) -> None:
+def _learn_upstreams(pools: list[UpstreamEngine]) -> None:
     """Ask every upstream what it tells of itself (its model's window, its
     kind: ``upstream_context.py``), all at once, and let each engine learn it."""
-    from sluicegate.engines.upstream import UpstreamEngine
     from sluicegate.engines.upstream_context import upstream_facts
 
-    pools = [e for e in engines if isinstance(e, UpstreamEngine)]
     asked = [(u, u.model or e.model.id) for e in pools for u in e.upstreams]
     facts = iter(upstream_facts(asked))
     for engine in pools:
