@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol
 
 from sluicegate.core.choice_setup import Vocabulary
 from sluicegate.core.decoding import OutputItem
@@ -149,7 +149,6 @@ class AcceptingOutputs(Protocol):
         ...
 
 
-@runtime_checkable
 class Tokenizer(Vocabulary, Protocol):
     """Text <-> token ids for one vocabulary; pieces are byte strings.
 
