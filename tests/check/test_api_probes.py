@@ -70,7 +70,23 @@ def good_responses() -> dict[str, Transcript]:
             sse(responses_events(["a"], "response.incomplete", **incomplete), True)
         ),
         rp.INVALID: plain(error, 400),
+        rp.ECHO: echo(ECHO_SENT),
     }
+
+
+ECHO_SENT: dict[str, Any] = {
+    "tools": [rp.ECHO_TOOL],
+    "tool_choice": "none",
+    "parallel_tool_calls": False,
+    "metadata": {"probe": "echo"},
+}
+
+
+def echo(repeated: dict[str, Any], status: int = 200) -> Transcript:
+    """The ``responses_echo`` exchange: ``ECHO_SENT`` asked, ``repeated`` in
+    the answer's response object."""
+    body = orjson.dumps({"object": "response", "status": "completed", **repeated})
+    return Transcript(request=ECHO_SENT, status=status, body=body)
 
 
 def messages_events(
@@ -176,6 +192,11 @@ BAD_RESPONSES = [
     ("responses-matches-plain", {**good_responses(), rp.PLAIN: plain([])}),
     ("responses-max-tokens", _resp_with(rp.MAX, responses_events(["a"]))),
     ("responses-rejects-invalid", {**good_responses(), rp.INVALID: stream(b"")}),
+    ("responses-echo", {**GR(), rp.ECHO: echo(
+        {**ECHO_SENT, "tool_choice": "auto", "parallel_tool_calls": True})}),
+    ("responses-echo", {**GR(), rp.ECHO: echo({**ECHO_SENT, "tools": []})}),
+    ("responses-echo", {**GR(), rp.ECHO: echo({**ECHO_SENT, "metadata": {}})}),
+    ("responses-echo", {**GR(), rp.ECHO: echo(ECHO_SENT, 400)}),
 ]  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from sluicegate.check.responses_probes import ECHO_TOOL
 from sluicegate.check.transcript import Transcript, json_body
 from sluicegate.client import Client
 
@@ -51,6 +52,14 @@ def record_responses(
         "responses_plain": {**base, "max_output_tokens": max_tokens},
         "responses_max": {**base, "max_output_tokens": MAX_SMALL, "stream": True},
         "responses_invalid": {**base, "temperature": 5, "stream": True},
+        "responses_echo": {
+            **base,
+            "max_output_tokens": MAX_SMALL,
+            "tools": [ECHO_TOOL],
+            "tool_choice": "none",
+            "parallel_tool_calls": False,
+            "metadata": {"probe": "echo"},
+        },
     }
     return _send(client, "responses", bodies, progress)
 

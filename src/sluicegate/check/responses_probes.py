@@ -22,6 +22,7 @@ from sluicegate.check.verdicts import ProbeResult, clip, fail, passed
 
 __all__ = [
     "responses_content_type",
+    "responses_echo",
     "responses_event_order",
     "responses_matches_plain",
     "responses_max_tokens",
@@ -34,6 +35,14 @@ STREAM = "responses_stream"
 PLAIN = "responses_plain"
 MAX = "responses_max"
 INVALID = "responses_invalid"
+ECHO = "responses_echo"
+ECHO_TOOL = {
+    "type": "function",
+    "name": "sluicegate_check_echo",
+    "description": "Never needed: the request's tool_choice is none.",
+    "parameters": {"type": "object", "properties": {}},
+}
+"""The one tool the ``responses_echo`` exchange offers."""
 STREAMS = (STREAM, MAX)
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 _OPENS = {
@@ -186,3 +195,35 @@ def responses_rejects_invalid(recording: Mapping[str, Transcript]) -> ProbeResul
     if t.status != 400 or error is None or not error.get("message"):
         return fail(f"status {t.status}, body {clip(t.body)}")
     return passed(f"400 param={error.get('param')!r}")
+
+
+def responses_echo(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """The response object repeats the request's ``tool_choice``,
+    ``parallel_tool_calls``, ``tools`` and ``metadata`` (not the defaults).
+
+    Spec: OpenAI API reference, "Responses", "The response object".
+    """
+    missing = unavailable(recording, ECHO)
+    if missing:
+        return missing
+    t = recording[ECHO]
+    body = json_body(t)
+    if t.status != 200 or not isinstance(body, dict):
+        return fail(f"status {t.status}, body {clip(t.body)}")
+    sent = t.request
+    wrong = [
+        f"{name} {clip(body.get(name))} (sent {clip(sent.get(name))})"
+        for name in ("tool_choice", "parallel_tool_calls", "metadata")
+        if body.get(name) != sent.get(name)
+    ]
+    tools = body.get("tools")
+    names = (
+        [x.get("name") for x in tools if isinstance(x, dict)]
+        if isinstance(tools, list)
+        else None
+    )
+    if names != [tool["name"] for tool in sent.get("tools", [])]:
+        wrong.append(f"tools {clip(tools)}")
+    if wrong:
+        return fail("; ".join(wrong))
+    return passed("tool_choice, parallel_tool_calls, tools and metadata repeated")
