@@ -213,7 +213,8 @@ def diagnose(
         out.write(f"doctor: passed before on this CPU with this build ({stamp})\n")
         return 0
     out.write(f"cpu: {cpu_model(cpuinfo)} ({platform.machine()}, ")
-    out.write(f"{os.cpu_count()} cores)\n")
+    usable = len(os.sched_getaffinity(0))  # what llama.cpp's threads default to
+    out.write(f"{os.cpu_count()} cores, {usable} usable)\n")
     shown = [f"{name}={'yes' if name in flags else 'no'}" for name in SHOWN_FLAGS]
     out.write(f"cpu features: {' '.join(shown)}\n")
     out.write(f"llama-cpp-python: {build.version or 'not installed'}\n")

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -62,7 +61,7 @@ from sluicegate.engines.base import (
     ModelInfo,
     OutputKind,
 )
-from sluicegate.engines.llamacpp_batch import fill_batch, new_context
+from sluicegate.engines.llamacpp_batch import fill_batch, new_context, usable_cores
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler, GrammarError
 from sluicegate.engines.llamacpp_handoff import ABORTED, Handoff
 from sluicegate.engines.llamacpp_sampling import Sampling
@@ -99,7 +98,8 @@ class LlamaCppEngine:
             sequence (prompt + completion) the engine serves.
         n_parallel: sequences decoded together in one step.
         step_tokens: token budget of one step (decode tokens + prefill chunk).
-        n_threads: CPU threads for llama.cpp (default: all cores).
+        n_threads: CPU threads for llama.cpp (default: one per core this
+            process may run on, ``sluicegate.cpu.usable_cores``).
         queue_limit: requests that may wait for admission; more raise
             ``EngineUnavailable`` from ``generate``.
 
@@ -141,7 +141,7 @@ class LlamaCppEngine:
             n_ctx=self._n_ctx,
             n_parallel=n_parallel,
             step_tokens=self._step_tokens,
-            n_threads=n_threads or os.cpu_count() or 1,
+            n_threads=n_threads or usable_cores(),
         )
         if not self._ctx:
             llama.llama_model_free(self._model_ptr)

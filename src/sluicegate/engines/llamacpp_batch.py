@@ -5,11 +5,13 @@ shared by all sequences (a unified KV cache), ``n_parallel`` sequence slots, and
 a batch of ``step_tokens`` tokens. ``fill_batch`` writes one step's plan (the
 scheduler's ``PlannedChunk`` list) into a ``llama_batch``: each chunk's tokens
 at their positions in the sequence's slot, with logits asked for where the
-chunk wants the next token sampled.
+chunk wants the next token sampled. ``usable_cores`` is the default thread
+count: the cores this process may run on.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -17,9 +19,26 @@ import llama_cpp as llama
 
 from sluicegate.core.scheduling import PlannedChunk, Scheduled
 
-__all__ = ["fill_batch", "new_context"]
+__all__ = ["fill_batch", "new_context", "usable_cores"]
 
 _S = TypeVar("_S", bound=Scheduled)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity mask, not the machine's.
+
+    A process confined to some cores (``taskset``, a container's cpuset, one
+    test worker of several) that starts one llama.cpp thread per core of the
+    machine has threads waiting for each other's turn at every decode step.
+
+    Returns:
+        The number of CPUs in ``os.sched_getaffinity(0)`` (Linux); where the
+        platform has no affinity mask, ``os.cpu_count()``. At least 1.
+    """
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    if getaffinity is None:  # pragma: no cover - platforms without affinity
+        return os.cpu_count() or 1
+    return max(1, len(getaffinity(0)))
 
 
 def new_context(
