@@ -231,7 +231,7 @@ def disconnect_then_serve(recording: Mapping[str, Transcript]) -> ProbeResult:
     """After a client closes a stream mid-answer, the next request is served
     promptly (the aborted one no longer holds the engine).
 
-    Spec: docs/DESIGN.md, "Engine protocol" (``abort``) and "End states".
+    Spec: docs/DESIGN.md, "Engine protocols" (``abort``) and "End states".
     """
     got = _pair(recording, names.DISCONNECTED, names.AFTER_DISCONNECT, names.STREAM)
     if isinstance(got, str):

@@ -89,7 +89,7 @@ _Plan = list[PlannedChunk[_Sequence]]
 
 
 class LlamaCppEngine:
-    """The Engine protocol over a GGUF model in llama.cpp (CPU by default).
+    """A ``TokenEngine`` over a GGUF model in llama.cpp (CPU by default).
 
     Args:
         model_path: a GGUF file.
@@ -173,7 +173,7 @@ class LlamaCppEngine:
         )
         self._worker.start()
 
-    # -- the Engine protocol -------------------------------------------------
+    # -- the TokenEngine protocol --------------------------------------------
 
     @property
     def model(self) -> ModelInfo:

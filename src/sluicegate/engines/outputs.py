@@ -4,7 +4,7 @@ An engine hands each ``generate()`` caller a ``SequenceOutputs``. The engine sid
 calls ``push`` (one ``EngineOutput`` or ``TextOutput`` per step), ``fail`` (an
 ``EngineError``) or ``end`` (the sequence stopped without a finish reason: it was
 aborted), always on the event loop's thread. The consumer side either iterates it
-(``async for``, the ``Engine`` protocol's plain contract) or calls ``listen`` once
+(``async for``, the engine protocols' plain contract) or calls ``listen`` once
 (it is ``ListenableOutputs``, the protocol's listener contract): each later item
 is then handed to the listener synchronously from ``push``, with no task switch
 and no queue. A server with thousands of streams pays one task wake-up per token

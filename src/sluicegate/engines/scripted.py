@@ -1,6 +1,6 @@
 """A model-free engine that replays token-id scripts, with injectable faults.
 
-``ScriptedEngine`` implements the ``Engine`` protocol without a model: every
+``ScriptedEngine`` is a ``TokenEngine`` without a model: every
 sequence replays a script of token ids (a fixed list, text, or a function of the
 request) at a fixed rate. It keeps the accounting a real engine keeps (queue,
 running batch, KV cells, generated and wasted tokens) and can inject the faults a
@@ -113,7 +113,7 @@ class _Sequence:
 
 
 class ScriptedEngine:
-    """An ``Engine`` that replays scripts instead of running a model.
+    """A ``TokenEngine`` that replays scripts instead of running a model.
 
     Args:
         script: what every sequence generates: text (encoded with special tokens
