@@ -150,8 +150,14 @@ def test_sluicegate_check_passes_through_a_gateway_to_a_scripted_upstream(
             tools.structured_output,
         )
     }
+    # Its script does not reason either: nothing for the reasoning probe to grade.
+    unseen = {"reasoning-framing"}
     failed = [
-        p for p in probes if p["verdict"] != "pass" and p["probe"] not in tool_probes
+        p
+        for p in probes
+        if p["verdict"] != "pass"
+        and p["probe"] not in tool_probes
+        and not (p["verdict"] == "not-observable" and p["probe"] in unseen)
     ]
     assert not failed, json.dumps(failed, indent=2, ensure_ascii=False)
     assert {p["probe"] for p in probes} >= tool_probes
