@@ -16,6 +16,12 @@ from sluicegate.check.verdicts import Verdict
 
 SSE = {"content-type": "text/event-stream; charset=utf-8"}
 USAGE = {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}
+START_USAGE = {
+    "input_tokens": 5,
+    "cache_creation_input_tokens": None,
+    "cache_read_input_tokens": 0,
+    "output_tokens": 0,
+}
 
 
 def sse(events: list[dict[str, Any]], numbered: bool = False) -> bytes:
@@ -95,7 +101,7 @@ def messages_events(
     return [
         {
             "type": "message_start",
-            "message": {"id": "msg_1", "usage": {"input_tokens": 5}},
+            "message": {"id": "msg_1", "usage": START_USAGE},
         },
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
         {"type": "ping"},
@@ -221,6 +227,13 @@ BAD_MESSAGES = [
     ("messages-usage", _msg_with(mp.STREAM, messages_events([]))),
     ("messages-usage", _msg_with(mp.STREAM, [
         {"type": "message_start", "message": {}}, *messages_events(["a"])[1:]])),
+    ("messages-usage", _msg_with(mp.STREAM, [  # no cache counts
+        {"type": "message_start", "message": {"usage": {"input_tokens": 5}}},
+        *messages_events(["a"])[1:]])),
+    ("messages-usage", _msg_with(mp.STREAM, [  # a gateway's zero
+        {"type": "message_start", "message": {"usage": {**START_USAGE,
+                                                        "input_tokens": 0}}},
+        *messages_events(["a"])[1:]])),
     ("messages-matches-plain", _msg_with(mp.STREAM, messages_events(["a"]))),
     ("messages-matches-plain", {**good_messages(), mp.PLAIN: plain({})}),
     ("messages-stop-sequence", _msg_with(

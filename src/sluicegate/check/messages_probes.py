@@ -97,10 +97,14 @@ def _delta(t: Transcript) -> Mapping[str, Any]:
 
 
 def messages_usage(recording: Mapping[str, Transcript]) -> ProbeResult:
-    """message_start carries input usage; message_delta's cumulative
-    ``usage.output_tokens`` is at least 1.
+    """message_start carries input usage: ``input_tokens`` (the prompt's,
+    so at least 1 with the cache reads) and the two cache counts
+    (``cache_creation_input_tokens``, ``cache_read_input_tokens``: required,
+    null or a count); message_delta's cumulative ``usage.output_tokens`` is
+    at least 1.
 
-    Spec: Anthropic API, "Streaming Messages: event flow".
+    Spec: Anthropic API, "Streaming Messages: event flow"; "Messages",
+    ``usage``.
     """
     missing = unavailable(recording, STREAM)
     if missing:
@@ -112,6 +116,11 @@ def messages_usage(recording: Mapping[str, Transcript]) -> ProbeResult:
     out = usage.get("output_tokens") if isinstance(usage, dict) else None
     if not isinstance(first, dict) or not isinstance(first.get("input_tokens"), int):
         return fail(f"message_start usage {clip(first)}")
+    cache = [first.get(f"cache_{k}_input_tokens", "") for k in ("creation", "read")]
+    if not all(c is None or isinstance(c, int) for c in cache):
+        return fail(f"message_start usage without its cache counts: {clip(first)}")
+    if first["input_tokens"] + (cache[1] or 0) < 1:
+        return fail(f"message_start usage says no prompt: {clip(first)}")
     if not isinstance(out, int) or out < 1:
         return fail(f"message_delta usage {clip(usage)}")
     return passed(f"input {first['input_tokens']}, output {out}")
