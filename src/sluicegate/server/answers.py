@@ -20,10 +20,23 @@ from starlette.types import Receive, Scope, Send
 
 from sluicegate.core.chunks import dumps, error_payload
 from sluicegate.core.errors import EngineError, EngineRefused, RequestError
-from sluicegate.server.admission import AdmissionError
+from sluicegate.server.admission import AdmissionError, Unavailable
+from sluicegate.server.event_store import (
+    StoreError,
+    store_error_code,
+    store_refusal_message,
+)
 from sluicegate.server.statuses import status_of
 
-__all__ = ["error_response", "http_error", "json_answer", "nothing", "server_error"]
+__all__ = [
+    "error_response",
+    "http_error",
+    "json_answer",
+    "nothing",
+    "server_error",
+    "store_refusal",
+    "store_unavailable",
+]
 
 
 async def nothing(scope: Scope, receive: Receive, send: Send) -> None:
@@ -87,3 +100,19 @@ async def http_error(request: Request, exc: Exception) -> Response:
         message = exc.detail
     payload = error_payload(message, "invalid_request_error", None, None)
     return json_answer(payload, exc.status_code, dict(exc.headers or {}))
+
+
+def store_unavailable(exc: StoreError, retry_after_s: int) -> Response:
+    """The 503 (with ``Retry-After``) of a shared store of resumable streams
+    that cannot be reached (``resume_store_unavailable``) or is full
+    (``resume_store_full``)."""
+    message = store_refusal_message(exc)
+    payload = error_payload(message, "server_error", None, store_error_code(exc))
+    return json_answer(payload, 503, {"Retry-After": str(retry_after_s)})
+
+
+def store_refusal(exc: StoreError, retry_after_s: int) -> Unavailable:
+    """What a request is refused with before its first byte when the store of
+    resumable streams failed: 503 with ``Retry-After`` and
+    ``store_error_code(exc)``."""
+    return Unavailable(store_refusal_message(exc), store_error_code(exc), retry_after_s)

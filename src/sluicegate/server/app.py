@@ -85,6 +85,7 @@ from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.cors import Cors
 from sluicegate.server.disconnect import DisconnectRace
+from sluicegate.server.event_store_memory import open_memory_store
 from sluicegate.server.generation import Generation
 from sluicegate.server.info_routes import InfoRoutes, shutting_down
 from sluicegate.server.json_response import CompletionResponse
@@ -106,7 +107,8 @@ from sluicegate.server.redis_client import connect
 from sluicegate.server.redis_quotas import RedisQuotas
 from sluicegate.server.redis_store import open_redis_store
 from sluicegate.server.responses_routes import ResponsesRoutes
-from sluicegate.server.resumable import AttachExisting, ResumableStreams, open_store
+from sluicegate.server.resumable import AttachExisting, ResumableStreams
+from sluicegate.server.resumable_routes import ResumableRoutes
 from sluicegate.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -192,26 +194,7 @@ def create_app(
             *responses.routes(),
             Route("/v1/messages", messages.create, methods=["POST"]),
             Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
-            Route(
-                "/v1/chat/completions/{response_id}/events",
-                routes.resumable.events,
-                methods=["GET"],
-            ),
-            Route(
-                "/v1/completions/{response_id}/events",
-                routes.resumable.events,
-                methods=["GET"],
-            ),
-            Route(
-                "/v1/chat/completions/{response_id}/cancel",
-                routes.resumable.cancel,
-                methods=["POST"],
-            ),
-            Route(
-                "/v1/completions/{response_id}/cancel",
-                routes.resumable.cancel,
-                methods=["POST"],
-            ),
+            *ResumableRoutes(routes.resumable).routes(),
             Route("/v1/models", info.list_models, methods=["GET"]),
             Route("/health", info.health, methods=["GET"]),
             Route("/ready", info.ready, methods=["GET"]),
@@ -317,7 +300,7 @@ class _Routes:
             cadence_s=config.cadence_s,
         )
         self.resumable = ResumableStreams(
-            open_store(config)
+            open_memory_store(config)
             if self.redis is None
             else open_redis_store(self.redis, config),
             config,

@@ -40,6 +40,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from sluicegate.server.config import ServerConfig
 from sluicegate.server.event_store import (
     Bound,
     CursorEvicted,
@@ -49,7 +50,7 @@ from sluicegate.server.event_store import (
     StoreFull,
 )
 
-__all__ = ["MemoryEventStore"]
+__all__ = ["MemoryEventStore", "open_memory_store"]
 
 
 @dataclass(eq=False, slots=True)
@@ -437,3 +438,11 @@ def _since(log: _Log, after: int) -> list[tuple[int, bytes]]:
     if len(frames) - offset <= _FEW:
         return [(start + i, frames[offset + i]) for i in range(len(frames) - offset)]
     return list(enumerate(itertools.islice(frames, offset, None), start))
+
+
+def open_memory_store(config: ServerConfig) -> MemoryEventStore:
+    """The store of ``config``'s resumable streams: in this process's memory,
+    bounded by ``max_log_bytes``, ``max_store_bytes`` and ``resume_ttl_s``."""
+    return MemoryEventStore(
+        config.max_log_bytes, config.max_store_bytes, config.resume_ttl_s
+    )

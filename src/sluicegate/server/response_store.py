@@ -58,7 +58,8 @@ from sluicegate.server.answers import json_answer
 from sluicegate.server.disconnect import DisconnectRace
 from sluicegate.server.event_store import CursorEvicted, StoreError
 from sluicegate.server.log_response import LogStreamResponse
-from sluicegate.server.resumable import ResumableStreams, owner_of
+from sluicegate.server.resumable import ResumableStreams
+from sluicegate.server.resume_requests import owner_of
 from sluicegate.server.statuses import CLIENT_CLOSED
 
 __all__ = [

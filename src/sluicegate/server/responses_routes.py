@@ -56,7 +56,8 @@ from sluicegate.server.responses_api import (
     response_echo,
     to_chat_request,
 )
-from sluicegate.server.resumable import ResumableStreams, owner_of
+from sluicegate.server.resumable import ResumableStreams
+from sluicegate.server.resume_requests import owner_of
 
 __all__ = ["ResponsesRoutes"]
 

@@ -1,4 +1,4 @@
-"""Resumable streams: which streams are, their producers, and the resume endpoint.
+"""Resumable streams: which streams are, their producers, and their logs' readers.
 
 ``ResumableStreams`` is the app's one registry of resumable streams over one
 ``EventStore`` (``event_store.py``; ``MemoryEventStore`` by default):
@@ -12,18 +12,15 @@
   with another body is refused (409), a full store refuses (503);
 - ``start``: the ``Producer`` task generates into the log; the first
   connection is only the log's first reader (``LogStreamResponse``);
-- ``cancel``: ``POST .../{id}/cancel`` aborts a stream its client gave up on
-  on purpose (the client's ``close()``), without waiting for the grace period;
-- ``events``: ``GET /v1/chat/completions/{id}/events`` (and completions): the
-  log after the cursor in ``Last-Event-ID`` (or ``?after=``), then the live
-  tail. Unknown id, another key's log and an expired one answer the same 404;
-  an evicted cursor 410 (``cursor_evicted``); a malformed cursor 400; a cursor
-  at or past the end of a log that has ended 400 (``cursor_past_end``), which
-  ends an ``EventSource`` instead of an empty 200 it would reconnect after.
+- ``cancel_own``: aborts a stream its client gave up on on purpose (the
+  client's ``close()``), without waiting for the grace period;
+- ``resume``: a reader of the log after a cursor, then the live tail; a cursor
+  at or past the end of a log that has ended answers 400 (``cursor_past_end``),
+  which ends an ``EventSource`` instead of an empty 200 it would reconnect after.
 
-Cursors: ``<response_id>.<seq>``, ``seq`` the frame's number in the log (0
-first); a bare ``<seq>`` is accepted too. ``Last-Event-ID`` wins over
-``?after=`` (an ``EventSource`` reconnects to the same URL with the header).
+The endpoints are in ``resumable_routes.py``, cursors and idempotency keys are
+read in ``resume_requests.py``, and the rows of whole plans wait in
+``whole_rows.py``.
 
 Spec: WHATWG HTML, "9.2 Server-sent events", "Last-Event-ID"; IETF draft
 "The Idempotency-Key HTTP Header Field"; docs/resumable-streams.md.
@@ -32,24 +29,19 @@ Spec: WHATWG HTML, "9.2 Server-sent events", "Last-Event-ID"; IETF draft
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import logging
 import math
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
 from starlette.responses import Response
 
 from sluicegate.core.chunks import dumps, error_payload
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import RequestError
 from sluicegate.core.wire import Wire
-from sluicegate.server.access import API_KEY
-from sluicegate.server.admission import ANONYMOUS, Unavailable
-from sluicegate.server.answers import json_answer
+from sluicegate.server.admission import Unavailable
+from sluicegate.server.answers import json_answer, store_refusal, store_unavailable
 from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.event_store import (
@@ -58,56 +50,29 @@ from sluicegate.server.event_store import (
     IdempotencyConflict,
     LogNotFound,
     StoreError,
-    store_error_code,
-    store_refusal_message,
 )
-from sluicegate.server.event_store_memory import MemoryEventStore
 from sluicegate.server.generation import Generation
 from sluicegate.server.log_response import LogStreamResponse
 from sluicegate.server.meter import Meter
 from sluicegate.server.plan import Plan
 from sluicegate.server.resumable_producer import Producer
+from sluicegate.server.resume_requests import (
+    CURSOR_EVICTED,
+    NOT_FOUND,
+    idempotency_claim,
+    past_end,
+)
 from sluicegate.server.streaming import StreamLimits
+from sluicegate.server.whole_rows import WholeRows
 
 __all__ = [
     "ANSWER_GRACE_S",
-    "CURSOR_EVICTED",
-    "CURSOR_PAST_END",
-    "MAX_CURSOR_CHARS",
-    "MAX_IDEMPOTENCY_KEY_CHARS",
     "AttachExisting",
     "IdempotencyConflict",
     "ResumableStreams",
-    "body_hash",
-    "open_store",
-    "owner_of",
-    "parse_cursor",
 ]
 
 logger = logging.getLogger(__name__)
-
-CURSOR_EVICTED = "cursor_evicted"
-"""Error code of the 410 for a cursor whose frames were dropped."""
-
-MAX_CURSOR_CHARS = 128
-"""Longest cursor accepted (``Last-Event-ID`` or ``?after=``), in characters."""
-
-MAX_IDEMPOTENCY_KEY_CHARS = 255
-"""Longest ``Idempotency-Key`` accepted, in characters."""
-
-_SEQ = re.compile(r"[0-9]{1,12}", re.ASCII)
-_KEY = re.compile(r"[\x21-\x7e]+", re.ASCII)
-_NOT_FOUND = error_payload(
-    "No resumable stream with that id", "invalid_request_error", None, "not_found"
-)
-
-
-def open_store(config: ServerConfig) -> EventStore:
-    """The store of ``config``'s resumable streams: in this process's memory,
-    bounded by ``max_log_bytes``, ``max_store_bytes`` and ``resume_ttl_s``."""
-    return MemoryEventStore(
-        config.max_log_bytes, config.max_store_bytes, config.resume_ttl_s
-    )
 
 
 ANSWER_GRACE_S = 1.0
@@ -125,64 +90,6 @@ class AttachExisting(Exception):
     def __init__(self, response: LogStreamResponse) -> None:
         super().__init__("attach to the kept log")
         self.response = response
-
-
-CURSOR_PAST_END = "cursor_past_end"
-"""Error code of the 400 for a cursor at or past the end of an ended log."""
-
-
-def _past_end(response_id: str, after: int, param: str) -> dict[str, Any]:
-    message = (
-        f"The stream {response_id[:80]!r} has ended and nothing follows"
-        f" event {after}: it was read to its end"
-    )
-    return error_payload(message, "invalid_request_error", param, CURSOR_PAST_END)
-
-
-def parse_cursor(text: str, response_id: str) -> int:
-    """The ``after`` sequence number a cursor names (``-1``: from the start).
-
-    Args:
-        text: ``<response_id>.<seq>``, ``<seq>``, or ``""`` (no cursor).
-        response_id: the response the path names; a cursor must name it too.
-
-    Raises:
-        RequestError: longer than ``MAX_CURSOR_CHARS``, not of that shape, or
-            naming another response (400, ``param="Last-Event-ID"``).
-    """
-    if not text:
-        return -1
-    prefix, dot, seq = text.rpartition(".")
-    if (
-        len(text) > MAX_CURSOR_CHARS
-        or (dot and prefix != response_id)
-        or _SEQ.fullmatch(seq) is None
-    ):
-        raise RequestError(
-            "expected a cursor '<response id>.<seq>' of this response, or '<seq>'",
-            param="Last-Event-ID",
-            code="invalid_cursor",
-        )
-    return int(seq)
-
-
-def owner_of(request: Request) -> str:
-    """The key id a request's logs belong to (``ANONYMOUS`` without keys)."""
-    key = request.scope.get(API_KEY)
-    return key.key_id if key is not None else ANONYMOUS
-
-
-def body_hash(body: dict[str, Any]) -> str:
-    """A hash of a request body, the same for the same JSON object (keys sorted)."""
-    return hashlib.sha256(dumps(_sorted(body))).hexdigest()
-
-
-def _sorted(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _sorted(value[k]) for k in sorted(value)}
-    if isinstance(value, list):
-        return [_sorted(v) for v in value]
-    return value
 
 
 class ResumableStreams:
@@ -217,33 +124,24 @@ class ResumableStreams:
         self.given_up = 0
         """Resumable streams this server aborted on its own (no reader within
         the grace period, a full buffer), since the start."""
-        # id -> the row of a whole plan whose answer's status is not known yet
-        self._whole: dict[str, _WholeRow] = {}
+        # the rows of whole plans whose answer's status is not known yet
+        self._whole = WholeRows()
         # id -> reads of its log made by the server itself (no resume)
         self._own_reads: dict[str, int] = {}
         on_cancel = getattr(store, "on_cancel", None)  # a RemoteCancel store
-        if on_cancel is not None:
-            on_cancel(self._cancel_here)
+        if on_cancel is not None:  # from any replica (the requester checked the owner)
+            on_cancel(self.abort)
 
     def unavailable(self, exc: StoreError) -> Response:
-        """The 503 (with ``Retry-After``) of a shared store that cannot be
-        reached (``resume_store_unavailable``) or is full
-        (``resume_store_full``)."""
+        """``store_unavailable``: the 503 of a store that failed, logged."""
         logger.warning("resumable-stream store failed, answering 503: %s", exc)
-        message = store_refusal_message(exc)
-        payload = error_payload(message, "server_error", None, store_error_code(exc))
-        retry = {"Retry-After": str(self._config.retry_after_s)}
-        return json_answer(payload, 503, retry)
+        return store_unavailable(exc, self._config.retry_after_s)
 
     def refusal(self, exc: StoreError) -> Unavailable:
-        """What a request is refused with before its first byte when the store
-        failed: 503 with ``Retry-After`` and ``store_error_code(exc)``."""
+        """``store_refusal``: what a request is refused with before its first
+        byte when the store failed, logged."""
         logger.warning("resumable-stream store failed, refusing with 503: %s", exc)
-        return Unavailable(
-            store_refusal_message(exc),
-            store_error_code(exc),
-            self._config.retry_after_s,
-        )
+        return store_refusal(exc, self._config.retry_after_s)
 
     def wanted(self, plan: Plan) -> bool:
         """Whether ``plan``'s response is resumable (a stream that asked, or the
@@ -266,18 +164,7 @@ class ResumableStreams:
             Unavailable: the store is full of live logs, or cannot be reached
                 (503).
         """
-        claim = None
-        if idempotency_key is not None:
-            if (
-                len(idempotency_key) > MAX_IDEMPOTENCY_KEY_CHARS
-                or _KEY.fullmatch(idempotency_key) is None
-            ):
-                raise RequestError(
-                    f"expected an Idempotency-Key of 1 to {MAX_IDEMPOTENCY_KEY_CHARS}"
-                    " visible ASCII characters",
-                    param="Idempotency-Key",
-                )
-            claim = (idempotency_key, body_hash(body))
+        claim = idempotency_claim(idempotency_key, body)
         response_id = plan.header.id
         try:
             bound = await self.store.create(response_id, owner, claim)
@@ -353,11 +240,7 @@ class ResumableStreams:
                 logger.warning(
                     "resumes of %s unknown: the store failed", plan.header.id
                 )
-            whole = self._whole.get(plan.header.id)
-            if whole is not None:
-                whole.ended(state)  # recorded with the status its client got
-                self._forget_whole(plan.header.id, whole)
-            else:
+            if not self._whole.ended(plan.header.id, state):
                 meter.record(state, 200)
 
         padded = plan.obfuscation  # the request's, else the server's default
@@ -384,13 +267,7 @@ class ResumableStreams:
             raise self.refusal(exc) from exc
         assert reader is not None, "open() created the log"
         if plan.whole:
-            whole = self._whole[response_id] = _WholeRow(meter)
-
-            def answered(status: int) -> None:
-                whole.answered(status)
-                self._forget_whole(response_id, whole)
-
-            reader.answered = answered
+            reader.answered = self._whole.track(response_id, meter)
         task = asyncio.get_running_loop().create_task(producer.run())
         self._tasks.add(task)
         self._producers[response_id] = (meter.key_id, producer, task)
@@ -403,41 +280,13 @@ class ResumableStreams:
         task.add_done_callback(done)
         return reader
 
-    async def events(self, request: Request) -> Response | LogStreamResponse:
-        """``GET /v1/{chat/completions,completions}/{id}/events``: resume.
-
-        Returns:
-            The log after the cursor, then its live tail (200, event stream);
-            404 (the same body for an unknown id, another key's, an expired
-            one, a stream that was not resumable); 410 ``cursor_evicted``;
-            400 for a malformed cursor.
-        """
-        response_id = request.path_params["response_id"]
-        prefix = "cmpl-" if request.scope["path"].startswith("/v1/completions") else ""
-        cursor = request.headers.get("last-event-id")
-        if cursor is None:
-            cursor = request.query_params.get("after", "")
-        if not response_id.startswith(prefix or "chatcmpl-"):
-            return json_answer(_NOT_FOUND, 404)
-        try:
-            after = parse_cursor(cursor, response_id)
-        except RequestError as exc:
-            payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
-            return json_answer(payload, 400)
-        return await self.resume(response_id, owner_of(request), after)
-
-    def _forget_whole(self, response_id: str, whole: _WholeRow | None) -> None:
-        recorded = whole is not None and whole.meter.recorded
-        if recorded and self._whole.get(response_id) is whole:
-            del self._whole[response_id]
-
     async def resume(
         self,
         response_id: str,
         owner: str,
         after: int,
         param: str = "Last-Event-ID",
-        not_found: dict[str, Any] = _NOT_FOUND,
+        not_found: dict[str, Any] = NOT_FOUND,
         *,
         own: bool = False,
     ) -> Response | LogStreamResponse:
@@ -469,7 +318,7 @@ class ResumableStreams:
             return json_answer(not_found, 404)
         if reader.past_end and not own:
             await reader.aclose()
-            return json_answer(_past_end(response_id, after, param), 400)
+            return json_answer(past_end(response_id, after, param), 400)
         if not own:
             self.resumes += 1
         elif response_id in self._producers:  # its row is not written yet
@@ -481,26 +330,12 @@ class ResumableStreams:
         """Resumable streams whose producer runs on this server now."""
         return len(self._producers)
 
-    async def cancel(self, request: Request) -> Response:
-        """``POST /v1/{chat/completions,completions}/{id}/cancel``: stop a stream.
-
-        Returns:
-            200 ``{"id": ..., "cancelled": true}`` when this server produces
-            that stream for this key (it is aborted now, as if its grace ran
-            out); the resume endpoint's 404 otherwise (unknown, another key's,
-            ended, or produced by another replica).
-        """
-        response_id = request.path_params["response_id"]
-        prefix = "cmpl-" if request.scope["path"].startswith("/v1/completions") else ""
+    def cancel_own(self, response_id: str, owner: str) -> bool:
+        """Abort the stream this server produces for ``owner`` now, as if its
+        grace ran out; whether it did (not when another key's, ended, unknown
+        or produced by another replica)."""
         producing = self._producers.get(response_id)
-        if (
-            not response_id.startswith(prefix or "chatcmpl-")
-            or producing is None
-            or producing[0] != owner_of(request)
-            or not producing[1].cancel()
-        ):
-            return json_answer(_NOT_FOUND, 404)  # ended ones too, task or not
-        return json_answer({"id": response_id, "cancelled": True})
+        return producing is not None and producing[0] == owner and producing[1].cancel()
 
     async def stop(self, response_id: str, owner: str, timeout_s: float = 5.0) -> bool:
         """Cancel the stream this server produces for ``owner`` (as ``cancel``),
@@ -534,11 +369,6 @@ class ResumableStreams:
         if producing is not None:
             producing[1].cancel()
 
-    def _cancel_here(self, response_id: str) -> None:
-        """A cancel request from any replica: cancel the producer if it runs
-        here (the requester checked the owner)."""
-        self.abort(response_id)
-
     async def _reader(
         self, response_id: str, owner: str, after: int
     ) -> LogStreamResponse | None:
@@ -560,42 +390,5 @@ class ResumableStreams:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        waiting = [whole for whole in self._whole.values() if whole.state is not None]
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(ANSWER_GRACE_S):
-                for whole in waiting:
-                    await whole.recorded.wait()
-        for whole in waiting:
-            whole.answered(500)  # nothing if its answer was reported
-        self._whole.clear()
+        await self._whole.aclose(ANSWER_GRACE_S)
         await self.store.aclose()
-
-
-class _WholeRow:
-    """The ledger row of a whole plan: recorded once both its stream's end
-    state and the status its client was answered are known (the first of
-    each counts)."""
-
-    __slots__ = ("meter", "recorded", "state", "status")
-
-    def __init__(self, meter: Meter) -> None:
-        self.meter = meter
-        self.state: EndState | None = None
-        self.status: int | None = None
-        self.recorded = asyncio.Event()
-
-    def ended(self, state: EndState) -> None:
-        if self.state is None:
-            self.state = state
-            self._record()
-
-    def answered(self, status: int) -> None:
-        if self.status is None:
-            self.status = status
-            self._record()
-
-    def _record(self) -> None:
-        state, status = self.state, self.status
-        if state is not None and status is not None and not self.meter.recorded:
-            self.meter.record(state, status)
-            self.recorded.set()
