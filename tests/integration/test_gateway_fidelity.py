@@ -74,6 +74,13 @@ url = "{logprobs_url}"
 model = "fake"
 
 [[models]]
+id = "slow-count"
+context_length = 8192
+[[models.upstreams]]
+url = "{slow_count_url}"
+model = "fake"
+
+[[models]]
 id = "ollama"
 context_length = 8192
 [[models.upstreams]]
@@ -196,6 +203,19 @@ def with_logprobs() -> Iterator[FakeUpstream]:
         yield fake
 
 
+def _slow_tokenize(body: dict[str, Any]) -> tuple[int, Any]:
+    time.sleep(5)  # far past COUNT_WAIT_S
+    return 200, {"count": 9}
+
+
+@pytest.fixture(scope="module")
+def slow_count() -> Iterator[FakeUpstream]:
+    """An upstream without continuous usage whose tokenizer answers late."""
+    routes = {"POST /tokenize": _slow_tokenize}
+    with FakeUpstream(_final_usage_only, routes) as fake:
+        yield fake
+
+
 @pytest.fixture(scope="module")
 def sglang() -> Iterator[FakeUpstream]:
     """SGLang: the matched stop string in ``matched_stop``."""
@@ -244,6 +264,7 @@ def gateway(
     ollama: FakeUpstream,
     sglang: FakeUpstream,
     with_logprobs: FakeUpstream,
+    slow_count: FakeUpstream,
     ledger_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> ServerProcess:
@@ -255,6 +276,7 @@ def gateway(
             ollama_url=ollama.url,
             sglang_url=sglang.url,
             logprobs_url=with_logprobs.url,
+            slow_count_url=slow_count.url,
         )
     )
     return start_server(
@@ -580,4 +602,17 @@ def test_without_continuous_usage_message_start_has_the_upstreams_token_count(
     events = list(claude.messages.create(**kw, stream=True))
     assert events[0].message.usage.input_tokens == len(TEMPLATE_TOKENS)
     assert "POST /apply-template" in slots_upstream.calls
+    assert events[-2].usage.input_tokens == PROMPT_TOKENS - CACHED_TOKENS
+
+
+def test_a_slow_token_counter_does_not_hold_the_first_event(
+    claude: anthropic.Anthropic, slow_count: FakeUpstream
+) -> None:
+    """The count is a nicety: one that has not come by ``COUNT_WAIT_S`` is
+    skipped (message_start says 0), and the answer ends with the upstream's
+    own usage."""
+    kw: Any = {"model": "slow-count", "max_tokens": 8, "messages": _ask()}
+    events = list(claude.messages.create(**kw, stream=True))
+    assert "POST /tokenize" in slow_count.calls
+    assert events[0].message.usage.input_tokens == 0
     assert events[-2].usage.input_tokens == PROMPT_TOKENS - CACHED_TOKENS

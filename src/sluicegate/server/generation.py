@@ -24,6 +24,7 @@ Invariants (besides the decoder's):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -46,7 +47,11 @@ from sluicegate.engines.base import (
 from sluicegate.server.buffer import Outbox
 from sluicegate.server.prepare import Plan
 
-__all__ = ["INTERNAL_ERROR_MESSAGE", "Generation"]
+__all__ = ["COUNT_WAIT_S", "INTERNAL_ERROR_MESSAGE", "Generation"]
+
+COUNT_WAIT_S = 1.0
+"""Longest wait (seconds) for an upstream's count of the prompt before the
+headers; past it the first event goes without it."""
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +217,12 @@ class Generation:
         known = {p: u for p, u in zip(prompts, counts, strict=True) if u is not None}
         missing = {c.prompt_index for c in self._plan.choices} - known.keys()
         if missing and self._counts_early():
-            known |= await self._count_prompts(missing)
+            counted: dict[int, Usage] = {}
+            # A nicety, not worth a late first byte: a slow counter is skipped.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(COUNT_WAIT_S):
+                    await self._count_prompts(missing, counted)
+            known |= counted
         if len(known) == len({c.prompt_index for c in self._plan.choices}):
             self._header = dataclasses.replace(
                 self._plan.header,
@@ -229,12 +239,14 @@ class Generation:
         wanted = messages or plan.continuous_usage
         return wanted and self._capabilities.counts_prompts
 
-    async def _count_prompts(self, prompts: set[int]) -> dict[int, Usage]:
-        """The engine's count of each of ``prompts`` (an upstream's tokenizer),
-        reported to the decoder until the engine's own usage replaces it."""
+    async def _count_prompts(
+        self, prompts: set[int], counted: dict[int, Usage]
+    ) -> None:
+        """The engine's count of each of ``prompts`` (an upstream's tokenizer)
+        into ``counted``, reported to the decoder until the engine's own usage
+        replaces it."""
         engine = cast(TextEngine, self._engine)  # counts_prompts: declared so
         requests = self._plan.requests()
-        counted: dict[int, Usage] = {}
         for prompt in sorted(prompts):
             index = next(
                 i for i, c in enumerate(self._plan.choices) if c.prompt_index == prompt
@@ -243,7 +255,6 @@ class Generation:
             if tokens is not None:
                 counted[prompt] = Usage(tokens, 0)
                 self._decoder.report_prompt(prompt, tokens)
-        return counted
 
     @property
     def header(self) -> ResponseHeader:
