@@ -71,7 +71,7 @@ def named_as(names: Mapping[str, str]) -> Iterator[None]:
 
 
 class Generating(Protocol):
-    """What the routes need of the app's generation routes (``app._Routes``)."""
+    """What the routes need of the app's generation routes (``CompletionRoutes``)."""
 
     models: ServedModels
     config: ServerConfig
