@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sluicegate.server.admission import Admission, ApiKey, OverQuota, Quota, Unavailable
+from sluicegate.server.admission import Admission, ApiKey, OverQuota, Unavailable
+from sluicegate.server.quotas import Quota
 from sluicegate.server.redis_client import connect
 from sluicegate.server.redis_quotas import RedisQuotas
 from sluicegate.testing import free_port

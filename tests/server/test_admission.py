@@ -21,8 +21,6 @@ from sluicegate.server.admission import (
     ApiKey,
     Forbidden,
     OverQuota,
-    Quota,
-    TokenBucket,
     Unauthenticated,
     key_id_of,
     read_keys_file,
@@ -30,6 +28,7 @@ from sluicegate.server.admission import (
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
+from sluicegate.server.quotas import Quota, TokenBucket
 from sluicegate.server.statuses import status_of
 
 from .asgi import CHAT, HELLO, Exchange

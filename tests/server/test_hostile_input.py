@@ -25,10 +25,10 @@ from sluicegate.core.errors import RequestError
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
 from sluicegate.server import schemas
-from sluicegate.server.admission import Quota
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.prompt_text import OFF_LOOP_CHARS, longest_piece_bytes
+from sluicegate.server.quotas import Quota
 from sluicegate.server.schemas import (
     MAX_MESSAGES,
     MAX_STOP_CHARS,

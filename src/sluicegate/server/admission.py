@@ -26,12 +26,12 @@ Invariants:
     - Without configured keys every request is ``anonymous`` (quotas still apply,
       shared by all).
 
-The buckets live in this process, unless the server is given a ``SharedQuotas``
-(``redis_quotas.RedisQuotas``, with ``ServerConfig.redis_url``): then every replica
-takes from the same buckets, through ``admit_async`` and ``probe``, and a store it
-cannot reach refuses the request with 503 rather than letting it through unmetered.
-Deliberate divergence: without one, several replicas behind a load balancer each
-enforce the full quota.
+The buckets and grants are ``quotas.py``'s. They live in this process, unless the
+server is given a ``SharedQuotas`` (``redis_quotas.RedisQuotas``, with
+``ServerConfig.redis_url``): then every replica takes from the same buckets,
+through ``admit_async`` and ``probe``, and a store it cannot reach refuses the
+request with 503 rather than letting it through unmetered. Deliberate divergence:
+without one, several replicas behind a load balancer each enforce the full quota.
 
 Spec: docs/DESIGN.md, "Admission and limits"; OpenAI API reference, "Error
 codes" (401, 403, 429, 503); openai-python, "Retries" (429 and >= 500).
@@ -46,9 +46,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from sluicegate.core.errors import RequestError, SluicegateError
+from sluicegate.server.quotas import (
+    Grant,
+    Quota,
+    SharedBucket,
+    SharedQuotas,
+    TokenBucket,
+)
 
 __all__ = [
     "ANONYMOUS",
@@ -56,11 +63,7 @@ __all__ = [
     "AdmissionError",
     "ApiKey",
     "Forbidden",
-    "Grant",
     "OverQuota",
-    "Quota",
-    "SharedQuotas",
-    "TokenBucket",
     "Unauthenticated",
     "Unavailable",
     "bearer_key",
@@ -209,132 +212,6 @@ def read_keys_file(path: Path) -> list[ApiKey]:
     return keys
 
 
-class TokenBucket:
-    """A bucket of ``capacity`` units refilled at ``capacity`` per 60 seconds.
-
-    Args:
-        capacity: units per minute (> 0); the bucket starts full.
-        now: the clock time (seconds) it starts at.
-    """
-
-    def __init__(self, capacity: float, now: float) -> None:
-        if capacity <= 0:
-            raise ValueError(f"capacity must be > 0, got {capacity!r}")
-        self.capacity = capacity
-        self._rate_per_s = capacity / 60.0
-        self._level = capacity
-        self._at = now
-
-    def level(self, now: float) -> float:
-        """Units available at ``now`` (refilled since the last call)."""
-        self._level = min(
-            self.capacity, self._level + (now - self._at) * self._rate_per_s
-        )
-        self._at = max(self._at, now)
-        return self._level
-
-    def wait_s(self, amount: float, now: float) -> float:
-        """Seconds until ``amount`` units are available (0 when they are now)."""
-        missing = amount - self.level(now)
-        return max(missing, 0.0) / self._rate_per_s
-
-    def take(self, amount: float) -> None:
-        """Remove ``amount`` units (call ``wait_s`` first; may go negative)."""
-        self._level -= amount
-
-    def give(self, amount: float) -> None:
-        """Return ``amount`` units, never above ``capacity``."""
-        self._level = min(self.capacity, self._level + amount)
-
-
-@dataclass(frozen=True, slots=True)
-class Quota:
-    """Per-key limits; ``None`` disables a limit.
-
-    Attributes:
-        requests_per_minute: requests started per minute.
-        tokens_per_minute: prompt + ``max_tokens`` reserved per minute (tokens).
-    """
-
-    requests_per_minute: float | None = None
-    tokens_per_minute: float | None = None
-
-
-class SharedQuotas(Protocol):
-    """Token buckets kept outside this process, shared by several replicas."""
-
-    async def take(
-        self, key_id: str, tokens: int, dry_run: bool
-    ) -> tuple[float, float]:
-        """Take one request and ``tokens`` from both buckets or neither; return
-        ``(request_wait_s, token_wait_s)`` (both 0: taken, unless ``dry_run``).
-
-        Raises:
-            Unavailable: the store cannot be reached (503).
-        """
-        ...
-
-    def give(self, key_id: str, requests: int, tokens: int) -> None:
-        """Give back ``requests`` and ``tokens`` (without waiting for the store)."""
-        ...
-
-
-class _Refillable(Protocol):
-    def give(self, amount: float) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _SharedBucket:
-    """One of a key's shared buckets, as a ``Grant`` gives back to it."""
-
-    shared: SharedQuotas
-    key_id: str
-    requests: bool
-
-    def give(self, amount: float) -> None:
-        if self.requests:
-            self.shared.give(self.key_id, int(amount), 0)
-        else:
-            self.shared.give(self.key_id, 0, int(amount))
-
-
-class Grant:
-    """An admitted request's reservation; ``release`` returns the unused tokens.
-
-    ``release`` and ``refund`` act once between them; later calls do nothing.
-    """
-
-    def __init__(
-        self,
-        key_id: str,
-        reserved: int,
-        bucket: _Refillable | None,
-        requests: _Refillable | None = None,
-    ):
-        self.key_id = key_id
-        self.reserved_tokens = reserved
-        self._bucket = bucket
-        self._requests = requests
-        self._settled = False
-
-    def release(self, used_tokens: int) -> None:
-        """Give back ``reserved - used_tokens`` tokens (the request stays spent)."""
-        if not self._settled:
-            self._settled = True
-            if self._bucket is not None:
-                self._bucket.give(max(self.reserved_tokens - used_tokens, 0))
-
-    def refund(self) -> None:
-        """Give back the request and every reserved token: the engine refused it
-        before it ran (a full queue)."""
-        if not self._settled:
-            self._settled = True
-            if self._bucket is not None:
-                self._bucket.give(self.reserved_tokens)
-            if self._requests is not None:
-                self._requests.give(1)
-
-
 class Admission:
     """API keys and quotas of one server.
 
@@ -434,8 +311,8 @@ class Admission:
         return Grant(
             key_id,
             tokens,
-            _SharedBucket(shared, key_id, False) if quota.tokens_per_minute else None,
-            _SharedBucket(shared, key_id, True) if quota.requests_per_minute else None,
+            SharedBucket(shared, key_id, False) if quota.tokens_per_minute else None,
+            SharedBucket(shared, key_id, True) if quota.requests_per_minute else None,
         )
 
     async def probe(

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from sluicegate.core.reasoning import REASONING_PARSERS
 from sluicegate.core.schema_limits import SchemaLimits
-from sluicegate.server.admission import ApiKey, Quota
+from sluicegate.server.admission import ApiKey
+from sluicegate.server.quotas import Quota
 
 __all__ = ["ServerConfig"]
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 import time
 
 from sluicegate.core.endstate import EndState
-from sluicegate.server.admission import ANONYMOUS, Grant
+from sluicegate.server.admission import ANONYMOUS
 from sluicegate.server.generation import Generation
 from sluicegate.server.ledger import Ledger, LedgerRow
 from sluicegate.server.metrics import Metrics
 from sluicegate.server.prepare import Plan
+from sluicegate.server.quotas import Grant
 
 __all__ = ["Meter"]
 

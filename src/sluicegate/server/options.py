@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 
-from sluicegate.server.admission import ApiKey, Quota, read_keys_file
+from sluicegate.server.admission import ApiKey, read_keys_file
 from sluicegate.server.ledger_pg_schema import is_url, redact
+from sluicegate.server.quotas import Quota
 from sluicegate.server.schema_checks import add_schema_options, schema_config_fields
 
 if TYPE_CHECKING:

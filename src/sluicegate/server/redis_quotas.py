@@ -1,6 +1,6 @@
 """RedisQuotas: per-key token buckets kept in Redis, one budget for every replica.
 
-The same buckets as ``admission.TokenBucket`` (``capacity`` units, refilled at
+The same buckets as ``quotas.TokenBucket`` (``capacity`` units, refilled at
 ``capacity`` per 60 s, starting full), but each is a Redis hash
 ``<prefix>quota:<kind>:<key_id>`` (``kind`` is ``requests`` or ``tokens``) that
 every replica pointed at the same Redis reads and takes from, so N replicas
@@ -33,7 +33,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from sluicegate.server.admission import Quota, Unavailable
+from sluicegate.server.admission import Unavailable
+from sluicegate.server.quotas import Quota
 from sluicegate.server.redis_client import RedisUnavailable, redis_errors
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ none), requests and tokens to give back. A missing bucket is full already."""
 class RedisQuotas:
     """Shared requests/minute and tokens/minute buckets (see the module doc).
 
-    Implements ``admission.SharedQuotas``.
+    Implements ``quotas.SharedQuotas``.
 
     Args:
         client: from ``redis_client.connect``.
