@@ -6,7 +6,7 @@ append is O(1) per frame and a replay from a cursor is an index; once the log
 is finished, a tuple, which the garbage collector does not walk. Readers wait
 on a future each, set by each append and by ``finish``; a reader that pushes
 (``read_pushed``) is handed each append's frames in the append's call instead,
-until it refuses a batch.
+until it refuses a batch. One log's own state is ``memory_log.py``'s.
 
 Invariants:
     - A log's record (``set_record``) counts in the store's bytes, not in the
@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.event_store import (
@@ -49,74 +47,9 @@ from sluicegate.server.event_store import (
     Push,
     StoreFull,
 )
+from sluicegate.server.memory_log import MemoryLog, ParkedReader, frames_since
 
 __all__ = ["MemoryEventStore", "open_memory_store"]
-
-
-@dataclass(eq=False, slots=True)
-class _Parked:
-    """A pushing reader waiting for frames: ``after`` is the last seq it has."""
-
-    push: Push
-    after: int
-    waiter: asyncio.Future[None]
-
-
-@dataclass(eq=False, slots=True)
-class _Log:
-    owner: str
-    idempotency: tuple[str, str] | None  # (key, body_hash)
-    # The kept frames: ``live`` while the log is appended to, then a tuple
-    # (``finish``), which the garbage collector stops walking (a tuple of bytes
-    # is untracked): a full collection costs nothing per kept frame.
-    live: deque[bytes] | None = field(default_factory=deque)
-    frames: Sequence[bytes] = ()
-    first_seq: int = 0  # the sequence number of frames[0]
-    nbytes: int = 0
-    finished_at: float | None = None
-    readers: int = 0
-    reads: int = 0
-    record: bytes = b""
-    # One future per waiting reader: a shared one would be cancelled for all
-    # when one reader's task is cancelled while it waits.
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    parked: list[_Parked] = field(default_factory=list)
-    # The producer's ``watch_readers`` callback (True: first reader came).
-    watcher: Callable[[bool], None] | None = None
-
-    def __post_init__(self) -> None:
-        assert self.live is not None
-        self.frames = self.live
-
-    def wake(self) -> None:
-        waiters, self.waiters = self.waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        if self.parked:
-            parked, self.parked = self.parked, []
-            for reader in parked:
-                if not reader.waiter.done():
-                    reader.waiter.set_result(None)
-
-    def push(self, first_seq: int, frames: Sequence[bytes]) -> None:
-        """Offer frames ``first_seq, ...`` (just appended) to the parked readers;
-        wake each one that refuses them, or that misses frames before them. A
-        reader whose wait already ended (its task cancelled: its client left)
-        is dropped, not pushed to. (One frame to one reader, once per token, is
-        ``MemoryEventStore.append_nowait``'s own.)"""
-        batch = list(enumerate(frames, first_seq))
-        last = first_seq + len(frames) - 1
-        kept: list[_Parked] = []
-        for reader in self.parked:
-            if reader.waiter.done():  # woken, or its task cancelled: it reads
-                continue
-            if reader.after == first_seq - 1 and reader.push(batch):
-                reader.after = last
-                kept.append(reader)
-            else:
-                reader.waiter.set_result(None)
-        self.parked = kept
 
 
 class MemoryEventStore:
@@ -148,7 +81,7 @@ class MemoryEventStore:
         self.max_store_bytes = max_store_bytes
         self.ttl_s = ttl_s
         self._clock = clock
-        self._logs: dict[str, _Log] = {}
+        self._logs: dict[str, MemoryLog] = {}
         self._closed = False  # aclose() ran: readers end cleanly
         self._finished: OrderedDict[str, None] = OrderedDict()  # by finish time
         self._bound: dict[tuple[str, str], str] = {}  # (owner, key) -> response id
@@ -177,7 +110,7 @@ class MemoryEventStore:
                     f"the resumable-stream store holds {self.nbytes} bytes of live "
                     f"logs; its bound is {self.max_store_bytes}"
                 )
-        self._logs[response_id] = _Log(owner, idempotency)
+        self._logs[response_id] = MemoryLog(owner, idempotency)
         if idempotency is not None:
             self._bound[owner, idempotency[0]] = response_id
         return None
@@ -296,7 +229,7 @@ class MemoryEventStore:
         if log.readers == 1 and log.watcher is not None:
             log.watcher(True)
         try:
-            batch = _since(log, after)
+            batch = frames_since(log, after)
             if batch:
                 after = batch[-1][0]
             elif log.finished_at is not None:
@@ -308,7 +241,7 @@ class MemoryEventStore:
                         f"frame {after + 1} of {response_id!r} was dropped while "
                         "it was read"
                     )
-                batch = _since(log, after)
+                batch = frames_since(log, after)
                 if batch:
                     after = batch[-1][0]
                     yield batch
@@ -324,7 +257,7 @@ class MemoryEventStore:
                     log.waiters.append(waiter)
                     await waiter
                     continue
-                parked = _Parked(push, after, waiter)
+                parked = ParkedReader(push, after, waiter)
                 log.parked.append(parked)
                 try:
                     await waiter
@@ -374,7 +307,7 @@ class MemoryEventStore:
         for log in logs.values():
             log.wake()
 
-    def _trim(self, log: _Log, nbytes: int) -> None:
+    def _trim(self, log: MemoryLog, nbytes: int) -> None:
         """Drop ``log``'s oldest frames until ``nbytes`` are gone (its last frame
         stays)."""
         frames = log.live
@@ -419,25 +352,6 @@ class MemoryEventStore:
         self.nbytes -= freed
         log.wake()
         return freed
-
-
-_FEW = 8  # frames a reader's batch takes by index
-
-
-def _since(log: _Log, after: int) -> list[tuple[int, bytes]]:
-    """The kept frames numbered after ``after``, with their numbers."""
-    start = max(after + 1, log.first_seq)
-    frames = log.frames
-    offset = start - log.first_seq
-    if offset >= len(frames):
-        return []
-    if offset == 0:
-        return list(enumerate(frames, start))
-    # A live reader asks for the last frame or few: index them from the right
-    # (a deque indexes from its nearer end; islice would walk from the left).
-    if len(frames) - offset <= _FEW:
-        return [(start + i, frames[offset + i]) for i in range(len(frames) - offset)]
-    return list(enumerate(itertools.islice(frames, offset, None), start))
 
 
 def open_memory_store(config: ServerConfig) -> MemoryEventStore:
