@@ -48,7 +48,7 @@ from sluicegate.server.log_response import LogStreamResponse
 from sluicegate.server.messages_routes import Generating, named_as, with_endpoint
 from sluicegate.server.plan import Plan
 from sluicegate.server.prepare import plan_chat
-from sluicegate.server.response_store import StoredResponses, WholeFromLog
+from sluicegate.server.response_store import StoredResponses
 from sluicegate.server.responses_api import (
     ResponsesRequest,
     input_items,
@@ -58,6 +58,7 @@ from sluicegate.server.responses_api import (
 )
 from sluicegate.server.resumable import ResumableStreams
 from sluicegate.server.resume_requests import owner_of
+from sluicegate.server.whole_from_log import WholeFromLog
 
 __all__ = ["ResponsesRoutes"]
 
