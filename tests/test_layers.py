@@ -1,4 +1,5 @@
-"""Which part of sluicegate may import which, and no import cycle between modules.
+"""Which part of sluicegate may import which, no import cycle between modules,
+and no module over ``MAX_LINES`` lines but those still listed to be split.
 
 The imports are read from the source with ``ast``, not by importing it: every
 ``import`` counts, at module level, inside a function or under
@@ -37,6 +38,36 @@ ALLOWED: dict[str, frozenset[str]] = {
         | {"model", "server"}
     ),
     "__main__": frozenset({"cli"}),
+}
+
+# A module fits in one sentence and about this many lines.
+MAX_LINES = 400
+
+# The modules still over MAX_LINES, each with the most lines it may have: its
+# count when it was listed. A listed module may not grow, none may join, and one
+# split to MAX_LINES or fewer (or gone) must leave: the list only shrinks.
+OVER_MAX_LINES: dict[str, int] = {
+    "client/aio.py": 428,
+    "client/assemble.py": 457,
+    "client/sync.py": 428,
+    "core/chunks.py": 461,
+    "core/decoding.py": 597,
+    "core/messages_wire.py": 487,
+    "core/reasoning.py": 432,
+    "core/responses_wire.py": 497,
+    "core/stops.py": 406,
+    "core/stream.py": 459,
+    "core/upstream.py": 549,
+    "engines/llamacpp.py": 440,
+    "engines/pool.py": 422,
+    "engines/scripted.py": 419,
+    "engines/upstream.py": 473,
+    "server/connections.py": 416,
+    "server/log_response.py": 420,
+    "server/metrics.py": 407,
+    "server/prepare.py": 434,
+    "server/redis_store.py": 401,
+    "server/schemas.py": 453,
 }
 
 # What core may import besides the standard library: one fast JSON encoder, and
@@ -209,3 +240,60 @@ def test_a_cycle_through_type_checking_and_three_modules_is_found(
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
     assert graph["pkg.d"] == {"pkg.a"}
     assert outside["pkg.d"] == {"os"}
+
+
+def line_counts(root: Path) -> dict[str, int]:
+    """Lines of each module below ``root`` (as ``wc -l`` counts them), by its
+    path relative to ``root``."""
+    return {
+        path.relative_to(root).as_posix(): path.read_text().count("\n")
+        for path in sorted(root.rglob("*.py"))
+    }
+
+
+def size_violations(
+    counts: Mapping[str, int], allowed: Mapping[str, int], max_lines: int
+) -> list[str]:
+    """Each module longer than ``max_lines`` or than its listed ceiling, and each
+    listed module that is gone or no longer over ``max_lines``."""
+    found = [
+        f"{path} has {lines} lines, more than {allowed.get(path, max_lines)}:"
+        " split it along what its parts do"
+        for path, lines in counts.items()
+        if lines > allowed.get(path, max_lines)
+    ]
+    found += [
+        f"{path} is listed in OVER_MAX_LINES but has {counts[path]} lines:"
+        " remove it from the list"
+        if path in counts
+        else f"{path} is listed in OVER_MAX_LINES but is gone: remove it"
+        for path in allowed
+        if counts.get(path, 0) <= max_lines
+    ]
+    return sorted(found)
+
+
+def test_no_module_grows_past_its_ceiling_and_the_list_only_shrinks() -> None:
+    assert size_violations(line_counts(PACKAGE), OVER_MAX_LINES, MAX_LINES) == []
+
+
+def test_the_size_rule_catches_growth_a_new_long_module_and_a_stale_entry(
+    tmp_path: Path,
+) -> None:
+    root = _write(
+        tmp_path,
+        {
+            "pkg/a.py": "x = 1\n" * 6,  # listed at 5: grew
+            "pkg/b.py": "x = 1\n" * 5,  # listed at 5: as it was
+            "pkg/c.py": "x = 1\n" * 4,  # not listed, over the bound
+            "pkg/d.py": "x = 1\n" * 3,  # listed, split to within the bound
+            "pkg/e.py": "x = 1\n" * 3,  # not listed, within the bound
+        },
+    )
+    allowed = {"a.py": 5, "b.py": 5, "d.py": 5, "gone.py": 9}
+    assert size_violations(line_counts(root), allowed, 3) == [
+        "a.py has 6 lines, more than 5: split it along what its parts do",
+        "c.py has 4 lines, more than 3: split it along what its parts do",
+        "d.py is listed in OVER_MAX_LINES but has 3 lines: remove it from the list",
+        "gone.py is listed in OVER_MAX_LINES but is gone: remove it",
+    ]
