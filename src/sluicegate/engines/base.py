@@ -43,7 +43,7 @@ from typing import Any, Literal, Protocol
 from sluicegate.core.choice_setup import Vocabulary
 from sluicegate.core.decoding import OutputItem
 from sluicegate.core.events import EngineOutput, TextOutput, Usage
-from sluicegate.engines.pool import UpstreamCounters
+from sluicegate.engines.pool_values import UpstreamCounters
 from sluicegate.engines.values import (
     EngineStats,
     GenerateRequest,

@@ -34,7 +34,7 @@ from sluicegate.engines.base import (
     TextPrompt,
 )
 from sluicegate.engines.outputs import SequenceOutputs
-from sluicegate.engines.pool import UpstreamCounters
+from sluicegate.engines.pool_values import UpstreamCounters
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.engines.scripted_script import Script
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer

@@ -41,7 +41,7 @@ from sluicegate.core.hop_answers import (
     status_of_code,
 )
 from sluicegate.core.upstream_items import PROTOCOL_ERROR_CODE
-from sluicegate.engines.pool import Outcome
+from sluicegate.engines.pool_values import Outcome
 from sluicegate.engines.upstream_config import UpstreamConfig
 from sluicegate.engines.upstream_http import HopConnectError, HopError
 

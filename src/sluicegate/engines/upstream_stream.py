@@ -53,7 +53,8 @@ from sluicegate.core.upstream_items import (
     UpstreamToolCall,
     UpstreamUsageRejected,
 )
-from sluicegate.engines.pool import Lease, Outcome
+from sluicegate.engines.pool import Lease
+from sluicegate.engines.pool_values import Outcome
 from sluicegate.engines.upstream_config import UpstreamConfig
 from sluicegate.engines.upstream_http import HopError, HopResponse
 from sluicegate.engines.upstream_limits import arm
