@@ -40,15 +40,7 @@ uvicorn's httptools protocol bounds neither a header's size nor the head's (a
 32 MB header was accepted), and frames every response without a length as
 chunked, HTTP/1.0 peers included (RFC 9112 forbids it); h11 stops buffering a
 head at its limit and delimits an HTTP/1.0 response by closing the connection.
-h11's own per-write work in Python (about 6 us more per ``send`` than
-httptools on this project's machine, paid once per token of each stream) is
-skipped where it adds nothing: once a response's head went out with chunked
-framing (an HTTP/1.1 peer, no ``Content-Length``, a status with a body, not
-``HEAD``), each body part that is not the last is framed here, as h11's chunked
-writer would (``%x CRLF data CRLF``), and written to the transport
-(``ChunkedBodySend``); everything else (the head, the last part, HTTP/1.0
-peers, a paused or gone transport) goes through uvicorn's ``send`` as before.
-h11 keeps no count of chunked data, so its state stays the same.
+Its per-write work is skipped where it adds nothing (``chunked_body.py``).
 
 Spec: RFC 9110, "15.5.9. 408 Request Timeout"; RFC 6585, "5. 431 Request Header
 Fields Too Large"; RFC 9112, "6.3. Message Body Length", "7.1. Chunked Transfer
@@ -72,11 +64,11 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from sluicegate.core.chunks import dumps, error_payload
+from sluicegate.server.chunked_body import ChunkedBodySend
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "REFUSAL_CODES",
-    "ChunkedBodySend",
     "ConnectionLimits",
     "LimitedH11Protocol",
     "default_max_connections",
@@ -358,59 +350,3 @@ def protocol_class(
     ConfiguredH11Protocol.limits = limits
     ConfiguredH11Protocol.on_refuse = on_refuse  # read from the class: never bound
     return ConfiguredH11Protocol
-
-
-_BODYLESS_STATUSES = frozenset({204, 304})
-
-
-class ChunkedBodySend:
-    """uvicorn's h11 ``send`` for one response, with chunked body parts framed
-    here (see the module doc): the same bytes on the wire, without h11's work.
-
-    Args:
-        cycle: uvicorn's request-response cycle, whose ``send`` this wraps.
-        scope: the request's ASGI scope (its ``method``).
-    """
-
-    __slots__ = ("_chunked", "_cycle", "_head", "_send")
-
-    def __init__(self, cycle: RequestResponseCycle, scope: Scope) -> None:
-        self._cycle = cycle
-        self._send = cycle.send
-        self._head = scope.get("method") == "HEAD"
-        self._chunked = False  # the head went out with chunked framing
-
-    async def __call__(self, message: Any) -> None:
-        """``send(message)``: a body part that is not the last is written at once
-        when the response is chunked and the transport takes writes."""
-        cycle = self._cycle
-        if (
-            self._chunked
-            and message["type"] == "http.response.body"
-            and message.get("more_body", False)
-            and not cycle.flow.write_paused
-            and not cycle.disconnected
-            and not cycle.response_complete
-        ):
-            body = message.get("body", b"")
-            if body:  # an empty part writes nothing (it would end the body)
-                cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-            return
-        await self._send(message)
-        if message["type"] == "http.response.start":
-            self._chunked = self._frames_chunks(message)
-
-    def _frames_chunks(self, start: Any) -> bool:
-        """Whether h11 framed the response that ``start`` began as chunked."""
-        status = start["status"]
-        if self._head or status < 200 or status in _BODYLESS_STATUSES:
-            return False
-        version = self._cycle.conn.their_http_version
-        if version is None or version < b"1.1":
-            return False  # HTTP/1.0: delimited by closing the connection
-        if self._cycle.conn.our_state is not h11.SEND_BODY:
-            return False
-        for name, _ in start.get("headers", ()):
-            if name.lower() in (b"content-length", b"transfer-encoding"):
-                return False
-        return True
