@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from sluicegate.server import redis_store
 from sluicegate.server.event_store import (
     CursorEvicted,
     LogNotFound,
@@ -275,10 +276,10 @@ async def test_frames_flushed_while_a_local_reader_joins_are_caught_up(
     await store.append("r1", frames("a", "b"))
     await store.flush()
 
-    async def missed_replay(response_id, after):  # as if the flush landed after it
+    async def missed_replay(client, log, response_id, after):  # flushed after it
         return [], False, False
 
-    monkeypatch.setattr(store, "_page", missed_replay)
+    monkeypatch.setattr(redis_store, "read_page", missed_replay)
     batches = store.read("r1", "alice", -1)
     assert await anext(batches) == []
     assert await store.attached("r1")  # known here, without asking Redis

@@ -12,7 +12,8 @@ frames to this server's readers of the log at once, so a client's own connection
 never waits for Redis.
 
 Reader side: ``read`` attaches (``ATTACH``: owner and cursor checked, a reader
-lease taken), replays the kept frames with ``XRANGE`` in pages, then follows the
+lease taken), replays the kept frames with ``XRANGE`` in pages
+(``redis_replay.py``), then follows the
 live tail through the server's one ``RedisTail`` task: a log produced by another
 replica with ``XREAD``, one produced here fed by ``append`` itself (no read back).
 
@@ -58,7 +59,8 @@ from sluicegate.server.event_store import (
 from sluicegate.server.redis_cancel import CancelChannel
 from sluicegate.server.redis_client import redis_errors
 from sluicegate.server.redis_lua import ATTACH, ATTACHED, CREATE, FORGET, SET_RECORD
-from sluicegate.server.redis_tail import Follower, RedisTail
+from sluicegate.server.redis_replay import catch_up, read_page
+from sluicegate.server.redis_tail import RedisTail
 from sluicegate.server.redis_writer import LogWriter
 
 if TYPE_CHECKING:
@@ -68,8 +70,6 @@ __all__ = ["RedisEventStore", "open_redis_store"]
 
 CLOSE_TIMEOUT_S = 5.0
 """Longest ``aclose`` waits for its cancelled tasks."""
-PAGE_FRAMES = 512
-"""Frames per ``XRANGE`` page of a replay (one batch each)."""
 
 
 class RedisEventStore:
@@ -299,7 +299,10 @@ class RedisEventStore:
                 return
             first = True
             while True:  # the replay, page by page
-                batch, ended, full = await self._page(response_id, after)
+                log = self._key("log", response_id)
+                batch, ended, full = await read_page(
+                    self._client, log, response_id, after
+                )
                 if batch:
                     after = batch[-1][0]
                 if batch or (first and not ended):  # past a finished end: none
@@ -311,7 +314,10 @@ class RedisEventStore:
                     break
             follower = self._tail.follow(response_id, reader, after, push)
             if response_id in self._live:
-                await self._catch_up(follower)
+                unflushed = self._writer.unflushed.get(response_id, ())
+                await catch_up(
+                    self._client, self._key("log", response_id), unflushed, follower
+                )
             while (frames := await follower.next()) is not None:
                 yield frames
         finally:
@@ -322,54 +328,6 @@ class RedisEventStore:
             else:
                 del self._readers[response_id]
             self._detach(response_id, reader)
-
-    async def _page(
-        self, response_id: str, after: int
-    ) -> tuple[list[tuple[int, bytes]], bool, bool]:
-        """Up to ``PAGE_FRAMES`` kept frames after ``after``: ``(frames, ended,
-        full)``; ``ended`` once the end entry was read."""
-        with redis_errors("replaying a log"):
-            entries = await self._client.xrange(
-                self._key("log", response_id),
-                min=f"(0-{after + 1}",
-                count=PAGE_FRAMES,
-            )
-        frames: list[tuple[int, bytes]] = []
-        for entry_id, fields in entries:
-            seq = int(entry_id.rsplit(b"-", 1)[1]) - 1
-            if seq != after + 1:
-                raise CursorEvicted(
-                    f"frame {after + 1} of {response_id!r} was dropped while it was "
-                    "read"
-                )
-            frame = fields.get(b"f")
-            if frame is None:
-                return frames, True, False
-            frames.append((seq, frame))
-            after = seq
-        return frames, False, len(entries) == PAGE_FRAMES
-
-    async def _catch_up(self, follower: Follower) -> None:
-        """Give a new follower of a log produced here what was appended between
-        its replay and its joining: what Redis has, and what waits for a flush
-        (appends after it feed it directly)."""
-        response_id, after = follower.response_id, follower.cursor
-        for seq, frame in self._writer.unflushed.get(response_id, ()):
-            follower.offer(seq, [frame])
-        with redis_errors("replaying a log"):
-            entries = await self._client.xrange(
-                self._key("log", response_id), min=f"(0-{after + 1}"
-            )
-        for entry_id, fields in entries:
-            seq = int(entry_id.rsplit(b"-", 1)[1]) - 1
-            if seq > after + 1 and follower.cursor == after:
-                follower.end(CursorEvicted(f"frames after {after} were dropped"))
-                return
-            frame = fields.get(b"f")
-            if frame is None:
-                follower.end_at(seq)
-            else:
-                follower.offer(seq, [frame])
 
     def _detach(self, response_id: str, reader: str) -> None:
         """Drop the reader's lease, in the background (a finally may not wait)."""
