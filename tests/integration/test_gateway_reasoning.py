@@ -76,8 +76,11 @@ def gateway(start_server: StartServer) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def client(gateway: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=api_base(gateway), api_key="none", max_retries=0)
+def client(gateway: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=api_base(gateway), api_key="none", max_retries=0
+    ) as sdk:
+        yield sdk
 
 
 @pytest.mark.parametrize("seed", sorted(STYLES))
@@ -142,15 +145,17 @@ def test_responses_has_a_reasoning_item_before_the_message(
 def test_messages_has_a_thinking_block_before_the_text(
     gateway: ServerProcess, seed: int
 ) -> None:
-    claude = anthropic.Anthropic(
-        base_url=gateway.base_url, api_key="none", max_retries=0
-    )
-    with claude.messages.stream(
-        model="fake",
-        max_tokens=2048,
-        thinking={"type": "enabled", "budget_tokens": 1024},
-        messages=[{"role": "user", "content": "2+2?"}],
-    ) as stream:
+    with (
+        anthropic.Anthropic(
+            base_url=gateway.base_url, api_key="none", max_retries=0
+        ) as claude,
+        claude.messages.stream(
+            model="fake",
+            max_tokens=2048,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            messages=[{"role": "user", "content": "2+2?"}],
+        ) as stream,
+    ):
         final = stream.get_final_message()
     thinking, text = final.content
     assert thinking.type == "thinking"
@@ -180,10 +185,10 @@ def test_a_named_parser_splits_an_upstreams_plain_markers(
             "--reasoning-parser",
             "qwen3",
         )
-        client = openai.OpenAI(base_url=api_base(gateway), api_key="none")
-        whole = client.chat.completions.create(
-            model="fake", messages=[{"role": "user", "content": "2+2?"}]
-        )
+        with openai.OpenAI(base_url=api_base(gateway), api_key="none") as client:
+            whole = client.chat.completions.create(
+                model="fake", messages=[{"role": "user", "content": "2+2?"}]
+            )
     message = whole.choices[0].message.model_dump()
     assert (message["reasoning_content"], message["content"]) == ("plan", "The answer")
     assert whole.usage is not None

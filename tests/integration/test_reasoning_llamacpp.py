@@ -5,6 +5,7 @@ official openai SDK reading the stream."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +67,19 @@ def _server(
 
 
 @pytest.fixture(scope="module")
-def client(start_server: StartServer, template_file: Path) -> openai.OpenAI:
+def client(start_server: StartServer, template_file: Path) -> Iterator[openai.OpenAI]:
     """The parser detected from the template (``auto``): ``<think>`` markers."""
-    return _server(start_server, "llamacpp-thinking", template_file, "auto")
+    with _server(start_server, "llamacpp-thinking", template_file, "auto") as sdk:
+        yield sdk
 
 
 @pytest.fixture(scope="module")
-def raw_client(start_server: StartServer, template_file: Path) -> openai.OpenAI:
+def raw_client(
+    start_server: StartServer, template_file: Path
+) -> Iterator[openai.OpenAI]:
     """The same model and template with no parser: the model's own text."""
-    return _server(start_server, "llamacpp-thinking-raw", template_file, "none")
+    with _server(start_server, "llamacpp-thinking-raw", template_file, "none") as sdk:
+        yield sdk
 
 
 def _expected(raw: str, inside: bool) -> tuple[str, str]:
