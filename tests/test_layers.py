@@ -55,7 +55,6 @@ OVER_MAX_LINES: dict[str, int] = {
     "core/messages_wire.py": 487,
     "core/reasoning.py": 432,
     "core/responses_wire.py": 497,
-    "core/stops.py": 406,
     "core/stream.py": 459,
     "core/upstream.py": 549,
     "engines/llamacpp.py": 440,

@@ -37,7 +37,8 @@ from sluicegate.core.reasoning import (
     reasoning_parser,
 )
 from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder, request_reasoning
-from sluicegate.core.stops import StopMatcher, compile_stops
+from sluicegate.core.stop_pattern import compile_stops
+from sluicegate.core.stops import StopMatcher
 from sluicegate.core.tooldecoder import ToolCallOptions, new_response_decoder
 from tests.reasoning_splits import S28, S28_WIDE, marker_splits
 

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core import stops as stops_module
+from sluicegate.core import stop_pattern
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.stops import StopMatcher, StopPattern, StopStep, compile_stops
+from sluicegate.core.stop_pattern import StopPattern, compile_stops
+from sluicegate.core.stops import StopMatcher, StopStep
 
 from .strategies import every_split, split_at
 
@@ -391,17 +392,17 @@ def test_a_million_character_stop_compiles_in_a_few_times_its_size() -> None:
 def test_compile_stops_shares_patterns_of_short_stops(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(stops_module, "_PATTERNS", {})
-    monkeypatch.setattr(stops_module, "_MAX_PATTERNS", 2)
+    monkeypatch.setattr(stop_pattern, "_PATTERNS", {})
+    monkeypatch.setattr(stop_pattern, "_MAX_PATTERNS", 2)
     first = compile_stops(["END", "\n\n"])
     assert compile_stops(("END", "\n\n")) is first
     assert StopMatcher(["END", "\n\n"]).pattern is first
-    long_stop = "x" * (stops_module._MAX_SHARED_CHARS + 1)
+    long_stop = "x" * (stop_pattern._MAX_SHARED_CHARS + 1)
     assert compile_stops([long_stop]) is not compile_stops([long_stop])
     assert compile_stops([long_stop]).stops == (long_stop,)
     compile_stops(["a"])
     compile_stops(["b"])  # full: the table starts again
-    assert len(stops_module._PATTERNS) <= 2
+    assert len(stop_pattern._PATTERNS) <= 2
     assert compile_stops(["END", "\n\n"]) is not first
 
 

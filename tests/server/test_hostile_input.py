@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core import stops as stops_module
+from sluicegate.core import stop_pattern
 from sluicegate.core.errors import RequestError
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
@@ -141,13 +141,13 @@ async def test_long_stops_of_many_choices_are_compiled_once_per_request(
     """``n: 16`` with sixteen stops of the longest length: one pattern, linear in
     their length, shared by the choices (not every prefix, once per choice)."""
     compiled: list[int] = []
-    init = stops_module.StopPattern.__init__
+    init = stop_pattern.StopPattern.__init__
 
-    def counting(self: stops_module.StopPattern, stops: Any) -> None:
+    def counting(self: stop_pattern.StopPattern, stops: Any) -> None:
         init(self, stops)
         compiled.append(self.states)
 
-    monkeypatch.setattr(stops_module.StopPattern, "__init__", counting)
+    monkeypatch.setattr(stop_pattern.StopPattern, "__init__", counting)
     engine = ScriptedEngine("tick " * 40 + "<end_of_turn>", tokens_per_s=float("inf"))
     app = create_app(engine, ServerConfig())
     said = ("tick " * MAX_STOP_CHARS)[: MAX_STOP_CHARS - 1]

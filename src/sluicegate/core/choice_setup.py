@@ -24,7 +24,8 @@ from sluicegate.core.reasoning import (
     ReasoningSplitter,
 )
 from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder
-from sluicegate.core.stops import StopMatcher, StopPattern
+from sluicegate.core.stop_pattern import StopPattern
+from sluicegate.core.stops import StopMatcher
 
 __all__ = [
     "ChoiceDecoding",
