@@ -10,7 +10,8 @@ that never finishes.
 
 ``ScriptedTokenizer`` (from ``scripted_vocab``) is its toy byte-piece vocabulary.
 ``ScriptedTextEngine`` (``scripted_text``) yields its text instead of token ids.
-Each sequence's ids come from ``Scripts`` (``scripted_script``); the CLI's fault
+Each sequence's state is a ``ScriptedSequence`` (``scripted_sequence``), its
+ids from ``Scripts`` (``scripted_script``); the CLI's fault
 specs are read by ``parse_faults`` (``scripted_faults``). Time comes from a
 ``Timers`` object (``clocks``): the running event loop by default, or a
 ``ManualClock`` that tests step by hand; all sequences share one ``HeapClock``
@@ -45,9 +46,7 @@ import contextlib
 import logging
 import random
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from enum import Enum
+from collections.abc import AsyncIterator
 from typing import Literal
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
@@ -70,6 +69,7 @@ from sluicegate.engines.scripted_script import (
     Scripts,
     scripted_logprob,
 )
+from sluicegate.engines.scripted_sequence import Phase, ScriptedSequence, kv_cells
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
 
 __all__ = [
@@ -86,30 +86,6 @@ logger = logging.getLogger(__name__)
 
 
 _CAPABILITIES = Capabilities(logprobs=True, listenable=True)
-
-
-class _Phase(Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-
-
-@dataclass(eq=False, slots=True)
-class _Sequence:
-    request: GenerateRequest
-    script: Iterator[int]
-    outputs: SequenceOutputs[EngineOutput]
-    phase: _Phase = _Phase.QUEUED
-    decoding: bool = False  # past the prefill delay
-    step: int = 0  # the next decode step (0-based)
-    due: float = 0.0  # loop time (seconds) the next step is due
-    wake: int = 0  # bumped to void the sequence's entry in the clock
-    pending: bool = False  # the sequence has a live entry in the clock
-    generated: int = 0
-    fail_at_step: int | None = None
-    abort_requested: bool = False
-    stop_ids: frozenset[int] = frozenset()  # ids that end it (as the params say)
-    most_generated: int = 0  # max_tokens, or fewer when the context fills first
 
 
 class ScriptedEngine:
@@ -179,8 +155,8 @@ class ScriptedEngine:
         self._max_running = max_running
         self._max_queued = max_queued
         self._kv_total = kv_cells_total or context_length * max_running
-        self._live: dict[str, _Sequence] = {}
-        self._waiting: deque[_Sequence] = deque()
+        self._live: dict[str, ScriptedSequence] = {}
+        self._waiting: deque[ScriptedSequence] = deque()
         self._aborted_ids: deque[str] = deque(maxlen=1024)
         self._counts = dict.fromkeys(
             ("prompt", "generated", "wasted", "finished", "aborted", "failed"), 0
@@ -188,7 +164,7 @@ class ScriptedEngine:
         self._running = 0
         self._closed = False
         self._timers = clock
-        self._clock: HeapClock[_Sequence] | None = None
+        self._clock: HeapClock[ScriptedSequence] | None = None
         if clock is not None:
             self._clock = HeapClock(clock)
 
@@ -251,7 +227,7 @@ class ScriptedEngine:
         outputs: SequenceOutputs[EngineOutput] = SequenceOutputs(
             lambda: self.abort(request_id)
         )
-        seq = _Sequence(request, self._scripts.for_request(request), outputs)
+        seq = ScriptedSequence(request, self._scripts.for_request(request), outputs)
         params = request.params
         seq.stop_ids = params.stop_token_ids
         if not params.ignore_eos:
@@ -288,7 +264,7 @@ class ScriptedEngine:
         else:
             self._counts["aborted"] += 1
             self._aborted_ids.append(request_id)
-        if seq.phase is _Phase.QUEUED:
+        if seq.phase is Phase.QUEUED:
             self._waiting.remove(seq)
         elif seq.decoding:
             with contextlib.suppress(Exception):  # a script bug: nothing to waste
@@ -297,12 +273,12 @@ class ScriptedEngine:
 
     def stats(self) -> EngineStats:
         """A snapshot: queue, running batch, KV cells, token and request counters."""
-        running = [s for s in self._live.values() if s.phase is _Phase.RUNNING]
+        running = [s for s in self._live.values() if s.phase is Phase.RUNNING]
         c = self._counts
         return EngineStats(
             queued=len(self._waiting),
             running=len(running),
-            kv_cells_used=sum(_cells(s) for s in running),
+            kv_cells_used=sum(kv_cells(s) for s in running),
             kv_cells_total=self._kv_total,
             prompt_tokens=c["prompt"],
             generated_tokens=c["generated"],
@@ -328,8 +304,8 @@ class ScriptedEngine:
     # streams a task per sequence cost a future, a task step and an Event per
     # token, and a loop timer per step cost more than the step itself.
 
-    def _start(self, seq: _Sequence) -> None:
-        seq.phase = _Phase.RUNNING
+    def _start(self, seq: ScriptedSequence) -> None:
+        seq.phase = Phase.RUNNING
         self._running += 1
         self._counts["prompt"] += len(seq.request.prompt_token_ids)
         if self._prefill_delay_s > 0:
@@ -339,14 +315,14 @@ class ScriptedEngine:
         else:
             self._decode(seq)
 
-    def _decode(self, seq: _Sequence) -> None:
+    def _decode(self, seq: ScriptedSequence) -> None:
         """The prefill is over: schedule the first decode step."""
         seq.decoding = True
         assert self._clock is not None, "generate() makes the clock"
         seq.due = self._clock.timers.time()
         self._schedule(seq)
 
-    def _schedule(self, seq: _Sequence) -> None:
+    def _schedule(self, seq: ScriptedSequence) -> None:
         stall_at, stall_s = self._stall
         delay = self._step_s + (stall_s if seq.step == stall_at else 0.0)
         clock = self._clock
@@ -357,7 +333,7 @@ class ScriptedEngine:
         seq.due = max(seq.due, clock.timers.time() - self._step_s) + delay
         clock.at(seq.due, seq, self._tick)
 
-    def _tick(self, seq: _Sequence) -> None:
+    def _tick(self, seq: ScriptedSequence) -> None:
         """One decode step of ``seq``, delivered; then the next one scheduled."""
         if seq.step == seq.fail_at_step:
             self._counts["failed"] += 1
@@ -377,26 +353,26 @@ class ScriptedEngine:
         if output.finish_reason is not None:
             self._counts["finished"] += 1
             self._release(seq)
-        elif seq.phase is _Phase.RUNNING:
+        elif seq.phase is Phase.RUNNING:
             self._schedule(seq)
 
-    def _fail(self, seq: _Sequence, error: EngineError) -> None:
+    def _fail(self, seq: ScriptedSequence, error: EngineError) -> None:
         seq.outputs.fail(error)
         self._release(seq)
 
-    def _release(self, seq: _Sequence) -> None:
+    def _release(self, seq: ScriptedSequence) -> None:
         if seq.pending:  # its clock entry is void
             assert self._clock is not None, "a pending entry has a clock"
             self._clock.void(seq)
-        was_running = seq.phase is _Phase.RUNNING
+        was_running = seq.phase is Phase.RUNNING
         self._running -= was_running
-        seq.phase = _Phase.DONE
+        seq.phase = Phase.DONE
         self._live.pop(seq.request.request_id, None)
         seq.outputs.end()  # a no-op when the sequence already ended
         if was_running and self._waiting and not self._closed:
             self._start(self._waiting.popleft())
 
-    def _step(self, seq: _Sequence, aborted: bool) -> EngineOutput | None:
+    def _step(self, seq: ScriptedSequence, aborted: bool) -> EngineOutput | None:
         """One decode step; ``None`` when an abort ended the sequence."""
         token = next(seq.script, None)
         if token is None or (token in seq.stop_ids and not self._never_finishes):
@@ -413,7 +389,3 @@ class ScriptedEngine:
             return EngineOutput((token,), reason)
         vocab_size = len(self._tokenizer.pieces)
         return EngineOutput((token,), reason, (scripted_logprob(token, k, vocab_size),))
-
-
-def _cells(seq: _Sequence) -> int:
-    return len(seq.request.prompt_token_ids) + seq.generated
