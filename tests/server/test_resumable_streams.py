@@ -17,11 +17,8 @@ from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.event_store import Bound, Frames, ProducerLost
 from sluicegate.server.event_store_memory import MemoryEventStore
-from sluicegate.server.log_response import (
-    BROKEN,
-    PRODUCER_LOST,
-    LogStreamResponse,
-)
+from sluicegate.server.log_response import PRODUCER_LOST, LogStreamResponse
+from sluicegate.server.log_writes import BROKEN
 from sluicegate.server.streaming import StreamLimits
 
 from ..polling import wait_until
