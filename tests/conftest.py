@@ -10,10 +10,16 @@ itself (and so every server, llama.cpp thread and tool it starts) to cores of
 its own: llama.cpp starts one thread per usable core, and two workers each
 running two threads on the same two cores wait on each other at every decode
 step.
+
+Modules that run the real model go first, then the other integration modules,
+then the rest: with each module on one worker (``--dist loadscope``), the long
+modules start while there is still other work for the second worker, and the
+run does not end on one worker running the longest module alone.
 """
 
 import os
 
+import pytest
 from hypothesis import settings
 
 from tests.postgres import postgres, postgres_url
@@ -40,3 +46,23 @@ def _pin_xdist_worker() -> None:
 
 
 _pin_xdist_worker()
+
+
+def _module_rank(items: list[pytest.Item]) -> int:
+    """0 for a module with a real-model test, 1 for other integration, 2 else."""
+    marks = {mark.name for item in items for mark in item.iter_markers()}
+    if "llamacpp" in marks:
+        return 0
+    if marks & {"integration", "slow", "browser"}:
+        return 1
+    return 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order modules by ``_module_rank``, keeping collection order within a rank
+    and within a module (see above)."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    ranked = sorted(modules.values(), key=_module_rank)
+    items[:] = [item for module in ranked for item in module]
