@@ -167,6 +167,7 @@ class LlamaCppEngine:
         self._counters = Counters()
         self._closed = False
         self._failure: str | None = None  # why the worker died, if it did
+        self._submitter: asyncio.AbstractEventLoop | None = None
         self._fault: BaseException | None = None  # for tests: fail the next step
         self._worker = threading.Thread(
             target=self._run, name="llamacpp-engine", daemon=True
@@ -288,6 +289,7 @@ class LlamaCppEngine:
             if self._closed:
                 raise EngineUnavailable("the engine is shutting down")
             self._scheduler.submit(seq)
+            self._submitter = seq.loop
             self._lock.notify_all()
         return seq
 
@@ -317,8 +319,14 @@ class LlamaCppEngine:
         scheduler = self._scheduler
         while True:
             with self._lock:
+                woken = False
                 while not self._closed and scheduler.idle:
                     self._lock.wait()
+                    woken = True
+                submitter = None if self._closed else self._submitter
+            if woken and submitter is not None:
+                _after_current_callback(submitter)
+            with self._lock:
                 if self._closed:
                     self._drop_all()
                     return
@@ -438,3 +446,21 @@ class LlamaCppEngine:
         # cost milliseconds. _free() checks llama.cpp's memory itself.
         used = self._scheduler.kv_cells_used
         self._counters.kv_cells_used = used + self._leaked_cells
+
+
+def _after_current_callback(loop: asyncio.AbstractEventLoop) -> None:
+    """Wait until ``loop`` has ended the callback it is running (at most 50 ms).
+
+    The worker calls this when work wakes it from idle: the choices of one
+    request (``n`` > 1) are submitted one after another in one callback, and
+    admitting the first before the others arrive would run them in different
+    steps, hence different batches, and llama.cpp's arithmetic depends on a
+    batch's size: a seeded request would not repeat itself. A loop that is
+    closed or blocked past the bound is not waited for.
+    """
+    turn = threading.Event()
+    try:
+        loop.call_soon_threadsafe(turn.set)
+    except RuntimeError:  # the loop is closed
+        return
+    turn.wait(0.05)
