@@ -44,7 +44,6 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,7 +51,7 @@ import llama_cpp as llama
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, TokenLogprob
-from sluicegate.core.scheduling import BatchScheduler, Phase, PlannedChunk, Scheduled
+from sluicegate.core.scheduling import BatchScheduler, Phase, PlannedChunk
 from sluicegate.engines.base import (
     Capabilities,
     EngineStats,
@@ -63,7 +62,8 @@ from sluicegate.engines.base import (
 )
 from sluicegate.engines.llamacpp_batch import fill_batch, new_context, usable_cores
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler, GrammarError
-from sluicegate.engines.llamacpp_handoff import ABORTED, Handoff
+from sluicegate.engines.llamacpp_handoff import ABORTED, Handoff, after_current_callback
+from sluicegate.engines.llamacpp_handoff import LlamaSequence as _Sequence
 from sluicegate.engines.llamacpp_sampling import Sampling
 from sluicegate.engines.llamacpp_stats import Counters
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab, quiet_logs
@@ -74,15 +74,6 @@ __all__ = ["LlamaCppEngine", "load_vocab"]
 log = logging.getLogger(__name__)
 
 _CAPABILITIES = Capabilities(grammars=True, logprobs=True, listenable=True)
-
-
-@dataclass(eq=False, slots=True, kw_only=True)
-class _Sequence(Scheduled):
-    request: GenerateRequest
-    loop: asyncio.AbstractEventLoop
-    outputs: SequenceOutputs[EngineOutput]
-    sampler: Any = None
-    constraint: Any = None  # a TokenConstraint, made on the first draw
 
 
 _Plan = list[PlannedChunk[_Sequence]]
@@ -325,7 +316,7 @@ class LlamaCppEngine:
                     woken = True
                 submitter = None if self._closed else self._submitter
             if woken and submitter is not None:
-                _after_current_callback(submitter)
+                after_current_callback(submitter)
             with self._lock:
                 if self._closed:
                     self._drop_all()
@@ -446,21 +437,3 @@ class LlamaCppEngine:
         # cost milliseconds. _free() checks llama.cpp's memory itself.
         used = self._scheduler.kv_cells_used
         self._counters.kv_cells_used = used + self._leaked_cells
-
-
-def _after_current_callback(loop: asyncio.AbstractEventLoop) -> None:
-    """Wait until ``loop`` has ended the callback it is running (at most 50 ms).
-
-    The worker calls this when work wakes it from idle: the choices of one
-    request (``n`` > 1) are submitted one after another in one callback, and
-    admitting the first before the others arrive would run them in different
-    steps, hence different batches, and llama.cpp's arithmetic depends on a
-    batch's size: a seeded request would not repeat itself. A loop that is
-    closed or blocked past the bound is not waited for.
-    """
-    turn = threading.Event()
-    try:
-        loop.call_soon_threadsafe(turn.set)
-    except RuntimeError:  # the loop is closed
-        return
-    turn.wait(0.05)

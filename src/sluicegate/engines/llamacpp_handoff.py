@@ -5,7 +5,9 @@ or ``ABORTED``) under the engine's lock; ``flush`` sends everything emitted so
 far with one ``loop.call_soon_threadsafe`` per event loop (one wake-up of the
 loop per step, not per sequence), and on the loop ``deliver`` pushes each item
 into its sequence's ``SequenceOutputs``, in order. The worker never waits on a
-consumer.
+consumer. ``LlamaSequence`` is a sequence as the worker holds it (the loop its
+items go to); ``after_current_callback`` lets a loop end the callback that is
+submitting work before the worker admits it.
 """
 
 from __future__ import annotations
@@ -13,13 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Generic, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import EngineOutput
+from sluicegate.core.scheduling import Scheduled
+from sluicegate.engines.base import GenerateRequest
 from sluicegate.engines.outputs import SequenceOutputs
 
-__all__ = ["ABORTED", "Consumer", "Handoff", "Item", "deliver"]
+__all__ = [
+    "ABORTED",
+    "Consumer",
+    "Handoff",
+    "Item",
+    "LlamaSequence",
+    "after_current_callback",
+    "deliver",
+]
 
 ABORTED = None
 """The item delivered when the request was aborted: its outputs end."""
@@ -83,3 +96,33 @@ class Handoff(Generic[_C]):
                 # A closed consumer loop raises RuntimeError: nobody is left.
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(deliver, items)
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class LlamaSequence(Scheduled):
+    """One request's sequence in the worker: the scheduler's state, its loop and
+    outputs, and its sampler and grammar constraint once made."""
+
+    request: GenerateRequest
+    loop: asyncio.AbstractEventLoop
+    outputs: SequenceOutputs[EngineOutput]
+    sampler: Any = None
+    constraint: Any = None  # a TokenConstraint, made on the first draw
+
+
+def after_current_callback(loop: asyncio.AbstractEventLoop) -> None:
+    """Wait until ``loop`` has ended the callback it is running (at most 50 ms).
+
+    The worker calls this when work wakes it from idle: the choices of one
+    request (``n`` > 1) are submitted one after another in one callback, and
+    admitting the first before the others arrive would run them in different
+    steps, hence different batches, and llama.cpp's arithmetic depends on a
+    batch's size: a seeded request would not repeat itself. A loop that is
+    closed or blocked past the bound is not waited for.
+    """
+    turn = threading.Event()
+    try:
+        loop.call_soon_threadsafe(turn.set)
+    except RuntimeError:  # the loop is closed
+        return
+    turn.wait(0.05)
