@@ -339,59 +339,58 @@ class ResponsesStream:
         added = {"output_index": len(self._output) - 1, "item": _copy(item)}
         frames.append(self._event("response.output_item.added", added))
 
+    def _open_with_part(
+        self,
+        kind: str,
+        prefix: str,
+        fields: Mapping[str, Any],
+        part: dict[str, Any],
+        kept: dict[str, Any],
+        frames: list[bytes],
+    ) -> dict[str, Any]:
+        """Open an item of type ``kind`` (id ``prefix_...``, ``fields`` after its
+        status) with one content part: ``part`` announced, ``kept`` stored."""
+        suffix = f"{self._header.id}_{len(self._output)}".removeprefix("resp_")
+        item = {
+            "id": f"{prefix}_{suffix}",
+            "type": kind,
+            "status": "in_progress",
+            **fields,
+            "content": [],
+        }
+        self._open(item, frames)
+        self._call = None
+        at = {"item_id": item["id"], "output_index": len(self._output) - 1}
+        added = {**at, "content_index": 0, "part": part}
+        frames.append(self._event("response.content_part.added", added))
+        item["content"].append(kept)
+        return item
+
+    def _part_delta(self, item: dict[str, Any], text: str) -> dict[str, Any]:
+        """``text`` added to ``item``'s one part; its delta event's fields."""
+        item["content"][0]["text"] += text
+        at = {"item_id": item["id"], "output_index": len(self._output) - 1}
+        return {**at, "content_index": 0, "delta": text}
+
     def _thought(self, text: str, frames: list[bytes]) -> None:
         item = self._item
         if item is None or item["type"] != "reasoning":
-            suffix = f"{self._header.id}_{len(self._output)}".removeprefix("resp_")
-            item = {
-                "id": f"rs_{suffix}",
-                "type": "reasoning",
-                "status": "in_progress",
-                "summary": [],
-                "content": [],
-            }
-            self._open(item, frames)
-            self._call = None
             part = {"type": "reasoning_text", "text": ""}
-            at = {"item_id": item["id"], "output_index": len(self._output) - 1}
-            added = {**at, "content_index": 0, "part": part}
-            frames.append(self._event("response.content_part.added", added))
-            item["content"].append(dict(part))
-        item["content"][0]["text"] += text
-        delta = {
-            "item_id": item["id"],
-            "output_index": len(self._output) - 1,
-            "content_index": 0,
-            "delta": text,
-        }
+            fields: dict[str, list[Any]] = {"summary": []}
+            item = self._open_with_part(
+                "reasoning", "rs", fields, part, dict(part), frames
+            )
+        delta = self._part_delta(item, text)
         frames.append(self._event("response.reasoning_text.delta", delta, text))
 
     def _text(self, text: str, frames: list[bytes]) -> None:
         item = self._item
         if item is None or item["type"] != "message":
-            suffix = f"{self._header.id}_{len(self._output)}".removeprefix("resp_")
-            item = {
-                "id": f"msg_{suffix}",
-                "type": "message",
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
-            self._open(item, frames)
-            self._call = None
             part = {"type": "output_text", "text": "", "annotations": []}
-            at = {"item_id": item["id"], "output_index": len(self._output) - 1}
-            added = {**at, "content_index": 0, "part": part}
-            frames.append(self._event("response.content_part.added", added))
-            item["content"].append({**part, "logprobs": []})
-        item["content"][0]["text"] += text
-        delta = {
-            "item_id": item["id"],
-            "output_index": len(self._output) - 1,
-            "content_index": 0,
-            "delta": text,
-            "logprobs": [],
-        }
+            kept = {**part, "logprobs": []}
+            fields = {"role": "assistant"}
+            item = self._open_with_part("message", "msg", fields, part, kept, frames)
+        delta = {**self._part_delta(item, text), "logprobs": []}
         frames.append(self._event("response.output_text.delta", delta, text))
 
     def _fragment(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
