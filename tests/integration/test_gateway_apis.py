@@ -49,12 +49,29 @@ def nothing_runs_after_the_test(
     wait_for_stats(llama_server, is_idle)
 
 
+_OPEN: list[anthropic.Anthropic | openai.OpenAI] = []
+"""The SDK clients a test made: closed after it, so that no socket is left for
+the garbage collector to find (a ResourceWarning, an error here) in a later
+test."""
+
+
+@pytest.fixture(autouse=True)
+def close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def claude(server: ServerProcess) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    _OPEN.append(client)
+    return client
 
 
 def sdk(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=api_base(server), api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=api_base(server), api_key="x", max_retries=0)
+    _OPEN.append(client)
+    return client
 
 
 def test_a_message_through_the_gateway_equals_the_direct_one(
