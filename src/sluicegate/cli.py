@@ -115,6 +115,10 @@ def _learn_upstreams(pools: list[UpstreamEngine]) -> None:
 
 
 def _build_engine(args: argparse.Namespace) -> Engine:
+    if args.engine_socket is not None:  # a worker of an engine process
+        from sluicegate.engines.remote import RemoteEngine
+
+        return RemoteEngine.connect(Path(args.engine_socket))
     if args.engine == "scripted":
         from sluicegate.engines.scripted import ScriptedEngine, parse_faults
 
@@ -135,6 +139,7 @@ def _build_engine(args: argparse.Namespace) -> Engine:
     from sluicegate.model import DEFAULT_MODEL_ID
 
     path = _model_path(args.model)
+    args.model = str(path)  # what an engine process names to its workers
     model_id = args.model_id or (DEFAULT_MODEL_ID if not args.model else path.stem)
     return LlamaCppEngine(
         path,
@@ -150,16 +155,21 @@ def _build_engine(args: argparse.Namespace) -> Engine:
 def _serve(args: argparse.Namespace) -> int:
     from sluicegate.server.app import create_app
     from sluicegate.server.config import ServerConfig
-    from sluicegate.server.options import config_fields, run_server
+    from sluicegate.server.options import config_fields, read_chat_template, run_server
+    from sluicegate.server.workers import run_engine_process, run_workers, supervised
 
+    if supervised(args):  # serve --workers, --engine-process: the parent
+        return run_workers(args)
     # The llama.cpp worker thread takes the GIL back after every llama.cpp call;
     # with CPython's default 5 ms switch interval a busy event loop delays each
     # decode step by up to that much (bench/engine.py: +10% tokens/s at 8 streams).
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
+    if args.engine_serve is not None:  # the engine process itself
+        return run_engine_process(args, _build_engine(args))
     engines = _build_engines(args)
     # httpx logs every upstream request at INFO: one line per stream is noise.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    template = _chat_template(args.chat_template)
+    template = read_chat_template(args.chat_template)
     try:
         config = ServerConfig(  # a setting out of range: one line, no traceback
             heartbeat_interval_s=args.heartbeat_s,
@@ -179,15 +189,6 @@ def _serve(args: argparse.Namespace) -> int:
     if not faulthandler.is_enabled():
         faulthandler.enable()
     return run_server(app, args)
-
-
-def _chat_template(arg: str | None) -> str | None:
-    if arg is None:
-        return None
-    try:
-        return Path(arg).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SystemExit(f"sluicegate: --chat-template {arg!r}: {exc}") from exc
 
 
 def _model(args: argparse.Namespace) -> int:
@@ -376,6 +377,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     args = _parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for serve's workers
     logging.basicConfig(
         level=getattr(args, "log_level", "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -12,6 +12,7 @@
     │   └── UnsupportedMediaType body not sent as application/json -> 415
     ├── EngineError              the engine failed; .retryable
     │   ├── EngineUnavailable    overloaded or shutting down (retryable)
+    │   ├── EngineCrashed        the engine process died mid-request (retryable)
     │   ├── EngineTimeout        a time limit ran out (retryable)
     │   ├── UpstreamProtocolError an upstream's stream broke the protocol or a bound
     │   └── EngineRefused        refused before any output, with its own status
@@ -36,6 +37,7 @@ __all__ = [
     "REPR_MAX_CHARS",
     "REPR_MAX_DEPTH",
     "BodyTooLarge",
+    "EngineCrashed",
     "EngineError",
     "EngineRefused",
     "EngineTimeout",
@@ -279,6 +281,14 @@ class EngineUnavailable(EngineError):
 
     retryable: ClassVar[bool] = True
     code: ClassVar[str] = "engine_unavailable"
+
+
+class EngineCrashed(EngineError):
+    """The engine process died (a native crash, a kill) while the request ran;
+    the supervisor restarts it."""
+
+    retryable: ClassVar[bool] = True
+    code: ClassVar[str] = "engine_crashed"
 
 
 class EngineTimeout(EngineError):

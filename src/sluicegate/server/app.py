@@ -92,7 +92,8 @@ def create_app(
     messages = MessagesRoutes(routes)
     responses = ResponsesRoutes(routes, routes.resumable)
     info = InfoRoutes(routes.models, routes.drain, routes.metrics_, routes.config)
-    page = PlaygroundRoutes(routes.ledger, routes.config.retry_after_s)
+    config_ = routes.config
+    page = PlaygroundRoutes(routes.ledger, config_.retry_after_s, config_.workers > 1)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -102,6 +102,10 @@ class ServerConfig:
             one); see docs/security.md, "Schema limits".
         schema_timeout_s: seconds to check and compile a request's schemas,
             off the event loop (400 ``schema_timeout`` past it).
+        workers: how many processes serve this port (``serve --workers``,
+            ``workers.py``); above 1, ``/engine/requests`` reads the ledger's
+            file or database (every worker's rows), and ``/health`` names the
+            process that answered (``pid``).
     """
 
     model_aliases: tuple[str, ...] = ("default",)
@@ -136,6 +140,7 @@ class ServerConfig:
     reasoning_parser: str = "auto"
     schema_limits: SchemaLimits = field(default_factory=SchemaLimits)
     schema_timeout_s: float = 10.0
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0:
@@ -154,6 +159,8 @@ class ServerConfig:
                 f"reasoning_parser must be one of {known}, got "
                 f"{self.reasoning_parser!r}"
             )
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers!r}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n!r}")
         if self.schema_timeout_s <= 0:

@@ -2,7 +2,8 @@
 
 ``InfoRoutes`` answers ``GET /v1/models`` (every served model, OpenAI list
 shape, plus ``context_length``), ``GET /health`` (liveness: ``ok``, ``draining``,
-or 503 ``engine_failed`` once an engine's worker died), ``GET /ready`` (200, or
+or 503 ``engine_failed`` once an engine's worker died; with ``serve --workers``,
+also the ``pid`` of the worker process that answered), ``GET /ready`` (200, or
 503 with ``Retry-After`` once the server drains), ``GET /metrics`` (Prometheus
 text), ``GET /engine/stats`` (one engine's ``EngineStats`` as JSON; 404 for an
 unknown ``?model=``) and ``GET /openapi.json``. None of them touches an engine
@@ -14,6 +15,7 @@ Spec: OpenAI API reference, "Models".
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -81,7 +83,12 @@ class InfoRoutes:
                 if len(self.models) > 1:
                     payload["model"] = served.id
                 return json_answer(payload, 503)
-        return json_answer({"status": "draining" if self.drain.draining else "ok"})
+        status: dict[str, object] = {
+            "status": "draining" if self.drain.draining else "ok"
+        }
+        if self.config.workers > 1:
+            status["pid"] = os.getpid()
+        return json_answer(status)
 
     async def ready(self, request: Request) -> Response:
         if self.drain.draining:

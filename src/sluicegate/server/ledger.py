@@ -266,6 +266,30 @@ class Ledger:
         """The in-memory row of ``request_id``, or ``None``."""
         return next((r for r in self._rows if r.request_id == request_id), None)
 
+    async def read_newest(
+        self, newest: int, request_id: str | None = None
+    ) -> list[LedgerRow]:
+        """The newest ``newest`` ended rows of the file or database (every
+        server's that writes there), oldest first, read off the event loop;
+        ``request_id``: only its row. Without either, the rows in memory.
+
+        Raises:
+            sqlite3.Error, psycopg.Error: the file or database cannot be read.
+        """
+        if self.url is not None:
+            from sluicegate.server.ledger_pg_read import read_rows as read_db
+
+            return await asyncio.to_thread(
+                read_db, self.url, newest=newest, request_id=request_id
+            )
+        if self.path is None:
+            found = self.find(request_id) if request_id else None
+            rows = self.rows if request_id is None else [found] if found else []
+            return rows[-newest:]
+        return await asyncio.to_thread(
+            read_rows, self.path, newest=newest, request_id=request_id
+        )
+
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait (blocking this thread) until every row so far is in the file.
 

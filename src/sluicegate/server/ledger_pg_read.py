@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import psycopg
 
-from sluicegate.server.ledger_file import OPEN
 from sluicegate.server.ledger_pg_schema import ensure_schema
-from sluicegate.server.ledger_read import row_of, total_of
+from sluicegate.server.ledger_read import picked_rows, row_of, total_of
 from sluicegate.server.ledger_rows import NAMES, LedgerRow, UsageTotal
 
 __all__ = ["read_rows", "usage_totals"]
@@ -36,21 +35,26 @@ def _connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
     return db
 
 
-def read_rows(url: str) -> list[LedgerRow]:
+def read_rows(
+    url: str, *, newest: int | None = None, request_id: str | None = None
+) -> list[LedgerRow]:
     """Every ended row of the ledger at ``url``, in order of end.
 
     Rows still ``open`` are left out; those of a server whose lease expired are
     here once a live replica has marked them ``truncated``.
 
+    Args:
+        newest: only the last ``newest`` rows to end (still oldest first).
+        request_id: only that request's row.
+
     Raises:
         psycopg.Error: the database cannot be reached or read.
     """
     with _connect(url) as db:
-        cursor = db.execute(
-            f"SELECT {', '.join(NAMES)} FROM requests "
-            f"WHERE end_state != '{OPEN}' ORDER BY ended_at"
-        )
-        return [row_of(values) for values in cursor]
+        where, params = picked_rows(newest, request_id, "%s")
+        query = f"SELECT {', '.join(NAMES)} FROM requests {where}"
+        rows = [row_of(values) for values in db.execute(query, params)]
+        return rows if newest is None else rows[::-1]
 
 
 def usage_totals(url: str) -> list[UsageTotal]:

@@ -28,17 +28,23 @@ from sluicegate.core.events import FinishReason
 from sluicegate.server.ledger_file import OPEN, connect
 from sluicegate.server.ledger_rows import NAMES, LedgerRow, UsageTotal
 
-__all__ = ["read_rows", "row_of", "total_of", "usage_totals"]
+__all__ = ["picked_rows", "read_rows", "row_of", "total_of", "usage_totals"]
 
 _DIGITS = re.compile(r"[+-]?[0-9]{1,64}", re.ASCII)
 _STATES = frozenset(state.value for state in EndState)
 
 
-def read_rows(path: Path) -> list[LedgerRow]:
+def read_rows(
+    path: Path, *, newest: int | None = None, request_id: str | None = None
+) -> list[LedgerRow]:
     """Every ended row of the ledger file at ``path``, in order of end.
 
     Rows still ``open`` (their requests run) are left out; the rows a dead
     server left open are here once a server has opened the file since.
+
+    Args:
+        newest: only the last ``newest`` rows to end (still oldest first).
+        request_id: only that request's row.
 
     Raises:
         sqlite3.Error: not a ledger file.
@@ -49,13 +55,27 @@ def read_rows(path: Path) -> list[LedgerRow]:
         # columns: read them as their defaults.
         present = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
         columns = ", ".join(n if n in present else "0" for n in NAMES)
-        cursor = db.execute(
-            f"SELECT {columns} FROM requests WHERE end_state != '{OPEN}' "
-            "ORDER BY ended_at"
-        )
-        return [row_of(values) for values in cursor]
+        where, params = picked_rows(newest, request_id)
+        cursor = db.execute(f"SELECT {columns} FROM requests {where}", params)
+        rows = [row_of(values) for values in cursor]
+        return rows if newest is None else rows[::-1]
     finally:
         db.close()
+
+
+def picked_rows(
+    newest: int | None, request_id: str | None, mark: str = "?"
+) -> tuple[str, tuple[object, ...]]:
+    """The ``WHERE`` and ``ORDER BY`` of ``read_rows`` and its parameters
+    (``mark``: the driver's placeholder; PostgreSQL's is ``%s``)."""
+    where = f"WHERE end_state != '{OPEN}'"
+    params: tuple[object, ...] = ()
+    if request_id is not None:
+        where += f" AND request_id = {mark}"
+        params = (request_id,)
+    if newest is None:
+        return where + " ORDER BY ended_at", params
+    return where + f" ORDER BY ended_at DESC LIMIT {mark}", (*params, newest)
 
 
 def row_of(values: tuple[object, ...]) -> LedgerRow:

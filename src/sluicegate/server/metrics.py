@@ -29,6 +29,7 @@ Spec: docs/DESIGN.md, "Metrics"; Prometheus, "Exposition formats" (text 0.0.4).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Sequence
 
 from prometheus_client import (
@@ -38,6 +39,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from sluicegate.core.endstate import EndState
 from sluicegate.engines.base import Engine, OutputKind
@@ -55,6 +58,7 @@ from sluicegate.server.metrics_collectors import (
 __all__ = [
     "CONTENT_TYPE",
     "LOOP_LAG_INTERVAL_S",
+    "MULTIPROC_DIR",
     "LoopLag",
     "Metrics",
 ]
@@ -68,6 +72,10 @@ _LAG_BUCKETS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 LOOP_LAG_INTERVAL_S = 0.25
 """Seconds between two event-loop lag samples (four a second: one timer, no task)."""
+
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+"""The environment variable naming the folder of prometheus-client's
+multiprocess mode, which ``serve --workers`` sets for its workers."""
 
 
 class Metrics:
@@ -132,14 +140,19 @@ class Metrics:
             registry=reg,
         )
         self._refused_by: dict[str, Counter] = {}
-        reg.register(SnapshotCollector(engine, live))
+        # Under serve --workers, the series above are kept in files of this
+        # folder (prometheus-client picks that at import) and every worker's
+        # are summed at a scrape; those read at scrape time stay this worker's.
+        self._shared_dir = os.environ.get(MULTIPROC_DIR)
+        self._scraped: list[Collector] = []
+        self._watch(SnapshotCollector(engine, live))
         pools = [
             e
             for e in engines
             if e.output_kind is OutputKind.TEXT and e.capabilities.upstreams
         ]
         if pools:
-            reg.register(UpstreamsCollector(pools))
+            self._watch(UpstreamsCollector(pools))
         # labels() locks, formats its values and looks the child up on every
         # call; the children are kept here once made. They are still made on
         # first use, as before, so a scrape shows none before its first request.
@@ -187,16 +200,28 @@ class Metrics:
     def watch_resumable(self, streams: ResumableCounts, store: object) -> None:
         """Export ``streams``'s counts, and ``store``'s bytes when it has an
         ``nbytes`` count, at every scrape (``sluicegate_resumable_*``)."""
-        self.registry.register(ResumableCollector(streams, store))
+        self._watch(ResumableCollector(streams, store))
 
     def watch_ledger(self, ledger: LedgerCounts) -> None:
         """Export ``ledger``'s write errors and repaired rows at every scrape
         (``sluicegate_ledger_*``)."""
-        self.registry.register(LedgerCollector(ledger))
+        self._watch(LedgerCollector(ledger))
+
+    def _watch(self, collector: Collector) -> None:
+        self.registry.register(collector)
+        self._scraped.append(collector)
 
     def render(self) -> bytes:
-        """The text exposition of every metric (``CONTENT_TYPE``)."""
-        return generate_latest(self.registry)
+        """The text exposition of every metric (``CONTENT_TYPE``); under
+        ``serve --workers``, the per-request series summed over every worker
+        (``MULTIPROC_DIR``), the ones read at scrape time this worker's."""
+        if self._shared_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, self._shared_dir)  # type: ignore[no-untyped-call]
+        for collector in self._scraped:
+            registry.register(collector)
+        return generate_latest(registry)
 
 
 class LoopLag:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ from sluicegate.server.admission import ApiKey, read_keys_file
 from sluicegate.server.ledger_pg_schema import is_url, redact
 from sluicegate.server.quotas import Quota
 from sluicegate.server.schema_checks import add_schema_options, schema_config_fields
+from sluicegate.server.workers import add_worker_options, worker_count
 
 if TYPE_CHECKING:
     from sluicegate.server.ledger import UsageTotal
@@ -33,8 +36,23 @@ __all__ = [
     "add_usage_command",
     "config_fields",
     "default_ledger_path",
+    "read_chat_template",
     "run_server",
 ]
+
+
+def read_chat_template(arg: str | None) -> str | None:
+    """The text of ``--chat-template FILE`` (``None`` without one).
+
+    Raises:
+        SystemExit: the file cannot be read as UTF-8 (message names it).
+    """
+    if arg is None:
+        return None
+    try:
+        return Path(arg).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"sluicegate: --chat-template {arg!r}: {exc}") from exc
 
 
 def default_ledger_path() -> Path:
@@ -121,6 +139,7 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         " (default: %(default)s)",
     )
     add("--no-ledger", action="store_true", help="keep the ledger in memory only")
+    add_worker_options(serve)
     _add_http_options(serve)
     add_schema_options(serve)
 
@@ -244,6 +263,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "max_log_bytes": args.max_log_bytes,
         "max_store_bytes": args.max_store_bytes,
         "default_max_tokens": args.default_max_tokens or None,
+        "workers": worker_count(args.workers),
         **schema_config_fields(args),
     }
 
@@ -303,13 +323,20 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
         # from the limits above.
         ws="none",
     )
-    server = DrainingServer(config, app.state.drain, args.grace_s, app.state.engine)
+    worker = args.listen_fd is not None  # a worker of serve --workers
+    server = DrainingServer(
+        config,
+        app.state.drain,
+        args.grace_s,
+        app.state.engine,
+        parent_pid=os.getppid() if worker else None,
+    )
     # Everything made so far (modules, the app, the engine, its templates) lives
     # as long as the process: out of every later collection, so that a full one
     # walks only what requests and kept logs made (a pause of milliseconds, not
     # tens of them). Spec: the gc module's documentation, gc.freeze().
     gc.freeze()
-    server.run()
+    server.run(sockets=[socket.socket(fileno=args.listen_fd)] if worker else None)
     return server.exit_code
 
 

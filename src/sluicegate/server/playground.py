@@ -78,9 +78,14 @@ class PlaygroundRoutes:
     """The page, its files, and the recent requests of ``ledger``; the files
     are read here, once."""
 
-    def __init__(self, ledger: Ledger, retry_after_s: int) -> None:
+    def __init__(
+        self, ledger: Ledger, retry_after_s: int, shared: bool = False
+    ) -> None:
         self._ledger = ledger
         self._retry_after_s = retry_after_s
+        # serve --workers: the rows in memory are one worker's; the file or
+        # database has every worker's.
+        self._shared = shared and ledger.durable
         self._files = _read_files()
 
     async def root(self, request: Request) -> Response:
@@ -100,6 +105,11 @@ class PlaygroundRoutes:
         except RequestError as exc:
             return error_response(exc, self._retry_after_s)
         wanted = request.query_params.get("id")
+        if self._shared:
+            picked = await self._ledger.read_newest(limit, wanted)
+            return json_answer(
+                {"object": "list", "data": [row_payload(r) for r in picked[::-1]]}
+            )
         rows = self._ledger.rows  # a copy: the newest ``limit`` are read from it
         if wanted is not None:
             found = self._ledger.find(wanted)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from types import FrameType
 
 import anyio
@@ -96,6 +97,8 @@ class DrainingServer(uvicorn.Server):
         drain: the app's ``Drain`` (``app.state.drain``).
         grace_s: seconds running responses may take to finish.
         engine: the served engine, or ``None`` not to watch one.
+        parent_pid: a worker's parent (``workers.py``): once this process has
+            another parent (it died), drain as on SIGTERM.
 
     Attributes:
         exit_code: 0, or 1 after the engine failed.
@@ -107,8 +110,11 @@ class DrainingServer(uvicorn.Server):
         drain: Drain,
         grace_s: float,
         engine: Engine | None = None,
+        *,
+        parent_pid: int | None = None,
     ) -> None:
         super().__init__(config)
+        self.parent_pid = parent_pid
         self.drain = drain
         self.grace_s = grace_s
         self.engine = engine
@@ -126,6 +132,10 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         """uvicorn's tick, plus: start the drain; exit once it is done."""
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            logger.error("the parent process %d is gone: draining", self.parent_pid)
+            self.parent_pid = None
+            self._signalled = True
         if self._signalled and self._drain_task is None:
             self._drain_task = asyncio.create_task(self.drain.run(self.grace_s))
         if self.drain.done:

@@ -1,0 +1,205 @@
+"""WorkerSupervisor: starts the children of ``serve --workers``, restarts, stops.
+
+The children are the engine process (when there is one) and one worker per
+listening socket (``workers.py``). A child that exits while nothing asked it
+to is started again after its ``RestartBudget``'s delay (``core/restarts.py``);
+past the budget's limit the supervisor stops every child and exits 1, having
+logged which child and the limit. On SIGTERM or SIGINT it signals every worker
+once per signal (the first drains, a second ends them), and the engine process
+only once every worker has exited, so that draining streams keep their engine.
+
+Each child runs in its own session: a terminal's Ctrl-C reaches only the
+parent, which forwards it once.
+
+Spec: docs/serving.md, "Workers" and "The engine process".
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+
+from sluicegate.core.restarts import RestartBudget
+
+__all__ = ["WorkerSupervisor"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.05
+
+
+@dataclass(slots=True)
+class _Slot:
+    name: str  # "worker 0", "engine process"
+    command: Sequence[str]
+    fds: tuple[int, ...]
+    budget: RestartBudget
+    process: subprocess.Popen[bytes] | None = None
+    started_s: float = 0.0
+    restart_at_s: float | None = None
+    exits: list[int] = field(default_factory=list)
+    signalled: bool = False
+
+
+class WorkerSupervisor:
+    """Start the engine process (if any) and a worker per listening socket,
+    restart those that exit, stop them on a signal.
+
+    Args:
+        worker_command: the command line of a worker (it gets ``--listen-fd``
+            with its own descriptor after it).
+        fds: the descriptor each worker inherits (its listening socket); one
+            worker per descriptor.
+        env: the children's environment.
+        engine_command: the engine process's command line; ``None``: none.
+        budget: a fresh ``RestartBudget`` per child.
+        clock: a monotonic clock in seconds.
+    """
+
+    def __init__(
+        self,
+        worker_command: Sequence[str],
+        fds: Sequence[int],
+        env: Mapping[str, str],
+        engine_command: Sequence[str] | None = None,
+        budget: Callable[[], RestartBudget] = RestartBudget,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._env = dict(env)
+        self._clock = clock
+        self.workers = [
+            _Slot(
+                f"worker {i}",
+                [*worker_command, "--listen-fd", str(fd)],
+                (fd,),
+                budget(),
+            )
+            for i, fd in enumerate(fds)
+        ]
+        self.engine = (
+            None
+            if engine_command is None
+            else _Slot("engine process", engine_command, (), budget())
+        )
+        self._signals = 0
+        self._forwarded = 0
+        self.exit_code = 0
+
+    def run(self) -> int:
+        """Run until every child has exited after a signal, or a child gave up
+        (its restart limit); returns the exit code: 0, or 1 when a child gave
+        up or stopped with an error.
+
+        On a signal the workers drain first (their streams may still need the
+        engine); the engine process is stopped once they have all exited.
+        """
+        previous = {
+            sig: signal.signal(sig, self._on_signal)
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            for slot in self._children():
+                self._start(slot)
+            while not self._finished():
+                self._forward_signals()
+                for slot in self._children():
+                    self._watch(slot)
+                time.sleep(_POLL_S)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._kill_all()
+        return self.exit_code
+
+    def _children(self) -> list[_Slot]:
+        return self.workers if self.engine is None else [self.engine, *self.workers]
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        self._signals += 1
+
+    def _stopping(self) -> bool:
+        return self._signals > 0
+
+    def _finished(self) -> bool:
+        return self._stopping() and all(s.process is None for s in self._children())
+
+    def _forward_signals(self) -> None:
+        if self._stopping() and all(s.process is None for s in self.workers):
+            engine = self.engine  # every worker is gone: the engine may go
+            if engine is not None and engine.process and not engine.signalled:
+                engine.process.send_signal(signal.SIGTERM)
+                engine.signalled = True
+        if self._forwarded == self._signals:
+            return
+        self._forwarded = self._signals
+        logger.info("stopping %d workers", sum(1 for s in self.workers if s.process))
+        for slot in self.workers:
+            slot.restart_at_s = None
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.send_signal(signal.SIGTERM)
+        if self.engine is not None:
+            self.engine.restart_at_s = None  # no restart while stopping
+
+    def _watch(self, slot: _Slot) -> None:
+        now = self._clock()
+        if slot.process is None:
+            due = slot.restart_at_s
+            if due is not None and now >= due and not self._stopping():
+                self._start(slot)
+            return
+        code = slot.process.poll()
+        if code is None:
+            return
+        slot.process = None
+        slot.exits.append(code)
+        if self._stopping():
+            if code not in (0, -signal.SIGTERM):
+                self.exit_code = 1
+            return
+        delay = slot.budget.after_exit(now, now - slot.started_s)
+        if delay is None:
+            logger.critical(
+                "%s exited with %d; restart limit reached (%d in %g s): "
+                "stopping everything",
+                slot.name,
+                code,
+                slot.budget.limit,
+                slot.budget.window_s,
+            )
+            self.exit_code = 1
+            self._signals += 1
+            return
+        logger.error(
+            "%s exited with %d; restarting it in %.1f s (limit: %d restarts in %g s)",
+            slot.name,
+            code,
+            delay,
+            slot.budget.limit,
+            slot.budget.window_s,
+        )
+        slot.restart_at_s = now + delay
+
+    def _start(self, slot: _Slot) -> None:
+        slot.restart_at_s = None
+        slot.started_s = self._clock()
+        slot.process = subprocess.Popen(
+            slot.command,
+            pass_fds=slot.fds,
+            env=self._env,
+            # Its own process group: a terminal's Ctrl-C reaches the parent
+            # only, which forwards it once (two would end the drain).
+            start_new_session=True,
+        )
+        logger.info("%s started (pid %d)", slot.name, slot.process.pid)
+
+    def _kill_all(self) -> None:
+        """On the way out (a bug here, or ``run`` interrupted): no orphans."""
+        for slot in self._children():
+            if slot.process is not None and slot.process.poll() is None:
+                slot.process.kill()
+                slot.process.wait()

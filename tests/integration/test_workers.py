@@ -1,0 +1,252 @@
+"""``serve --workers 2``: two real worker processes on one port, one Redis,
+one SQLite ledger, driven over HTTP.
+
+The scripted engine, paced, keeps streams running while a test resumes one on
+the other worker, kills a worker, or drains the server. The tests of the
+shared server run in order: the last one drains it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sluicegate.cli import main
+from tests.redis_server import RedisServer
+
+from .servers import ServerProcess
+from .workers import client_on, eventually, parent_of, worker_pids
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4}
+LONG = {**CHAT, "stream": True}
+LOAD = 64
+"""Concurrent requests of the ledger test."""
+
+
+@pytest.fixture(scope="module")
+def ledger_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ledger") / "ledger.sqlite3"
+
+
+@pytest.fixture(scope="module")
+def server(
+    redis_server: RedisServer,
+    ledger_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("workers")
+    text = folder / "text.txt"
+    text.write_text(" ".join(f"w{i}" for i in range(400)))
+    process = ServerProcess(
+        "workers",
+        [
+            "--workers", "2", "--engine", "scripted", "--scripted-text", str(text),
+            "--scripted-rate", "40", "--scripted-max-running", "128",
+            "--scripted-max-queued", "128", "--redis", redis_server.url,
+            "--ledger", str(ledger_path), "--grace-s", "30",
+        ],
+        folder,
+    )  # fmt: skip
+    process.wait_healthy()
+    yield process
+    process.stop()
+
+
+def _events(lines: Iterator[str], stop_after: int | None = None) -> list[str]:
+    """The ``data:`` of each event (ids dropped) until the end or ``stop_after``."""
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("data:"):
+            out.append(line[5:].strip())
+            if stop_after is not None and len(out) >= stop_after:
+                break
+    return out
+
+
+def test_two_workers_accept_on_one_port_under_one_parent(server: ServerProcess) -> None:
+    pids = worker_pids(server.base_url)
+    assert {parent_of(pid) for pid in pids} == {server.pid}
+    assert server.pid not in pids
+
+
+def test_more_than_one_worker_without_redis_is_refused_naming_the_option() -> None:
+    with pytest.raises(SystemExit, match="pass --redis redis://"):
+        main(["serve", "--workers", "2", "--engine", "scripted", "--port", "0"])
+
+
+def test_a_stream_started_on_one_worker_resumes_on_the_other(
+    server: ServerProcess,
+) -> None:
+    first, first_pid = client_on(server.base_url)
+    other, _ = client_on(server.base_url, not_pid=first_pid)
+    body = {**LONG, "max_tokens": 30, "stream_options": {"resumable": True}}
+    with closing(first), closing(other):
+        with first.stream("POST", "/v1/chat/completions", json=body) as started:
+            assert started.status_code == 200
+            last_id = ""
+            for line in started.iter_lines():
+                if line.startswith("id:"):
+                    last_id = line[3:].strip()
+                    if last_id.endswith(".3"):
+                        break
+        response_id = last_id.rsplit(".", 1)[0]
+        url = f"/v1/chat/completions/{response_id}/events"
+        with other.stream("GET", url, headers={"Last-Event-ID": last_id}) as resumed:
+            assert resumed.status_code == 200
+            rest = _events(resumed.iter_lines())
+    assert rest[-1] == "[DONE]"
+    finishes = [json.loads(d)["choices"][0]["finish_reason"] for d in rest[:-1]]
+    assert finishes.count("length") == 1
+
+
+def test_no_ledger_row_is_lost_when_both_workers_write_at_once(
+    server: ServerProcess, ledger_path: Path
+) -> None:
+    url = f"{server.base_url}/v1/chat/completions"
+
+    def ask(client: httpx.Client) -> str:
+        answer = client.post(url, json=CHAT)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["id"])
+
+    # 16 connections, which the kernel spreads over the two workers
+    with httpx.Client(timeout=60) as client, ThreadPoolExecutor(16) as pool:
+        ids = set(pool.map(ask, [client] * LOAD))
+    assert len(ids) == LOAD
+    rows = httpx.get(f"{server.base_url}/engine/requests", params={"limit": 100})
+    listed = {row["request_id"] for row in rows.json()["data"]}
+    db = sqlite3.connect(ledger_path)
+    try:
+        stored = dict(db.execute("SELECT request_id, server_id FROM requests"))
+    finally:
+        db.close()
+    assert ids <= set(stored)  # every row, from whichever worker wrote it
+    assert len({stored[i] for i in ids}) == 2  # and both workers wrote
+    assert ids <= listed  # /engine/requests reads them all, from either worker
+
+
+def test_metrics_sum_the_requests_of_both_workers(server: ServerProcess) -> None:
+    def total() -> float:
+        text = httpx.get(f"{server.base_url}/metrics").text
+        lines = [
+            line for line in text.splitlines()
+            if line.startswith("sluicegate_requests_total{")
+        ]  # fmt: skip
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    before = total()
+    clients = [client_on(server.base_url)]
+    clients.append(client_on(server.base_url, not_pid=clients[0][1]))
+    for client, _ in clients:
+        with closing(client):
+            assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+    for client, _ in (client_on(server.base_url), client_on(server.base_url)):
+        with closing(client):  # whichever worker answers the scrape sees both
+            assert total() - before == 2
+
+
+def _state(ledger_path: Path, request_id: str) -> str | None:
+    db = sqlite3.connect(ledger_path)
+    try:
+        row = db.execute(
+            "SELECT end_state FROM requests WHERE request_id = ?", (request_id,)
+        ).fetchone()
+    finally:
+        db.close()
+    return None if row is None else str(row[0])
+
+
+def test_a_killed_worker_is_restarted_and_the_others_stream_is_untouched(
+    server: ServerProcess, ledger_path: Path
+) -> None:
+    body = {**LONG, "max_tokens": 60}
+    keep, keep_pid = client_on(server.base_url)
+    doomed, doomed_pid = client_on(server.base_url, not_pid=keep_pid)
+    with (
+        closing(keep),
+        closing(doomed),
+        keep.stream("POST", "/v1/chat/completions", json=body) as kept,
+    ):
+        lines = kept.iter_lines()
+        head = _events(lines, stop_after=3)
+        with doomed.stream("POST", "/v1/chat/completions", json=body) as lost:
+            lost_lines = lost.iter_lines()
+            victim = _events(lost_lines, stop_after=3)
+            request_id = json.loads(victim[0])["id"]
+            os.kill(doomed_pid, signal.SIGKILL)
+            with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+                _events(lost_lines)  # cut: no [DONE], no error event
+        tail = _events(lines)
+    assert head
+    assert tail[-1] == "[DONE]"
+    assert json.loads(tail[-2])["choices"][0]["finish_reason"] == "length"
+    new_pids = worker_pids(server.base_url)  # the slot is served again
+    assert keep_pid in new_pids
+    assert doomed_pid not in new_pids
+    # The new worker finds the dead one's open row and closes it as truncated.
+    assert eventually(lambda: _state(ledger_path, request_id) == "truncated")
+
+
+def test_sigterm_drains_every_worker_and_lets_their_streams_finish(
+    server: ServerProcess,
+) -> None:
+    first, first_pid = client_on(server.base_url)
+    second, _ = client_on(server.base_url, not_pid=first_pid)
+    body = {**LONG, "max_tokens": 40}
+    with (
+        closing(first),
+        closing(second),
+        first.stream("POST", "/v1/chat/completions", json=body) as one,
+        second.stream("POST", "/v1/chat/completions", json=body) as two,
+    ):
+        streams = [one.iter_lines(), two.iter_lines()]
+        heads = [_events(lines, stop_after=2) for lines in streams]
+        server.process.send_signal(signal.SIGTERM)
+        for client in (first, second):  # each worker got the signal
+
+            def draining(client: httpx.Client = client) -> bool:
+                return bool(client.get("/health").json()["status"] == "draining")
+
+            assert eventually(draining)
+        refused = first.post("/v1/chat/completions", json=CHAT)
+        tails = [_events(lines) for lines in streams]
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "server_shutting_down"
+    for head, tail in zip(heads, tails, strict=True):
+        assert head
+        assert tail[-1] == "[DONE]"
+    assert server.process.wait(30) == 0
+
+
+def test_quotas_hold_across_workers(redis_url: str, tmp_path: Path) -> None:
+    process = ServerProcess(
+        "workers-quota",
+        [
+            "--workers", "2", "--engine", "scripted", "--redis", redis_url,
+            "--requests-per-minute", "2", "--api-key", "sk-a", "--no-ledger",
+        ],
+        tmp_path,
+    )  # fmt: skip
+    with process:
+        process.wait_healthy()
+        # /health needs no key; the chat route does
+        first, first_pid = client_on(process.base_url)
+        second, _ = client_on(process.base_url, not_pid=first_pid)
+        auth = {"Authorization": "Bearer sk-a"}
+        with closing(first), closing(second):
+            codes = [
+                client.post("/v1/chat/completions", json=CHAT, headers=auth).status_code
+                for client in (first, second, first, second)
+            ]
+    assert codes == [200, 200, 429, 429]
