@@ -311,7 +311,15 @@ _TASK_WRITER = (
 
 
 _RESUMABLE = ("sluicegate-resumable", "sluicegate-redis")
-_SLUICEGATES = ("sluicegate", "sluicegate-task", "sluicegate-plain", *_RESUMABLE)
+_WORKERS = "sluicegate-w2"
+"""sluicegate with ``--workers 2`` (so ``--redis``), to compare with one process."""
+_SLUICEGATES = (
+    "sluicegate",
+    "sluicegate-task",
+    "sluicegate-plain",
+    _WORKERS,
+    *_RESUMABLE,
+)
 _redis_url = [""]
 """The Redis of ``sluicegate-redis`` (``main`` starts one when it is asked for)."""
 
@@ -321,8 +329,10 @@ def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
         task = kind == "sluicegate-task"
         start = ["-c", _TASK_WRITER] if task else ["-m", "sluicegate"]
         extra = ["--resumable"] if kind in _RESUMABLE else []
-        if kind == "sluicegate-redis":
+        if kind in ("sluicegate-redis", _WORKERS):
             extra.append(f"--redis={_redis_url[0]}")
+        if kind == _WORKERS:
+            extra.append("--workers=2")
         if kind == "sluicegate-plain":
             extra.append("--no-obfuscation")
         return [
@@ -370,8 +380,15 @@ def _server(kind: str, rate: float, text: Path, cpu: str) -> Iterator[tuple[int,
 
 
 def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    """CPU seconds of ``pid`` and of its running children (``--workers``)."""
+    ticks = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(entry.name) == pid or int(fields[1]) == pid:
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -625,12 +642,14 @@ def _parser() -> argparse.ArgumentParser:
             "sluicegate-plain",
             "sluicegate-resumable",
             "sluicegate-redis",
+            _WORKERS,
             "baseline",
             "raw",
         ],
         help="sluicegate-task: sluicegate with the task writer instead of eager"
         " writes; sluicegate-plain: sluicegate with --no-obfuscation;"
-        " sluicegate-resumable: every stream resumable (memory store)",
+        " sluicegate-resumable: every stream resumable (memory store);"
+        " sluicegate-w2: --workers 2 (give it two --server-cpu)",
     )
     add(
         "--resumable",
@@ -695,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeats = int(args.rate * args.duration_s) // 10 + 1
         text.write_text(SENTENCE * repeats, encoding="utf-8")
         with contextlib.ExitStack() as stack:
-            if "sluicegate-redis" in args.servers:
+            if {"sluicegate-redis", _WORKERS} & set(args.servers):
                 sys.path.insert(0, str(Path(__file__).parent))  # bench/ is scripts
                 import resume_store
 

@@ -117,8 +117,11 @@ def _learn_upstreams(pools: list[UpstreamEngine]) -> None:
 def _build_engine(args: argparse.Namespace) -> Engine:
     if args.engine_socket is not None:  # a worker of an engine process
         from sluicegate.engines.remote import RemoteEngine
+        from sluicegate.server.grammar_check import check_grammars_with
 
-        return RemoteEngine.connect(Path(args.engine_socket))
+        remote = RemoteEngine.connect(Path(args.engine_socket))
+        check_grammars_with(remote.grammar_errors)  # native work: over there
+        return remote
     if args.engine == "scripted":
         from sluicegate.engines.scripted import ScriptedEngine, parse_faults
 

@@ -38,6 +38,7 @@ __all__ = [
     "FAIL",
     "GENERATE",
     "GRAMMAR",
+    "GRAMMAR_CHECK",
     "GRAMMAR_DONE",
     "HELLO",
     "MAX_FRAME_BYTES",
@@ -57,6 +58,9 @@ ABORT: Final = "abort"
 """worker -> engine: ``(ABORT, request_id, stopped)``."""
 GRAMMAR: Final = "grammar"
 """worker -> engine: ``(GRAMMAR, ask_id, Grammar)``: compile it ahead."""
+GRAMMAR_CHECK: Final = "grammar_check"
+"""worker -> engine: ``(GRAMMAR_CHECK, ask_id, text)``: compile the grammar
+``text`` without a vocabulary; ``GRAMMAR_DONE`` carries its errors."""
 ACCEPTED: Final = "accepted"
 """engine -> worker: ``(ACCEPTED, request_id)``: queued."""
 REFUSED: Final = "refused"
@@ -71,7 +75,9 @@ END: Final = "end"
 STATS: Final = "stats"
 """engine -> worker: ``(STATS, EngineStats)``, whenever they changed."""
 GRAMMAR_DONE: Final = "grammar_done"
-"""engine -> worker: ``(GRAMMAR_DONE, ask_id)``."""
+"""engine -> worker: ``(GRAMMAR_DONE, ask_id, errors)``: ``errors`` is the list
+of llguidance's messages for a ``GRAMMAR_CHECK`` (``[]``: it compiles), and
+``[]`` for a ``GRAMMAR``."""
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """The largest frame accepted (a prompt of a million token ids pickles to

@@ -11,7 +11,8 @@ connection, with the frames of ``engine_frames.py``:
   ``REFUSED`` with what the engine raised (a full queue, a request that can
   never fit); the outputs then go back as ``OUTPUT``, ``FAIL`` or ``END``;
 - ``ABORT`` aborts at the engine's next step (the engine's own contract);
-- ``GRAMMAR`` compiles a grammar in a thread of this process (native code
+- ``GRAMMAR`` compiles a grammar for the engine, ``GRAMMAR_CHECK`` checks one
+  (``server/grammar_check.py``), each in a thread of this process (native code
   that may crash takes this process down, not a worker), then
   ``GRAMMAR_DONE``;
 - every ``STATS_INTERVAL_S`` the engine's ``stats()``, when they changed, go
@@ -50,6 +51,7 @@ from sluicegate.engines.engine_frames import (
     FAIL,
     GENERATE,
     GRAMMAR,
+    GRAMMAR_CHECK,
     GRAMMAR_DONE,
     HELLO,
     OUTPUT,
@@ -121,10 +123,8 @@ class _Link(asyncio.Protocol):
             request_id, stopped = message[1], message[2]
             assert isinstance(request_id, str)
             engine.abort(request_id, stopped=bool(stopped))
-        elif kind == GRAMMAR:
-            ask_id, grammar = message[1], message[2]
-            assert isinstance(grammar, Grammar)
-            task = asyncio.ensure_future(self._compile(ask_id, grammar))
+        elif kind in (GRAMMAR, GRAMMAR_CHECK):
+            task = asyncio.ensure_future(self._compile(message))
             self._host.tasks.add(task)
             task.add_done_callback(self._host.tasks.discard)
         else:
@@ -159,9 +159,17 @@ class _Link(asyncio.Protocol):
             self.send((END, request_id))
         self.outputs.pop(request_id, None)
 
-    async def _compile(self, ask_id: object, grammar: Grammar) -> None:
-        await asyncio.to_thread(self._host.engine.compile_grammar, grammar)
-        self.send((GRAMMAR_DONE, ask_id))
+    async def _compile(self, message: tuple[object, ...]) -> None:
+        kind, ask_id, what = message[:3]
+        errors: list[str] = []
+        if kind == GRAMMAR:
+            assert isinstance(what, Grammar)
+            await asyncio.to_thread(self._host.engine.compile_grammar, what)
+        else:
+            from sluicegate.engines.llamacpp_grammar import grammar_errors
+
+            errors = await asyncio.to_thread(grammar_errors, str(what))
+        self.send((GRAMMAR_DONE, ask_id, errors))
 
     def send(self, message: tuple[object, ...]) -> None:
         """Queue ``message``; the queue is written once this loop pass ends."""
@@ -198,7 +206,11 @@ class _Host:
 
 
 async def serve_engine(
-    engine: TokenEngine, path: Path, vocab: object, parent_pid: int | None = None
+    engine: TokenEngine,
+    path: Path,
+    vocab: object,
+    parent_pid: int | None = None,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Serve ``engine`` on the Unix socket ``path`` until SIGTERM or SIGINT
     (or until ``parent_pid`` is no longer this process's parent, or the
@@ -215,15 +227,18 @@ async def serve_engine(
         vocab: what the workers make their tokenizer of: the GGUF file's
             path (``str``), or a tokenizer that pickles.
         parent_pid: the supervisor's pid, watched with the stats.
+        stop: set it to stop; ``None``: SIGTERM and SIGINT set it (tests that
+            run this in their own loop pass one).
 
     Raises:
         OSError: the socket cannot be made at ``path``.
     """
     loop = asyncio.get_running_loop()
     host = _Host(engine, vocab)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     server = await loop.create_unix_server(lambda: _Link(host), str(path))
     os.chmod(path, 0o600)
     logger.info("engine %s serving on %s", engine.model.id, path)

@@ -49,6 +49,7 @@ from sluicegate.engines.engine_frames import (
     FAIL,
     GENERATE,
     GRAMMAR,
+    GRAMMAR_CHECK,
     GRAMMAR_DONE,
     OUTPUT,
     REFUSED,
@@ -229,14 +230,36 @@ class RemoteEngine:
         """Have the engine process compile ``grammar`` (blocking this thread
         until it did): native code that may crash runs there, not here."""
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.connect(str(self._path))
-                sock.sendall(encode_frames([(GRAMMAR, next(self._asks), grammar)]))
-                for message in FrameStream(sock):
-                    if message[0] == GRAMMAR_DONE:
-                        return
+            self._ask((GRAMMAR, next(self._asks), grammar))
         except OSError as exc:  # the request fails at its first step instead
             logger.warning("grammar not compiled ahead: %s", exc)
+
+    def grammar_errors(self, text: str) -> list[str]:
+        """llguidance's errors for the grammar ``text``, compiled in the engine
+        process (blocking this thread); ``[]``: it compiles.
+
+        Raises:
+            EngineUnavailable: the engine process is away, or died compiling it.
+        """
+        try:
+            return self._ask((GRAMMAR_CHECK, next(self._asks), text))
+        except OSError as exc:
+            raise EngineUnavailable(_RESTARTING) from exc
+
+    def _ask(self, message: tuple[object, ...]) -> list[str]:
+        """Send ``message`` on a connection of its own; ``GRAMMAR_DONE``'s errors.
+
+        Raises:
+            OSError: the engine is away, or closed before it answered.
+        """
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(self._path))
+            sock.sendall(encode_frames([message]))
+            for answer in FrameStream(sock):
+                errors = answer[2] if answer[0] == GRAMMAR_DONE else None
+                if isinstance(errors, list):
+                    return [str(e) for e in errors]
+        raise ConnectionError("the engine process closed before it answered")
 
     # -- the connection ------------------------------------------------------
 

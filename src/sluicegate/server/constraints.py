@@ -368,10 +368,8 @@ def _check(rule_or_grammar: str, param: str, where: str) -> None:
     # Imported here: llguidance, llama.cpp and numpy cost a server that never
     # checks a grammar (a gateway, the scripted engine) about 26 MiB and their
     # start-up; a llama.cpp server has them loaded already.
-    from sluicegate.engines.llamacpp_grammar import (
-        grammar_errors,
-        unimplemented_keywords,
-    )
+    from sluicegate.engines.llamacpp_grammar import unimplemented_keywords
+    from sluicegate.server.grammar_check import grammar_errors
 
     text = rule_or_grammar
     if not text.startswith("%llguidance"):
