@@ -45,22 +45,34 @@ def server(
     ledger_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
+    """Two workers with the scripted engine, and a gateway model (``gw``) whose
+    upstream is another (one-process) scripted server."""
     folder = tmp_path_factory.mktemp("workers")
     text = folder / "text.txt"
     text.write_text(" ".join(f"w{i}" for i in range(400)))
-    process = ServerProcess(
-        "workers",
-        [
-            "--workers", "2", "--engine", "scripted", "--scripted-text", str(text),
-            "--scripted-rate", "40", "--scripted-max-running", "128",
-            "--scripted-max-queued", "128", "--redis", redis_server.url,
-            "--ledger", str(ledger_path), "--grace-s", "30",
-        ],
-        folder,
-    )  # fmt: skip
-    process.wait_healthy()
-    yield process
-    process.stop()
+    with ServerProcess(
+        "upstream", ["--engine", "scripted", "--no-ledger"], folder
+    ) as up:
+        up.wait_healthy()
+        models = folder / "models.toml"
+        models.write_text(
+            f'[[models]]\nid = "gw"\n[[models.upstreams]]\n'
+            f'url = "{up.base_url}/v1"\nmodel = "scripted"\n'
+        )
+        process = ServerProcess(
+            "workers",
+            [
+                "--workers", "2", "--engine", "scripted", "--scripted-text", str(text),
+                "--scripted-rate", "40", "--scripted-max-running", "128",
+                "--scripted-max-queued", "128", "--redis", redis_server.url,
+                "--ledger", str(ledger_path), "--grace-s", "30",
+                "--upstreams", str(models),
+            ],
+            folder,
+        )  # fmt: skip
+        process.wait_healthy()
+        yield process
+        process.stop()
 
 
 def _events(lines: Iterator[str], stop_after: int | None = None) -> list[str]:
@@ -78,6 +90,20 @@ def test_two_workers_accept_on_one_port_under_one_parent(server: ServerProcess) 
     pids = worker_pids(server.base_url)
     assert {parent_of(pid) for pid in pids} == {server.pid}
     assert server.pid not in pids
+
+
+def test_each_worker_serves_the_gateway_model_through_its_own_pool(
+    server: ServerProcess,
+) -> None:
+    first, first_pid = client_on(server.base_url)
+    second, _ = client_on(server.base_url, not_pid=first_pid)
+    body = {**CHAT, "model": "gw"}
+    with closing(first), closing(second):
+        answers = [c.post("/v1/chat/completions", json=body) for c in (first, second)]
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == "gw"
+        assert answer.json()["choices"][0]["message"]["content"]
 
 
 def test_more_than_one_worker_without_redis_is_refused_naming_the_option() -> None:
@@ -154,6 +180,30 @@ def test_metrics_sum_the_requests_of_both_workers(server: ServerProcess) -> None
     for client, _ in (client_on(server.base_url), client_on(server.base_url)):
         with closing(client):  # whichever worker answers the scrape sees both
             assert total() - before == 2
+
+
+def test_engine_stats_count_the_streams_of_both_workers(server: ServerProcess) -> None:
+    first, first_pid = client_on(server.base_url)
+    second, _ = client_on(server.base_url, not_pid=first_pid)
+    asker, _ = client_on(server.base_url)
+    body = {**LONG, "max_tokens": 400}  # 10 s: ended by the test, long before
+    with (
+        closing(first),
+        closing(second),
+        closing(asker),
+        first.stream("POST", "/v1/chat/completions", json=body) as one,
+        second.stream("POST", "/v1/chat/completions", json=body) as two,
+    ):
+        # Kept: a line iterator dropped half-way closes its connection.
+        lines = [one.iter_lines(), two.iter_lines()]
+        assert all(_events(each, stop_after=2) for each in lines)
+        seen: list[int] = []
+
+        def both() -> bool:  # whichever worker answers sees the other's stream
+            seen.append(asker.get("/engine/stats").json()["running"])
+            return seen[-1] == 2
+
+        assert eventually(both), seen
 
 
 def _state(ledger_path: Path, request_id: str) -> str | None:

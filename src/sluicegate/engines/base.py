@@ -199,6 +199,9 @@ class Capabilities:
             engine may still refuse the sequence, and the server awaits
             ``accepted()`` before its status line; ``False``: ``generate``
             accepts or raises.
+        shared_stats: its ``stats()`` already count every worker's requests
+            (an engine process that all workers share); ``False``: this
+            process's only, summed over the workers of ``serve --workers``.
     """
 
     grammars: bool = False
@@ -207,6 +210,7 @@ class Capabilities:
     counts_prompts: bool = False
     listenable: bool = False
     late_acceptance: bool = False
+    shared_stats: bool = False
 
 
 class _EngineBase(Protocol):

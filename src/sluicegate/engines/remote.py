@@ -120,7 +120,9 @@ class RemoteEngine:
     ) -> None:
         self._path = path
         self._model = model
-        self._capabilities = dataclasses.replace(capabilities, late_acceptance=True)
+        self._capabilities = dataclasses.replace(
+            capabilities, late_acceptance=True, shared_stats=True
+        )
         self._tokenizer = tokenizer
         self._stats = stats
         self._link: _Link | None = None
@@ -184,7 +186,8 @@ class RemoteEngine:
 
     @property
     def capabilities(self) -> Capabilities:
-        """The engine's, with ``late_acceptance`` (``RemoteOutputs``)."""
+        """The engine's, with ``late_acceptance`` (``RemoteOutputs``) and
+        ``shared_stats`` (the engine process counts every worker's requests)."""
         return self._capabilities
 
     def generate(self, request: GenerateRequest) -> RemoteOutputs:

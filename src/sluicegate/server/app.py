@@ -34,6 +34,7 @@ docs/DESIGN.md, "Status first, errors in band".
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -98,8 +99,13 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loop_lag = routes.metrics_.watch_loop()
+        worker_stats = info.worker_stats
+        if worker_stats is not None:  # serve --workers: for the others to sum
+            worker_stats.start(asyncio.get_running_loop())
         yield
         loop_lag.stop()
+        if worker_stats is not None:
+            worker_stats.close()
         await routes.resumable.aclose()  # producers record their rows first
         for served in routes.models:
             await served.engine.aclose()

@@ -5,8 +5,9 @@ shape, plus ``context_length``), ``GET /health`` (liveness: ``ok``, ``draining``
 or 503 ``engine_failed`` once an engine's worker died; with ``serve --workers``,
 also the ``pid`` of the worker process that answered), ``GET /ready`` (200, or
 503 with ``Retry-After`` once the server drains), ``GET /metrics`` (Prometheus
-text), ``GET /engine/stats`` (one engine's ``EngineStats`` as JSON; 404 for an
-unknown ``?model=``) and ``GET /openapi.json``. None of them touches an engine
+text), ``GET /engine/stats`` (one engine's ``EngineStats`` as JSON, summed over the
+workers of ``serve --workers``: ``worker_stats.py``; 404 for an unknown
+``?model=``) and ``GET /openapi.json``. None of them touches an engine
 beyond its ``model`` and ``stats()``.
 
 Spec: OpenAI API reference, "Models".
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,6 +30,7 @@ from sluicegate.server.metrics import CONTENT_TYPE, Metrics
 from sluicegate.server.models import ServedModels
 from sluicegate.server.openapi import openapi_document
 from sluicegate.server.shutdown import Drain
+from sluicegate.server.worker_stats import RUN_DIR, WorkerStats
 
 __all__ = ["InfoRoutes", "shutting_down"]
 
@@ -56,6 +59,12 @@ class InfoRoutes:
         self.metrics_ = metrics
         self.config = config
         self._openapi = openapi_document()
+        folder = os.environ.get(RUN_DIR)
+        self.worker_stats = (
+            WorkerStats(Path(folder), {s.id: s.engine for s in models})
+            if folder and config.workers > 1
+            else None
+        )
 
     async def list_models(self, request: Request) -> Response:
         cards = []
@@ -103,4 +112,8 @@ class InfoRoutes:
             served = self.models.resolve(request.query_params.get("model"))
         except ModelNotFound as exc:
             return error_response(exc, self.config.retry_after_s)
-        return json_answer(dataclasses.asdict(served.engine.stats()))
+        stats = served.engine.stats()
+        if self.worker_stats is None:
+            return json_answer(dataclasses.asdict(stats))
+        self.worker_stats.publish()
+        return json_answer(self.worker_stats.total(served.id, stats))

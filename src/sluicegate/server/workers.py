@@ -51,6 +51,7 @@ from pathlib import Path
 from sluicegate.engines.base import Engine, OutputKind
 from sluicegate.server.metrics import MULTIPROC_DIR
 from sluicegate.server.supervisor import WorkerSupervisor
+from sluicegate.server.worker_stats import RUN_DIR
 
 __all__ = [
     "add_worker_options",
@@ -196,6 +197,7 @@ def run_workers(args: argparse.Namespace) -> int:
         ) from exc
     run_dir = Path(tempfile.mkdtemp(prefix="sluicegate-"))  # mode 0700
     env = dict(os.environ)
+    env[RUN_DIR] = str(run_dir / "stats")  # each worker's engine stats
     if MULTIPROC_DIR not in env:  # each worker's series in files here
         env[MULTIPROC_DIR] = str(run_dir / "metrics")
         os.mkdir(env[MULTIPROC_DIR])
