@@ -182,8 +182,11 @@ def _engine_pid(parent: int) -> int:
 
 def kill(args: argparse.Namespace) -> None:
     port = free_port()
+    text = Path(tempfile.mkdtemp(prefix="sluicegate-bench-")) / "text.txt"
+    text.write_text(" ".join(f"w{i}" for i in range(4000)))  # longer than the run
     command = serve_command(
         port, "--engine-process", "--engine", "scripted", "--scripted-rate", "20",
+        "--scripted-text", str(text),
         "--scripted-max-running", str(args.streams),
         "--scripted-max-queued", str(args.streams), "--no-ledger",
         "--log-level", "warning",
