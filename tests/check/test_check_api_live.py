@@ -38,9 +38,12 @@ def test_check_passes_the_responses_and_messages_probes(
     assert results["responses"].finish_reason == "max_output_tokens"
     assert {k.split("-")[0] for k in verdicts} == set(apis)
     graded = {k: (v["verdict"], v["evidence"]) for k, v in verdicts.items()}
-    assert {k: v for k, v in graded.items() if v[0] != "pass"} == {}, (
-        capsys.readouterr().out
-    )
+    # The default model does not reason: nothing to grade reasoning on.
+    unseen = {k for k, v in graded.items() if v[0] == "not-observable"}
+    assert unseen <= {"responses-reasoning-framing", "messages-reasoning-framing"}
+    assert {
+        k: v for k, v in graded.items() if v[0] not in ("pass", "not-observable")
+    } == {}, capsys.readouterr().out
 
 
 def _client_streams(url: str) -> dict[str, StreamResult]:

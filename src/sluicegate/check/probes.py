@@ -15,6 +15,7 @@ from sluicegate.check import (
     framing,
     messages_probes,
     reasoning,
+    reasoning_events,
     responses_probes,
     semantics,
     tools,
@@ -57,11 +58,13 @@ PROBES: tuple[Probe, ...] = (
     tools.structured_output,
     reasoning.reasoning_framing,
 )
-RESPONSES_PROBES: tuple[Probe, ...] = tuple(
-    getattr(responses_probes, name) for name in responses_probes.__all__
+RESPONSES_PROBES: tuple[Probe, ...] = (
+    *(getattr(responses_probes, name) for name in responses_probes.__all__),
+    reasoning_events.responses_reasoning_framing,
 )
-MESSAGES_PROBES: tuple[Probe, ...] = tuple(
-    getattr(messages_probes, name) for name in messages_probes.__all__
+MESSAGES_PROBES: tuple[Probe, ...] = (
+    *(getattr(messages_probes, name) for name in messages_probes.__all__),
+    reasoning_events.messages_reasoning_framing,
 )
 API_PROBES: dict[str, tuple[Probe, ...]] = {
     "chat": PROBES,

@@ -22,6 +22,8 @@ __all__ = ["record_messages", "record_responses"]
 PROMPT = "List the numbers from one to twelve in words, separated by commas."
 MAX_SMALL = 16
 """The smallest ``max_output_tokens`` OpenAI accepts; the prompt needs more."""
+THINKING_BUDGET = 1024
+"""The smallest ``thinking.budget_tokens`` the Messages API accepts."""
 
 
 def _post(client: Client, path: str, body: dict[str, Any]) -> Transcript:
@@ -60,6 +62,13 @@ def record_responses(
             "parallel_tool_calls": False,
             "metadata": {"probe": "echo"},
         },
+        # Reasoning asked for (a model that cannot reason may refuse: a 400).
+        "responses_reasoning": {
+            **base,
+            "max_output_tokens": max_tokens,
+            "reasoning": {"effort": "low"},
+            "stream": True,
+        },
     }
     return _send(client, "responses", bodies, progress)
 
@@ -85,6 +94,16 @@ def record_messages(
         "messages_stop": {**base, "stream": True, "stop_sequences": _stop(out)},
         "messages_max": {**base, "max_tokens": 1, "stream": True},
         "messages_invalid": {**base, "max_tokens": -1, "stream": True},
+        # Thinking asked for, with the smallest budget the API takes (and so
+        # room for it), sampling as the API requires with thinking on, and the
+        # answer stopped at its first line: the probe needs only its start.
+        "messages_thinking": {
+            **{k: v for k, v in base.items() if k != "temperature"},
+            "max_tokens": THINKING_BUDGET + max_tokens,
+            "thinking": {"type": "enabled", "budget_tokens": THINKING_BUDGET},
+            "stop_sequences": ["\n"],
+            "stream": True,
+        },
     }
     return {**out, **_send(client, "messages", bodies, progress)}
 
