@@ -119,3 +119,49 @@ def test_chat_in_a_pty_streams_and_ctrl_c_aborts_the_request(tmp_path: Path) -> 
             assert os.waitstatus_to_exitcode(status) == 0
         finally:
             os.close(fd)
+
+
+def test_chat_shows_the_reasoning_apart_from_the_answer() -> None:
+    import argparse
+    import io
+    import json
+
+    from sluicegate.check.chat import THINKING, _answer
+    from sluicegate.client import Client
+
+    def chunk(delta: dict[str, object], **extra: object) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": None, **extra}
+        body = {"id": "c", "object": "chat.completion.chunk", "choices": [choice]}
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    usage = {
+        "prompt_tokens": 4,
+        "completion_tokens": 7,
+        "completion_tokens_details": {"reasoning_tokens": 3},
+    }
+    body = b"".join(
+        [
+            chunk({"role": "assistant", "content": ""}),
+            chunk({"reasoning_content": "plan"}),
+            chunk({"reasoning_content": ": 2+2"}),
+            chunk({"content": "The answer"}),
+            chunk({"content": " is 4."}, finish_reason="stop"),
+            b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n",
+            b"data: [DONE]\n\n",
+        ]
+    )
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, content=body
+        )
+    )
+    args = argparse.Namespace(
+        model="m", max_tokens=16, temperature=0.0, resumable=False, url="u"
+    )
+    out = io.StringIO()
+    with Client("http://t", transport=transport) as client:
+        result = _answer(client, [{"role": "user", "content": "2+2?"}], args, out)
+    shown, status = out.getvalue().rsplit("\n", 2)[:2]
+    assert shown == f"{THINKING}plan: 2+2\n\nThe answer is 4."
+    assert status.endswith("usage 4+7 (3 reasoning)]")
+    assert result.text == "The answer is 4."  # what the conversation keeps

@@ -294,7 +294,13 @@ def test_reasoning_is_assembled_apart_from_the_text_in_either_field() -> None:
     frames.append(frame(usage_chunk(HEADER, Usage(5, 4, reasoning_tokens=3))))
     frames.append(DONE)
     text_deltas, result = assemble([b"".join(frames)])
-    assert [d.text for d in text_deltas] == ["4"]
+    # Each delta's reasoning comes as it streams, never in the text.
+    assert [(d.text, d.reasoning) for d in text_deltas] == [
+        ("", "plan"),
+        ("", ": 2+2"),
+        ("", "=4"),
+        ("4", ""),
+    ]
     assert result.choices[0].reasoning == "plan: 2+2=4"
     assert result.text == "4"
     assert result.usage == Usage(5, 4, reasoning_tokens=3)

@@ -133,8 +133,15 @@ def test_reasoning_is_assembled_apart_from_the_text(api: EventApi) -> None:
         End(Usage(3, 5, reasoning_tokens=2)),
     ):
         frames += machine.feed(event)
-    _, texts, result = run(api, b"".join(frames))
-    assert texts == ["Four."]
+    a = EventStreamAssembler(api)
+    a.head(200, SSE, 0.1)
+    deltas = a.feed(b"".join(frames), 0.2)
+    result = a.flush(0.3)
+    assert [(d.text, d.reasoning) for d in deltas] == [
+        ("", "plan"),
+        ("", ": 4"),
+        ("Four.", ""),
+    ]
     assert result.choices[0].reasoning == "plan: 4"
     assert result.text == "Four."
     assert result.usage is not None

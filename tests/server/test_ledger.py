@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import sqlite3
 import threading
 import time
@@ -129,15 +130,23 @@ def test_usage_totals_group_by_key_and_end_state(tmp_path: Path) -> None:
     for i, (state, key) in enumerate(
         [(EndState.FINISHED, "k1"), (EndState.FINISHED, "k1"), (EndState.ABORTED, "k2")]
     ):
-        ledger.record(_row(f"r{i}", state, key))
+        row = dataclasses.replace(_row(f"r{i}", state, key), reasoning_tokens=i)
+        ledger.record(row)
     ledger.close()
     totals = [
-        (t.key_id, t.end_state, t.requests, t.prompt_tokens, t.completion_tokens)
+        (
+            t.key_id,
+            t.end_state,
+            t.requests,
+            t.prompt_tokens,
+            t.completion_tokens,
+            t.reasoning_tokens,
+        )
         for t in usage_totals(path)
     ]
     assert totals == [
-        ("k1", EndState.FINISHED, 2, 6, 10),
-        ("k2", EndState.ABORTED, 1, 3, 5),
+        ("k1", EndState.FINISHED, 2, 6, 10, 1),
+        ("k2", EndState.ABORTED, 1, 3, 5, 2),
     ]
 
 
@@ -432,10 +441,15 @@ def test_usage_command_prints_totals(
     path = tmp_path / "ledger.sqlite3"
     ledger = Ledger(path)
     ledger.record(_row("r1", EndState.ERRORED, "bob"))
-    ledger.record(_row("r2", EndState.TRUNCATED, "bob"))
+    thought = _row("r2", EndState.TRUNCATED, "bob")
+    ledger.record(dataclasses.replace(thought, reasoning_tokens=4))
     ledger.close()
     assert main(["usage", "--ledger", str(path)]) == 0
     out = capsys.readouterr().out
+    assert "reasoning" in out
+    # The truncated row: 1 request, 3 prompt, 5 completion, 4 of them reasoning.
+    line = next(line for line in out.splitlines() if "truncated" in line)
+    assert re.findall(r"\d+", line) == ["1", "3", "5", "4"]
     assert "bob" in out
     assert "errored" in out
     assert "truncated" in out

@@ -286,6 +286,7 @@ def test_usage_over_a_first_release_file_with_odd_rows(
     ]
     assert (totals[0].prompt_tokens, totals[0].completion_tokens) == (3 * MAX_COUNT, 6)
     assert (totals[1].prompt_tokens, totals[1].completion_tokens) == (12, 2)
+    assert {t.reasoning_tokens for t in totals} == {0}  # no such column then
     assert main(["usage", "--ledger", str(path)]) == 0
     out = capsys.readouterr().out
     assert str(3 * MAX_COUNT) in out

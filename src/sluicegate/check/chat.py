@@ -1,9 +1,13 @@
 """``sluicegate chat``: a terminal chat that streams answers as they arrive.
 
-The conversation is kept between turns. After each answer a status line gives
-the end state, time to first token, tokens/s and usage. Ctrl-C while an answer
-streams closes the connection (so the server aborts the request), keeps what
-arrived, and returns to the prompt; Ctrl-C or Ctrl-D at the prompt quits.
+The conversation is kept between turns. A thinking model's reasoning is shown
+as it streams, apart from the answer: after ``thinking:`` (dimmed on a
+terminal), then a blank line before the answer; only the answer is kept in the
+conversation. After each answer a status line gives the end state, time to
+first token, tokens/s and usage (with the reasoning tokens, when counted).
+Ctrl-C while an answer streams closes the connection (so the server aborts the
+request), keeps what arrived, and returns to the prompt; Ctrl-C or Ctrl-D at
+the prompt quits.
 Answers are asked for as resumable streams (``--no-resume``: not), so a network
 hop that drops the connection mid-answer is survived: the client resumes from
 the last event it saw, and the answer goes on where it stopped.
@@ -32,6 +36,10 @@ from sluicegate.client import Client, Stream, StreamResult, Timeouts
 __all__ = ["add_chat", "run_chat", "status_line"]
 
 PROMPT = "you> "
+THINKING = "thinking: "
+"""What comes before a reasoning's text (``_DIM`` and ``_PLAIN`` around it on a
+terminal)."""
+_DIM, _PLAIN = "\x1b[2m", "\x1b[0m"
 
 
 def add_chat(sub: Any) -> None:
@@ -58,7 +66,8 @@ def status_line(result: StreamResult, url: str = "the server") -> str:
     """``[finished (stop) · TTFT 120 ms · 35.2 tokens/s · usage 12+40]``.
 
     Tokens/s counts from the first token to the end; usage is ``prompt+completion``
-    tokens when the server sent it. The error message is added when there is one.
+    tokens when the server sent it, with ``(N reasoning)`` when it counted N > 0
+    reasoning tokens. The error message is added when there is one.
     A request that got no response head at all (the server gone, or never
     there) says so instead: ``[no response from <url> · ConnectError: ...]``,
     not ``truncated``.
@@ -81,10 +90,11 @@ def status_line(result: StreamResult, url: str = "the server") -> str:
         span = timing.end_s - timing.first_token_s
         if span > 0:
             parts.append(f"{tokens / span:.1f} tokens/s")
-    if result.usage is not None:
-        parts.append(
-            f"usage {result.usage.prompt_tokens}+{result.usage.completion_tokens}"
-        )
+    usage = result.usage
+    if usage is not None:
+        parts.append(f"usage {usage.prompt_tokens}+{usage.completion_tokens}")
+        if usage.reasoning_tokens:
+            parts[-1] += f" ({usage.reasoning_tokens} reasoning)"
     if result.error is not None:
         parts.append(f"error: {result.error.get('message', result.error)}")
     if result.transport_error is not None:
@@ -102,15 +112,25 @@ def _answer(
         messages, model=args.model, max_tokens=args.max_tokens,
         temperature=args.temperature, resumable=args.resumable,
     )  # fmt: skip
+    dim, plain = (_DIM, _PLAIN) if out.isatty() else ("", "")
+    thinking = False
     try:
         with _interrupt_on_sigint(stream):
             for delta in stream:
+                if delta.reasoning:
+                    if not thinking:
+                        out.write(f"{dim}{THINKING}")
+                    thinking = True
+                    out.write(delta.reasoning)
+                if delta.text and thinking:
+                    out.write(f"{plain}\n\n")
+                    thinking = False
                 out.write(delta.text)
                 out.flush()
     except KeyboardInterrupt:  # a second Ctrl-C, or one before the handler was set
         stream.close()  # closing the connection is what aborts it server-side
     result = stream.result()
-    out.write(f"\n{status_line(result, args.url)}\n")
+    out.write(f"{plain if thinking else ''}\n{status_line(result, args.url)}\n")
     out.flush()
     return result
 

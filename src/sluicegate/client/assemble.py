@@ -21,8 +21,8 @@ Invariants:
   fed as the rest of this one.
 
 A chat delta's reasoning (``reasoning_content``, else ``reasoning``) is
-assembled apart from the text, into ``ChoiceResult.reasoning``; it is never a
-``TextDelta``.
+assembled apart from the text, into ``ChoiceResult.reasoning``, and yielded as
+``TextDelta.reasoning`` (never in ``text``).
 
 Tool calls are exposed (``ChoiceResult.tool_calls``) only when their arguments
 are whole JSON; the rest (cut by ``max_tokens``, say) are kept apart, in
@@ -389,15 +389,14 @@ class StreamAssembler:
             thought = delta.get("reasoning_content")
             if not isinstance(thought, str) or not thought:
                 thought = delta.get("reasoning")
-            if isinstance(thought, str) and thought:
-                choice.reasoning.append(thought)
+            thought = thought if isinstance(thought, str) else ""
+            choice.reasoning.append(thought)
             text = delta.get("content")
         else:
-            text = wire.get("text")
-        if isinstance(text, str) and text:
-            choice.parts.append(text)
-            return TextDelta(index, text)
-        return None
+            text, thought = wire.get("text"), ""
+        text = text if isinstance(text, str) else ""
+        choice.parts.append(text)
+        return TextDelta(index, text, thought) if text or thought else None
 
 
 def _take_tool_calls(choice: _Choice, calls: Any) -> None:

@@ -7,8 +7,9 @@ gives. The terminal event plays the part of ``[DONE]``: ``response.completed``
 / ``response.incomplete`` (Responses) or ``message_stop`` (Messages); an
 ``error`` event or ``response.failed`` makes the stream ``errored``. Reasoning
 (``response.reasoning_text.delta``; Messages ``thinking_delta``) is assembled
-into ``ChoiceResult.reasoning``, never a ``TextDelta``; the Responses usage's
-``output_tokens_details.reasoning_tokens`` is kept.
+into ``ChoiceResult.reasoning`` and yielded as ``TextDelta.reasoning`` (never
+in ``text``); the Responses usage's ``output_tokens_details.reasoning_tokens``
+is kept.
 
 Spec: OpenAI API reference, "Responses: streaming events"; Anthropic API,
 "Streaming Messages".
@@ -102,12 +103,12 @@ class EventStreamAssembler:
         out = []
         for event in events:
             delta = self._take(event.event, event.data)
-            if delta:
+            if delta is not None:
                 self._first_token_s = self._first_token_s or now_s
-                out.append(TextDelta(0, delta))
+                out.append(delta)
         return out
 
-    def _take(self, name: str, data: str) -> str | None:
+    def _take(self, name: str, data: str) -> TextDelta | None:
         self._events += 1
         try:
             obj = orjson.loads(data)
@@ -183,13 +184,14 @@ class EventStreamAssembler:
 
 def _responses(
     a: EventStreamAssembler, name: str, obj: Mapping[str, Any]
-) -> str | None:
-    if name == "response.output_text.delta" and isinstance(obj.get("delta"), str):
-        a._text.append(obj["delta"])
-        return str(obj["delta"])
-    if name == "response.reasoning_text.delta" and isinstance(obj.get("delta"), str):
-        a._reasoning.append(obj["delta"])
-        return None
+) -> TextDelta | None:
+    delta = obj.get("delta")
+    if name == "response.output_text.delta" and isinstance(delta, str):
+        a._text.append(delta)
+        return TextDelta(0, delta) if delta else None
+    if name == "response.reasoning_text.delta" and isinstance(delta, str):
+        a._reasoning.append(delta)
+        return TextDelta(0, "", delta) if delta else None
     resp = obj.get("response")
     if name in ("response.completed", "response.incomplete", "response.failed"):
         resp = resp if isinstance(resp, dict) else {}
@@ -210,16 +212,19 @@ def _responses(
     return None
 
 
-def _messages(a: EventStreamAssembler, name: str, obj: Mapping[str, Any]) -> str | None:
+def _messages(
+    a: EventStreamAssembler, name: str, obj: Mapping[str, Any]
+) -> TextDelta | None:
     delta = obj.get("delta")
     if name == "content_block_delta" and isinstance(delta, dict):
         text = delta.get("text")
         if delta.get("type") == "text_delta" and isinstance(text, str) and text:
             a._text.append(text)
-            return text
+            return TextDelta(0, text)
         thought = delta.get("thinking")
         if delta.get("type") == "thinking_delta" and isinstance(thought, str):
             a._reasoning.append(thought)
+            return TextDelta(0, "", thought) if thought else None
     elif name == "message_start" and isinstance(obj.get("message"), dict):
         a._count(obj["message"].get("usage"), "input_tokens", "input")
     elif name == "message_delta":

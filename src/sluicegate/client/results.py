@@ -48,11 +48,22 @@ class TextDelta:
 
     Attributes:
         index: the choice index (``choices[].index`` on the wire).
-        text: the chat ``delta.content`` or completion ``text``; never empty.
+        text: the chat ``delta.content`` or completion ``text`` (Responses
+            ``output_text.delta``, Messages ``text_delta``); ``""`` when the
+            event carried only reasoning.
+        reasoning: the reasoning the event carried (chat ``reasoning_content``,
+            else ``reasoning``; Responses ``reasoning_text.delta``; Messages
+            ``thinking_delta``), ``""`` for none. ``text`` or ``reasoning`` is
+            never empty.
+
+    .. versionchanged:: session 18
+        Events that carry only reasoning yield a ``TextDelta`` (empty ``text``),
+        so a reader can show the reasoning as it streams.
     """
 
     index: int
     text: str
+    reasoning: str = ""
 
 
 @dataclass(frozen=True, slots=True)

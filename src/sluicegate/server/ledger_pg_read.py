@@ -71,7 +71,8 @@ def usage_totals(url: str) -> list[UsageTotal]:
             # near 64 bits it adds. COLLATE "C" sorts by code point, as SQLite
             # does.
             "SELECT key_id, end_state, COUNT(*), SUM(prompt_tokens), "
-            "SUM(completion_tokens) FROM requests GROUP BY key_id, end_state "
+            "SUM(completion_tokens), SUM(reasoning_tokens) FROM requests "
+            "GROUP BY key_id, end_state "
             'ORDER BY key_id COLLATE "C", end_state COLLATE "C"'
         )
         return [total_of(*values) for values in cursor]

@@ -141,9 +141,12 @@ def usage_totals(path: Path) -> list[UsageTotal]:
     try:
         # typeshed has finalize return an int; SQLite takes text as well.
         db.create_aggregate("exact_sum", 1, _ExactSum)  # type: ignore[arg-type]
+        # A file of a release before the column (never migrated) counts 0.
+        present = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
+        reasoning = "reasoning_tokens" if "reasoning_tokens" in present else "0"
         cursor = db.execute(
             "SELECT key_id, end_state, COUNT(*), exact_sum(prompt_tokens), "
-            "exact_sum(completion_tokens) FROM requests "
+            f"exact_sum(completion_tokens), exact_sum({reasoning}) FROM requests "
             "GROUP BY key_id, end_state ORDER BY key_id, end_state"
         )
         return [total_of(*values) for values in cursor]
@@ -152,7 +155,12 @@ def usage_totals(path: Path) -> list[UsageTotal]:
 
 
 def total_of(
-    key_id: object, state: object, requests: object, prompt: object, completion: object
+    key_id: object,
+    state: object,
+    requests: object,
+    prompt: object,
+    completion: object,
+    reasoning: object = 0,
 ) -> UsageTotal:
     """One ``UsageTotal`` from a totals query's row: counts as ints (from an int,
     a ``Decimal`` or decimal text), an unknown end state as its text."""
@@ -164,4 +172,5 @@ def total_of(
         int(str(requests)),
         int(str(prompt)),
         int(str(completion)),
+        int(str(reasoning)),
     )

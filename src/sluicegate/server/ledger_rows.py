@@ -100,3 +100,5 @@ class UsageTotal:
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    reasoning_tokens: int = 0
+    """The part of ``completion_tokens`` spent reasoning."""

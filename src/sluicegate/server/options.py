@@ -358,8 +358,9 @@ def _usage(args: argparse.Namespace) -> int:
     if totals is None:
         return 2
     table = Table(title=f"usage ({redact(target)})")
-    for column in ("key", "end state", "requests", "prompt", "completion"):
-        table.add_column(column, justify="left" if " " in column else "right")
+    columns = ("key", "end state", "requests", "prompt", "completion", "reasoning")
+    for column in columns:
+        table.add_column(column, justify="left" if column in columns[:2] else "right")
     for t in totals:
         table.add_row(
             t.key_id,
@@ -367,6 +368,7 @@ def _usage(args: argparse.Namespace) -> int:
             str(t.requests),
             str(t.prompt_tokens),
             str(t.completion_tokens),
+            str(t.reasoning_tokens),
         )
     Console().print(table)
     return 0
