@@ -228,7 +228,7 @@ def _port(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from sluicegate.core.reasoning import REASONING_PARSERS
+    from sluicegate.core.reasoning_parsers import REASONING_PARSERS
     from sluicegate.server.options import add_serve_options, add_usage_command
 
     parser = argparse.ArgumentParser(

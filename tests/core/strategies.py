@@ -8,7 +8,7 @@ from typing import Any, TypeVar, overload
 
 from hypothesis import strategies as st
 
-from sluicegate.core.reasoning import ReasoningParser
+from sluicegate.core.reasoning_parsers import ReasoningParser
 
 T = TypeVar("T", str, bytes)
 U = TypeVar("U")

@@ -8,12 +8,10 @@ from hypothesis import strategies as st
 
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.reasoning import (
+from sluicegate.core.reasoning import ReasoningPhase, ReasoningSplitter, ReasoningStep
+from sluicegate.core.reasoning_parsers import (
     REASONING_PARSERS,
     ReasoningParser,
-    ReasoningPhase,
-    ReasoningSplitter,
-    ReasoningStep,
     detect_reasoning_parser,
     opened_by_prompt,
     reasoning_parser,

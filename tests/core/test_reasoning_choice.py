@@ -29,14 +29,9 @@ from sluicegate.core.events import (
     Usage,
 )
 from sluicegate.core.logprobs import LogprobToken
-from sluicegate.core.reasoning import (
-    ReasoningParser,
-    ReasoningPhase,
-    ReasoningSplitter,
-    ReasoningStep,
-    reasoning_parser,
-)
+from sluicegate.core.reasoning import ReasoningPhase, ReasoningSplitter, ReasoningStep
 from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder, request_reasoning
+from sluicegate.core.reasoning_parsers import ReasoningParser, reasoning_parser
 from sluicegate.core.stop_pattern import compile_stops
 from sluicegate.core.stops import StopMatcher
 from sluicegate.core.tooldecoder import ToolCallOptions, new_response_decoder
@@ -232,7 +227,12 @@ def test_logprobs_are_the_content_tokens_for_every_split() -> None:
                 boundary = i
                 break
         first = boundary if text.split(b"</think>", 1)[1] else boundary + 1
-        assert _logprob_pieces(events) == list(tokens[first:]), tokens
+        pieces = _logprob_pieces(events)
+        # The token that ended the reasoning is reported with its content part
+        # only: the tokens' bytes join to the content.
+        assert b"".join(pieces) == b"The answer is 4.", tokens
+        assert pieces[1:] == list(tokens[first + 1 :]), tokens
+        assert tokens[first].endswith(pieces[0]), tokens
         for event in events:
             if isinstance(event, Delta) and event.parts is not None:
                 assert event.logprobs is None  # reasoning carries none
@@ -249,14 +249,44 @@ def test_tokens_held_as_a_start_marker_carry_their_logprobs_into_the_content() -
     # Held, then the reasoning opens: none.
     events = _with_logprobs([b"<th", b"ink>a", b"</think>", b"b"])
     assert _logprob_pieces(events) == [b"b"]
-    # The token that ends the reasoning and writes content carries its logprob.
+    # The token that ends the reasoning and writes content carries its logprob,
+    # reported as its content part.
     events = _with_logprobs([b"<think>", b"a</think>b", b"c"])
     assert _channels(events) == ("a", "bc")
-    assert _logprob_pieces(events) == [b"a</think>b", b"c"]
+    assert _logprob_pieces(events) == [b"b", b"c"]
     # Starting inside: a held marker that turns out to be reasoning carries none.
     events = _with_logprobs([b"<th", b"at", b"</think>b"], R1)
     assert _channels(events) == ("<that", "b")
-    assert _logprob_pieces(events) == [b"</think>b"]
+    assert _logprob_pieces(events) == [b"b"]
+
+
+def test_the_token_that_ends_the_reasoning_is_reported_as_its_answer_part() -> None:
+    # Its text and bytes from the end marker on; its logprob and offset the
+    # answer's first; a multi-byte character after the marker kept whole.
+    events = _with_logprobs([b"<think>", b"a</thi", "nk>é".encode(), b"c"])
+    reported = [lp for e in events if isinstance(e, Delta) for lp in e.logprobs or ()]
+    assert [(lp.token, lp.token_bytes, lp.text_offset) for lp in reported] == [
+        ("é", "é".encode(), 0),
+        ("c", b"c", 1),
+    ]
+    assert reported[0].logprob == -1.0
+    # A stop string the same token completes: reported whole, as a token a
+    # stop string cuts is.
+    vocabulary, ids = _vocabulary([b"<think>", b"a</think>b.", b"c"])
+    decoder = ResponseDecoder(
+        [ChoiceOptions()],
+        vocabulary,
+        prompt_tokens=1,
+        logprobs=True,
+        reasoning=QWEN3,
+        stops=["."],
+    )
+    out: list[StreamEvent] = []
+    for token_id in ids:
+        lp = TokenLogprob(token_id, -1.0)
+        out += decoder.feed(0, EngineOutput((token_id,), None, (lp,)))
+    assert _channels(out) == ("a", "b")
+    assert _logprob_pieces(out) == [b"a</think>b."]
 
 
 def _choice_decoder(
@@ -449,3 +479,17 @@ def test_a_text_engines_split_reasoning_tokens_carry_no_logprobs() -> None:
     events += decoder.feed(0, TextOutput("", STOP, 0))
     assert _channels(events) == ("plan", "The answer")
     assert _logprob_pieces(events) == [b"The", b" answer"]
+    # The token that ended the reasoning: its content part only.
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=0, logprobs=True, reasoning=QWEN3
+    )
+    pieces = ["<think>", "plan</think>The", " answer"]
+    item = TextOutput("".join(pieces), logprobs=tuple(map(token, pieces)))
+    events = list(decoder.feed(0, item))
+    events += decoder.feed(0, TextOutput("", STOP, 0))
+    assert _channels(events) == ("plan", "The answer")
+    reported = [lp for e in events if isinstance(e, Delta) for lp in e.logprobs or ()]
+    assert [(lp.token, lp.token_bytes) for lp in reported] == [
+        ("The", b"The"),
+        (" answer", b" answer"),
+    ]

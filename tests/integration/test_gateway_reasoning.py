@@ -41,7 +41,11 @@ def _chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> st
     )
 
 
+BODIES: list[dict[str, Any]] = []  # what the upstream was asked, in order
+
+
 def _reply(body: dict[str, Any]) -> Reply:
+    BODIES.append(body)
     names = STYLES[body.get("seed", 1)]
     events = [_chunk({"role": "assistant", "content": ""})]
     events += [_chunk(dict.fromkeys(names, text)) for text in REASONING]
@@ -165,6 +169,37 @@ def test_messages_has_a_thinking_block_before_the_text(
     assert text.text == "".join(CONTENT)
 
 
+def test_a_budget_is_asked_of_the_upstream_and_its_reasoning_cut_there(
+    client: openai.OpenAI,
+) -> None:
+    # The fake ignores the budget, as an upstream without one does: it reasons
+    # three tokens (one per chunk); the gateway sends the first two.
+    request: dict[str, Any] = {
+        "model": "fake",
+        "messages": [{"role": "user", "content": "2+2?"}],
+        "extra_body": {"thinking_token_budget": 2},
+    }
+    cut = ("".join(REASONING[:2]), "".join(CONTENT))
+    BODIES.clear()
+    whole = client.chat.completions.create(**request)
+    stream = client.chat.completions.create(**request, stream=True)
+    deltas = [c.choices[0].delta.model_dump() for c in stream if c.choices]
+    for body in BODIES:
+        assert body["thinking_token_budget"] == 2  # vLLM's name
+        assert body["thinking_budget_tokens"] == 2  # llama.cpp's server's
+    assert len(BODIES) == 2
+    message = whole.choices[0].message.model_dump()
+    assert (message["reasoning_content"], message["content"]) == cut
+    # What the upstream reasoned is counted, the cut part included.
+    assert whole.usage is not None
+    details = whole.usage.completion_tokens_details
+    assert details is not None
+    assert details.reasoning_tokens == 3
+    reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
+    assert (reasoning, content) == cut
+
+
 def _plain_reply(body: dict[str, Any]) -> Reply:
     """An upstream without a reasoning parser: its markers are in the content,
     split across chunks."""
@@ -189,8 +224,17 @@ def test_a_named_parser_splits_an_upstreams_plain_markers(
             whole = client.chat.completions.create(
                 model="fake", messages=[{"role": "user", "content": "2+2?"}]
             )
+            # With a budget of one token, the reasoning split here is cut after
+            # the first chunk that carried some.
+            cut = client.chat.completions.create(
+                model="fake",
+                messages=[{"role": "user", "content": "2+2?"}],
+                extra_body={"thinking_token_budget": 1},
+            )
     message = whole.choices[0].message.model_dump()
     assert (message["reasoning_content"], message["content"]) == ("plan", "The answer")
+    message = cut.choices[0].message.model_dump()
+    assert (message["reasoning_content"], message["content"]) == ("pl", "The answer")
     assert whole.usage is not None
     assert whole.usage.completion_tokens_details is not None
     assert whole.usage.completion_tokens_details.reasoning_tokens == 4

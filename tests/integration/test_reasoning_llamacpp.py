@@ -196,3 +196,41 @@ def test_a_response_format_applies_once_the_reasoning_ended(
         assert content.startswith('{"count": ')
         if whole.choices[0].finish_reason == "stop":
             assert isinstance(json.loads(content)["count"], int)
+
+
+def test_the_engine_closes_the_reasoning_at_its_budget(
+    client: openai.OpenAI, raw_client: openai.OpenAI
+) -> None:
+    budget = 4
+    from sluicegate.engines.llamacpp_vocab import load_vocab
+    from sluicegate.model import default_model_path
+
+    end_tokens = load_vocab(default_model_path()).encode(
+        "</think>", add_special=False, parse_special=True
+    )
+    request: dict[str, Any] = {
+        "model": client.models.list().data[0].id,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "temperature": 0,
+        "max_tokens": 24,
+    }
+    thinking = {"chat_template_kwargs": {"enable_thinking": True}}
+    raw = raw_client.chat.completions.create(**request, extra_body=thinking)
+    own, _ = _expected(raw.choices[0].message.content or "", inside=True)
+    # Gemma does not close a reasoning block in 24 tokens: without a budget
+    # all of it is reasoning.
+    assert "</think>" not in own
+    whole = client.chat.completions.create(
+        **request, extra_body={**thinking, "thinking_token_budget": budget}
+    )
+    message = whole.choices[0].message.model_dump()
+    assert whole.usage is not None
+    details = whole.usage.completion_tokens_details
+    assert details is not None
+    # The budget's tokens, then the end marker the engine forced (Gemma spells
+    # it in several tokens): the splitter found the marker in the model's own
+    # sequence, so the reasoning ended there and the model answered after it.
+    assert details.reasoning_tokens == budget + len(end_tokens)
+    assert own.startswith(message["reasoning_content"])
+    assert "</think>" not in (message["content"] or "")
+    assert whole.usage.completion_tokens > details.reasoning_tokens

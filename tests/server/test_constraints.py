@@ -9,7 +9,7 @@ import llguidance
 import pytest
 
 from sluicegate.core.errors import RequestError
-from sluicegate.core.reasoning import reasoning_parser
+from sluicegate.core.reasoning_parsers import reasoning_parser
 from sluicegate.engines.base import Grammar
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab

@@ -10,6 +10,7 @@ keeps for it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -18,12 +19,9 @@ from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.events import FinishReason, TokenLogprob
 from sluicegate.core.logprobs import LogprobAligner, LogprobToken
-from sluicegate.core.reasoning import (
-    ReasoningParser,
-    ReasoningPhase,
-    ReasoningSplitter,
-)
+from sluicegate.core.reasoning import ReasoningPhase, ReasoningSplitter
 from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder
+from sluicegate.core.reasoning_parsers import ReasoningParser
 from sluicegate.core.stop_pattern import StopPattern
 from sluicegate.core.stops import StopMatcher
 
@@ -82,19 +80,26 @@ class TextChoiceDecoder:
         stops: a fresh stop matcher for this choice (owned from now on).
         splitter: a fresh splitter (owned from now on) for an upstream whose
             plain text holds its reasoning markers; ``None``: no splitting.
+        budget_tokens: the most reasoning tokens sent (``within_budget``);
+            ``None``: no budget.
 
     Attributes:
         completion_tokens: the tokens fed before a stop string matched, as the
             engine counted them (all of the step that completed the stop).
     """
 
-    __slots__ = ("_splitter", "_stops", "completion_tokens")
+    __slots__ = ("_budget", "_reasoned", "_splitter", "_stops", "completion_tokens")
 
     def __init__(
-        self, stops: StopMatcher, splitter: ReasoningSplitter | None = None
+        self,
+        stops: StopMatcher,
+        splitter: ReasoningSplitter | None = None,
+        budget_tokens: int | None = None,
     ) -> None:
         self._stops = stops
         self._splitter = splitter
+        self._budget = budget_tokens
+        self._reasoned = 0  # tokens of the steps whose reasoning was sent
         self.completion_tokens = 0
 
     @property
@@ -122,6 +127,34 @@ class TextChoiceDecoder:
     def held(self) -> str:
         """Text the stop matcher holds back now (not yet safe to send)."""
         return self._stops.held
+
+    def within_budget(self, reasoning: str, tokens: int) -> str:
+        """The part of one step's ``reasoning`` (the upstream's own, or split
+        here; standing for ``tokens`` tokens) that is sent: all of it while the
+        steps sent so far hold fewer than ``budget_tokens`` tokens, then
+        ``""``: the upstream did not end its reasoning at the budget, so the
+        reasoning channel is cut there (what it reasons after is dropped, and
+        still counted in the usage); its content still follows."""
+        if self._budget is None or not reasoning:
+            return reasoning
+        if self._reasoned >= self._budget:
+            return ""
+        self._reasoned += tokens
+        return reasoning
+
+    def answer_token(
+        self, token: LogprobToken | None, text: str
+    ) -> LogprobToken | None:
+        """An upstream token that ended the reasoning and began the answer,
+        reported as the answer's first token: its text and bytes cut to the
+        content it wrote (``text``, released now, and what the stop matcher
+        holds); its logprob and alternatives unchanged."""
+        answer = text + self._stops.held
+        at = -1 if token is None or not answer else token.token.rfind(answer)
+        if token is None or at <= 0:
+            return token
+        data = answer.encode()
+        return dataclasses.replace(token, token=token.token[at:], token_bytes=data)
 
     def feed(self, text: str, tokens: int) -> ChoiceStep:
         """Take one step's ``text`` (standing for ``tokens`` tokens).
@@ -262,7 +295,7 @@ def new_choice(
     reasons = reasoning is not None and reasoning.reasons
     if vocabulary is None:
         splitter = ReasoningSplitter(reasoning) if reasoning and reasons else None
-        text_decoder = TextChoiceDecoder(stops, splitter)
+        text_decoder = TextChoiceDecoder(stops, splitter, reasoning_budget)
         choice = ChoiceState(index, text_decoder, None, options.echo)
         if logprobs:
             choice.text_aligner = LogprobAligner[LogprobToken | None]()

@@ -107,8 +107,9 @@ class ResponseDecoder:
             split (``ReasoningChoiceDecoder``): reasoning goes out as ``Delta``
             parts before the content, and the usage counts reasoning tokens;
             with ``logprobs``, only content tokens carry them.
-        reasoning_budget: the most tokens a choice's reasoning may take before
-            it is ended (the rest is content); ``None``: no budget.
+        reasoning_budget: a budget of reasoning tokens the server enforces:
+            a token engine's reasoning then ends (the rest is content), a text
+            engine's is cut (``TextChoiceDecoder.within_budget``); or ``None``.
 
     Raises:
         ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens).
@@ -195,8 +196,7 @@ class ResponseDecoder:
         # prompt index -> (its tokens, those read from a cache)
         self._reported_prompts: dict[int, tuple[int, int]] = {}
         self._counted: set[int] = set()  # text choices the engine ended counting
-        # Text choices that reasoned: index -> reasoning tokens (the steps
-        # that carried reasoning, until the engine reports its own count).
+        # text choice -> reasoning tokens (steps with reasoning, or the engine's count)
         self._text_reasoning: dict[int, int] = {}
         self._continuous_usage = continuous_usage  # read once per token
         self._max_calls = max_tool_calls
@@ -322,9 +322,7 @@ class ResponseDecoder:
                     aligned = []
                     step = self._feed_text_with_logprobs(choice, item, aligned)
                 ongoing = step.finish_reason is None and item.finish_reason is None
-                if item.reasoning or item.reasoning_tokens is not None:
-                    self._count_reasoning(index, item)
-                thought = item.reasoning + step.reasoning
+                thought = self._count_reasoning(index, item, step.reasoning)
                 if aligned is None and ongoing and not item.tool_calls and not thought:
                     if not step.text:
                         return _NO_EVENTS
@@ -397,9 +395,7 @@ class ResponseDecoder:
         """``choice`` is read to its end; after the last one, ``End``."""
         choice.read_done = True
         self._unread -= 1
-        if self._unread == 0 and all(
-            c.finish_reason is not None for c in self._choices
-        ):
+        if self._unread == 0 and all(c.finish_reason for c in self._choices):
             events.append(End(self.usage))
 
     def _finish(
@@ -463,6 +459,8 @@ class ResponseDecoder:
                 if step.text and not step.reasoning:
                     self._release_held(choice)  # the start marker ruled out
                 choice.held_logprobs.clear()
+                if step.finish_reason is None:  # it ended the reasoning
+                    logprob = splitting.answer_logprob(logprob, step.text, self._pieces)
             choice.released_chars += len(step.text)
             end: int | None = choice.released_chars + len(decoder.held)
             if choice.detokenizer.pending_bytes or step.finish_reason is not None:
@@ -511,6 +509,8 @@ class ResponseDecoder:
             reasoning += step.reasoning
             if not content and not step.text:
                 continue  # a reasoning token (or marker): logprobs are the content's
+            if not content:  # it ended the reasoning: its content part only
+                token = decoder.answer_token(token, step.text)
             choice.released_chars += len(step.text)
             end: int | None = choice.released_chars + len(decoder.held)
             if step.finish_reason is not None:
@@ -557,14 +557,16 @@ class ResponseDecoder:
             )
         events.append(Delta(choice.index, text, logprobs, self._usage_so_far()))
 
-    def _count_reasoning(self, index: int, item: TextOutput) -> None:
-        """A text engine's reasoning: its own count when it gives one, else
-        the tokens of the steps that carried reasoning."""
-        if item.reasoning_tokens is not None:
-            self._text_reasoning[index] = item.reasoning_tokens
-        else:
-            counted = self._text_reasoning.get(index, 0)
-            self._text_reasoning[index] = counted + item.completion_tokens
+    def _count_reasoning(self, index: int, item: TextOutput, split: str) -> str:
+        """A text engine's step counted (its own count, else the tokens of steps
+        with reasoning); its reasoning, then ``split``, within the budget."""
+        if item.reasoning or item.reasoning_tokens is not None:
+            own = item.reasoning_tokens
+            if own is None:
+                own = self._text_reasoning.get(index, 0) + item.completion_tokens
+            self._text_reasoning[index] = own
+        thought = item.reasoning + split
+        return self._text_decoders[index].within_budget(thought, item.completion_tokens)
 
     def _reasoning_delta(
         self, choice: ChoiceState, text: str, events: list[StreamEvent]
@@ -580,11 +582,9 @@ class ResponseDecoder:
         fragments: tuple[ToolCallFragment, ...],
         events: list[StreamEvent],
     ) -> bool:
-        """One ``Delta`` per fragment (a text engine's calls): the parts seam the
-        tool-call parser of the local engine feeds too (``core/tooldecoder.py``).
-        True, with the fragments before it, at the first fragment of a call past
-        ``max_tool_calls`` (the calls before it are whole: an upstream's calls
-        begin in order)."""
+        """One ``Delta`` per fragment of a text engine's calls. True, with the
+        fragments before it, at the first fragment of a call past
+        ``max_tool_calls`` (the calls before it are whole, in order)."""
         limit = self._max_calls
         for fragment in fragments:
             if limit is not None and fragment.index >= limit:

@@ -61,11 +61,16 @@ class TokenLogprob:
         logprob: natural log of its probability under the model (raw logits,
             before temperature and other sampling transforms).
         top: up to k ``(token_id, logprob)`` pairs, most likely first.
+        skip_bytes: leading bytes of the token's piece that are not reported
+            (> 0 only for the token that ended the reasoning and began the
+            answer: its reasoning and end-marker bytes; docs/DESIGN.md,
+            "Reasoning").
     """
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    skip_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,12 +219,16 @@ def describe_logprob(
 ) -> LogprobToken:
     """An engine's ``TokenLogprob`` as wire values: text, bytes, logprob, offset
     (``text_offset``, chars) and the alternatives, each described by
-    ``describe_token``.
+    ``describe_token`` (the token's own text and bytes without its
+    ``skip_bytes``).
 
     Raises:
         IndexError: a token id outside ``pieces``.
     """
     token, data = describe_token(pieces, logprob.token_id)
+    if logprob.skip_bytes:
+        data = data[logprob.skip_bytes :]
+        token = data.decode("utf-8", errors="backslashreplace")
     top = tuple(
         TopLogprob(*describe_token(pieces, token_id), value)
         for token_id, value in logprob.top

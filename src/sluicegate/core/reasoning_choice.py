@@ -24,19 +24,14 @@ Spec: docs/DESIGN.md, "Reasoning".
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.events import FinishReason
-from sluicegate.core.reasoning import (
-    ReasoningParser,
-    ReasoningPhase,
-    ReasoningSplitter,
-    ReasoningStep,
-    opened_by_prompt,
-)
+from sluicegate.core.events import FinishReason, TokenLogprob
+from sluicegate.core.reasoning import ReasoningPhase, ReasoningSplitter, ReasoningStep
+from sluicegate.core.reasoning_parsers import ReasoningParser, opened_by_prompt
 from sluicegate.core.stops import StopMatcher
 
 __all__ = ["ReasoningChoiceDecoder", "request_reasoning"]
@@ -53,10 +48,12 @@ class ReasoningChoiceDecoder(ChoiceDecoder):
         splitter: a fresh splitter with the request's markers (owned from now
             on).
         budget_tokens: the most tokens the reasoning may take (Messages
-            ``thinking.budget_tokens``): at the token that reaches it the
-            reasoning ends (``ReasoningSplitter.end_reasoning``) and the rest is
-            content; ``None``: no budget. The model is not told: what it writes
-            after is content, verbatim.
+            ``thinking.budget_tokens``), for an engine that does not close the
+            reasoning itself: at the token that reaches it the reasoning ends
+            (``ReasoningSplitter.end_reasoning``) and what the model writes
+            after is content, verbatim; ``None``: no budget, or one the engine
+            enforces (the end marker it forces ends the reasoning here as the
+            model's own does).
     """
 
     __slots__ = ("_budget", "_splitter")
@@ -81,6 +78,27 @@ class ReasoningChoiceDecoder(ChoiceDecoder):
     def phase(self) -> ReasoningPhase:
         """The splitter's phase now (``CONTENT``: every later token is content)."""
         return self._splitter.phase
+
+    def answer_logprob(
+        self, logprob: TokenLogprob, text: str, pieces: Sequence[bytes]
+    ) -> TokenLogprob:
+        """The logprob of the token that ended the reasoning and began the
+        answer, reported as the answer's first token: its piece's bytes before
+        the answer (reasoning and end-marker characters) skipped
+        (``TokenLogprob.skip_bytes``); the logprob is the whole token's.
+
+        Args:
+            logprob: that token's, from the engine.
+            text: the content the step released (what the stop matcher holds
+                of it is added here).
+            pieces: the vocabulary's piece bytes, by token id.
+
+        Returns:
+            ``logprob`` unchanged when the token's piece holds no answer after
+            other bytes (its content came with earlier tokens' held text).
+        """
+        skip = pieces[logprob.token_id].rfind((text + self.held).encode())
+        return dataclasses.replace(logprob, skip_bytes=skip) if skip > 0 else logprob
 
     def feed(self, token_ids: Iterable[int]) -> ChoiceStep:
         """Take one engine step's token ids; see ``ChoiceDecoder.feed``.

@@ -202,6 +202,9 @@ class Capabilities:
         shared_stats: its ``stats()`` already count every worker's requests
             (an engine process that all workers share); ``False``: this
             process's only, summed over the workers of ``serve --workers``.
+        reasoning_budgets: it enforces ``SamplingParams.reasoning_budget``: at
+            the budget it forces the end marker into the sequence; ``False``:
+            the server ends the reasoning channel at the budget itself.
     """
 
     grammars: bool = False
@@ -211,6 +214,7 @@ class Capabilities:
     listenable: bool = False
     late_acceptance: bool = False
     shared_stats: bool = False
+    reasoning_budgets: bool = False
 
 
 class _EngineBase(Protocol):

@@ -73,9 +73,9 @@ __all__ = ["LlamaCppEngine", "load_vocab"]
 
 log = logging.getLogger(__name__)
 
-_CAPABILITIES = Capabilities(grammars=True, logprobs=True, listenable=True)
-
-
+_CAPABILITIES = Capabilities(
+    grammars=True, logprobs=True, listenable=True, reasoning_budgets=True
+)
 _Plan = list[PlannedChunk[_Sequence]]
 
 

@@ -108,6 +108,7 @@ class LlamaSequence(Scheduled):
     outputs: SequenceOutputs[EngineOutput]
     sampler: Any = None
     constraint: Any = None  # a TokenConstraint, made on the first draw
+    budget: Any = None  # a BudgetForcer, for a request with a reasoning budget
 
 
 def after_current_callback(loop: asyncio.AbstractEventLoop) -> None:

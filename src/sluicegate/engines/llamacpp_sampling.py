@@ -19,6 +19,7 @@ import numpy as np
 
 from sluicegate.core.events import TokenLogprob
 from sluicegate.engines.base import GenerateRequest, SamplingParams
+from sluicegate.engines.llamacpp_budget import budget_forcer, draw_within_budget
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler
 from sluicegate.engines.llamacpp_vocab import LlamaTokenizer
 
@@ -35,6 +36,8 @@ class Sampled(Protocol):
     """The llama.cpp sampler chain, from ``start`` to ``stop``."""
     constraint: Any
     """A ``TokenConstraint``, made on the first draw of a constrained request."""
+    budget: Any
+    """A ``BudgetForcer`` for a request with a reasoning budget, from ``start``."""
 
 
 class Sampling:
@@ -56,6 +59,7 @@ class Sampling:
     def start(self, seq: Sampled) -> None:
         """Give ``seq`` the sampler chain its parameters ask for."""
         seq.sampler = _make_sampler(seq.request.params, self._tokenizer.vocab_size)
+        seq.budget = budget_forcer(seq.request.params, self._tokenizer)
 
     def sample(self, seq: Sampled, idx: int) -> tuple[int, TokenLogprob | None]:
         """The token drawn for ``seq`` from batch position ``idx``'s logits.
@@ -67,6 +71,12 @@ class Sampling:
         Raises:
             GrammarError: the sequence's grammar failed.
         """
+        if seq.budget is not None:  # its reasoning may have to be closed now
+            draw = lambda: self._draw(seq, idx)  # noqa: E731
+            return draw_within_budget(seq.budget, self._ctx, idx, self._tokenizer, draw)
+        return self._draw(seq, idx)
+
+    def _draw(self, seq: Sampled, idx: int) -> tuple[int, TokenLogprob | None]:
         grammar = seq.request.params.grammar
         if grammar is None:
             token = llama.llama_sampler_sample(seq.sampler, self._ctx, idx)
@@ -88,6 +98,7 @@ class Sampling:
         llama.llama_sampler_free(seq.sampler)
         seq.sampler = None
         seq.constraint = None
+        seq.budget = None
 
 
 def _logprob_of(logits: Any, token: int, k: int) -> TokenLogprob:

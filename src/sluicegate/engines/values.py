@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluicegate.core.chunks import Endpoint
+from sluicegate.core.reasoning_budget import ReasoningBudget
 
 __all__ = [
     "EngineStats",
@@ -61,6 +62,9 @@ class SamplingParams:
             logprob plus its k most likely alternatives.
         grammar: a constraint the sequence's text must match (``None``: free
             text); an engine that cannot enforce one ignores it.
+        reasoning_budget: the reasoning's token budget and markers, for an
+            engine that closes the reasoning at the budget
+            (``Capabilities.reasoning_budgets``); others ignore it.
     """
 
     max_tokens: int
@@ -77,6 +81,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
     grammar: Grammar | None = None
+    reasoning_budget: ReasoningBudget | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluicegate.core.reasoning import REASONING_PARSERS
+from sluicegate.core.reasoning_parsers import REASONING_PARSERS
 from sluicegate.core.schema_limits import SchemaLimits
 from sluicegate.server.admission import ApiKey
 from sluicegate.server.quotas import Quota

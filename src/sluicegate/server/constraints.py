@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sluicegate.core.errors import RequestError
-from sluicegate.core.reasoning import ReasoningParser
+from sluicegate.core.reasoning_parsers import ReasoningParser
 from sluicegate.engines.base import Grammar
 from sluicegate.server.schemas import ChatCompletionRequest
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from sluicegate import __version__
 from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import RequestError
-from sluicegate.core.reasoning import ReasoningParser
+from sluicegate.core.reasoning_budget import ReasoningBudget
+from sluicegate.core.reasoning_parsers import ReasoningParser
 from sluicegate.core.tooldecoder import ToolCallOptions
 from sluicegate.engines.base import GenerateRequest, SamplingParams, TextPrompt
 from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -29,6 +30,7 @@ __all__ = [
     "plan_of",
     "sampling_params",
     "system_fingerprint",
+    "with_reasoning",
 ]
 
 
@@ -88,7 +90,9 @@ class Plan:
             (``core.reasoning_choice.request_reasoning``); ``None``: no
             reasoning channel.
         reasoning_budget: the most tokens each choice's reasoning may take
-            (``thinking_token_budget``); ``None``: no budget.
+            before the server ends its reasoning channel
+            (``thinking_token_budget``); ``None``: no budget, or one the
+            engine enforces itself (``with_reasoning``).
         max_tool_calls: for an engine that takes text, the most tool calls a
             choice may bring back (1 with ``parallel_tool_calls: false`` or a
             named ``tool_choice``); the choice is cut after them. ``None``: no
@@ -220,6 +224,34 @@ def plan_of(
         obfuscation=request.include_obfuscation,
         cadence_s=request.cadence_s,
     )
+
+
+def with_reasoning(
+    plan: Plan,
+    reasoning: ReasoningParser | None,
+    budget_tokens: int | None,
+    *,
+    engine_enforces: bool,
+) -> Plan:
+    """``plan`` with a reasoning channel (``reasoning``; ``None``: unchanged)
+    and its budget: given to each choice's ``SamplingParams.reasoning_budget``
+    when the engine closes the reasoning itself (``engine_enforces``:
+    ``Capabilities.reasoning_budgets``), else to ``Plan.reasoning_budget``, where
+    the server ends the reasoning channel at that many tokens."""
+    if reasoning is None:
+        return plan
+    if budget_tokens is None or not engine_enforces:
+        return dataclasses.replace(
+            plan, reasoning=reasoning, reasoning_budget=budget_tokens
+        )
+    budget = ReasoningBudget(reasoning, budget_tokens)
+    choices = tuple(
+        dataclasses.replace(
+            c, params=dataclasses.replace(c.params, reasoning_budget=budget)
+        )
+        for c in plan.choices
+    )
+    return dataclasses.replace(plan, reasoning=reasoning, choices=choices)
 
 
 def sampling_params(

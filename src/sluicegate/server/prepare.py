@@ -54,6 +54,7 @@ from sluicegate.server.plan import (
     plan_of,
     sampling_params,
     system_fingerprint,
+    with_reasoning,
 )
 from sluicegate.server.prepare_text import text_chat_plan, text_completion_plan
 from sluicegate.server.prompt_text import OFF_LOOP_CHARS, tokenize
@@ -237,12 +238,9 @@ async def plan_chat(
     if guarded:
         grammar = NO_TOOL_MARKUP
     plan = _plan(request, response_id, engine, config, model, [ids], [""], grammar)
-    if reasoning is not None:
-        plan = dataclasses.replace(
-            plan,
-            reasoning=reasoning,
-            reasoning_budget=request.thinking_token_budget,
-        )
+    enforces = engine.capabilities.reasoning_budgets
+    budget = request.thinking_token_budget
+    plan = with_reasoning(plan, reasoning, budget, engine_enforces=enforces)
     if guarded and not request.include_stop_str_in_output:
         # For an engine without grammars; with include_stop_str_in_output the
         # matched tag would be sent, so not then.

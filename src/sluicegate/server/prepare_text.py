@@ -6,7 +6,9 @@ gets no token work at all: each prompt goes to it in the API's terms
 the sampling fields the client set are forwarded as set, and ``tools``,
 ``tool_choice``, ``parallel_tool_calls``, ``response_format``,
 ``chat_template_kwargs`` and ``reasoning_effort`` go as the client set them (it
-constrains and parses the calls itself, and splits its own reasoning). With
+constrains and parses the calls itself, and splits its own reasoning), and a
+reasoning budget goes under vLLM's and llama.cpp's names, and is enforced here
+too (the reasoning cut at the budget). With
 ``serve --reasoning-parser NAME`` (not ``auto``) the upstream's plain content is
 split here at that family's markers, for an upstream without a parser. What needs the
 model's vocabulary (``logprobs``, ``stop_token_ids``, the echo of a token-id
@@ -20,8 +22,8 @@ from typing import Any
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import RequestError
-from sluicegate.core.reasoning import reasoning_parser
 from sluicegate.core.reasoning_choice import request_reasoning
+from sluicegate.core.reasoning_parsers import reasoning_parser
 from sluicegate.engines.base import Engine, TextPrompt
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.plan import Plan, plan_of, sampling_params
@@ -59,6 +61,8 @@ def text_chat_plan(
     named = choice is not None and not isinstance(choice, str)
     if request.tools and (named or not request.parallel_tool_calls):
         plan = dataclasses.replace(plan, max_tool_calls=1)
+    # Cut here too, whatever the upstream does with the budget it was sent.
+    plan = dataclasses.replace(plan, reasoning_budget=request.thinking_token_budget)
     if config.reasoning_parser == "auto":
         return plan  # the upstream splits its own reasoning, if it does
     # Named on the command line: the upstream writes its markers into plain
@@ -96,6 +100,12 @@ def _constraint_fields(request: ChatCompletionRequest) -> dict[str, Any]:
         fields["chat_template_kwargs"] = dict(request.chat_template_kwargs)
     if request.reasoning_effort is not None:
         fields["reasoning_effort"] = request.reasoning_effort
+    if request.thinking_token_budget is not None:
+        # The budget under the name each server that enforces one reads: vLLM
+        # (and sluicegate) ``thinking_token_budget``, llama.cpp's server
+        # ``thinking_budget_tokens``; each ignores the other's.
+        fields["thinking_token_budget"] = request.thinking_token_budget
+        fields["thinking_budget_tokens"] = request.thinking_token_budget
     if request.response_format is not None:
         fields["response_format"] = request.response_format.model_dump(
             mode="json", by_alias=True, exclude_none=True

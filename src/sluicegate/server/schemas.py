@@ -182,11 +182,11 @@ class ChatCompletionRequest(RequestFields):
     )
     """More variables for the chat template (``enable_thinking``, ...)."""
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    thinking_token_budget: int | None = Field(None, ge=1)
-    """The most tokens a choice's reasoning may take; at that token the
-    reasoning ends and the rest is content (Messages ``budget_tokens``)."""
     """OpenAI's reasoning effort: ``"none"`` switches thinking off, any other
     value on (no budget is derived from it); also a template variable."""
+    thinking_token_budget: int | None = Field(None, ge=1)
+    """The most tokens a choice's reasoning may take (Messages ``budget_tokens``;
+    docs/DESIGN.md, "Reasoning": where the end marker is forced or cut)."""
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -45,7 +45,7 @@ from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from sluicegate.core.errors import RequestError, bounded_repr
-from sluicegate.core.reasoning import (
+from sluicegate.core.reasoning_parsers import (
     ReasoningParser,
     detect_reasoning_parser,
     reasoning_parser,
