@@ -300,13 +300,12 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
 # ---------------------------------------------------------------- orchestration
 
 
-# sluicegate with every unpaced stream written by its own task (TaskWriter), not
-# by the engine's callbacks (EagerWriter, the default): what the eager path earns.
+# sluicegate with every unpaced stream written by its own task, not by the
+# engine's callbacks (eager, the default): what the eager path earns.
 _TASK_WRITER = (
     "import sys; from sluicegate.cli import main; "
     "from sluicegate.server.sse_response import EventStreamResponse; "
-    "from sluicegate.server.writers import TaskWriter; "
-    "EventStreamResponse.writer = TaskWriter; sys.exit(main(sys.argv[1:]))"
+    "EventStreamResponse.eager = False; sys.exit(main(sys.argv[1:]))"
 )
 
 

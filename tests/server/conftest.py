@@ -14,7 +14,6 @@ from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.sse_response import EventStreamResponse
-from sluicegate.server.writers import EagerWriter, TaskWriter
 
 
 @pytest.fixture
@@ -25,12 +24,11 @@ def anyio_backend() -> str:
 
 @pytest.fixture(autouse=True)
 def stream_writer(monkeypatch: pytest.MonkeyPatch) -> str:
-    """The writer of unpaced streams: ``EagerWriter``, or ``TaskWriter`` with
-    ``SLUICEGATE_TEST_WRITER=task`` in the environment (to run the server tests
-    through the plain twin)."""
+    """How unpaced streams are written: ``eager`` (from the engine's callback
+    too), or by the pump's task only with ``SLUICEGATE_TEST_WRITER=task`` in the
+    environment (to run the server tests through the plain twin)."""
     name = os.environ.get("SLUICEGATE_TEST_WRITER", "eager")
-    writers = {"eager": EagerWriter, "task": TaskWriter}
-    monkeypatch.setattr(EventStreamResponse, "writer", writers[name])
+    monkeypatch.setattr(EventStreamResponse, "eager", name == "eager")
     return name
 
 

@@ -1,8 +1,9 @@
 """The eager write path: frames written from the producer's callback.
 
 Without pacing, an event that comes while the stream's writer task waits with
-nothing queued is written by ``EagerWriter`` at once, driving ``send`` by hand;
-a ``send`` that suspends is handed to the task as a ``Resume``. ``SpyExchange``
+nothing queued is written in the engine's loop turn (``EventFrames``,
+``FrameSink.offer``), driving ``send`` by hand; a ``send`` that suspends is
+handed to the task as a ``Resume``. ``SpyExchange``
 records, per body message, whether the writer task started it, and runs
 ``before`` first (which may suspend or raise).
 """
@@ -25,12 +26,12 @@ from starlette.types import Message
 from sluicegate.core.endstate import EndState
 from sluicegate.core.sse import DONE
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.server import writers
+from sluicegate.server import sink
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
+from sluicegate.server.sink import Resume
 from sluicegate.server.sse_response import EventStreamResponse
-from sluicegate.server.writers import EagerWriter, Resume
 from tests.polling import wait_until
 
 from .asgi import CHAT, HELLO, Exchange
@@ -42,8 +43,8 @@ STREAM = {"messages": HELLO, "stream": True, "stream_options": {"include_usage":
 
 @pytest.fixture(autouse=True)
 def stream_writer(monkeypatch: pytest.MonkeyPatch) -> str:
-    """These tests are about ``EagerWriter``, whatever the suite's writer."""
-    monkeypatch.setattr(EventStreamResponse, "writer", EagerWriter)
+    """These tests are about eager writes, whatever the suite's writer."""
+    monkeypatch.setattr(EventStreamResponse, "eager", True)
     return "eager"
 
 
@@ -222,7 +223,7 @@ async def test_leaving_during_a_handed_over_write_aborts_and_closes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Awaited by the task: the cancellation goes through ``Resume`` into the
-    # write. Not taken yet: ``EagerWriter.close()`` throws one into it, as a
+    # write. Not taken yet: ``FrameSink.close()`` throws one into it, as a
     # cancelled task would.
     kept: list[Resume] = []  # held here: only an explicit close() ends it
 
@@ -232,7 +233,7 @@ async def test_leaving_during_a_handed_over_write_aborts_and_closes_it(
         kept.append(Resume(steps, waiting_on, context))
         return kept[-1]
 
-    monkeypatch.setattr(writers, "Resume", keep)
+    monkeypatch.setattr(sink, "Resume", keep)
     engine = ScriptedEngine(never_finishes=True, tokens_per_s=2000)
     app = create_app(engine, ServerConfig())
     seen: list[object] = []  # started in a callback?, then how it ended

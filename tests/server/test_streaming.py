@@ -27,7 +27,6 @@ from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 from sluicegate.server.sse_response import EventStreamResponse
-from sluicegate.server.writers import EagerWriter, TaskWriter
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange
 
@@ -38,10 +37,9 @@ pytestmark = pytest.mark.anyio
 def stream_writer(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> str:
-    """Unpaced streams are written by ``EagerWriter``, then by ``TaskWriter``
+    """Unpaced streams are written eagerly, then by the pump's task only
     (whatever ``SLUICEGATE_TEST_WRITER`` says)."""
-    writers = {"eager": EagerWriter, "task": TaskWriter}
-    monkeypatch.setattr(EventStreamResponse, "writer", writers[request.param])
+    monkeypatch.setattr(EventStreamResponse, "eager", request.param == "eager")
     return str(request.param)
 
 

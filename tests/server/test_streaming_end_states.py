@@ -32,22 +32,21 @@ from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 from sluicegate.server.sse_response import EventStreamResponse
 from sluicegate.server.streaming import REQUEST_TIMEOUT, SERVER_SHUTDOWN
-from sluicegate.server.writers import EagerWriter, TaskWriter, WriterType
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 
-WRITERS = {"eager": EagerWriter, "task": TaskWriter}
+WRITERS = {"eager": True, "task": False}
 
 
 @contextlib.contextmanager
-def writing_with(writer: WriterType) -> Iterator[None]:
-    """``EventStreamResponse`` writes unpaced streams with ``writer`` inside."""
-    before = EventStreamResponse.writer
-    EventStreamResponse.writer = writer
+def writing_with(eager: bool) -> Iterator[None]:
+    """``EventStreamResponse`` writes unpaced streams eagerly or not inside."""
+    before = EventStreamResponse.eager
+    EventStreamResponse.eager = eager
     try:
         yield
     finally:
-        EventStreamResponse.writer = before
+        EventStreamResponse.eager = before
 
 
 @dataclass(frozen=True)

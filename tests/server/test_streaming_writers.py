@@ -1,10 +1,10 @@
 """The eager writer and its plain twin give the same bytes, ledger rows and metrics.
 
-Each case runs once with ``EagerWriter`` and once with ``TaskWriter`` on a fresh
-app. Bytes are compared frame by frame with the per-response ``id`` and
-``created`` masked, and each choice's content chunks joined (how many tokens
-one write carries, and how choices interleave, depends on how late the loop
-wakes the writer; the frames' bytes otherwise do not).
+Each case runs once written eagerly (``EventStreamResponse.eager``) and once by
+the pump's task only, on a fresh app. Bytes are compared frame by frame with the
+per-response ``id`` and ``created`` masked, and each choice's content chunks
+joined (how many tokens one write carries, and how choices interleave, depends
+on how late the loop wakes the writer; the frames' bytes otherwise do not).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 from sluicegate.server.metrics import Metrics
 from sluicegate.server.sse_response import EventStreamResponse
-from sluicegate.server.writers import EagerWriter, TaskWriter, WriterType
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 
@@ -102,13 +101,13 @@ def _row(ledger: Ledger) -> tuple[Any, ...]:
 
 
 async def _run(
-    writer: WriterType,
+    eager: bool,
     monkeypatch: pytest.MonkeyPatch,
     engine_kwargs: dict[str, Any],
     path: str,
     body: dict[str, Any],
 ) -> tuple[list[Any], tuple[Any, ...], list[bytes]]:
-    monkeypatch.setattr(EventStreamResponse, "writer", writer)
+    monkeypatch.setattr(EventStreamResponse, "eager", eager)
     app = create_app(ScriptedEngine(tokens_per_s=2000, **engine_kwargs), ServerConfig())
     ex = Exchange(app, path, {**body, "stream": True})
     with anyio.fail_after(5):
@@ -123,8 +122,8 @@ async def test_both_writers_write_the_same_stream(
     case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine_kwargs, path, body = CASES[case]
-    eager = await _run(EagerWriter, monkeypatch, engine_kwargs, path, body)
-    task = await _run(TaskWriter, monkeypatch, engine_kwargs, path, body)
+    eager = await _run(True, monkeypatch, engine_kwargs, path, body)
+    task = await _run(False, monkeypatch, engine_kwargs, path, body)
     assert eager[0] == task[0]  # the bytes
     assert eager[1] == task[1]  # the ledger row
     assert eager[2] == task[2]  # the metrics

@@ -46,6 +46,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from sluicegate.engines.base import Engine
+from sluicegate.engines.clocks import Timers
 from sluicegate.server.access import PAGE_PATH
 from sluicegate.server.answers import http_error, server_error
 from sluicegate.server.completion_routes import CompletionRoutes
@@ -64,7 +65,10 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(
-    engine: Engine | Sequence[Engine], config: ServerConfig | None = None
+    engine: Engine | Sequence[Engine],
+    config: ServerConfig | None = None,
+    *,
+    clock: Timers | None = None,
 ) -> Starlette:
     """The ASGI app serving ``engine`` with ``config`` (defaults when ``None``).
 
@@ -82,6 +86,10 @@ def create_app(
     thread holds is committed first). The chat template is compiled here, so a model
     whose template does not compile fails at startup, not per request.
 
+    ``clock`` is what the streams' timers run on (heartbeats, stuck writes,
+    pacing, the cadence, the first-token and request deadlines): the running
+    event loop when ``None``; tests step a ``ManualClock``.
+
     Raises:
         jinja2.TemplateSyntaxError: the model's chat template does not compile.
         ValueError: two engines serve the same model id.
@@ -89,7 +97,7 @@ def create_app(
     Spec: OpenAI API reference, "Create chat completion", "Create completion".
     """
     engines = [engine] if not isinstance(engine, Sequence) else list(engine)
-    routes = CompletionRoutes(engines, config or ServerConfig())
+    routes = CompletionRoutes(engines, config or ServerConfig(), clock)
     messages = MessagesRoutes(routes)
     responses = ResponsesRoutes(routes, routes.resumable)
     info = InfoRoutes(routes.models, routes.drain, routes.metrics_, routes.config)

@@ -39,6 +39,7 @@ from sluicegate.core.events import (
     join_all_parts,
     join_parts,
 )
+from sluicegate.engines.clocks import Timers
 
 __all__ = [
     "EVENT_COST_BYTES",
@@ -61,6 +62,9 @@ class Outbox:
     event that ``put`` queues (not for one handed to ``direct``), before the
     writer is woken. ``StreamBuffer`` counts bytes there.
 
+    Args:
+        clock: what ``wait``'s time limit runs on; ``None``: the running loop.
+
     Attributes:
         direct: takes an event in place of the queue while the writer waits in
             ``wait()`` with nothing queued (the writer then writes the event
@@ -68,7 +72,8 @@ class Outbox:
             sets it; ``None`` (the default): every event is queued.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Timers | None = None) -> None:
+        self._clock = clock
         self._events: deque[StreamEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None
         # Asked once, not per wait: get_running_loop() is a getpid system call
@@ -107,7 +112,7 @@ class Outbox:
 
     async def wait(self, timeout_s: float = math.inf) -> None:
         """Return when an event is queued, ``poke()`` is called, or after
-        ``timeout_s`` seconds (``math.inf``: no time limit)."""
+        ``timeout_s`` seconds on its clock (``math.inf``: no time limit)."""
         if self._events or timeout_s <= 0:
             return
         loop = self._loop
@@ -116,7 +121,8 @@ class Outbox:
         waiter = self._waiter = loop.create_future()
         timer = None
         if timeout_s != math.inf:
-            timer = loop.call_later(timeout_s, _wake, waiter)
+            clock: Timers = self._clock or loop
+            timer = clock.call_at(clock.time() + timeout_s, lambda: _wake(waiter))
         try:
             await waiter
         finally:
@@ -302,6 +308,10 @@ class LiveStreams:
         self._closed_coalesced = 0
         self.heartbeats_sent = 0
         self.aborted_slow = 0
+
+    def count_heartbeat(self) -> None:
+        """One more ``: keep-alive`` comment was written."""
+        self.heartbeats_sent += 1
 
     def open(self, buffer: StreamBuffer) -> None:
         """Count ``buffer`` as live until ``close(buffer)``."""

@@ -46,6 +46,7 @@ from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.core.wire import Wire
 from sluicegate.engines.base import Engine
+from sluicegate.engines.clocks import Timers
 from sluicegate.server.access import API_KEY, Access
 from sluicegate.server.admission import (
     ANONYMOUS,
@@ -112,7 +113,12 @@ EXACT_RETRY_AFTER_BYTES = 64 * 1024
 class CompletionRoutes:
     """The generation endpoints and the guard, sharing the models, config and ledger."""
 
-    def __init__(self, engines: Sequence[Engine], config: ServerConfig) -> None:
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        config: ServerConfig,
+        clock: Timers | None = None,
+    ) -> None:
         self.models = ServedModels(
             engines,
             config.model_aliases,
@@ -155,6 +161,7 @@ class CompletionRoutes:
             stuck_timeout_s=config.stuck_stream_timeout_s,
             interval_s=config.stream_interval_s,
             cadence_s=config.cadence_s,
+            clock=clock,
         )
         self.resumable = ResumableStreams(
             open_memory_store(config)

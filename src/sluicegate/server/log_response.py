@@ -6,8 +6,10 @@ after a cursor, each with an ``id:`` line naming its cursor, then the live ones
 as the producer appends them, until the log's last frame. The producer
 (``resumable_producer.py``) writes into the store and never waits on a reader.
 
-A store that pushes (``PushRead``) hands the live frames to the reader's writes
-(``log_writes.py``) from the producer's call, while the reader's task waits.
+The reader's task pumps the log's frames (``LogFrames``, ``log_writes.py``)
+through a ``FrameSink`` to the connection (``pump.py``), as every stream is
+written; a store that pushes (``PushRead``) hands the live frames to the
+sink from the producer's call, while the reader's task waits.
 
 Invariants:
     - The checks (unknown id, another key's log, an evicted cursor) were made
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -60,7 +61,9 @@ from sluicegate.server.event_store import (
     StoreError,
     store_error_code,
 )
-from sluicegate.server.log_writes import LogWrites, body_part
+from sluicegate.server.log_writes import BROKEN, LogFrames
+from sluicegate.server.pump import pump
+from sluicegate.server.sink import FrameSink, body_writes
 from sluicegate.server.sse_response import BODY_SEND, SSE_HEADERS
 from sluicegate.server.streaming import StreamLimits
 from sluicegate.server.write_watch import WriteWatch
@@ -98,7 +101,7 @@ class LogStreamResponse:
         self._first = first
         self._batches = batches
         self._limits = limits
-        self._writes = LogWrites(response_id)
+        self._source = LogFrames(response_id)
         self.cut: str | None = None
         """Why the reader was cut (``None``: it read to the end)."""
         self.past_end = False
@@ -134,7 +137,7 @@ class LogStreamResponse:
         if read_pushed is None:
             batches = store.read(response_id, owner, after)
         else:
-            batches = read_pushed(response_id, owner, after, response._writes.push)
+            batches = read_pushed(response_id, owner, after, response._source.push)
         response._batches = batches
         try:
             response._first = await anext(batches)
@@ -172,54 +175,34 @@ class LogStreamResponse:
             await _close(self._batches)
         if ended:
             with contextlib.suppress(OSError):
-                await body_part(send, b"", more_body=False)
+                await send(
+                    {"type": "http.response.body", "body": b"", "more_body": False}
+                )
 
     async def _follow(self, receive: Receive, send: Send) -> bool:
-        """Write every batch; True when the log ended, False when cut."""
-        limits, writes = self._limits, self._writes
+        """Pump every batch to ``send``; True when the log ended, False when cut."""
+        limits, source = self._limits, self._source
+        clock = limits.clock or asyncio.get_running_loop()
         with DisconnectRace(receive) as race:
             stuck = functools.partial(
                 race.stop, f"no byte accepted for {limits.stuck_timeout_s:g} s"
             )
-
             watch = WriteWatch(
                 limits.heartbeat_interval_s,
                 limits.stuck_timeout_s,
-                writes.heartbeat_due,
+                source.heartbeat_due,
                 stuck,
+                clock,
             )
-            task = asyncio.current_task()
-            assert task is not None  # DisconnectRace made sure of it
-            writes.pushing = (send, watch, race, task, contextvars.copy_context())
+            broken = functools.partial(race.stop, BROKEN)
+            sink = FrameSink(body_writes(send), watch, on_broken=broken)
+            source.follow(self._first, self._batches, sink)
             try:
-                await writes.write(self._first, send, watch)
-                async for batch in self._batches:  # once per token: kept flat
-                    if writes.beat is not None:
-                        await writes.beat
-                    if writes.failure is not None:
-                        writes.raise_failure()
-                    prefix = writes.prefix
-                    if len(batch) == 1:
-                        seq, frame = batch[0]
-                        body = b"id: %s.%d\n%s" % (prefix, seq, frame)
-                    else:
-                        body = b"".join(
-                            b"id: %s.%d\n%s" % (prefix, seq, f) for seq, f in batch
-                        )
-                    writes.sending = True
-                    watch.writing()
-                    await send(
-                        {"type": "http.response.body", "body": body, "more_body": True}
-                    )
-                    watch.wrote()
-                    writes.sending = False
-                if writes.beat is not None:  # a pushed write ends the log
-                    await writes.beat
-                writes.raise_failure()
+                if not await pump(source, sink):
+                    return False  # the connection broke
             except CursorEvicted:
                 self.cut = "fell behind the log's bound"
-                if writes.beat is not None:  # a write in flight goes out first
-                    await writes.beat
+                await sink.flushed()  # a write in flight goes out first
                 return False
             except ProducerLost:
                 payload = error_payload(
@@ -228,28 +211,29 @@ class LogStreamResponse:
                     None,
                     PRODUCER_LOST,
                 )
-                await writes.send(send, b"data: " + dumps(payload) + b"\n\n", watch)
-                return True
+                return await _last(sink, payload)
             except StoreError as exc:  # the shared store failed: gone, or full
                 logger.warning("reader of %s ended: %s", self.response_id, exc)
                 code = store_error_code(exc)
                 payload = error_payload(STORE_LOST, "server_error", None, code)
-                await writes.send(send, b"data: " + dumps(payload) + b"\n\n", watch)
-                return True
+                return await _last(sink, payload)
             finally:
-                writes.pushing = None
-                watch.cancel()
-                if writes.beat is not None:
-                    writes.beat.cancel()
-                # No cycle outlives the response: pushing holds the watch,
+                # No cycle outlives the response: the sink holds the watch,
                 # which holds heartbeat_due, and a pushed write's failure not
                 # raised (the reader was cut) a traceback that holds this
                 # response.
-                writes.failure = None
+                source.unfollow()
+                sink.close()
+                watch.cancel()
         if race.reason is not None:
             self.cut = race.reason
             return False
         return True
+
+
+async def _last(sink: FrameSink, payload: dict[str, object]) -> bool:
+    """Write one in-band error event (no ``id:``): the reader's last."""
+    return await sink.write([b"data: " + dumps(payload) + b"\n\n"])
 
 
 async def _no_batches() -> AsyncIterator[Frames]:

@@ -8,11 +8,13 @@ it puts a ``Fail`` (``resume_grace_expired``) into its buffer: the machine
 writes that error event into the log (a late resume sees why the stream
 ended), the engine request is aborted and its KV cells freed.
 
-A store that can append without awaiting (``SyncAppend``: the memory store) is
-fed from the engine's callback while the producer's task waits with nothing
-queued (the buffer's ``direct``, as ``writers.EagerWriter`` does for a
-connection): no task wake-up per token. Any other store is fed by the task;
-both write the same frames (``tests/server/test_resumable_streams.py``).
+The producer writes as every stream does: the pump (``pump.py``) moves the
+machine's frames through a ``FrameSink`` whose destination is the log. A store
+that can append without awaiting (``SyncAppend``: the memory store) is fed from
+the engine's callback while the pump waits with nothing queued (the sink's
+``offer``, as for a connection): no task wake-up per token. Any other store is
+fed by the pump's task; both write the same frames
+(``tests/server/test_resumable_streams.py``).
 
 Invariants:
     - The end state is the producer's, not a connection's: ``finished`` or
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -48,7 +51,7 @@ from typing import Protocol
 from sluicegate.core.chunks import ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.events import CANCELLED, Delta, Fail, StreamEvent
+from sluicegate.core.events import CANCELLED, Fail
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire import Wire, stream_machine
 from sluicegate.engines.clocks import Timer, Timers
@@ -60,6 +63,8 @@ from sluicegate.server.event_store import (
     store_error_code,
 )
 from sluicegate.server.generation import INTERNAL_ERROR_MESSAGE, Generation
+from sluicegate.server.pump import EventFrames, pump, sleep_until
+from sluicegate.server.sink import FrameSink
 from sluicegate.server.streaming import StreamLimits, attached
 
 __all__ = ["BUFFER_FULL", "GRACE_EXPIRED", "Producer", "SyncAppend"]
@@ -110,8 +115,9 @@ class Producer:
         ended: awaited with the machine once it ended, before the log is
             finished (so that a reader that saw the log's end sees what it
             kept); what it raises is logged.
-        clock: what the grace timer runs on (a ``ReaderWatch`` store); default:
-            the running event loop. Tests step a ``ManualClock``.
+        clock: what the grace timer and the readers' checks run on; default:
+            ``limits.clock``, else the running event loop. Tests step a
+            ``ManualClock``.
     """
 
     def __init__(
@@ -142,11 +148,7 @@ class Producer:
         self._on_end = on_end
         self._ended = ended
         self._check_s = check_interval_s
-        self._failure: Exception | None = None  # met in the engine's callback
         self._buffer: StreamBuffer | None = None
-        # The store's append from the engine's callback (``SyncAppend``): set
-        # with ``direct``, which only a store that has one gets.
-        self._append_nowait: Callable[[str, Sequence[bytes]], None] = _no_append
         self._cancel_early = False  # cancel() came before the buffer
         self._clock = clock
         self._grace_timer: Timer | None = None  # armed: no reader
@@ -199,10 +201,23 @@ class Producer:
         self._buffer = buffer
         if self._cancel_early:
             self._give_up(buffer, _CANCEL_REASON, CANCELLED)
-        append_nowait = getattr(self._store, "append_nowait", None)
-        if append_nowait is not None:
-            self._append_nowait = append_nowait
-            buffer.direct = self._direct
+        store, response_id = self._store, self._id
+        append_nowait = getattr(store, "append_nowait", None)
+        sink = FrameSink(
+            functools.partial(store.append, response_id),
+            None,
+            on_pending=buffer.poke,
+            at_once=(
+                None
+                if append_nowait is None
+                else functools.partial(append_nowait, response_id)
+            ),
+            broken=(),  # a store's failure is the producer's to handle
+        )
+        clock = self._timers()
+        source = EventFrames(
+            self._machine, buffer, sink, clock, eager=append_nowait is not None
+        )
         watch_readers: _WatchReaders | None = getattr(
             self._store, "watch_readers", None
         )
@@ -215,9 +230,10 @@ class Producer:
             else:
                 self._time_readers(buffer, watch_readers)
             try:
-                await self._write(buffer)
+                await pump(source, sink)
             finally:
-                buffer.direct = None
+                source.close()
+                sink.close()
                 if watcher is not None:
                     watcher.cancel()
                 if watch_readers is not None:
@@ -226,58 +242,17 @@ class Producer:
                     if timer is not None:
                         timer.cancel()
 
+    def _timers(self) -> Timers:
+        return self._clock or self._limits.clock or asyncio.get_running_loop()
+
     def _overflow(self) -> None:
         if self._buffer is not None:
             self._give_up(self._buffer, "buffer full", BUFFER_FULL)
 
-    async def _write(self, buffer: StreamBuffer) -> None:
-        machine, store, response_id = self._machine, self._store, self._id
-        while machine.end_state is None:
-            await buffer.wait()
-            failure, self._failure = self._failure, None
-            if failure is not None:
-                raise failure
-            frames = self._frames(buffer.drain())
-            if frames:
-                await store.append(response_id, frames)
-                machine.wrote()
-
-    def _direct(self, event: StreamEvent) -> None:
-        """The buffer's ``direct``: one event, from the engine's callback, into
-        the log (the store's ``append_nowait``); the task is poked once the
-        machine ended, or on a failure. Once per token: kept flat."""
-        machine = self._machine
-        try:
-            frames = machine.feed(event)
-            if frames:
-                self._append_nowait(self._id, frames)
-                if type(event) is not Delta:  # content moves no outcome
-                    machine.wrote()
-        except Exception as exc:  # the task raises it: nothing reaches the engine
-            self._failure = exc
-            assert self._buffer is not None, "direct is set with the buffer"
-            self._buffer.poke()
-            return
-        # Only an End or a Fail ends the machine.
-        if type(event) is not Delta and machine.end_state is not None:
-            assert self._buffer is not None, "direct is set with the buffer"
-            self._buffer.poke()
-
-    def _frames(self, events: list[StreamEvent]) -> list[bytes]:
-        machine = self._machine
-        frames: list[bytes] = []
-        for event in events:
-            # The machine may have ended in the engine's callback (a give up
-            # there) while tokens already on their way were queued: dropped.
-            if machine.end_state is not None:
-                break
-            frames += machine.feed(event)
-        return frames
-
     def _time_readers(self, buffer: StreamBuffer, watch_readers: _WatchReaders) -> None:
         """The grace as one timer (a ``ReaderWatch`` store): armed when the last
         reader goes, cancelled when one comes."""
-        clock = self._clock or asyncio.get_running_loop()
+        clock = self._timers()
         grace_s = self._grace_s
 
         def expire() -> None:
@@ -299,10 +274,10 @@ class Producer:
 
     async def _watch(self, buffer: StreamBuffer) -> None:
         """Every ``check_interval_s``: lease; count the time without a reader."""
-        store, response_id, loop = self._store, self._id, asyncio.get_running_loop()
+        store, response_id, clock = self._store, self._id, self._timers()
         alone_since: float | None = None
         while True:
-            await asyncio.sleep(self._check_s)
+            await sleep_until(clock, clock.time() + self._check_s)
             try:
                 await store.lease(response_id)
                 if await store.attached(response_id):
@@ -310,7 +285,7 @@ class Producer:
                     continue
             except StoreError:  # unknown: the stream itself meets the failure
                 continue
-            now = loop.time()
+            now = clock.time()
             alone_since = now if alone_since is None else alone_since
             if now - alone_since >= self._grace_s:
                 message = f"No reader resumed this stream within {self._grace_s:g} s"
@@ -367,7 +342,3 @@ class Producer:
             return  # the machine had ended: its outcome is what was written
         await self._store.append(self._id, frames)
         self._machine.wrote()
-
-
-def _no_append(response_id: str, frames: Sequence[bytes]) -> None:
-    raise AssertionError("direct is only set for a store with append_nowait")

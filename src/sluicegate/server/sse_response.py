@@ -1,8 +1,8 @@
 """The ASGI app that streams one generation as OpenAI chunks over SSE.
 
-``EventStreamResponse`` sends the headers, then loops: wait on the stream's
-buffer, feed what came to the ``StreamMachine``, hand its frames to the writer
-(``writers.py``), and a heartbeat when ``WriteWatch`` says the stream was silent.
+``EventStreamResponse`` sends the headers, then pumps the stream's events
+through the ``StreamMachine`` to the connection (``pump.py``, through a
+``FrameSink``), and a heartbeat when ``WriteWatch`` says the stream was silent.
 It reports what happened (each write's outcome, the client leaving, a slow
 client given up on) to the machine, whose ``outcome`` is the end state the
 ledger records.
@@ -46,15 +46,16 @@ from starlette.types import Receive, Scope, Send
 from sluicegate.core.chunks import ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.events import Fail, Heartbeat, StreamEvent
+from sluicegate.core.events import Fail
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire import stream_machine
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.disconnect import CLIENT_GONE, DisconnectRace
 from sluicegate.server.generation import Generation
+from sluicegate.server.pump import EventFrames, pump
+from sluicegate.server.sink import FrameSink, body_writes
 from sluicegate.server.streaming import OnEnd, StreamLimits, attached
 from sluicegate.server.write_watch import WriteWatch
-from sluicegate.server.writers import EagerWriter, TaskWriter, WriterType
 
 __all__ = ["BODY_SEND", "SSE_HEADERS", "EventStreamResponse"]
 
@@ -88,7 +89,6 @@ tell them again and again. A stream never lets an exception out (see
 Middleware added inside the app does not see stream bodies; wrap the app from
 outside instead."""
 
-_HEARTBEAT = Heartbeat()
 CADENCE_STEP_BYTES = 64
 """The padding ladder's first step on a clock (bytes): a 50 ms tick of a CPU
 model (a few tokens of a few bytes) fits in it."""
@@ -118,9 +118,10 @@ class EventStreamResponse:
     docs/DESIGN.md, "Slow consumers".
     """
 
-    writer: ClassVar[WriterType] = EagerWriter
-    """The writer of unpaced streams; paced ones (``interval_s > 0``) always use
-    ``TaskWriter``. Tests and benches set ``TaskWriter`` here to compare."""
+    eager: ClassVar[bool] = True
+    """Whether unpaced streams are also written from the engine's callback
+    (``EventFrames``, ``FrameSink.offer``); paced ones are written by the pump
+    only. Tests and benches set ``False`` here to compare the two."""
 
     def __init__(
         self,
@@ -191,85 +192,44 @@ class EventStreamResponse:
     async def _write(
         self, buffer: StreamBuffer, send: Send, race: DisconnectRace
     ) -> None:
-        """Drain ``buffer`` into frames until the machine ends; heartbeat on silence.
+        """Pump ``buffer``'s events through the machine to ``send`` until the
+        machine ends (``pump.py``); heartbeat on silence.
 
         Runs once per token per stream, so it holds no per-write timer: one
         ``WriteWatch`` timer per stream checks for silence and stuck writes.
-        Without pacing, the writer may write events itself while this task waits
-        (``EagerWriter``); ``settle()`` takes over whatever it cannot finish.
+        Without pacing, events may be written from the engine's callback while
+        the pump waits (``eager``); the pump settles whatever that started.
         """
-        machine, limits = self._machine, self._limits
+        limits = self._limits
+        clock = limits.clock or asyncio.get_running_loop()
         stuck = functools.partial(
             race.stop, f"the client accepted no byte for {limits.stuck_timeout_s:g} s"
         )
         watch = WriteWatch(
-            limits.heartbeat_interval_s, limits.stuck_timeout_s, buffer.poke, stuck
+            limits.heartbeat_interval_s,
+            limits.stuck_timeout_s,
+            buffer.poke,
+            stuck,
+            clock,
         )
-        paced = limits.interval_s > 0
-        cadenced = limits.cadence_s > 0
-        make_writer = TaskWriter if paced or cadenced else type(self).writer
-        writer = make_writer(machine, send, watch, buffer)
+        sink = FrameSink(body_writes(send), watch, on_pending=buffer.poke)
+        source = EventFrames(
+            self._machine,
+            buffer,
+            sink,
+            clock,
+            watch=watch,
+            eager=type(self).eager,
+            interval_s=limits.interval_s,
+            cadence_s=limits.cadence_s,
+            on_heartbeat=self._live.count_heartbeat,
+        )
         try:
-            if cadenced:
-                await self._write_on_clock(buffer, writer, limits.cadence_s)
-                return
-            while machine.end_state is None:
-                await buffer.wait()
-                if not await writer.settle() or machine.end_state is not None:
-                    return  # the connection broke, or the writer wrote the end
-                events = buffer.drain()
-                if not events:
-                    if not watch.silent:
-                        continue  # a poke that came early
-                    events = [_HEARTBEAT]
-                frames = self._frames(events)
-                if not frames:
-                    continue
-                if not await writer.write(b"".join(frames)):
-                    return
-                if events[0] is _HEARTBEAT:
-                    self._live.heartbeats_sent += 1
-                elif paced and machine.end_state is None:
-                    await asyncio.sleep(limits.interval_s)  # what comes coalesces
+            await pump(source, sink)
         finally:
-            writer.close()
+            source.close()
+            sink.close()
             watch.cancel()
-
-    async def _write_on_clock(
-        self, buffer: StreamBuffer, writer: TaskWriter, cadence_s: float
-    ) -> None:
-        """Write on every tick of a clock of period ``cadence_s`` (seconds) until
-        the machine ends: what the buffer holds (coalesced), else a heartbeat.
-
-        A tick missed (a slow write) starts the clock again from now, so ticks
-        never bunch up.
-        """
-        machine = self._machine
-        loop = asyncio.get_running_loop()
-        due = loop.time()
-        while machine.end_state is None:
-            due += cadence_s
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                due -= delay
-            events = buffer.drain()
-            # Nothing ready, or only what sends nothing (an empty delta).
-            frames = self._frames(events) or machine.feed(_HEARTBEAT)
-            if not await writer.write(b"".join(frames)):
-                return
-
-    def _frames(self, events: list[StreamEvent]) -> list[bytes]:
-        machine = self._machine
-        if len(events) == 1:
-            return machine.feed(events[0])
-        frames: list[bytes] = []
-        for event in events:
-            frames += machine.feed(event)
-            if machine.end_state is not None:
-                break
-        return frames
 
     async def _send_error(self, send: Send) -> None:
         # The details stay in the log: they may be internal.

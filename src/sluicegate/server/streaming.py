@@ -11,9 +11,10 @@ every engine sequence still running is then aborted, whether the request is
 queued, in prefill or decoding.
 
 The stream's writing is split by job: ``WriteWatch`` (``write_watch.py``) times
-heartbeats and stuck writes, and a writer (``writers.py``) writes the frames
-that ``StreamMachine`` returns and reports each write's outcome back to it; the
-machine alone decides the end state and the closing frames.
+heartbeats and stuck writes, a ``FrameSink`` (``sink.py``) writes frames, and
+the pump (``pump.py``) moves the frames that ``StreamMachine`` returns to the
+sink and reports each write's outcome back to it; the machine alone decides
+the end state and the closing frames.
 
 Invariants:
     - Each response reports its end (``EndState`` and HTTP status) exactly once,
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import Fail
+from sluicegate.engines.clocks import Timer, Timers
 from sluicegate.server.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.generation import Generation
 
@@ -84,6 +86,9 @@ class StreamLimits:
             0: off): each tick writes what came since the last, coalesced, or
             one empty (padded) event when nothing did; ``interval_s`` is then
             not used.
+        clock: what the stream's timers run on (heartbeats, stuck writes,
+            pacing, the cadence, the first-token and request deadlines);
+            ``None``: the running event loop. Tests step a ``ManualClock``.
     """
 
     heartbeat_interval_s: float = 15.0
@@ -93,6 +98,7 @@ class StreamLimits:
     stuck_timeout_s: float = 30.0
     interval_s: float = 0.0
     cadence_s: float = 0.0
+    clock: Timers | None = None
 
 
 @contextlib.contextmanager
@@ -119,15 +125,17 @@ def attached(
 
 def arm_deadlines(
     generation: Generation, buffer: StreamBuffer, limits: StreamLimits
-) -> list[asyncio.TimerHandle]:
-    """Timers that put a timeout ``Fail`` into ``buffer`` when a limit runs out.
+) -> list[Timer]:
+    """Timers that put a timeout ``Fail`` into ``buffer`` when a limit runs out,
+    on ``limits.clock`` (seconds from now).
 
     Returns:
         The armed timers (none without limits); cancel each when the body ends.
     """
-    loop = asyncio.get_running_loop()
+    clock = limits.clock or asyncio.get_running_loop()
+    now = clock.time()
     first, total = limits.first_token_timeout_s, limits.request_timeout_s
-    timers = []
+    timers: list[Timer] = []
 
     def first_token_due() -> None:
         if generation.first_token_at is None:
@@ -139,7 +147,7 @@ def arm_deadlines(
         buffer.put(Fail(message, code=REQUEST_TIMEOUT))
 
     if first is not None and (total is None or first < total):
-        timers.append(loop.call_later(first, first_token_due))
+        timers.append(clock.call_at(now + first, first_token_due))
     if total is not None:
-        timers.append(loop.call_later(total, request_due))
+        timers.append(clock.call_at(now + total, request_due))
     return timers
