@@ -8,14 +8,16 @@ blocks until the test calls ``leave()`` and answers ``http.disconnect``; its
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
 from starlette.types import ASGIApp, Message
 
 from sluicegate.core.sse import DONE, Event, SSEDecoder
+from sluicegate.engines.clocks import ManualClock
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -187,3 +189,39 @@ async def exchange(
     with anyio.fail_after(timeout_s):
         await ex.run()
     return ex
+
+
+async def on_clock(
+    clock: ManualClock,
+    run: Callable[[], Awaitable[object]],
+    step_s: float,
+    until: Callable[[], bool] | None = None,
+    *,
+    max_clock_s: float = 600.0,
+) -> None:
+    """Run ``run()`` while ``clock`` moves on ``step_s`` seconds at a time (the
+    loop runs its ready callbacks between steps), until it returns or
+    ``until()`` holds; then cancel it. No test sleeps for a stream's timers.
+
+    Raises:
+        AssertionError: ``clock`` passed ``max_clock_s`` first.
+    """
+    async with anyio.create_task_group() as tg:
+        done = anyio.Event()
+
+        async def body() -> None:
+            try:
+                await run()
+            finally:
+                done.set()
+
+        tg.start_soon(body)
+        with anyio.fail_after(30):  # a liveness bound in real time only
+            while not done.is_set() and not (until is not None and until()):
+                for _ in range(8):  # let what the last step started run
+                    await asyncio.sleep(0)
+                if done.is_set() or (until is not None and until()):
+                    break
+                assert clock.time() < max_clock_s, "the clock ran out"
+                clock.advance(step_s)
+        tg.cancel_scope.cancel()

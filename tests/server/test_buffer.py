@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from sluicegate.core.events import Delta, End, Heartbeat, StreamEvent, Usage
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.server.buffer import EVENT_COST_BYTES, Outbox, StreamBuffer
 
 pytestmark = pytest.mark.anyio
@@ -26,12 +27,16 @@ async def test_wait_returns_at_once_for_queued_events_or_no_time() -> None:
 
 
 async def test_wait_returns_after_its_time_limit_when_nothing_comes() -> None:
-    outbox = Outbox()
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    with anyio.fail_after(1):
-        await outbox.wait(0.05)
-    assert loop.time() - started >= 0.05 - 0.001
+    clock = ManualClock()
+    outbox = Outbox(clock)
+    waiting = asyncio.ensure_future(outbox.wait(0.05))
+    await asyncio.sleep(0)
+    clock.advance(0.049)
+    await asyncio.sleep(0)
+    assert not waiting.done()  # its time has not come on its clock
+    clock.advance(0.001)
+    with anyio.fail_after(5):
+        await waiting
     assert outbox.drain() == []
 
 

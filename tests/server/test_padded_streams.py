@@ -8,16 +8,18 @@ from typing import Any
 
 import anyio
 import pytest
+from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
 from sluicegate.core.padding import PAD_FIELD
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 
-from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange
+from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange, on_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -74,19 +76,28 @@ async def test_one_and_twelve_character_deltas_have_the_same_sizes() -> None:
     assert len(sizes[1]) == 1
 
 
+async def _clocked(
+    clock: ManualClock, app: Starlette, path: str, body: dict[str, Any]
+) -> Exchange:
+    ex = Exchange(app, path, body)
+    await on_clock(clock, ex.run, 0.005)
+    return ex
+
+
 async def test_include_obfuscation_false_sends_the_plain_stream() -> None:
-    app = create_app(ScriptedEngine(prefill_delay_s=0.2), ServerConfig(
-        heartbeat_interval_s=0.05))  # fmt: skip
+    clock = ManualClock()
+    engine = ScriptedEngine(prefill_delay_s=0.2, clock=clock)
+    app = create_app(engine, ServerConfig(heartbeat_interval_s=0.05), clock=clock)
     body = {
         "messages": HELLO,
         "stream": True,
         "stream_options": {"include_obfuscation": False, "include_usage": True},
     }
-    ex = await exchange(app, CHAT, body)
+    ex = await _clocked(clock, app, CHAT, body)
     assert all(PAD_FIELD not in p for p in ex.payloads())
     assert b": keep-alive\n\n" in ex.body
     assert "".join(ex.contents()) == DEFAULT_TEXT
-    padded = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    padded = await _clocked(clock, app, CHAT, {"messages": HELLO, "stream": True})
     assert all(PAD_FIELD in p for p in padded.payloads())
     assert b": keep-alive\n\n" not in padded.body  # padded comments only
 
@@ -115,7 +126,9 @@ async def test_answers_that_are_not_streamed_are_not_padded() -> None:
 
 @pytest.mark.parametrize("padded", [True, False])
 async def test_a_stream_on_a_clock_keeps_text_usage_and_its_end(padded: bool) -> None:
-    app = create_app(ScriptedEngine(prefill_delay_s=0.1), ServerConfig())
+    clock = ManualClock()
+    engine = ScriptedEngine(prefill_delay_s=0.1, clock=clock)
+    app = create_app(engine, ServerConfig(), clock=clock)
     body = {
         "messages": HELLO,
         "stream": True,
@@ -125,7 +138,7 @@ async def test_a_stream_on_a_clock_keeps_text_usage_and_its_end(padded: bool) ->
             "include_obfuscation": padded,
         },
     }
-    ex = await exchange(app, CHAT, body)
+    ex = await _clocked(clock, app, CHAT, body)
     assert "".join(ex.contents()) == DEFAULT_TEXT
     usage = ex.payloads()[-1]
     assert usage["choices"] == []
@@ -143,10 +156,11 @@ async def test_a_stream_on_a_clock_keeps_text_usage_and_its_end(padded: bool) ->
 
 
 async def test_a_stream_on_a_clock_holds_back_a_stop_string() -> None:
-    engine = ScriptedEngine("Here: ABCDEFGHIJKLMNOP", never_finishes=True)
-    app = create_app(engine, ServerConfig(cadence_s=0.01))
+    clock = ManualClock()
+    engine = ScriptedEngine("Here: ABCDEFGHIJKLMNOP", never_finishes=True, clock=clock)
+    app = create_app(engine, ServerConfig(cadence_s=0.01), clock=clock)
     body = {"prompt": "Hi", "stop": ["DEFGHIJ"], "stream": True}
-    ex = await exchange(app, COMPLETIONS, body)
+    ex = await _clocked(clock, app, COMPLETIONS, body)
     assert "".join(ex.contents()) == "Here: ABC"
     assert ex.done_count() == 1
     stats = engine.stats()  # stopped in the engine, counted as finished
@@ -154,21 +168,24 @@ async def test_a_stream_on_a_clock_holds_back_a_stop_string() -> None:
 
 
 async def test_a_stream_on_a_clock_ends_in_band_on_an_engine_error() -> None:
-    app = create_app(ScriptedEngine(fail_at_step=3), ServerConfig(cadence_s=0.01))
-    ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    clock = ManualClock()
+    engine = ScriptedEngine(fail_at_step=3, clock=clock)
+    app = create_app(engine, ServerConfig(cadence_s=0.01), clock=clock)
+    ex = await _clocked(clock, app, CHAT, {"messages": HELLO, "stream": True})
     assert ex.only_error()["type"]
     assert ex.done_count() == 0
     assert _row_state(app) is EndState.ERRORED
 
 
 async def test_a_client_that_leaves_a_stream_on_a_clock_aborts_it() -> None:
-    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200)
-    app = create_app(engine, ServerConfig(cadence_s=0.02))
+    clock = ManualClock()
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200, clock=clock)
+    app = create_app(engine, ServerConfig(cadence_s=0.02), clock=clock)
     ex = Exchange(app, CHAT, {"messages": HELLO, "stream": True})
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(ex.run)
-            await ex.wait_for(ex.has_content)
+            await on_clock(clock, anyio.sleep_forever, 0.005, ex.has_content)
             ex.leave()
     assert _row_state(app) is EndState.ABORTED
     assert engine.stats().running == 0

@@ -12,6 +12,7 @@ import anyio
 import pytest
 from starlette.types import Message
 
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
@@ -22,7 +23,7 @@ from sluicegate.server.log_writes import BROKEN
 from sluicegate.server.streaming import StreamLimits
 
 from ..polling import wait_until
-from .asgi import CHAT, HELLO, Exchange, exchange
+from .asgi import CHAT, HELLO, Exchange, exchange, on_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -238,12 +239,14 @@ async def test_a_silent_log_gets_heartbeat_lines_without_a_blank_line(
     store = MemoryEventStore()
     await store.create("r", "k")
     await store.append("r", [b"data: 1\n\n"])
-    limits = StreamLimits(heartbeat_interval_s=0.01)
+    clock = ManualClock()
+    limits = StreamLimits(heartbeat_interval_s=0.01, clock=clock)
     response = await reader_of(store, limits=limits, pushed=pushed)
     reader = Reader()
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(response, {"type": "http"}, reader.receive, reader.send)
-        await wait_until(lambda: b": keep-alive\n" in reader.body, timeout_s=5)
+        beat = lambda: b": keep-alive\n" in reader.body  # noqa: E731
+        await on_clock(clock, anyio.sleep_forever, 0.005, beat)
         await store.append("r", [b"data: 2\n\n"])
         await store.finish("r")
     assert reader.body.startswith(b"id: r.0\ndata: 1\n\n: keep-alive\n")
@@ -257,11 +260,13 @@ async def test_a_reader_that_accepts_no_byte_is_cut() -> None:
     store = MemoryEventStore()
     await store.create("r", "k")
     await store.append("r", [b"data: 1\n\n"])
-    limits = StreamLimits(heartbeat_interval_s=10, stuck_timeout_s=0.02)
+    clock = ManualClock()
+    limits = StreamLimits(heartbeat_interval_s=10, stuck_timeout_s=0.02, clock=clock)
     response = await reader_of(store, limits=limits)
     reader = Reader(block_after=0)
-    with anyio.fail_after(5):
-        await response({"type": "http"}, reader.receive, reader.send)
+    await on_clock(
+        clock, lambda: response({"type": "http"}, reader.receive, reader.send), 0.005
+    )
     assert response.cut is not None
     assert "no byte accepted" in response.cut
     assert not await store.attached("r")
@@ -514,12 +519,13 @@ async def test_a_pushed_write_that_waits_then_breaks_cuts_the_reader_at_once() -
 async def test_a_heartbeat_that_breaks_leaves_the_next_frame_pushed() -> None:
     store = MemoryEventStore()
     await store.create("r", "k")
-    limits = StreamLimits(heartbeat_interval_s=0.01)
+    clock = ManualClock()
+    limits = StreamLimits(heartbeat_interval_s=0.01, clock=clock)
     response = await reader_of(store, limits=limits, pushed=True)
     reader = HeldReader(broken=0)  # the first body write, a heartbeat, breaks
     async with serving(response, reader):
-        await wait_until(lambda: reader.started >= 1, timeout_s=5)
-        await asyncio.sleep(0.001)  # the heartbeat's task ended
+        began = lambda: reader.started >= 1  # noqa: E731
+        await on_clock(clock, anyio.sleep_forever, 0.005, began)
         store.append_nowait("r", [b"data: 0\n\n"])
         assert reader.body.endswith(frames_of(0))  # pushed: no write in flight
         await store.finish("r")

@@ -7,6 +7,7 @@ client stopped reading) once the gate is closed, until the test opens it again.
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import pytest
 from starlette.applications import Starlette
 from starlette.types import Message
@@ -23,6 +24,7 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.buffer import (
@@ -36,7 +38,7 @@ from sluicegate.server.buffer import (
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 
-from .asgi import CHAT, HELLO, Exchange
+from .asgi import CHAT, HELLO, Exchange, on_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -134,11 +136,13 @@ async def test_a_client_behind_gets_pending_deltas_merged_into_one_event() -> No
 
 
 async def test_a_stuck_client_is_aborted_after_the_stuck_timeout() -> None:
-    engine = ScriptedEngine(never_finishes=True, tokens_per_s=100)
-    app = create_app(engine, ServerConfig(stuck_stream_timeout_s=0.3))
+    clock = ManualClock()
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=100, clock=clock)
+    config = ServerConfig(stuck_stream_timeout_s=0.3)
+    app = create_app(engine, config, clock=clock)
     ex = StalledExchange(app, STREAM, open_for=2)
-    with anyio.fail_after(3):
-        await ex.run()
+    await on_clock(clock, ex.run, 0.01)
+    assert 0.3 <= clock.time() < 0.5  # caught within 1.25 x the timeout
     await _engine_idle(engine)
     assert engine.stats().aborted_requests == 1
     assert engine.stats().kv_cells_used == 0
@@ -176,17 +180,16 @@ async def test_one_stalled_client_never_slows_another_stream() -> None:
 
 
 async def test_stream_interval_paces_events_but_not_the_first_token() -> None:
-    engine = ScriptedEngine(tokens_per_s=400)  # 22 tokens: ~0.06 s
-    app = create_app(engine, ServerConfig(stream_interval_s=0.1))
+    clock = ManualClock()
+    engine = ScriptedEngine(tokens_per_s=400, clock=clock)  # 22 tokens: 0.055 s
+    app = create_app(engine, ServerConfig(stream_interval_s=0.1), clock=clock)
     ex = Exchange(app, CHAT, STREAM)
-    started = anyio.current_time()
-    with anyio.fail_after(5):
-        await ex.run()
-    took_s = anyio.current_time() - started
+    await on_clock(clock, ex.run, 0.0025)
     assert "".join(ex.contents()) == DEFAULT_TEXT
-    # The first token at once, then one event per interval of this run's length
-    # (a busy machine's stream lasts longer), and the rest at the end.
-    assert 2 <= len(ex.contents()) <= 2 + took_s / 0.1
+    # The first token at once; the rest came within the interval after it,
+    # and goes out in one event when it ends.
+    assert len(ex.contents()) == 2
+    assert clock.time() >= 0.1
     assert ex.done_count() == 1
 
 
@@ -197,14 +200,16 @@ async def test_a_deadline_after_the_end_piled_up_behind_a_slow_client_is_dropped
     # puts its Fail after the End. One drain holds [Delta, Finish, End, Fail]:
     # the stream ends at the End, with [DONE] and no error event. The script
     # is not paced, so that it ends long before the timeout on any machine.
+    clock = ManualClock()
     engine = ScriptedEngine(tokens_per_s=float("inf"))
-    app = create_app(engine, ServerConfig(request_timeout_s=0.1))
+    app = create_app(engine, ServerConfig(request_timeout_s=0.1), clock=clock)
     ex = StalledExchange(app, STREAM, open_for=2)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(ex.run)
             await ex.wait_for(lambda: engine.stats().finished_requests == 1)
-            await anyio.sleep(0.15)  # past the request timeout
+            clock.advance(0.15)  # past the request timeout
+            await anyio.lowlevel.checkpoint()
             assert ex.blocked
             ex.gate.set()
     assert "".join(ex.contents()) == DEFAULT_TEXT
@@ -220,13 +225,15 @@ async def test_a_deadline_before_the_end_piled_up_behind_a_slow_client_ends_it()
     # The request timeout comes while the client is behind, and the engine's
     # finish after it: one drain holds [Delta, Fail, Delta, Finish, End]; the
     # stream ends at the Fail, with nothing after the error event.
-    engine = ScriptedEngine(tokens_per_s=100)  # 22 steps: ~0.22 s
-    app = create_app(engine, ServerConfig(request_timeout_s=0.1))
+    clock = ManualClock()
+    engine = ScriptedEngine(tokens_per_s=100, clock=clock)  # 22 steps: 0.22 s
+    app = create_app(engine, ServerConfig(request_timeout_s=0.1), clock=clock)
     ex = StalledExchange(app, STREAM, open_for=2)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(ex.run)
-            await ex.wait_for(lambda: engine.stats().finished_requests == 1)
+            finished = lambda: engine.stats().finished_requests == 1  # noqa: E731
+            await on_clock(clock, anyio.sleep_forever, 0.01, finished)
             assert ex.blocked
             ex.gate.set()
     payloads = ex.payloads()

@@ -21,6 +21,7 @@ from sluicegate.core.errors import EngineError
 from sluicegate.core.events import Delta, EngineOutput, FinishReason
 from sluicegate.core.sse import DONE
 from sluicegate.engines.base import Capabilities, GenerateRequest, SamplingParams
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.buffer import LiveStreams
@@ -28,7 +29,7 @@ from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 from sluicegate.server.sse_response import EventStreamResponse
 
-from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange
+from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange, on_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -182,25 +183,31 @@ async def test_held_back_tail_is_flushed_before_a_length_finish() -> None:
 
 
 async def test_heartbeat_comments_flow_during_a_long_prefill() -> None:
-    # 12 intervals of silence; at least 3 heartbeats leaves room for a busy CI.
-    engine = ScriptedEngine(prefill_delay_s=0.6)
-    app = create_app(engine, ServerConfig(heartbeat_interval_s=0.05))
-    ex = await exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    # 12 intervals of silence on a manual clock: one heartbeat per interval.
+    clock = ManualClock()
+    engine = ScriptedEngine(prefill_delay_s=0.6, clock=clock)
+    config = ServerConfig(heartbeat_interval_s=0.05)
+    app = create_app(engine, config, clock=clock)
+    ex = Exchange(app, CHAT, {"messages": HELLO, "stream": True})
+    await on_clock(clock, ex.run, 0.01)
     before_content = ex.body.split(b'"content"')[0]
-    assert before_content.count(b": keep-alive") >= 3
+    assert 11 <= before_content.count(b": keep-alive") <= 12
     assert ex.events()[-1].data == "[DONE]"
     assert "".join(ex.contents()) == DEFAULT_TEXT
 
 
 async def test_heartbeat_comments_flow_during_the_queue_wait() -> None:
-    engine = ScriptedEngine(prefill_delay_s=30, max_running=1)
+    clock = ManualClock()
+    engine = ScriptedEngine(prefill_delay_s=30, max_running=1, clock=clock)
     hog = engine.generate(GenerateRequest("hog", (1, 2), SamplingParams(10)))
-    app = create_app(engine, ServerConfig(heartbeat_interval_s=0.02))
+    config = ServerConfig(heartbeat_interval_s=0.02)
+    app = create_app(engine, config, clock=clock)
     ex = Exchange(app, CHAT, {"messages": HELLO, "stream": True})
     with anyio.move_on_after(5) as deadline:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ex.run)
-            await ex.wait_for(lambda: ex.body.count(b": keep-alive") >= 3)
+            beats = lambda: ex.body.count(b": keep-alive") >= 3  # noqa: E731
+            await on_clock(clock, anyio.sleep_forever, 0.01, beats)
             assert engine.stats().queued == 1
             ex.leave()
     assert not deadline.cancelled_caught
@@ -212,9 +219,10 @@ async def test_heartbeat_comments_flow_during_the_queue_wait() -> None:
 async def test_wake_ups_with_nothing_to_write_send_nothing() -> None:
     # A poke before the heartbeat is due, and a delta without text (which the
     # machine turns into no frame), must not reach the client as a body message.
-    # The prefill outlasts the pokes by far, even on a busy machine.
-    engine = ScriptedEngine(prefill_delay_s=1.0)
-    app = create_app(engine, ServerConfig(heartbeat_interval_s=10))
+    # The prefill, on a manual clock, lasts until the test moves the clock.
+    clock = ManualClock()
+    engine = ScriptedEngine(prefill_delay_s=1.0, clock=clock)
+    app = create_app(engine, ServerConfig(heartbeat_interval_s=10), clock=clock)
     live: LiveStreams = app.state.live
     ex = Exchange(app, CHAT, {"messages": HELLO, "stream": True})
     with anyio.fail_after(5):
@@ -230,6 +238,7 @@ async def test_wake_ups_with_nothing_to_write_send_nothing() -> None:
             await anyio.sleep(0.005)
             assert engine.stats().generated_tokens == 0  # still in the prefill
             assert len(ex.messages) == sent
+            await on_clock(clock, anyio.sleep_forever, 0.05, lambda: ex.returned)
     assert b"keep-alive" not in ex.body
     assert live.heartbeats_sent == 0
     assert "".join(ex.contents()) == DEFAULT_TEXT

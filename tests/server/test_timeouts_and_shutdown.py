@@ -1,4 +1,8 @@
-"""Timeouts and the graceful drain end a response in band and abort the engine."""
+"""Timeouts and the graceful drain end a response in band and abort the engine.
+
+The timeouts run on a ``ManualClock`` shared by the app and its scripted engine:
+the tests step time instead of sleeping against a limit.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,14 @@ import pytest
 from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 from sluicegate.server.shutdown import Drain
 
-from .asgi import CHAT, HELLO, Exchange, exchange
+from .asgi import CHAT, HELLO, Exchange, exchange, on_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -44,10 +49,13 @@ def _error_code(ex: Exchange) -> str:
 
 
 async def test_no_first_token_in_time_is_an_in_band_error_and_an_abort() -> None:
-    engine = ScriptedEngine(prefill_delay_s=30)
-    app = create_app(engine, ServerConfig(first_token_timeout_s=0.2))
-    ex = await exchange(app, CHAT, STREAM, timeout_s=2)
+    clock = ManualClock()
+    engine = ScriptedEngine(prefill_delay_s=30, clock=clock)
+    app = create_app(engine, ServerConfig(first_token_timeout_s=0.2), clock=clock)
+    ex = Exchange(app, CHAT, STREAM)
+    await on_clock(clock, ex.run, 0.05)
     assert ex.status == 200
+    assert clock.time() < 1  # the limit ended it, not the prefill
     assert _error_code(ex) == "first_token_timeout"
     await _engine_idle(engine)
     assert engine.stats().aborted_requests == 1
@@ -55,25 +63,35 @@ async def test_no_first_token_in_time_is_an_in_band_error_and_an_abort() -> None
 
 
 async def test_a_request_past_its_total_time_ends_with_request_timeout() -> None:
-    # The first token comes after 5 ms: the first-token limit leaves a busy loop
-    # room to lag, and comes before the total one, so that it would end the
-    # stream first had the first token not disarmed it.
-    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200)
+    # The first token comes after 5 ms, before the first-token limit, which
+    # comes before the total one: it would end the stream first had the first
+    # token not disarmed it.
+    clock = ManualClock()
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200, clock=clock)
     config = ServerConfig(first_token_timeout_s=0.3, request_timeout_s=0.6)
-    app = create_app(engine, config)
-    ex = await exchange(app, CHAT, STREAM, timeout_s=2)
+    app = create_app(engine, config, clock=clock)
+    ex = Exchange(app, CHAT, STREAM)
+    await on_clock(clock, ex.run, 0.005)
     assert ex.has_content()
+    assert 0.6 <= clock.time() < 0.7
     assert _error_code(ex) == "request_timeout"
     await _engine_idle(engine)
     assert _row_state(app) is EndState.ERRORED
 
 
 async def test_a_non_streaming_timeout_is_a_504_in_openai_shape() -> None:
-    engine = ScriptedEngine(prefill_delay_s=30)
-    app = create_app(engine, ServerConfig(request_timeout_s=0.2))
+    clock = ManualClock()
+    engine = ScriptedEngine(prefill_delay_s=30, clock=clock)
+    app = create_app(engine, ServerConfig(request_timeout_s=0.2), clock=clock)
     transport = httpx.ASGITransport(app=app)
+    responses: list[httpx.Response] = []
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        response = await client.post(CHAT, json={"messages": HELLO})
+
+        async def post() -> None:
+            responses.append(await client.post(CHAT, json={"messages": HELLO}))
+
+        await on_clock(clock, post, 0.05)
+    [response] = responses
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "request_timeout"
     await _engine_idle(engine)
