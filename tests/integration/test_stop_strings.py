@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from .wire import (
@@ -160,3 +161,59 @@ def test_engine_stats_count_a_stop_string_ending_as_finished(
     assert after["finished_requests"] == before["finished_requests"] + 2
     assert after["aborted_requests"] == before["aborted_requests"]
     assert after["aborted_ids"] == before["aborted_ids"]
+
+
+def test_a_stream_interval_sends_the_same_stopped_answer_every_n_tokens(
+    sdk: openai.OpenAI, model_id: str
+) -> None:
+    """``stream_options.stream_interval`` on the real model, through the openai
+    SDK: content every 4 tokens (counted by each chunk's logprobs), the same
+    text cut before the stop string, the same finish reason and usage as the
+    same request streamed token by token."""
+    messages: list[Any] = [{"role": "user", "content": "Count from one to twenty."}]
+    answer = (
+        sdk.chat.completions.create(
+            model=model_id,
+            messages=messages,
+            temperature=0,
+            max_tokens=16,
+            logit_bias=NO_END_TOKENS,
+        )
+        .choices[0]
+        .message.content
+    )
+    assert answer is not None
+    middle = len(answer) // 2
+    stop = answer[middle : middle + 5]
+    streamed: dict[int, tuple[str, list[int], list[str], Any]] = {}
+    for every in (1, 4):
+        options: Any = {"include_usage": True, "stream_interval": every}
+        chunks = list(
+            sdk.chat.completions.create(
+                model=model_id,
+                messages=messages,
+                temperature=0,
+                max_tokens=16,
+                logit_bias=NO_END_TOKENS,
+                stop=[stop],
+                logprobs=True,
+                stream=True,
+                stream_options=options,
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        tokens = [
+            len(c.choices[0].logprobs.content)
+            for c in chunks
+            if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content
+        ]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices]
+        streamed[every] = (text, tokens, [f for f in finish if f], chunks[-1].usage)
+    plain, batched = streamed[1], streamed[4]
+    assert batched[0] == plain[0] == stop_reference(answer, [stop])
+    assert stop not in batched[0]
+    assert batched[2] == plain[2] == ["stop"]
+    assert batched[3] == plain[3]  # the usage
+    assert sum(batched[1]) == sum(plain[1])
+    assert all(n >= 4 for n in batched[1][1:-1]), batched[1]
+    assert len(batched[1]) < len(plain[1])

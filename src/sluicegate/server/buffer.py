@@ -46,9 +46,11 @@ __all__ = [
     "LiveStreams",
     "Outbox",
     "StreamBuffer",
+    "TokenBatches",
     "coalesce",
     "join_all_deltas",
     "join_deltas",
+    "stream_buffer",
 ]
 
 
@@ -293,6 +295,62 @@ class StreamBuffer(Outbox):
             events, merged = coalesce(events)
             self.coalesced += merged
         return events
+
+
+class TokenBatches(StreamBuffer):
+    """A ``StreamBuffer`` that wakes its writer once every ``every`` deltas.
+
+    vLLM's ``--stream-interval`` (its scheduler's ``stream_interval``): a
+    stream's first delta goes at once, then deltas wait, queued and counted
+    toward ``max_bytes`` as in any buffer, until ``every`` of them do; any
+    other event (a ``Finish``, the ``End``, a ``Fail``) and a ``poke`` (a
+    heartbeat due, a deadline) wake the writer at once, which takes them all,
+    coalesced. A delta is one engine output of one choice (a token of a local
+    engine, an event of an upstream one), counted over the stream's choices.
+
+    Args:
+        max_bytes: see ``StreamBuffer``.
+        on_overflow: see ``StreamBuffer``.
+        every: deltas per write (>= 2; 1 is a plain ``StreamBuffer``).
+
+    Raises:
+        ValueError: ``every`` < 2, or ``max_bytes`` < 1.
+    """
+
+    def __init__(
+        self, max_bytes: int, on_overflow: Callable[[], None] | None, every: int
+    ) -> None:
+        if every < 2:
+            raise ValueError(f"expected every >= 2, got {every!r}")
+        super().__init__(max_bytes, on_overflow)
+        self._every = every
+        self._held = every - 1  # the first delta goes at once
+
+    def put(self, event: StreamEvent) -> None:
+        """Hold a delta until ``every`` wait; queue anything else and wake."""
+        if type(event) is Delta:
+            held = self._held + 1
+            if held < self._every:
+                self._held = held
+                self._queued(event)
+                self._events.append(event)
+                return
+        self._held = 0
+        super().put(event)
+
+    def drain(self) -> list[StreamEvent]:
+        """See ``StreamBuffer.drain``; the count starts again."""
+        self._held = 0
+        return super().drain()
+
+
+def stream_buffer(
+    max_bytes: int, on_overflow: Callable[[], None] | None, every_tokens: int = 1
+) -> StreamBuffer:
+    """A stream's buffer: a ``TokenBatches`` when ``every_tokens`` > 1."""
+    if every_tokens > 1:
+        return TokenBatches(max_bytes, on_overflow, every_tokens)
+    return StreamBuffer(max_bytes, on_overflow)
 
 
 class LiveStreams:

@@ -161,6 +161,7 @@ class CompletionRoutes:
             stuck_timeout_s=config.stuck_stream_timeout_s,
             interval_s=config.stream_interval_s,
             cadence_s=config.cadence_s,
+            interval_tokens=config.stream_interval,
             clock=clock,
         )
         self.resumable = ResumableStreams(
@@ -291,13 +292,16 @@ class CompletionRoutes:
     def _event_stream(
         self, generation: Generation, plan: Plan, meter: Meter
     ) -> EventStreamResponse:
-        """The stream's response, with the request's padding and cadence, or the
-        server's where the request sets none."""
+        """The stream's response, with the request's padding, cadence and
+        stream interval, or the server's where the request sets none."""
         config, limits = self.config, self.limits
         padded = config.obfuscation if plan.obfuscation is None else plan.obfuscation
         cadence_s = config.cadence_s if plan.cadence_s is None else plan.cadence_s
         if cadence_s != limits.cadence_s:
             limits = dataclasses.replace(limits, cadence_s=cadence_s)
+        every = plan.stream_interval
+        if every is not None and every != limits.interval_tokens:
+            limits = dataclasses.replace(limits, interval_tokens=every)
         header = generation.header
         return EventStreamResponse(
             generation, header, limits, meter.record, self.live, padded=padded

@@ -16,6 +16,7 @@ from sluicegate.core.reasoning_parsers import REASONING_PARSERS
 from sluicegate.core.schema_limits import SchemaLimits
 from sluicegate.server.admission import ApiKey
 from sluicegate.server.quotas import Quota
+from sluicegate.server.request_fields import MAX_STREAM_INTERVAL
 
 __all__ = ["ServerConfig"]
 
@@ -64,6 +65,10 @@ class ServerConfig:
             stream is aborted.
         stream_interval_s: pacing, at most one event per stream per interval
             (the first token excepted); 0 disables.
+        stream_interval: write each stream's content every this many tokens
+            (the first at once; the end, errors and heartbeats at once), as
+            vLLM's ``--stream-interval``; 1: as they come. A request's
+            ``stream_options.stream_interval`` overrides it.
         obfuscation: pad every event of a stream so that its size does not
             tell its text (``core/padding.py``); a request's
             ``stream_options.include_obfuscation`` overrides it.
@@ -124,6 +129,7 @@ class ServerConfig:
     max_stream_buffer_bytes: int = 1024 * 1024
     stuck_stream_timeout_s: float = 30.0
     stream_interval_s: float = 0.0
+    stream_interval: int = 1
     obfuscation: bool = True
     cadence_s: float = 0.0
     resumable_streams: bool = False
@@ -194,6 +200,11 @@ class ServerConfig:
             )
         if not 0 <= self.cadence_s <= 1.0:
             raise ValueError(f"cadence_s must be in [0, 1], got {self.cadence_s!r}")
+        if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ValueError(
+                f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], "
+                f"got {self.stream_interval!r}"
+            )
         if self.stream_interval_s < 0:
             raise ValueError(
                 f"stream_interval_s must be >= 0, got {self.stream_interval_s!r}"

@@ -104,11 +104,11 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     add("--stream-buffer-bytes", type=int, default=1024 * 1024)
     add("--stuck-stream-timeout", type=float, default=30.0, help="seconds")
     add("--stream-interval-ms", type=float, default=0.0, help="event pacing")
+    add("--stream-interval", type=int, default=1, help="tokens per content write")
     add(
         "--no-obfuscation",
         action="store_true",
-        help="do not pad stream events by default (a request's"
-        " stream_options.include_obfuscation still can)",
+        help="do not pad stream events unless a request's include_obfuscation asks",
     )
     add(
         "--cadence-ms",
@@ -250,6 +250,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "max_stream_buffer_bytes": args.stream_buffer_bytes,
         "stuck_stream_timeout_s": args.stuck_stream_timeout,
         "stream_interval_s": args.stream_interval_ms / 1000.0,
+        "stream_interval": args.stream_interval,
         "obfuscation": not args.no_obfuscation,
         "cadence_s": args.cadence_ms / 1000.0,
         "ledger_path": None if ledger is None or url else Path(ledger),

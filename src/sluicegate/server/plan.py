@@ -78,6 +78,9 @@ class Plan:
             ``None``: the server's default.
         cadence_s: send the stream's events on a clock of this period
             (seconds, 0: off); ``None``: the server's default.
+        stream_interval: write the stream's content every this many tokens
+            (``stream_options.stream_interval``); ``None``: the server's
+            default.
         background: a resumable stream that keeps generating with no reader for
             as long as it runs (the Responses API's ``background``), instead of
             for the grace period.
@@ -113,6 +116,7 @@ class Plan:
     resumable: bool | None = None
     obfuscation: bool | None = None
     cadence_s: float | None = None
+    stream_interval: int | None = None
     background: bool = False
     whole: bool = False
     reasoning: ReasoningParser | None = None
@@ -223,6 +227,7 @@ def plan_of(
         resumable=request.resumable,
         obfuscation=request.include_obfuscation,
         cadence_s=request.cadence_s,
+        stream_interval=request.stream_interval,
     )
 
 

@@ -54,10 +54,15 @@ MAX_CADENCE_MS = 1000.0
 """The longest ``stream_options.cadence_ms`` a request may ask for (ms)."""
 
 
+MAX_STREAM_INTERVAL = 1000
+"""The most tokens per write ``stream_options.stream_interval`` (and
+``--stream-interval``) may ask for."""
+
+
 class StreamOptions(BaseModel):
     """``stream_options``: ``include_usage``, vLLM's ``continuous_usage_stats``,
-    OpenAI's ``include_obfuscation``, and this server's ``resumable`` and
-    ``cadence_ms``."""
+    OpenAI's ``include_obfuscation``, and this server's ``resumable``,
+    ``cadence_ms`` and ``stream_interval``."""
 
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
@@ -74,6 +79,10 @@ class StreamOptions(BaseModel):
     cadence_ms: float | None = Field(None, ge=0, le=MAX_CADENCE_MS)
     """Send events on a clock of this period (ms; 0: off); ``None``: the
     server's default (``--cadence-ms``)."""
+    stream_interval: int | None = Field(None, ge=1, le=MAX_STREAM_INTERVAL)
+    """Write the stream's content every this many tokens (the first at once,
+    the end at once), as vLLM's ``--stream-interval``; ``None``: the server's
+    default (``--stream-interval``)."""
 
 
 class RequestFields(BaseModel):
@@ -170,6 +179,12 @@ class RequestFields(BaseModel):
         if options is None or options.cadence_ms is None:
             return None
         return options.cadence_ms / 1000.0
+
+    @property
+    def stream_interval(self) -> int | None:
+        """``stream_options.stream_interval``, ``None`` when not given."""
+        options = self.stream_options
+        return None if options is None else options.stream_interval
 
     @property
     def top_logprobs_k(self) -> int | None:

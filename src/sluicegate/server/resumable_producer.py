@@ -55,7 +55,7 @@ from sluicegate.core.events import CANCELLED, Fail
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire import Wire, stream_machine
 from sluicegate.engines.clocks import Timer, Timers
-from sluicegate.server.buffer import LiveStreams, StreamBuffer
+from sluicegate.server.buffer import LiveStreams, StreamBuffer, stream_buffer
 from sluicegate.server.event_store import (
     STORE_LOST,
     EventStore,
@@ -197,7 +197,10 @@ class Producer:
             await self._on_end(state, given_up)
 
     async def _produce(self) -> None:
-        buffer = StreamBuffer(self._limits.max_buffer_bytes, self._overflow)
+        limits = self._limits
+        buffer = stream_buffer(
+            limits.max_buffer_bytes, self._overflow, limits.interval_tokens
+        )
         self._buffer = buffer
         if self._cancel_early:
             self._give_up(buffer, _CANCEL_REASON, CANCELLED)

@@ -49,7 +49,7 @@ from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import Fail
 from sluicegate.core.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire import stream_machine
-from sluicegate.server.buffer import LiveStreams, StreamBuffer
+from sluicegate.server.buffer import LiveStreams, StreamBuffer, stream_buffer
 from sluicegate.server.disconnect import CLIENT_GONE, DisconnectRace
 from sluicegate.server.generation import Generation
 from sluicegate.server.pump import EventFrames, pump
@@ -178,7 +178,7 @@ class EventStreamResponse:
         limit = self._limits.max_buffer_bytes
         with DisconnectRace(receive) as race:
             overflow = functools.partial(race.stop, f"over {limit} buffered bytes")
-            buffer = StreamBuffer(limit, overflow)
+            buffer = stream_buffer(limit, overflow, self._limits.interval_tokens)
             with attached(self._generation, buffer, self._live, self._limits):
                 await self._write(buffer, send, race)
         if race.reason is None:

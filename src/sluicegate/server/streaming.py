@@ -86,6 +86,9 @@ class StreamLimits:
             0: off): each tick writes what came since the last, coalesced, or
             one empty (padded) event when nothing did; ``interval_s`` is then
             not used.
+        interval_tokens: write a stream's content every this many deltas
+            (tokens; the first at once, see ``buffer.TokenBatches``); 1: as
+            they come.
         clock: what the stream's timers run on (heartbeats, stuck writes,
             pacing, the cadence, the first-token and request deadlines);
             ``None``: the running event loop. Tests step a ``ManualClock``.
@@ -98,6 +101,7 @@ class StreamLimits:
     stuck_timeout_s: float = 30.0
     interval_s: float = 0.0
     cadence_s: float = 0.0
+    interval_tokens: int = 1
     clock: Timers | None = None
 
 
