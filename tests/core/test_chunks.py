@@ -9,14 +9,13 @@ from sluicegate.core.chunks import (
     Endpoint,
     ResponseHeader,
     chat_chunk,
-    chat_completion,
     completion_chunk,
     dumps,
     error_payload,
-    text_completion,
     usage_chunk,
     usage_dict,
 )
+from sluicegate.core.completions import chat_completion, text_completion
 from sluicegate.core.events import FinishReason, Usage
 
 CHAT = ResponseHeader("chatcmpl-1", 1700000000, "gemma", Endpoint.CHAT)

@@ -11,9 +11,9 @@ import pytest
 from sluicegate.core.chunks import (
     Endpoint,
     ResponseHeader,
-    chat_completion,
     usage_dict,
 )
+from sluicegate.core.completions import chat_completion
 from sluicegate.core.decoding import ChoiceOptions, ResponseDecoder
 from sluicegate.core.detokenize import IncrementalDetokenizer
 from sluicegate.core.errors import LocalProtocolError

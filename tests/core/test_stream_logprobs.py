@@ -10,10 +10,9 @@ from sluicegate.core.chunks import (
     Endpoint,
     ResponseHeader,
     chat_chunk,
-    chat_completion,
     completion_chunk,
-    text_completion,
 )
+from sluicegate.core.completions import chat_completion, text_completion
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
 from sluicegate.core.logprobs import LogprobToken, TopLogprob
 from sluicegate.core.stream import StreamMachine

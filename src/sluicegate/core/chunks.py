@@ -1,4 +1,4 @@
-"""Pure builders for OpenAI chunk, response, usage and error payloads.
+"""Pure builders for OpenAI chunk, usage and error payloads.
 
 Every builder returns a fresh ``dict`` ready for ``dumps``; none does I/O. Field
 names and order follow the OpenAI API reference: ``id``, ``object``, ``created``,
@@ -23,7 +23,7 @@ chunk object", "The completion object" and "Error codes".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -43,12 +43,11 @@ __all__ = [
     "Endpoint",
     "ResponseHeader",
     "chat_chunk",
-    "chat_completion",
     "chat_delta",
     "completion_chunk",
     "dumps",
     "error_payload",
-    "text_completion",
+    "head_fields",
     "usage_chunk",
     "usage_dict",
 ]
@@ -151,7 +150,9 @@ def _clamp_ints(obj: Any) -> Any:
     return obj
 
 
-def _head(header: ResponseHeader, object_: str) -> dict[str, Any]:
+def head_fields(header: ResponseHeader, object_: str) -> dict[str, Any]:
+    """``{id, object: object_, created, model}`` and ``system_fingerprint`` when
+    known: the fields every chunk and object of one response starts with."""
     head: dict[str, Any] = {
         "id": header.id,
         "object": object_,
@@ -169,7 +170,7 @@ def _chunk(
     choice: dict[str, Any],
     usage: Usage | None = None,
 ) -> dict[str, Any]:
-    chunk = _head(header, object_)
+    chunk = head_fields(header, object_)
     chunk["choices"] = [choice]
     if usage is not None:
         chunk["usage"] = usage_dict(usage)
@@ -328,124 +329,10 @@ def usage_chunk(header: ResponseHeader, usage: Usage) -> dict[str, Any]:
 
     Spec: OpenAI API reference, "Create chat completion", ``stream_options``.
     """
-    chunk = _head(header, header.endpoint.value)
+    chunk = head_fields(header, header.endpoint.value)
     chunk["choices"] = []
     chunk["usage"] = usage_dict(usage)
     return chunk
-
-
-def chat_completion(
-    header: ResponseHeader,
-    choices: Sequence[tuple[str, FinishReason | None]],
-    usage: Usage,
-    logprobs: Sequence[Sequence[LogprobToken] | None] | None = None,
-    tool_calls: Sequence[Sequence[ToolCallFragment]] | None = None,
-    reasoning: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """A non-streamed ``chat.completion`` response.
-
-    Args:
-        header: the response's shared fields (``endpoint``, ``n`` and
-            ``include_usage`` are not used).
-        choices: ``(content, finish_reason)`` of each choice, in index order.
-        usage: token counts of the whole response.
-        logprobs: each choice's tokens (``None`` for a choice, or for all, sends
-            ``logprobs: null``).
-        tool_calls: each choice's calls, one whole fragment per call (``id``,
-            ``name`` and all of its ``arguments``), in index order; ``None``
-            or ``()`` for none.
-        reasoning: each choice's whole reasoning text, in index order, for a
-            response with a reasoning channel; ``None`` for none.
-
-    Returns:
-        ``choices`` as ``[{index, message: {role: "assistant", content},
-        logprobs, finish_reason}]``, then ``usage``. A choice with calls has
-        ``message.tool_calls`` (``[{id, type: "function", function: {name,
-        arguments}}]``) and ``content: null`` when it has no content text.
-        With ``reasoning``, every message has ``reasoning_content`` (``null``
-        for a choice that did not reason), as the streamed deltas name it.
-
-    Spec: OpenAI API reference, "The chat completion object".
-    """
-    response = _whole_response(
-        _head(header, "chat.completion"),
-        choices,
-        usage,
-        logprobs,
-        lambda content: {"message": {"role": "assistant", "content": content}},
-        chat_logprobs,
-    )
-    for choice, thought in zip(response["choices"], reasoning or (), strict=False):
-        choice["message"]["reasoning_content"] = thought or None
-    for choice, calls in zip(response["choices"], tool_calls or (), strict=False):
-        if calls:
-            message = choice["message"]
-            message["content"] = message["content"] or None
-            message["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-                for call in calls
-            ]
-    return response
-
-
-def text_completion(
-    header: ResponseHeader,
-    choices: Sequence[tuple[str, FinishReason | None]],
-    usage: Usage,
-    logprobs: Sequence[Sequence[LogprobToken] | None] | None = None,
-) -> dict[str, Any]:
-    """A non-streamed ``text_completion`` response.
-
-    Args:
-        header: the response's shared fields (``endpoint``, ``n`` and
-            ``include_usage`` are not used).
-        choices: ``(text, finish_reason)`` of each choice, in index order.
-        usage: token counts of the whole response.
-        logprobs: as for ``chat_completion``.
-
-    Returns:
-        ``choices`` as ``[{index, text, logprobs, finish_reason}]``, then
-        ``usage``.
-
-    Spec: OpenAI API reference, "The completion object".
-    """
-    return _whole_response(
-        _head(header, Endpoint.COMPLETION.value),
-        choices,
-        usage,
-        logprobs,
-        lambda text: {"text": text},
-        completion_logprobs,
-    )
-
-
-def _whole_response(
-    response: dict[str, Any],
-    choices: Sequence[tuple[str, FinishReason | None]],
-    usage: Usage,
-    logprobs: Sequence[Sequence[LogprobToken] | None] | None,
-    text_fields: Callable[[str], dict[str, Any]],
-    format_logprobs: Callable[[Sequence[LogprobToken]], dict[str, Any]],
-) -> dict[str, Any]:
-    """``response`` (its head) with ``choices`` and ``usage``: what the two
-    non-streamed objects share; ``text_fields`` and ``format_logprobs`` are
-    what differs (``message`` or ``text``, and the logprobs' shape)."""
-    tokens = logprobs or [None] * len(choices)
-    response["choices"] = [
-        {
-            "index": index,
-            **text_fields(text),
-            "logprobs": None if lp is None else format_logprobs(lp),
-            "finish_reason": reason,
-        }
-        for index, ((text, reason), lp) in enumerate(zip(choices, tokens, strict=True))
-    ]
-    response["usage"] = usage_dict(usage)
-    return response
 
 
 def error_payload(

@@ -27,6 +27,8 @@ and writes Anthropic's streaming events, each ``event: <type>`` then one
                      nothing after it
     Heartbeat        ping
 
+A text delta of an open text block comes from a template (``templates.py``);
+the objects the stream shares with the whole body are ``messages_bodies.py``'s.
 The states and their legal events are ``stream.TRANSITIONS``; ``outcome`` is
 ``classify()`` of what was written, as for chat: finished once ``message_stop``
 was written, errored once the error event was, aborted when the writing failed
@@ -48,14 +50,10 @@ Spec: Anthropic API reference, "Messages" and "Streaming messages"; "Errors";
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from typing import Any
 
-import orjson
-
 from sluicegate.core.chunks import ResponseHeader, dumps
-from sluicegate.core.endstate import EndState, classify
+from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
     Delta,
@@ -67,8 +65,22 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
+from sluicegate.core.messages_bodies import (
+    ERROR_TYPES,
+    ThinkingDigest,
+    message_body,
+    message_error_body,
+    stop_reason,
+    thinking_signature,
+    usage_object,
+)
 from sluicegate.core.padding import MIN_STEP_BYTES, EventPadder, Filler
-from sluicegate.core.stream import TRANSITIONS, Closing, Start, StreamState
+from sluicegate.core.stream import TRANSITIONS, Start, StreamState
+from sluicegate.core.templates import TEXT_MARK, EventTemplate
+from sluicegate.core.written import WriteRecord
+
+# The state where a ``Delta`` is legal, which it stays in (see ``stream.py``).
+_DELTA_STATE = StreamState.STREAMING
 
 __all__ = [
     "ERROR_TYPES",
@@ -80,78 +92,8 @@ __all__ = [
     "usage_object",
 ]
 
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
-"""HTTP status -> Anthropic's error ``type``; any other status is ``api_error``
-(a 4xx not listed: ``invalid_request_error``)."""
-
-_STOP_REASONS = {
-    FinishReason.LENGTH: "max_tokens",
-    FinishReason.TOOL_CALLS: "tool_use",
-}
 _PING = b'event: ping\ndata: {"type":"ping"}\n\n'
-
-
-def usage_object(usage: Usage) -> dict[str, int]:
-    """Anthropic's ``usage``: ``{input_tokens, cache_creation_input_tokens,
-    cache_read_input_tokens, output_tokens}`` (tokens).
-
-    ``input_tokens`` counts the prompt tokens not read from a cache, as
-    Anthropic counts them (the prompt is the sum of the three input fields);
-    ``cache_read_input_tokens`` is ``usage.cached_tokens``;
-    ``cache_creation_input_tokens`` is 0 (no request writes a cache
-    breakpoint here).
-
-    Spec: Anthropic API reference, "Messages", ``usage``.
-    """
-    cached = min(usage.cached_tokens, usage.prompt_tokens)
-    return {
-        "input_tokens": usage.prompt_tokens - cached,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-        "output_tokens": usage.completion_tokens,
-    }
-
-
-def stop_reason(reason: FinishReason | None, stop_sequence: str | None) -> str | None:
-    """Anthropic's ``stop_reason`` for a finish: ``end_turn``, ``stop_sequence``
-    (a stop string matched), ``max_tokens`` or ``tool_use``; ``None`` for none."""
-    if reason is None:
-        return None
-    if reason is FinishReason.STOP:
-        return "end_turn" if stop_sequence is None else "stop_sequence"
-    return _STOP_REASONS[reason]
-
-
-def thinking_signature(text: str) -> str:
-    """The ``signature`` of a thinking block whose text is ``text``: the
-    base64 of its UTF-8 SHA-256 digest, as the streamed and the non-streamed
-    answers give it (``_Thinking`` computes it piece by piece)."""
-    return _Thinking(text).signature
-
-
-class _Thinking:
-    """A thinking block's text so far, digested as it streams."""
-
-    __slots__ = ("_digest",)
-
-    def __init__(self, text: str = "") -> None:
-        self._digest = hashlib.sha256(text.encode())
-
-    def add(self, text: str) -> None:
-        self._digest.update(text.encode())
-
-    @property
-    def signature(self) -> str:
-        return base64.b64encode(self._digest.digest()).decode()
+_BLOCK_DELTA = "content_block_delta"
 
 
 def _ping() -> dict[str, Any]:
@@ -178,16 +120,15 @@ class MessagesStream:
 
     __slots__ = (
         "_block",
-        "_gone",
         "_header",
         "_index",
         "_padder",
-        "_pending",
         "_reason",
+        "_record",
         "_state",
         "_stop",
+        "_template",
         "_thinking",
-        "_written",
     )
 
     def __init__(
@@ -207,11 +148,10 @@ class MessagesStream:
         self._stop: str | None = None
         # The open content block: None, "thinking", "text", or a call's index.
         self._block: str | int | None = None
-        self._thinking = _Thinking()
+        self._thinking = ThinkingDigest()
         self._index = -1  # the open (or last) content block's index
-        self._pending = Closing()
-        self._written = Closing()
-        self._gone = False
+        self._template: EventTemplate | None = None  # the open text block's delta
+        self._record = WriteRecord()
 
     @property
     def header(self) -> ResponseHeader:
@@ -234,9 +174,8 @@ class MessagesStream:
 
     @property
     def outcome(self) -> EndState:
-        """The stream's end state from what was written (``classify``)."""
-        w = self._written
-        return classify(200, w.finishes, 1, w.done, w.error, client_gone=self._gone)
+        """The stream's end state from what was written (``WriteRecord``)."""
+        return self._record.outcome(1)
 
     @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
@@ -249,15 +188,11 @@ class MessagesStream:
         Raises:
             LocalProtocolError: after ``write_failed()``.
         """
-        if self._gone:
-            raise LocalProtocolError("wrote() after write_failed()")
-        self._written = self._written.plus(self._pending)
-        self._pending = Closing()
+        self._record.wrote()
 
     def write_failed(self) -> None:
         """Report that writing stopped before the frames since ``wrote()``."""
-        self._gone = True
-        self._pending = Closing()
+        self._record.write_failed()
 
     def start(self) -> list[bytes]:
         """``[message_start]``.
@@ -287,6 +222,17 @@ class MessagesStream:
             LocalProtocolError: the event is not allowed in this state, or names
                 a choice other than 0; nothing changes.
         """
+        template = self._template
+        if (
+            template is not None
+            and type(event) is Delta
+            and self._state is _DELTA_STATE
+            and event.parts is None
+            and event.index == 0
+            and event.text
+        ):
+            # Once per token: text added to the open text block, from its template.
+            return [template.frame(event.text)]
         next_state = self._next(event)
         frames: list[bytes] = []
         match event:
@@ -303,14 +249,14 @@ class MessagesStream:
                 self._reason = reason
                 self._stop = stop
                 next_state = StreamState.AWAITING_END
-                self._pending = self._pending.plus(Closing(finishes=1))
+                self._record.add(finishes=1)
             case End(usage=usage):
                 frames += self._end(usage)
-                self._pending = self._pending.plus(Closing(done=True))
+                self._record.add(done=True)
             case Fail(message=message):
                 body = message_error_body(_status_of(event), message)
                 frames.append(self._emit("error", body))
-                self._pending = self._pending.plus(Closing(error=body["error"]))
+                self._record.add(error=body["error"])
             case _:
                 padder = self._padder
                 frames.append(
@@ -365,24 +311,28 @@ class MessagesStream:
         if self._block is not None:
             payload = {"type": "content_block_stop", "index": self._index}
             frames.append(self._emit("content_block_stop", payload))
-            self._block = None
+            self._block = self._template = None
 
     def _thought(self, text: str, frames: list[bytes]) -> None:
         if self._block != "thinking":
             block = {"type": "thinking", "thinking": "", "signature": ""}
             self._open("thinking", block, frames)
-            self._thinking = _Thinking()
+            self._thinking = ThinkingDigest()
         self._thinking.add(text)
         delta = {"type": "thinking_delta", "thinking": text}
         payload = {"type": "content_block_delta", "index": self._index, "delta": delta}
         frames.append(self._emit("content_block_delta", payload, text))
 
     def _text(self, text: str, frames: list[bytes]) -> None:
-        if self._block != "text":
+        template = self._template
+        if template is None:
             self._open("text", {"type": "text", "text": ""}, frames)
-        delta = {"type": "text_delta", "text": text}
-        payload = {"type": "content_block_delta", "index": self._index, "delta": delta}
-        frames.append(self._emit("content_block_delta", payload, text))
+            delta = {"type": "text_delta", "text": TEXT_MARK}
+            payload = {"type": _BLOCK_DELTA, "index": self._index, "delta": delta}
+            template = self._template = EventTemplate(
+                _BLOCK_DELTA, payload, self._padder
+            )
+        frames.append(template.frame(text))
 
     def _call(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
         if fragment.name is not None or self._block != fragment.index:
@@ -422,66 +372,3 @@ def _status_of(fail: Fail) -> int:
     if fail.code in {"engine_unavailable", "server_shutdown", "overloaded"}:
         return 529
     return 500
-
-
-def message_body(header: ResponseHeader, whole: Any) -> dict[str, Any]:
-    """The non-streamed ``message`` object of a finished response.
-
-    Args:
-        header: id and model.
-        whole: a ``wire.Whole``: text, finish reason, usage, calls, stop string,
-            reasoning.
-
-    Returns:
-        ``{id, type: "message", role: "assistant", model, content: [thinking
-        block {thinking, signature} (when there is reasoning), text block
-        (when there is text), tool_use blocks with ``input`` the parsed
-        arguments], stop_reason, stop_sequence, usage: {input_tokens,
-        output_tokens}}``.
-
-    Spec: Anthropic API reference, "Messages", the response.
-    """
-    content: list[dict[str, Any]] = []
-    if whole.reasoning:
-        signature = thinking_signature(whole.reasoning)
-        thinking = {"type": "thinking", "thinking": whole.reasoning}
-        content.append({**thinking, "signature": signature})
-    if whole.text:
-        content.append({"type": "text", "text": whole.text})
-    for call in whole.tool_calls:
-        content.append(
-            {
-                "type": "tool_use",
-                "id": call.id or "",
-                "name": call.name or "",
-                "input": _input(call.arguments),
-            }
-        )
-    return {
-        "id": header.id,
-        "type": "message",
-        "role": "assistant",
-        "model": header.model,
-        "content": content,
-        "stop_reason": stop_reason(whole.finish_reason, whole.stop_sequence),
-        "stop_sequence": whole.stop_sequence,
-        "usage": usage_object(whole.usage),
-    }
-
-
-def _input(arguments: str) -> Any:
-    """A call's arguments as the ``input`` object (``{}`` for none)."""
-    if not arguments:
-        return {}
-    try:
-        return orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return {}
-
-
-def message_error_body(status: int, message: str) -> dict[str, Any]:
-    """``{"type": "error", "error": {"type", "message"}}`` for HTTP ``status``
-    (``ERROR_TYPES``; ``api_error`` for a 5xx not listed)."""
-    default = "invalid_request_error" if 400 <= status < 500 else "api_error"
-    kind = ERROR_TYPES.get(status, default)
-    return {"type": "error", "error": {"type": kind, "message": message}}

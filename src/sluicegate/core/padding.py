@@ -211,13 +211,20 @@ class EventPadder:
         """
         head, raw = self._encode(kind, payload)
         size = len(head) + len(raw) + 2
-        if text is None:
-            target = 1 << (size - 1).bit_length()
-        else:
-            floor = size - len(dumps(text)) + 2
-            target = floor + step_bytes(size - floor, self._min_step)
-            self._delta_size = target
+        if text is not None:
+            return head + raw[:-2] + self.delta_pad(size, len(dumps(text))) + b'"}\n\n'
+        target = 1 << (size - 1).bit_length()
         return head + raw[:-2] + self._filler.take(target - size) + b'"}\n\n'
+
+    def delta_pad(self, size: int, text_bytes: int) -> bytes:
+        """The pad of a delta event of ``size`` bytes with an empty pad field,
+        whose text's JSON has ``text_bytes`` bytes: with it, the event has the
+        size of the same event with empty text plus ``step_bytes`` of its text
+        (the size heartbeats take from here on)."""
+        floor = size - text_bytes + 2
+        target = floor + step_bytes(size - floor, self._min_step)
+        self._delta_size = target
+        return self._filler.take(target - size)
 
     def like_delta(self, kind: str, payload: dict[str, Any]) -> bytes:
         """A heartbeat event padded to the last delta's size (to a power of two

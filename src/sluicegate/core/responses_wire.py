@@ -35,7 +35,9 @@ With a filler, every event is padded (``padding.EventPadder``): an
 ``obfuscation`` field last, as OpenAI's ``stream_options.include_obfuscation``
 adds to its deltas; a heartbeat comment has the last delta's size.
 
-Every ``response`` snapshot comes from ``response_object``. The states and
+The output items and their events are ``responses_items.OutputItems``' (a
+text delta of an open message from a template, ``templates.py``); every
+``response`` snapshot comes from ``response_object``. The states and
 their legal events are ``stream.TRANSITIONS``; ``outcome`` is ``classify()`` of
 what was written: finished once the terminal event was written (completed or
 incomplete), errored once ``response.failed`` was, aborted when the writing
@@ -51,11 +53,10 @@ events" (``response.reasoning_text.delta``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from sluicegate.core.chunks import ResponseHeader, dumps
-from sluicegate.core.endstate import EndState, classify
+from sluicegate.core.chunks import ResponseHeader
+from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
     CANCELLED,
@@ -66,12 +67,18 @@ from sluicegate.core.events import (
     Finish,
     FinishReason,
     StreamEvent,
-    ToolCallFragment,
     Usage,
 )
 from sluicegate.core.padding import MIN_STEP_BYTES, EventPadder, Filler
+from sluicegate.core.responses_items import (
+    ECHO_DEFAULTS,
+    OutputItems,
+    response_object,
+    usage_object,
+)
 from sluicegate.core.sse import encode_comment
-from sluicegate.core.stream import TRANSITIONS, Closing, Start, StreamState
+from sluicegate.core.stream import TRANSITIONS, Start, StreamState
+from sluicegate.core.written import WriteRecord
 
 __all__ = [
     "ECHO_DEFAULTS",
@@ -82,69 +89,8 @@ __all__ = [
 ]
 
 _HEARTBEAT = encode_comment()
-
-
-ECHO_DEFAULTS: Mapping[str, Any] = {
-    "parallel_tool_calls": True,
-    "tool_choice": "auto",
-    "tools": [],
-    "metadata": {},
-    "text": {"format": {"type": "text"}},
-}
-"""The request fields a response object repeats, as a request without them
-sets them; ``ResponseHeader.echo`` holds what the request did set."""
-
-
-def usage_object(usage: Usage) -> dict[str, Any]:
-    """``{input_tokens, input_tokens_details, output_tokens,
-    output_tokens_details, total_tokens}`` (tokens); ``reasoning_tokens`` is 0
-    for a response without a reasoning channel."""
-    return {
-        "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-    }
-
-
-def response_object(
-    header: ResponseHeader,
-    status: str,
-    output: list[dict[str, Any]],
-    usage: Usage | None = None,
-    error: Mapping[str, Any] | None = None,
-    incomplete_reason: str | None = None,
-) -> dict[str, Any]:
-    """The ``response`` object: its id, status and output items so far.
-
-    Args:
-        header: id, created (Unix seconds) and model.
-        status: ``in_progress``, ``completed``, ``incomplete``, ``failed`` or
-            ``cancelled``.
-        output: the output items (``message`` and ``function_call``).
-        usage: the token counts, once known.
-        error: ``{code, message}`` of a failed response.
-        incomplete_reason: e.g. ``max_output_tokens``.
-
-    The request's ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``text``,
-    ``metadata`` (and the other fields in ``header.echo``) are repeated as it
-    set them, else as ``ECHO_DEFAULTS``.
-    """
-    incomplete = {"reason": incomplete_reason} if incomplete_reason else None
-    return {
-        "id": header.id,
-        "object": "response",
-        "created_at": header.created,
-        "status": status,
-        "model": header.model,
-        "output": output,
-        "error": dict(error) if error is not None else None,
-        "incomplete_details": incomplete,
-        "usage": usage_object(usage) if usage is not None else None,
-        **ECHO_DEFAULTS,
-        **(header.echo or {}),
-    }
+# The state where a ``Delta`` is legal, which it stays in (see ``stream.py``).
+_DELTA_STATE = StreamState.STREAMING
 
 
 class ResponsesStream:
@@ -161,18 +107,13 @@ class ResponsesStream:
     """
 
     __slots__ = (
-        "_call",
-        "_gone",
         "_header",
-        "_item",
-        "_output",
+        "_items",
         "_padder",
-        "_pending",
         "_reason",
-        "_seq",
+        "_record",
         "_snapshot",
         "_state",
-        "_written",
     )
 
     def __init__(
@@ -189,13 +130,8 @@ class ResponsesStream:
         self._header = header
         self._state = StreamState.NEW
         self._reason: FinishReason | None = None
-        self._seq = 0
-        self._output: list[dict[str, Any]] = []
-        self._item: dict[str, Any] | None = None  # the open output item
-        self._call: int | None = None  # the open item's tool-call index
-        self._pending = Closing()
-        self._written = Closing()
-        self._gone = False
+        self._items = OutputItems(header, self._padder)
+        self._record = WriteRecord()
         self._snapshot: dict[str, Any] | None = None
 
     @property
@@ -219,9 +155,8 @@ class ResponsesStream:
 
     @property
     def outcome(self) -> EndState:
-        """The stream's end state from what was written (``classify``)."""
-        w = self._written
-        return classify(200, w.finishes, 1, w.done, w.error, client_gone=self._gone)
+        """The stream's end state from what was written (``WriteRecord``)."""
+        return self._record.outcome(1)
 
     @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
@@ -237,7 +172,7 @@ class ResponsesStream:
     @property
     def output(self) -> list[dict[str, Any]]:
         """The output items so far, as the ``response`` object lists them."""
-        return [_copy(item) for item in self._output]
+        return self._items.output()
 
     def wrote(self) -> None:
         """Report that every frame returned so far was written.
@@ -245,15 +180,11 @@ class ResponsesStream:
         Raises:
             LocalProtocolError: after ``write_failed()``.
         """
-        if self._gone:
-            raise LocalProtocolError("wrote() after write_failed()")
-        self._written = self._written.plus(self._pending)
-        self._pending = Closing()
+        self._record.wrote()
 
     def write_failed(self) -> None:
         """Report that writing stopped before the frames since ``wrote()``."""
-        self._gone = True
-        self._pending = Closing()
+        self._record.write_failed()
 
     def start(self) -> list[bytes]:
         """``[response.created, response.in_progress]``.
@@ -263,9 +194,10 @@ class ResponsesStream:
         """
         self._state = self._next(Start())
         snapshot = self._snapshot = response_object(self._header, "in_progress", [])
+        event = self._items.event
         return [
-            self._event("response.created", {"response": snapshot}),
-            self._event("response.in_progress", {"response": snapshot}),
+            event("response.created", {"response": snapshot}),
+            event("response.in_progress", {"response": snapshot}),
         ]
 
     def feed(self, event: StreamEvent) -> list[bytes]:
@@ -275,35 +207,45 @@ class ResponsesStream:
             LocalProtocolError: the event is not allowed in this state, or names
                 a choice other than 0; nothing changes.
         """
+        if (
+            type(event) is Delta
+            and self._state is _DELTA_STATE
+            and event.parts is None
+            and event.index == 0
+            and event.text
+        ):
+            # Once per token: text added to the open message, from its template.
+            frame = self._items.text_frame(event.text)
+            if frame is not None:
+                return [frame]
         next_state = self._next(event)
         frames: list[bytes] = []
+        items = self._items
         match event:
             case Delta(text=text, parts=parts):
                 if parts is not None and parts.reasoning:
-                    self._thought(parts.reasoning, frames)
+                    items.thought(parts.reasoning, frames)
                 if text:
-                    self._text(text, frames)
+                    items.text(text, frames)
                 if parts is not None:
                     for fragment in parts.tool_calls:
-                        self._fragment(fragment, frames)
+                        items.fragment(fragment, frames)
             case Finish(finish_reason=reason):
                 self._reason = reason
-                self._close(frames)
+                items.close(reason, frames)
                 next_state = StreamState.AWAITING_END
-                self._pending = self._pending.plus(Closing(finishes=1))
+                self._record.add(finishes=1)
             case End(usage=usage):
                 frames.append(self._terminal(usage))
-                self._pending = self._pending.plus(Closing(done=True))
+                self._record.add(done=True)
             case Fail(message=message, code=code):
                 error = {"code": code or "server_error", "message": message}
                 status = "cancelled" if code == CANCELLED else "failed"
-                if self._item is not None:  # cut off: never completed
-                    self._item["status"] = "incomplete"
                 snapshot = self._snapshot = response_object(
-                    self._header, status, self._output, error=error
+                    self._header, status, items.cut(), error=error
                 )
-                frames.append(self._event("response.failed", {"response": snapshot}))
-                self._pending = self._pending.plus(Closing(error=error))
+                frames.append(items.event("response.failed", {"response": snapshot}))
+                self._record.add(error=error)
             case _:
                 padder = self._padder
                 frames.append(_HEARTBEAT if padder is None else padder.keep_alive())
@@ -323,150 +265,21 @@ class ResponsesStream:
             )
         return next_state
 
-    def _event(
-        self, kind: str, fields: dict[str, Any], text: str | None = None
-    ) -> bytes:
-        payload = {"type": kind, "sequence_number": self._seq, **fields}
-        self._seq += 1
-        if self._padder is not None:
-            return self._padder.event(kind, payload, text)
-        return b"event: " + kind.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
-
-    def _open(self, item: dict[str, Any], frames: list[bytes]) -> None:
-        self._close(frames)
-        self._item = item
-        self._output.append(item)
-        added = {"output_index": len(self._output) - 1, "item": _copy(item)}
-        frames.append(self._event("response.output_item.added", added))
-
-    def _open_with_part(
-        self,
-        kind: str,
-        prefix: str,
-        fields: Mapping[str, Any],
-        part: dict[str, Any],
-        kept: dict[str, Any],
-        frames: list[bytes],
-    ) -> dict[str, Any]:
-        """Open an item of type ``kind`` (id ``prefix_...``, ``fields`` after its
-        status) with one content part: ``part`` announced, ``kept`` stored."""
-        suffix = f"{self._header.id}_{len(self._output)}".removeprefix("resp_")
-        item = {
-            "id": f"{prefix}_{suffix}",
-            "type": kind,
-            "status": "in_progress",
-            **fields,
-            "content": [],
-        }
-        self._open(item, frames)
-        self._call = None
-        at = {"item_id": item["id"], "output_index": len(self._output) - 1}
-        added = {**at, "content_index": 0, "part": part}
-        frames.append(self._event("response.content_part.added", added))
-        item["content"].append(kept)
-        return item
-
-    def _part_delta(self, item: dict[str, Any], text: str) -> dict[str, Any]:
-        """``text`` added to ``item``'s one part; its delta event's fields."""
-        item["content"][0]["text"] += text
-        at = {"item_id": item["id"], "output_index": len(self._output) - 1}
-        return {**at, "content_index": 0, "delta": text}
-
-    def _thought(self, text: str, frames: list[bytes]) -> None:
-        item = self._item
-        if item is None or item["type"] != "reasoning":
-            part = {"type": "reasoning_text", "text": ""}
-            fields: dict[str, list[Any]] = {"summary": []}
-            item = self._open_with_part(
-                "reasoning", "rs", fields, part, dict(part), frames
-            )
-        delta = self._part_delta(item, text)
-        frames.append(self._event("response.reasoning_text.delta", delta, text))
-
-    def _text(self, text: str, frames: list[bytes]) -> None:
-        item = self._item
-        if item is None or item["type"] != "message":
-            part = {"type": "output_text", "text": "", "annotations": []}
-            kept = {**part, "logprobs": []}
-            fields = {"role": "assistant"}
-            item = self._open_with_part("message", "msg", fields, part, kept, frames)
-        delta = {**self._part_delta(item, text), "logprobs": []}
-        frames.append(self._event("response.output_text.delta", delta, text))
-
-    def _fragment(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
-        item = self._item
-        if fragment.name is not None or self._call != fragment.index or item is None:
-            call_id = fragment.id or f"call_{len(self._output)}"
-            item = {
-                "id": f"fc_{call_id.removeprefix('call_')}",
-                "type": "function_call",
-                "status": "in_progress",
-                "call_id": call_id,
-                "name": fragment.name or "",
-                "arguments": "",
-            }
-            self._open(item, frames)
-            self._call = fragment.index
-        if fragment.arguments:
-            item["arguments"] += fragment.arguments
-            delta = {
-                "item_id": item["id"],
-                "output_index": len(self._output) - 1,
-                "delta": fragment.arguments,
-            }
-            kind = "response.function_call_arguments.delta"
-            frames.append(self._event(kind, delta, fragment.arguments))
-
-    def _close(self, frames: list[bytes]) -> None:
-        item = self._item
-        if item is None:
-            return
-        self._item, self._call = None, None
-        at = {"item_id": item["id"], "output_index": len(self._output) - 1}
-        item["status"] = (
-            "incomplete" if self._reason is FinishReason.LENGTH else "completed"
-        )
-        if item["type"] == "reasoning":
-            content = item["content"][0]
-            done = {**at, "content_index": 0, "text": content["text"]}
-            frames.append(self._event("response.reasoning_text.done", done))
-            part_done = {**at, "content_index": 0, "part": dict(content)}
-            frames.append(self._event("response.content_part.done", part_done))
-        elif item["type"] == "message":
-            content = item["content"][0]
-            done = {**at, "content_index": 0, "text": content["text"], "logprobs": []}
-            frames.append(self._event("response.output_text.done", done))
-            part = {k: v for k, v in content.items() if k != "logprobs"}
-            part_done = {**at, "content_index": 0, "part": part}
-            frames.append(self._event("response.content_part.done", part_done))
-        else:
-            done = {**at, "arguments": item["arguments"], "name": item["name"]}
-            frames.append(self._event("response.function_call_arguments.done", done))
-        output_index = at["output_index"]
-        item_done = {"output_index": output_index, "item": _copy(item)}
-        frames.append(self._event("response.output_item.done", item_done))
-
     def _terminal(self, usage: Usage) -> bytes:
+        output = self._items.output()
         if self._reason is FinishReason.LENGTH:
             snapshot = self._snapshot = response_object(
                 self._header,
                 "incomplete",
-                self._output,
+                output,
                 usage,
                 incomplete_reason="max_output_tokens",
             )
-            return self._event("response.incomplete", {"response": snapshot})
+            return self._items.event("response.incomplete", {"response": snapshot})
         snapshot = self._snapshot = response_object(
-            self._header, "completed", self._output, usage
+            self._header, "completed", output, usage
         )
-        return self._event("response.completed", {"response": snapshot})
-
-
-def _copy(item: dict[str, Any]) -> dict[str, Any]:
-    """The item as it is now (its content parts copied: they grow)."""
-    if item["type"] in ("message", "reasoning"):
-        return {**item, "content": [dict(part) for part in item["content"]]}
-    return dict(item)
+        return self._items.event("response.completed", {"response": snapshot})
 
 
 def response_body(header: ResponseHeader, whole: Any) -> dict[str, Any]:

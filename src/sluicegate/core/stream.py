@@ -29,8 +29,11 @@ The server also reports what became of the frames (h11's ``send_failed()``):
 ``write_failed()`` when writing stopped first (the connection broke, the client
 left, or the server gave up on a slow client). From those reports alone,
 ``outcome`` is the stream's ``EndState``: ``classify()`` (``endstate.py``) of the
-frames written, the same rule the client applies to the bytes it received, so
-the server's ledger and the client agree.
+frames written (``written.WriteRecord``), the same rule the client applies to
+the bytes it received, so the server's ledger and the client agree.
+
+A content chunk of text alone comes from a template (``templates.ChoiceFrames``):
+the JSON of its text between its choice's prebuilt bytes.
 
 Frames are ``bytes``: each one complete SSE event (one compact JSON object on one
 ``data:`` line, then a blank line), a comment, or ``data: [DONE]``. Given a
@@ -60,7 +63,7 @@ from sluicegate.core.chunks import (
     error_payload,
     usage_chunk,
 )
-from sluicegate.core.endstate import EndState, classify
+from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
     Delta,
@@ -72,19 +75,13 @@ from sluicegate.core.events import (
     StreamEvent,
     Usage,
 )
-from sluicegate.core.padding import (
-    MIN_STEP_BYTES,
-    Filler,
-    FramePadder,
-    content_chunk,
-    frame_floor,
-    split_padded_frame,
-)
+from sluicegate.core.padding import MIN_STEP_BYTES, Filler, FramePadder, frame_floor
 from sluicegate.core.sse import DONE, encode_comment, encode_event
+from sluicegate.core.templates import ChoiceFrames
+from sluicegate.core.written import WriteRecord
 
 __all__ = [
     "TRANSITIONS",
-    "Closing",
     "Endpoint",
     "ResponseHeader",
     "Start",
@@ -142,9 +139,6 @@ _END_STATES: Mapping[StreamState, EndState] = {
 }
 _HEARTBEAT = encode_comment()
 _CHOICE_EVENTS = (Delta, Finish)
-# Stands for a content chunk's text while its frame is split; no JSON key equals
-# it and nothing after the text in a chunk is a string, see _split_text_frame.
-_TEXT_MARK = "\x00sluicegate:text\x00"
 
 
 class StreamMachine:
@@ -163,14 +157,11 @@ class StreamMachine:
 
     __slots__ = (
         "_finish_reasons",
-        "_gone",
         "_header",
-        "_padded_frames",
         "_padder",
-        "_pending",
+        "_record",
         "_state",
         "_text_frames",
-        "_written",
     )
 
     def __init__(
@@ -184,25 +175,13 @@ class StreamMachine:
         self._header = header
         self._state = StreamState.NEW
         self._finish_reasons: list[FinishReason | None] = [None] * header.n
-        # Per open choice, its content frame before and after the JSON of the text:
-        # a content chunk then costs one encode of its text, not of the whole
-        # chunk. A choice leaves on its ``Finish``.
-        self._text_frames = {i: _split_text_frame(header, i) for i in range(header.n)}
-        # Padded: per open choice, (before, between, after) the text's JSON and
-        # the pad, and the padder, which knows the response's floor.
-        self._padded_frames: dict[int, tuple[bytes, bytes, bytes, int]] = {}
+        # Per open choice, its content frame around the JSON of the text: a
+        # content chunk then costs one encode of its text, not of the whole chunk.
         self._padder: FramePadder | None = None
         if filler is not None:
-            floor = frame_floor(header)
-            self._padder = FramePadder(filler, floor, pad_step_bytes)
-            self._padded_frames = {
-                i: split_padded_frame(header, i) for i in range(header.n)
-            }
-        # What the closing frames returned since the last ``wrote()`` say, and
-        # what those written before say: the observations ``classify`` takes.
-        self._pending = Closing()
-        self._written = Closing()
-        self._gone = False
+            self._padder = FramePadder(filler, frame_floor(header), pad_step_bytes)
+        self._text_frames = ChoiceFrames(header, self._padder)
+        self._record = WriteRecord()
 
     @property
     def header(self) -> ResponseHeader:
@@ -221,49 +200,23 @@ class StreamMachine:
 
     @property
     def outcome(self) -> EndState:
-        """The stream's end state, from what was written (see the module docstring).
-
-        ``classify(200, finishes written, n, [DONE] written, error written,
-        client_gone=write_failed() was reported)``: ``FINISHED`` once ``[DONE]``
-        was written, ``ERRORED`` once the error event was, ``ABORTED`` when the
-        writing failed before either, ``TRUNCATED`` while the stream runs (or
-        when its last frames were never reported written).
-        """
-        written = self._written
-        return classify(
-            200,
-            written.finishes,
-            self._header.n,
-            written.done,
-            written.error,
-            client_gone=self._gone,
-        )
+        """The stream's end state, from what was written (``WriteRecord.outcome``)."""
+        return self._record.outcome(self._header.n)
 
     def wrote(self) -> None:
-        """Report that every frame returned so far was written to the connection.
-
-        Only the frames of a ``Finish``, ``End`` or ``Fail`` move ``outcome``: a
-        writer may leave out the report after content frames alone (the eager
-        writer does, once per token), as long as it reports each write that
-        holds one of those.
+        """Report that every frame returned so far was written to the connection
+        (``WriteRecord.wrote``: only closing frames move ``outcome``).
 
         Raises:
             LocalProtocolError: after ``write_failed()``; nothing changes.
         """
-        if self._gone:
-            raise LocalProtocolError("wrote() after write_failed()")
-        pending = self._pending
-        if pending.finishes or pending.done or pending.error is not None:
-            self._written = self._written.plus(pending)
-            self._pending = Closing()
+        self._record.wrote()
 
     def write_failed(self) -> None:
         """Report that writing stopped before the frames since the last ``wrote()``
-        went out: the connection broke, the client left, or the server gave up on
-        it. Idempotent. ``feed()`` may still be called (its frames count for
+        went out. Idempotent. ``feed()`` may still be called (its frames count for
         nothing); ``outcome`` is final from here on."""
-        self._gone = True
-        self._pending = Closing()
+        self._record.write_failed()
 
     @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
@@ -329,32 +282,22 @@ class StreamMachine:
             # Once per token: the text's JSON between the choice's prebuilt bytes
             # (text-only deltas of an open choice; ``_next_state`` raises for a
             # closed or unknown one and ``_frames`` builds the others whole).
-            text_frame = self._text_frames.get(event.index)
-            if text_frame is not None:
-                if not event.text:
-                    return []
-                padder = self._padder
-                if padder is None:
-                    before, after = text_frame
-                    return [before + dumps(event.text) + after]
-                before, between, after, size = self._padded_frames[event.index]
-                text = dumps(event.text)
-                pad = padder.fill(size + len(text))
-                return [b"".join((before, text, between, pad, after))]
+            frame = self._text_frames.frame(event.index, event.text)
+            if frame is not None:
+                return [frame] if frame else []
         next_state = self._next_state(event)
         frames = self._frames(event)
         if isinstance(event, Finish):
             self._finish_reasons[event.index] = event.finish_reason
-            del self._text_frames[event.index]
-            self._padded_frames.pop(event.index, None)
+            self._text_frames.close(event.index)
             if None not in self._finish_reasons:
                 next_state = StreamState.AWAITING_END
-            self._pending = self._pending.plus(Closing(finishes=1))
+            self._record.add(finishes=1)
         elif isinstance(event, End):
-            self._pending = self._pending.plus(Closing(done=True))
+            self._record.add(done=True)
         elif isinstance(event, Fail):
             payload = error_payload(event.message, event.type, None, event.code)
-            self._pending = self._pending.plus(Closing(error=payload["error"]))
+            self._record.add(error=payload["error"])
         self._state = next_state
         return frames
 
@@ -424,36 +367,5 @@ class StreamMachine:
         return _frame(payload)
 
 
-@dataclass(frozen=True, slots=True)
-class Closing:
-    """What some closing frames say: finish chunks, ``[DONE]``, the error event."""
-
-    finishes: int = 0
-    done: bool = False
-    error: Mapping[str, Any] | None = None
-
-    def plus(self, later: Closing) -> Closing:
-        return Closing(
-            self.finishes + later.finishes,
-            self.done or later.done,
-            self.error if self.error is not None else later.error,
-        )
-
-
 def _frame(payload: object) -> bytes:
     return encode_event(dumps(payload))
-
-
-def _split_text_frame(header: ResponseHeader, index: int) -> tuple[bytes, bytes]:
-    """``(before, after)`` with ``before + dumps(text) + after`` the content frame
-    of choice ``index`` (the same bytes as ``_frame`` of its chunk, property-tested).
-
-    ``dumps`` escapes line ends, so the frame is one ``data:`` line whatever the
-    text. The text is the chunk's last string value (``logprobs``,
-    ``finish_reason`` and ``usage`` follow it, all ``null``), so the last
-    occurrence of the marker's JSON is the text even if the id or model name
-    contains the marker.
-    """
-    payload = content_chunk(header, index, _TEXT_MARK)
-    before, _, after = _frame(payload).rpartition(dumps(_TEXT_MARK))
-    return before, after

@@ -83,67 +83,35 @@ event stream" (through ``SSEDecoder``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import orjson
 
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import LocalProtocolError, RemoteProtocolError, bounded_repr
 from sluicegate.core.events import Usage
-from sluicegate.core.logprobs import LogprobToken
 from sluicegate.core.reader_limits import (
     NO_USAGE_BOUNDS,
     READER_LIMITS,
     ReaderLimits,
     UsageBounds,
-    cached_tokens,
-    reported_reasoning_tokens,
-    usage_problem,
 )
 from sluicegate.core.sse import Event, SSEDecoder
 from sluicegate.core.toolcalls import new_call_id
-from sluicegate.core.upstream_choice import (
-    UpstreamChoice,
-    finish_reason_of,
-    settle_choice,
-)
+from sluicegate.core.upstream_chunks import ChunkReader
+from sluicegate.core.upstream_fast import MAX_LEARNS, DeltaTemplate, plain_event
 from sluicegate.core.upstream_items import (
     PROTOCOL_ERROR_CODE,
     ReaderState,
-    UpstreamDelta,
     UpstreamDone,
     UpstreamError,
-    UpstreamFinish,
     UpstreamItem,
-    UpstreamReasoning,
-    UpstreamToolCall,
     UpstreamTruncated,
-    UpstreamUsageRejected,
 )
-from sluicegate.core.upstream_logprobs import read_logprobs
-from sluicegate.core.upstream_tools import ToolCallNormalizer
 
 __all__ = ["UpstreamReader"]
 
-_FAILED_REASONS = frozenset({"abort", "error"})
 
-
-MAX_MATCHED_STOP_CHARS = 4096
-"""The longest stop string an upstream's ``stop_reason`` is taken for."""
-
-
-def _matched_stop(choice: dict[str, Any]) -> str | None:
-    """The stop string a finished choice names: vLLM's ``stop_reason`` or
-    SGLang's ``matched_stop`` when it is a string (a token id, ``null`` for an
-    end of sequence, or one too long is none)."""
-    for name in ("stop_reason", "matched_stop"):
-        value = choice.get(name)
-        if type(value) is str and 0 < len(value) <= MAX_MATCHED_STOP_CHARS:
-            return value
-    return None
-
-
-class UpstreamReader:
+class UpstreamReader(ChunkReader):
     """Bytes of an upstream's streamed response in (any split), items out.
 
     Args:
@@ -164,22 +132,7 @@ class UpstreamReader:
     After ``flush()`` further calls raise ``LocalProtocolError``.
     """
 
-    __slots__ = (
-        "_choices",
-        "_chunk_deltas",
-        "_decoder",
-        "_endpoint",
-        "_fast",
-        "_limits",
-        "_new_id",
-        "_state",
-        "_tool_names",
-        "_usage",
-        "_usage_bounds",
-        "bytes",
-        "events",
-        "usage_rejected",
-    )
+    __slots__ = ("_decoder", "_fast", "_learns", "_template", "events")
 
     def __init__(
         self,
@@ -190,23 +143,15 @@ class UpstreamReader:
         tool_names: frozenset[str] | None = None,
         usage_bounds: UsageBounds = NO_USAGE_BOUNDS,
     ) -> None:
-        self._endpoint = endpoint
-        self._new_id = new_id
-        self._limits = limits
-        self._tool_names = tool_names
-        self._usage_bounds = usage_bounds
+        super().__init__(endpoint, new_id, limits, tool_names, usage_bounds)
         self._decoder = SSEDecoder(limits.max_line_bytes, limits.max_event_bytes)
         # Whether the decoder stands between two events, past the stream's
         # first bytes (its BOM) and not after a CR: then ``_feed_plain`` may read
         # plain events itself.
         self._fast = False
-        self._state = ReaderState.READING
-        self._choices: dict[int, UpstreamChoice] = {}
-        self._usage: Usage | None = None
-        self._chunk_deltas = 0  # choices and tool-call entries of this chunk
+        self._template: DeltaTemplate | None = None  # the upstream's plain delta
+        self._learns = 0
         self.events = 0
-        self.bytes = 0
-        self.usage_rejected: str | None = None
 
     @property
     def state(self) -> ReaderState:
@@ -299,43 +244,47 @@ class UpstreamReader:
     # -- internals -----------------------------------------------------------
 
     def _feed_plain(self, data: bytes, out: list[UpstreamItem]) -> int:
-        """Read the events at the start of ``data`` that are one ``data: `` line
-        each, holding a JSON object or ``[DONE]``, with LF line ends; return
-        where the rest begins (``len(data)`` once the stream ended).
+        """Read the plain events at the start of ``data`` (``plain_event``) that
+        hold a JSON object or ``[DONE]``; return where the rest begins
+        (``len(data)`` once the stream ended).
 
         The fast twin of ``SSEDecoder.feed`` + ``_read`` for what upstreams
-        send almost always (one event per chunk): no text decoding and no
-        ``Event``; orjson checks the UTF-8 itself. Anything else (a comment, a
-        CR, another field, more than one line, invalid UTF-8 or JSON) is left
-        to the decoder, which stays between two events meanwhile.
+        send almost always: a plain delta (``DeltaTemplate``) costs the parse
+        of its text alone. Anything else (a comment, a CR, another field, more
+        than one line, invalid UTF-8 or JSON) is left to the decoder, which
+        stays between two events meanwhile.
         """
         start = 0
         size = len(data)
-        max_line = self._limits.max_line_bytes
         while start < size:
-            end = data.find(b"\n\n", start)
-            if end < 0 or not data.startswith(b"data: ", start):
-                return start
-            if end - start > max_line or end - start - 6 > self._limits.max_event_bytes:
-                return start  # the decoder says which bound it passes
-            line = data[start + 6 : end]
-            if b"\n" in line or b"\r" in line:
-                return start
+            line, end = plain_event(data, start, self._limits)
             if line == b"[DONE]":
                 self.events += 1
                 self._done(out)
                 return size
             if line[:1] != b"{":
                 return start
+            template = self._template
+            text = None if template is None else template.text(line)
+            if text is not None:
+                self.events += 1
+                self._plain_delta(text, out)
+                start = end
+                continue
             try:
                 obj = orjson.loads(line)
             except orjson.JSONDecodeError:
                 return start
             self.events += 1
+            if self._learns < MAX_LEARNS and type(obj) is dict:
+                learned = DeltaTemplate.learn(line, obj, self._endpoint)
+                if learned is not None:
+                    self._template = learned
+                    self._learns += 1
             self._object(obj, out)
             if self._state is not ReaderState.READING:
                 return size
-            start = end + 2
+            start = end
         return start
 
     def _done(self, out: list[UpstreamItem]) -> None:
@@ -374,176 +323,3 @@ class UpstreamReader:
             self._error(obj, out)
             return
         self._object(obj, out)
-
-    def _object(self, obj: dict[str, Any], out: list[UpstreamItem]) -> None:
-        """Read one event's JSON object (not of an ``error`` event)."""
-        if obj.get("error") is not None:
-            self._error(obj, out)
-            return
-        if obj.get("object") == "error":  # vLLM's error object, not wrapped
-            self._error({"error": obj}, out)
-            return
-        usage = obj.get("usage")
-        if type(usage) is dict:  # before the deltas: they count in it already
-            self._read_usage(usage, out)
-        choices = obj.get("choices")
-        if type(choices) is list:
-            self._chunk_deltas = 0
-            for choice in choices:
-                if type(choice) is dict:
-                    self._choice(choice, out)
-                    if self._state is not ReaderState.READING:
-                        return
-
-    def _choice(self, choice: dict[str, Any], out: list[UpstreamItem]) -> None:
-        self._chunk_deltas += 1
-        if self._chunk_deltas > self._limits.max_deltas_per_chunk:
-            self._too_many_deltas(out)
-            return
-        index = choice.get("index", 0)
-        if type(index) is not int or index < 0:
-            index = 0
-        state = self._choices.get(index)
-        if state is None:
-            state = self._choices[index] = UpstreamChoice()
-        if state.finished:
-            return  # a repeated finish_reason, or text after it
-        calls = None
-        if self._endpoint is Endpoint.CHAT:
-            delta = choice.get("delta")
-            text, calls = (
-                (delta.get("content"), delta.get("tool_calls"))
-                if type(delta) is dict
-                else (None, None)
-            )
-            if type(delta) is dict:
-                self._reasoning(index, delta, out)
-        else:
-            text = choice.get("text")
-        if type(text) is str and text:
-            new = state.feed(text)
-            if new:
-                out.append(UpstreamDelta(index, new, self._logprobs(choice, new, text)))
-        if calls:
-            if type(calls) is list:
-                self._chunk_deltas += len(calls)
-                if self._chunk_deltas > self._limits.max_deltas_per_chunk:
-                    self._too_many_deltas(out)
-                    return
-            tools = state.tools
-            if tools is None:
-                tools = state.tools = ToolCallNormalizer(
-                    self._new_id,
-                    tool_names=self._tool_names,
-                    max_calls=self._limits.max_tool_calls,
-                )
-            try:
-                fragments = tools.feed(calls)
-            except RemoteProtocolError as exc:
-                self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
-                return
-            out.extend(UpstreamToolCall(index, f) for f in fragments)
-        reason = choice.get("finish_reason")
-        if type(reason) is str and reason:
-            if reason in _FAILED_REASONS:
-                why = f"the upstream ended choice {index} with finish_reason {reason!r}"
-                self._fail(out, why)
-                return
-            state.finished = True
-            try:
-                tools = settle_choice(index, state, out)
-            except RemoteProtocolError as exc:
-                self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
-                return
-            finish = finish_reason_of(reason, tools)
-            out.append(UpstreamFinish(index, finish, reason, _matched_stop(choice)))
-
-    def _logprobs(
-        self, choice: dict[str, Any], new: str, text: str
-    ) -> tuple[LogprobToken, ...] | None:
-        """The chunk's token logprobs, when they are exactly ``new``'s tokens (a
-        cumulative chunk's, or tokens that split a character, are not)."""
-        raw = choice.get("logprobs")
-        if raw is None or new != text:
-            return None
-        chat = self._endpoint is Endpoint.CHAT
-        tokens = read_logprobs(raw, chat, self._limits.max_deltas_per_chunk)
-        if tokens is None or "".join(t.token for t in tokens) != new:
-            return None
-        return tokens
-
-    def _reasoning(
-        self, index: int, delta: dict[str, Any], out: list[UpstreamItem]
-    ) -> None:
-        """A delta's reasoning, before its content: ``reasoning_content``
-        (vLLM, SGLang, llama.cpp's server), else ``reasoning`` (newer vLLM,
-        which for a while sent both with the same text: taken once)."""
-        reasoning = delta.get("reasoning_content")
-        if type(reasoning) is not str or not reasoning:
-            reasoning = delta.get("reasoning")
-        if type(reasoning) is str and reasoning:
-            out.append(UpstreamReasoning(index, reasoning))
-
-    def _too_many_deltas(self, out: list[UpstreamItem]) -> None:
-        limit = self._limits.max_deltas_per_chunk
-        why = f"the upstream sent a chunk of more than {limit} deltas"
-        self._fail(out, why, PROTOCOL_ERROR_CODE)
-
-    def _read_usage(self, usage: dict[str, Any], out: list[UpstreamItem]) -> None:
-        if self.usage_rejected is not None:
-            return  # once wrong, never trusted again
-        why, prompt, completion = usage_problem(usage, self._usage_bounds, self.bytes)
-        if why is not None:
-            self.usage_rejected = why
-            self._usage = None
-            out.append(UpstreamUsageRejected(why))
-            return
-        reasoning = reported_reasoning_tokens(usage, completion)
-        read = Usage(prompt, completion, cached_tokens(usage, prompt), reasoning)
-        if read != self._usage:
-            self._usage = read
-            out.append(read)
-
-    def _error(self, obj: dict[str, Any], out: list[UpstreamItem]) -> None:
-        error = obj.get("error")
-        if isinstance(error, str):  # TGI: {"error": "...", "error_type": "..."}
-            kind = obj.get("error_type")
-            self._fail(out, error, None, kind if isinstance(kind, str) else None)
-            return
-        if not isinstance(error, dict):
-            error = obj
-        message = error.get("message")
-        if not isinstance(message, str) or not message:
-            message = f"the upstream sent an error: {bounded_repr(error)}"
-        kind = error.get("type")
-        code = error.get("code")
-        self._fail(
-            out,
-            message,
-            None if code is None else str(code),
-            kind if isinstance(kind, str) and kind else None,
-        )
-
-    def _fail(
-        self,
-        out: list[UpstreamItem],
-        message: str,
-        code: str | None = None,
-        kind: str | None = None,
-    ) -> None:
-        self._settle_all(out)  # a call refused here is dropped: the stream failed
-        out.append(UpstreamError(message, kind or "server_error", code))
-        self._state = ReaderState.FAILED
-
-    def _settle_all(self, out: list[UpstreamItem]) -> str | None:
-        """End every open choice; the first refusal of a held tool call (its
-        message), if any (the other choices still end)."""
-        refused = None
-        for index, state in self._choices.items():
-            if not state.finished:
-                state.finished = True
-                try:
-                    settle_choice(index, state, out)
-                except RemoteProtocolError as exc:
-                    refused = refused or str(exc)
-        return refused

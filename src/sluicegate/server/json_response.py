@@ -26,10 +26,9 @@ from starlette.types import Receive, Scope, Send
 from sluicegate.core.chunks import (
     Endpoint,
     ResponseHeader,
-    chat_completion,
     dumps,
-    text_completion,
 )
+from sluicegate.core.completions import chat_completion, text_completion
 from sluicegate.core.endstate import EndState, classify_body
 from sluicegate.core.events import Delta, DeltaParts, End, Fail, join_all_parts
 from sluicegate.core.logprobs import LogprobToken
