@@ -12,10 +12,20 @@ Each column gets a fresh upstream, ``sluicegate serve --engine scripted`` at
   has no ``--upstream``). ``--client`` names the HTTP clients of the hop to
   compare (``engines/upstream_http.py``), one column each: ``sluicegate`` for
   the engine's default, ``sluicegate/NAME`` for another;
+- ``sluicegate-before``: the same gateway run from ``--before-src``, the
+  ``src`` folder of another checkout (a worktree of an older commit): the
+  before/after of a change, in one run;
 - ``litellm``: LiteLLM's proxy from ``bench/.litellm-venv`` (made by
   ``bench/litellm-venv.sh``; skipped, with a note, when that is missing), with a
   config file written here: one model, ``openai/scripted`` at the upstream's
-  ``/v1``.
+  ``/v1``;
+- ``portkey``: Portkey's AI gateway (the npm package ``@portkey-ai/gateway``,
+  installed in ``bench/.portkey`` by ``bench/portkey-install.sh``, run by the
+  node from Debian; skipped, with a note, when missing), told per request to
+  use the ``openai`` provider at the upstream's ``/v1`` (its
+  ``x-portkey-provider`` and ``x-portkey-custom-host`` headers, sent by the
+  load too), with ``bench/portkey-shim.mjs`` loaded first: under node 20 its
+  streams failed without it (see that file).
 
 The upstream runs on ``--upstream-cpu``, a gateway on ``--gateway-cpu`` and the
 load process on ``--load-cpu`` (``taskset``). The load is ``bench/streams.py
@@ -64,6 +74,7 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,6 +94,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "gateway.json"
 LOAD = ROOT / "bench" / "streams.py"
 LITELLM_VENV = ROOT / "bench" / ".litellm-venv"
+PORTKEY = ROOT / "bench" / ".portkey" / "node_modules" / "@portkey-ai" / "gateway"
 QUIET = Path("/tmp/sluicegate-quiet")
 QUIET_WAIT_S = 600.0
 PYTHON = sys.executable
@@ -108,8 +120,15 @@ class Column:
 
     @property
     def kind(self) -> str:
-        """``direct``, ``sluicegate`` or ``litellm``."""
+        """``direct``, ``sluicegate``, ``sluicegate-before``, ``litellm`` or
+        ``portkey``."""
         return self.name.partition("/")[0]
+
+
+_headers: list[str] = []
+"""Extra request headers of the column being measured (Portkey's routing)."""
+_before_src = [""]
+"""The ``src`` folder ``sluicegate-before`` runs (``--before-src``)."""
 
 
 def _gateway_support() -> str:
@@ -133,8 +152,29 @@ def _litellm_support() -> str:
     return ""
 
 
+def _portkey_support() -> str:
+    """Why the Portkey column cannot run here, or ``""``."""
+    if not (PORTKEY / "build" / "start-server.js").exists():
+        return "no bench/.portkey (run bench/portkey-install.sh)"
+    if shutil.which("node") is None:
+        return "no node (apt-get install nodejs)"
+    return ""
+
+
+def _before_support() -> str:
+    """Why the sluicegate-before column cannot run here, or ``""``."""
+    if not _before_src[0]:
+        return "no --before-src"
+    return ""
+
+
 def _columns(names: Sequence[str], clients: Sequence[str]) -> list[Column]:
-    checks = {"sluicegate": _gateway_support, "litellm": _litellm_support}
+    checks = {
+        "sluicegate": _gateway_support,
+        "sluicegate-before": _before_support,
+        "litellm": _litellm_support,
+        "portkey": _portkey_support,
+    }
     columns = []
     for name in names:
         skipped = checks[name]() if name in checks else ""
@@ -210,7 +250,16 @@ def _gateway_command(
     column: Column, port: int, upstream_port: int, tmp: Path
 ) -> tuple[list[str], dict[str, str], str]:
     """The gateway's argv, extra environment and readiness path."""
-    if column.kind == "sluicegate":
+    if column.kind == "portkey":
+        shim = ROOT / "bench" / "portkey-shim.mjs"  # see its comment
+        command = [
+            "node",
+            f"--import={shim.as_uri()}",
+            str(PORTKEY / "build" / "start-server.js"),
+        ]
+        return [*command, f"--port={port}", "--headless"], {}, "/"
+    if column.kind in ("sluicegate", "sluicegate-before"):
+        before = column.kind == "sluicegate-before"
         config = _sluicegate_config(
             tmp / "upstreams.toml", upstream_port, column.client
         )
@@ -226,7 +275,7 @@ def _gateway_command(
                 "--no-ledger",
                 "--log-level=warning",
             ],
-            {},
+            {"PYTHONPATH": _before_src[0]} if before else {},
             "/health",
         )
     config = _litellm_config(tmp / "litellm.yaml", upstream_port)
@@ -317,6 +366,7 @@ def _load(port: int, n: int, args: argparse.Namespace) -> dict[str, Any]:
         f"--rate={args.rate}",
         f"--duration-s={args.duration_s}",
         f"--ramp-s={args.ramp_s}",
+        *(f"--header={header}" for header in _headers),
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
     result: dict[str, Any] = json.loads(done.stdout)
@@ -367,7 +417,8 @@ def _request(port: int, tokens: int, stream: bool = True) -> bytes:
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "Accept: text/event-stream\r\n\r\n"
+        + "".join(f"{header}\r\n" for header in _headers)
+        + "Accept: text/event-stream\r\n\r\n"
     )
     return head.encode() + body
 
@@ -495,6 +546,13 @@ def _measure_column(
         )
         pids = {"upstream": upstream}
         port = upstream_port
+        _headers[:] = []
+        if spec.kind == "portkey":
+            _headers[:] = [
+                "x-portkey-provider: openai",
+                f"x-portkey-custom-host: http://127.0.0.1:{upstream_port}/v1",
+                "Authorization: Bearer unused",
+            ]
         if column != "direct":
             port = free_port()
             command, env, ready = _gateway_command(spec, port, upstream_port, tmp)
@@ -509,7 +567,8 @@ def _measure_column(
                     env,
                 )
             )
-            _check_serves(port, column)
+            if spec.kind != "portkey":  # no model list: routed by its headers
+                _check_serves(port, column)
         # A few whole streams first: a proxy's first requests pay for imports
         # and client set-up that no later one does.
         asyncio.run(_warm_up(port))
@@ -615,8 +674,13 @@ def _parser() -> argparse.ArgumentParser:
     add(
         "--columns",
         nargs="+",
-        default=["direct", "sluicegate", "litellm"],
-        choices=["direct", "sluicegate", "litellm"],
+        default=["direct", "sluicegate", "litellm", "portkey"],
+        choices=["direct", "sluicegate", "sluicegate-before", "litellm", "portkey"],
+    )
+    add(
+        "--before-src",
+        type=Path,
+        help="the src folder of another checkout, which sluicegate-before runs",
     )
     add(
         "--client",
@@ -665,6 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.abort_streams, args.abort_wait_s = 2, 3.0
     if (os.cpu_count() or 1) < 2:
         args.upstream_cpu = args.gateway_cpu = args.load_cpu = "0"
+    if args.before_src is not None:
+        _before_src[0] = str(args.before_src.resolve())
     columns = _columns(args.columns, args.client)
     rows: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
@@ -699,6 +765,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "count": os.cpu_count(),
         },
         "litellm_version": _litellm_version(),
+        "portkey_version": _portkey_version(),
+        "before_src": _before_src[0] or None,
         "http_clients": list(args.client),
         "loadavg_before": load_before,
         "loadavg_after": load_after,
@@ -713,6 +781,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     _print(report)
     return 0
+
+
+def _portkey_version() -> str | None:
+    package = PORTKEY / "package.json"
+    if not package.exists():
+        return None
+    version: str = json.loads(package.read_text())["version"]
+    return version
 
 
 def _litellm_version() -> str | None:

@@ -194,7 +194,7 @@ class _Stream(asyncio.Protocol):
         self.transport.close()
 
 
-def _request(port: int, tokens: int) -> bytes:
+def _request(port: int, tokens: int, headers: Sequence[str] = ()) -> bytes:
     body = json.dumps(
         {
             "model": "scripted",
@@ -207,7 +207,8 @@ def _request(port: int, tokens: int) -> bytes:
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "Accept: text/event-stream\r\n\r\n"
+        + "".join(f"{header}\r\n" for header in headers)
+        + "Accept: text/event-stream\r\n\r\n"
     )
     return head.encode() + body
 
@@ -237,12 +238,17 @@ async def _one(
 
 
 async def _load(
-    port: int, n: int, rate: float, duration_s: float, ramp_s: float
+    port: int,
+    n: int,
+    rate: float,
+    duration_s: float,
+    ramp_s: float,
+    headers: Sequence[str] = (),
 ) -> LoadStats:
     start = time.perf_counter()
     window = (start + ramp_s + 0.5, start + duration_s)
     stats = LoadStats(rate, window)
-    request = _request(port, max(int(rate * duration_s), 1))
+    request = _request(port, max(int(rate * duration_s), 1), headers)
     deadline = start + ramp_s + 2 * duration_s + 10.0
     rng = random.Random(n)
     await asyncio.gather(
@@ -263,7 +269,14 @@ def _run_load(args: argparse.Namespace) -> int:
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
     stats = asyncio.run(
-        _load(args.port, args.streams, args.rate, args.duration_s, args.ramp_s)
+        _load(
+            args.port,
+            args.streams,
+            args.rate,
+            args.duration_s,
+            args.ramp_s,
+            args.header,
+        )
     )
     window_s = stats.window[1] - stats.window[0]
     print(
@@ -309,6 +322,22 @@ _TASK_WRITER = (
 )
 
 
+# sluicegate on uvicorn's httptools protocol instead of its own h11 one: what the
+# HTTP layer costs per token. Not a server to deploy: none of the connection
+# limits of server/connections.py (head size, read deadlines, the cap) apply.
+_HTTPTOOLS = (
+    "import sys; import sluicegate.server.connections as c; "
+    "from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol; "
+    "c.protocol_class = lambda limits, on_refuse=None: HttpToolsProtocol; "
+    "from sluicegate.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+# sluicegate with other thresholds for the collector (``sluicegate-gc=A,B,C``).
+_GC = (
+    "import os, sys; import sluicegate.cli as c; "
+    "c._GC_THRESHOLDS = tuple(int(x) for x in os.environ['BENCH_GC'].split(',')); "
+    "sys.exit(c.main(sys.argv[1:]))"
+)
+
 _RESUMABLE = ("sluicegate-resumable", "sluicegate-redis")
 _WORKERS = "sluicegate-w2"
 """sluicegate with ``--workers 2`` (so ``--redis``), to compare with one process."""
@@ -317,22 +346,41 @@ _SLUICEGATES = (
     "sluicegate-task",
     "sluicegate-plain",
     _WORKERS,
+    "sluicegate-before",
+    "sluicegate-plain-before",
+    "sluicegate-httptools",
     *_RESUMABLE,
 )
 _redis_url = [""]
 """The Redis of ``sluicegate-redis`` (``main`` starts one when it is asked for)."""
+_before_src = [""]
+"""The ``src`` folder the ``-before`` servers run (``--before-src``)."""
+
+
+def _server_env(kind: str) -> dict[str, str]:
+    """The environment a server of ``kind`` adds to this one's."""
+    if kind.endswith("-before"):
+        return {"PYTHONPATH": _before_src[0]}
+    if kind.startswith("sluicegate-gc="):
+        return {"BENCH_GC": kind.partition("=")[2]}
+    return {}
 
 
 def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
-    if kind in _SLUICEGATES:
-        task = kind == "sluicegate-task"
-        start = ["-c", _TASK_WRITER] if task else ["-m", "sluicegate"]
+    if kind in _SLUICEGATES or kind.startswith("sluicegate-gc="):
+        start = ["-m", "sluicegate"]
+        if kind == "sluicegate-task":
+            start = ["-c", _TASK_WRITER]
+        elif kind == "sluicegate-httptools":
+            start = ["-c", _HTTPTOOLS]
+        elif kind.startswith("sluicegate-gc="):
+            start = ["-c", _GC]
         extra = ["--resumable"] if kind in _RESUMABLE else []
         if kind in ("sluicegate-redis", _WORKERS):
             extra.append(f"--redis={_redis_url[0]}")
         if kind == _WORKERS:
             extra.append("--workers=2")
-        if kind == "sluicegate-plain":
+        if kind.startswith("sluicegate-plain"):
             extra.append("--no-obfuscation")
         return [
             PYTHON,
@@ -370,7 +418,7 @@ def _server(kind: str, rate: float, text: Path, cpu: str) -> Iterator[tuple[int,
     """A server pinned to ``cpu``; yields (pid, port) once ``/health`` answers."""
     port = free_port()
     command = ["taskset", "-c", cpu, *_server_command(kind, port, rate, text)]
-    server = ServerProcess(command, port, name=kind, cwd=ROOT)
+    server = ServerProcess(command, port, name=kind, cwd=ROOT, env=_server_env(kind))
     try:
         server.wait_ready("/health", timeout_s=30, interval_s=0.1)
         yield server.pid, port
@@ -438,7 +486,7 @@ def _measure(
     if profile is not None:
         spy = subprocess.Popen(
             [
-                str(Path(PYTHON).parent / "py-spy"),
+                os.environ.get("PY_SPY") or str(Path(PYTHON).parent / "py-spy"),
                 "record",
                 "--pid",
                 str(pid),
@@ -454,6 +502,7 @@ def _measure(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+    loadavg = os.getloadavg()[0]
     cpu0, wall0 = _cpu_s(pid), time.perf_counter()
     load = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
     cpu_s, wall_s = _cpu_s(pid) - cpu0, time.perf_counter() - wall0
@@ -470,6 +519,7 @@ def _measure(
         "server_cpu_share": cpu_s / wall_s,
         "server_cpu_us_per_token": cpu_s / tokens * 1e6,
         "server_rss_mib": sampler.peak_mib,
+        "loadavg_1m": loadavg,
         "measured_at_s": [wall0, wall0 + wall_s],  # the bench's perf_counter
     }
 
@@ -520,6 +570,7 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
         "trunc",
         "timeout",
         "load CPU",
+        "loadavg",
     ):
         table.add_column(column, justify="left" if column == "server" else "right")
     for row in rows:
@@ -540,8 +591,9 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
             str(row["truncated"] + row["errored"] + row["rejected"]),
             str(row["timed_out"]),
             f"{row['load_cpu_share']:.0%}",
+            f"{row.get('loadavg_1m', 0):.1f}",
         )
-    console = Console(width=160)
+    console = Console(width=200)
     console.print(table)
     for r in ratios:
         over_raw = r["cpu_us_per_token_over_raw"]
@@ -642,13 +694,33 @@ def _parser() -> argparse.ArgumentParser:
             "sluicegate-resumable",
             "sluicegate-redis",
             _WORKERS,
+            "sluicegate-before",
+            "sluicegate-plain-before",
+            "sluicegate-httptools",
             "baseline",
             "raw",
         ],
         help="sluicegate-task: sluicegate with the task writer instead of eager"
         " writes; sluicegate-plain: sluicegate with --no-obfuscation;"
         " sluicegate-resumable: every stream resumable (memory store);"
-        " sluicegate-w2: --workers 2 (give it two --server-cpu)",
+        " sluicegate-w2: --workers 2 (give it two --server-cpu);"
+        " sluicegate-before, sluicegate-plain-before: the same servers on"
+        " --before-src; sluicegate-httptools: sluicegate on uvicorn's httptools"
+        " protocol, without the connection limits",
+    )
+    add(
+        "--before-src",
+        type=Path,
+        help="the src folder of another checkout (a worktree of an older"
+        " commit), which the -before servers run",
+    )
+    add(
+        "--gc",
+        nargs="+",
+        default=[],
+        metavar="A,B,C",
+        help="also measure sluicegate with these collector thresholds"
+        " (gc.set_threshold), one server each",
     )
     add(
         "--resumable",
@@ -686,6 +758,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--load", action="store_true", help=argparse.SUPPRESS)
     add("--port", type=int, help=argparse.SUPPRESS)
     add("--streams", type=int, help=argparse.SUPPRESS)
+    add("--header", action="append", default=[], help=argparse.SUPPRESS)
     return parser
 
 
@@ -702,6 +775,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.servers = list(dict.fromkeys(["sluicegate", *args.servers]))
         store = "sluicegate-redis" if args.store == "redis" else "sluicegate-resumable"
         args.servers.append(store)
+    if any(kind.endswith("-before") for kind in args.servers):
+        if args.before_src is None:
+            raise SystemExit("the -before servers need --before-src")
+        _before_src[0] = str(args.before_src.resolve())
+    args.servers += [f"sluicegate-gc={thresholds}" for thresholds in args.gc]
     cpus = os.cpu_count() or 1
     if cpus < 2:
         args.server_cpu = args.load_cpu = "0"
@@ -759,6 +837,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "paired": args.paired,
         "cpus": cpus,
         "loadavg_before": load_before,
+        "before_src": _before_src[0] or None,
         "loadavg_after": os.getloadavg(),
         "python": platform.python_version(),
         "machine": platform.machine(),
