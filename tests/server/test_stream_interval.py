@@ -113,3 +113,14 @@ async def test_the_end_of_a_stream_goes_out_in_one_write() -> None:
     assert b'"finish_reason":"stop"' in last
     assert b'"usage"' in last
     assert last.endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_resumable_stream_keeps_its_requests_stream_interval() -> None:
+    # Its producer batches the log's frames as a live stream batches its own.
+    app = create_app(ScriptedEngine(tokens_per_s=5000), ServerConfig())
+    options = {"include_usage": True, "resumable": True, "stream_interval": 3}
+    ex = await exchange(app, CHAT, {**STREAM, "stream_options": options})
+    counts = _tokens_per_chunk(ex)
+    assert counts[0] == 1
+    assert all(n >= 3 for n in counts[1:-1])
+    assert "".join(ex.contents()) == DEFAULT_TEXT

@@ -29,6 +29,7 @@ Spec: WHATWG HTML, "9.2 Server-sent events", "Last-Event-ID"; IETF draft
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -244,11 +245,14 @@ class ResumableStreams:
                 meter.record(state, 200)
 
         padded = plan.obfuscation  # the request's, else the server's default
+        limits = self._limits
+        if plan.stream_interval is not None:  # the request's, as for a live one
+            limits = dataclasses.replace(limits, interval_tokens=plan.stream_interval)
         producer = Producer(
             self.store,
             generation,
             generation.header,
-            self._limits,
+            limits,
             self._live,
             math.inf if plan.background else self._config.resume_grace_s,
             on_end,
