@@ -5,7 +5,7 @@ was compiled: ``portable`` is the project's build (``.venv``, from
 ``scripts/install-llama-cpp``: x86-64-v3, no AVX-512, no AMX) and ``native`` is
 pip's default build for this machine's CPU with AMX off (``bench/.native-venv``,
 from ``bench/native-venv.sh``, made on first use). Each run is
-``bench/engine.py``'s bare loop (one prefill per sequence, then one token per
+``bench/engine_bare.py``'s bare loop (one prefill per sequence, then one token per
 sequence per ``llama_decode``, greedy, a context of the server's shape) in a
 child process of that Python; the candidates take turns run by run, each cell is
 the median of ``--repeats`` runs, and "paired" is the median ratio of the runs
@@ -24,7 +24,6 @@ import platform
 import statistics
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
@@ -42,12 +41,12 @@ CANDIDATES = {
 
 def _child(batch: int, max_tokens: int, threads: int, n_ctx: int, n_seq: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine import bare_loop  # bench/engine.py, beside this file
+    from engine_bare import bare_loop  # bench/engine_bare.py, beside this file
 
     from sluicegate.model import default_model_path
 
-    row = bare_loop(default_model_path(), batch, max_tokens, threads, n_ctx, n_seq)
-    print(json.dumps(asdict(row)))
+    rate, _ = bare_loop(default_model_path(), batch, max_tokens, threads, n_ctx, n_seq)
+    print(json.dumps({"tokens_per_s": rate}))
 
 
 def _run(

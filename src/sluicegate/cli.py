@@ -139,19 +139,15 @@ def _build_engine(args: argparse.Namespace) -> Engine:
             **parse_faults(args.fault or []),
         )
     from sluicegate.engines.llamacpp import LlamaCppEngine
+    from sluicegate.engines.llamacpp_config import from_args
     from sluicegate.model import DEFAULT_MODEL_ID
 
     path = _model_path(args.model)
     args.model = str(path)  # what an engine process names to its workers
     model_id = args.model_id or (DEFAULT_MODEL_ID if not args.model else path.stem)
+    settings = from_args(args).kwargs()
     return LlamaCppEngine(
-        path,
-        model_id=model_id,
-        n_ctx=args.n_ctx,
-        n_parallel=args.parallel,
-        step_tokens=args.step_tokens,
-        n_threads=args.threads,
-        queue_limit=args.queue_limit,
+        path, model_id=model_id, queue_limit=args.queue_limit, **settings
     )
 
 
@@ -229,6 +225,7 @@ def _port(text: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     from sluicegate.core.reasoning_parsers import REASONING_PARSERS
+    from sluicegate.engines.llamacpp_config import add_arguments as engine_arguments
     from sluicegate.server.options import add_serve_options, add_usage_command
 
     parser = argparse.ArgumentParser(
@@ -273,15 +270,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a TOML file of models, each with its pool of upstreams",
     )
-    serve.add_argument("--n-ctx", type=int, default=8192, help="KV cells (tokens)")
-    serve.add_argument("--parallel", type=int, default=4, help="sequences per step")
-    serve.add_argument(
-        "--step-tokens",
-        type=int,
-        default=128,
-        help="token budget of one decode step (bounds abort latency during prefill)",
-    )
-    serve.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
+    engine_arguments(serve)
     serve.add_argument(
         "--chat-template",
         metavar="FILE",

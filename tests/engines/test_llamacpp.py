@@ -280,3 +280,21 @@ async def test_random_generate_and_abort_churn_leaves_no_cells_held(
         if not outs or outs[-1].finish_reason is None:
             assert rid in named, f"{rid} ended without a finish, and no abort named it"
             assert rid in stats.aborted_ids, f"{rid} ended without finish or abort"
+
+
+async def test_a_shared_prefix_is_reused_and_greedy_output_is_unchanged(
+    engine: LlamaCppEngine,
+) -> None:
+    shared = "The keeper of the lighthouse wrote in the log every night: ships, " * 3
+    cold = await collect(engine.generate(request(engine, "pfx-1", shared + "gulls")))
+    other = await collect(engine.generate(request(engine, "pfx-2", shared + "and")))
+    warm = await collect(engine.generate(request(engine, "pfx-3", shared + "gulls")))
+    prefix = len(engine.tokenizer.encode(shared, add_special=True, parse_special=False))
+    assert cold[0].cached_tokens == 0
+    # The shared text's tokens, give or take the one where the endings join.
+    assert prefix - 2 <= other[0].cached_tokens <= prefix
+    assert prefix - 2 <= warm[0].cached_tokens <= prefix
+    assert all(o.cached_tokens == 0 for o in warm[1:])
+    assert [o.token_ids for o in warm] == [o.token_ids for o in cold]
+    stats = await wait_idle(engine)
+    assert stats.kv_cells_used == 0

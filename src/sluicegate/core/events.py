@@ -67,28 +67,35 @@ class EngineOutput:
             the text.
         logprobs: one ``TokenLogprob`` per token id when the request asked for
             logprobs, else ``None``.
+        cached_tokens: on a sequence's first output, the part of its prompt the
+            engine reused from its KV cache instead of reading it (tokens); 0 on
+            every other output, and when nothing was reused.
     """
 
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    cached_tokens: int = 0
 
     def __init__(
         self,
         token_ids: tuple[int, ...],
         finish_reason: FinishReason | None = None,
         logprobs: tuple[TokenLogprob, ...] | None = None,
+        cached_tokens: int = 0,
     ) -> None:
         # One per token per sequence, built by the engine: the slots' own setters
         # instead of the generated object.__setattr__ per field (as ``Delta``).
         _set_token_ids(self, token_ids)
         _set_finish_reason(self, finish_reason)
         _set_output_logprobs(self, logprobs)
+        _set_cached_tokens(self, cached_tokens)
 
 
 _set_token_ids = vars(EngineOutput)["token_ids"].__set__
 _set_finish_reason = vars(EngineOutput)["finish_reason"].__set__
 _set_output_logprobs = vars(EngineOutput)["logprobs"].__set__
+_set_cached_tokens = vars(EngineOutput)["cached_tokens"].__set__
 
 
 @dataclass(frozen=True, slots=True)

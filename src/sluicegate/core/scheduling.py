@@ -11,25 +11,30 @@ Invariants:
       and its prompt plus ``max_tokens`` fits in the KV cells not yet reserved;
       nobody overtakes it. So a running sequence never runs out of cells.
     - A step holds one token per decoding sequence, then prompt chunks of the
-      prefilling ones, ``step_tokens`` tokens at most; a long prompt never stalls
-      running sequences for more than one step.
+      prefilling ones, ``step_tokens`` tokens at most, and at most
+      ``chunk_tokens`` prompt tokens while any sequence decodes: a long prompt
+      lengthens the steps of running sequences by a bounded chunk.
     - ``abort()`` ends a queued sequence at once; a prefilling or decoding one is
       flagged and leaves at the next ``reap()``. Tokens accepted after the flag
       are waste: they end nothing and are never delivered.
     - Each sequence leaves once (``reap``, ``release``, ``drain``); its slot and
-      its reserved cells come back then.
+      its reserved cells come back then, and its KV cells stay held for the
+      next prompt that starts with the same tokens (``PrefixCache``), unless it
+      left by ``drain`` or ``release(keep_cells=False)``. What the engine must
+      remove from its KV memory comes from ``take_trims``.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, TypeVar
 
 from sluicegate.core.errors import EngineUnavailable, RequestError
 from sluicegate.core.events import FinishReason
+from sluicegate.core.prefix_cache import PrefixCache
 
 __all__ = ["BatchScheduler", "Phase", "PlannedChunk", "Scheduled"]
 
@@ -57,7 +62,10 @@ class Scheduled:
         phase: see ``Phase``.
         slot: the batch slot (llama.cpp's sequence id) while running, else -1.
         n_prompt_done: prompt tokens already in the KV cache.
+        n_cached: the part of ``n_prompt_done`` reused from an earlier
+            sequence's cells at admission (tokens).
         n_generated: tokens sampled so far.
+        generated: the tokens sampled so far, in order.
         last_token: the latest sampled token (fed back at the next step).
         abort_requested: the sequence leaves at the next ``reap()``.
     """
@@ -69,9 +77,11 @@ class Scheduled:
     phase: Phase = Phase.QUEUED
     slot: int = -1
     n_prompt_done: int = 0
+    n_cached: int = 0
     n_generated: int = 0
     last_token: int = -1
     abort_requested: bool = False
+    generated: list[int] = field(default_factory=list)
 
     @property
     def reserved_cells(self) -> int:
@@ -83,6 +93,14 @@ class Scheduled:
         """Cells this sequence holds: the prompt so far, then every generated
         token but the latest, which is fed back at the next step."""
         return self.n_prompt_done + max(self.n_generated - 1, 0)
+
+    @property
+    def cell_tokens(self) -> tuple[int, ...]:
+        """The tokens of the cells it holds, by position (see ``kv_cells``)."""
+        done = self.prompt[: self.n_prompt_done]
+        if self.n_prompt_done < len(self.prompt) or self.n_generated < 2:
+            return done
+        return done + tuple(self.generated[: self.n_generated - 1])
 
 
 _S = TypeVar("_S", bound=Scheduled)
@@ -115,14 +133,26 @@ class BatchScheduler(Generic[_S]):
         slots: sequences decoded together (>= 1).
         step_tokens: tokens in one step, decode tokens and prefill chunks
             together (>= ``slots``).
+        chunk_tokens: prompt tokens in one step while any sequence decodes
+            (>= 1; default ``step_tokens``): what a prompt read among running
+            streams adds to their step.
         queue_limit: sequences that may wait for admission.
+        prefix_cache: where the cells of sequences that left are held for
+            reuse; default: none held (every slot left is trimmed).
 
     Raises:
         ValueError: ``slots`` < 1 or ``step_tokens`` < ``slots``.
     """
 
     def __init__(
-        self, *, kv_cells: int, slots: int, step_tokens: int, queue_limit: int
+        self,
+        *,
+        kv_cells: int,
+        slots: int,
+        step_tokens: int,
+        queue_limit: int,
+        chunk_tokens: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if slots < 1 or step_tokens < slots:
             raise ValueError(
@@ -130,6 +160,7 @@ class BatchScheduler(Generic[_S]):
             )
         self.kv_cells = kv_cells
         self.step_tokens = step_tokens
+        self.chunk_tokens = max(1, chunk_tokens or step_tokens)
         self.queue_limit = queue_limit
         self.waiting: deque[_S] = deque()
         """Sequences waiting for admission, oldest first."""
@@ -138,6 +169,8 @@ class BatchScheduler(Generic[_S]):
         self._by_id: dict[str, _S] = {}
         self._free_slots = list(range(slots - 1, -1, -1))
         self._reserved = 0
+        self.cache = prefix_cache or PrefixCache(enabled=False)
+        """The cells held by free slots, and the trims the engine owes."""
 
     @property
     def idle(self) -> bool:
@@ -219,7 +252,8 @@ class BatchScheduler(Generic[_S]):
 
     def reap(self) -> list[_S]:
         """The running sequences flagged by ``abort()``, removed (slot and cells
-        given back); the engine frees their model state."""
+        given back, the cells held for reuse); the engine frees the rest of
+        their model state."""
         reaped = [seq for seq in self.running.values() if seq.abort_requested]
         for seq in reaped:
             self.release(seq)
@@ -227,6 +261,11 @@ class BatchScheduler(Generic[_S]):
 
     def admit(self) -> list[_S]:
         """Admit from the head of the queue while a slot and cells are free.
+
+        Each gets the free slot whose held cells share the longest prefix
+        with its prompt (``PrefixCache.claim``): ``n_prompt_done`` and
+        ``n_cached`` start at the reused tokens. Held cells are evicted, oldest
+        first, as far as the new reservations need.
 
         Returns:
             The sequences admitted now (``Phase.PREFILL``, with a slot), in order.
@@ -238,9 +277,12 @@ class BatchScheduler(Generic[_S]):
             if self._reserved + seq.reserved_cells > self.kv_cells:
                 break  # FIFO: the head waits for cells; nobody overtakes it
             waiting.popleft()
-            seq.slot = self._free_slots.pop()
+            seq.slot, reused = self.cache.claim(seq.prompt, self._free_slots)
+            self._free_slots.remove(seq.slot)
+            seq.n_prompt_done = seq.n_cached = reused
             seq.phase = Phase.PREFILL
             self._reserved += seq.reserved_cells
+            self.cache.evict(self.kv_cells - self._reserved)
             self.running[seq.request_id] = seq
             admitted.append(seq)
         return admitted
@@ -248,7 +290,8 @@ class BatchScheduler(Generic[_S]):
     def plan(self) -> list[PlannedChunk[_S]]:
         """The next step's batch: every decoding sequence's last token, then
         prompt chunks of the prefilling ones in admission order, within
-        ``step_tokens``. Empty when nothing runs."""
+        ``step_tokens`` (and ``chunk_tokens`` of prompt when any sequence
+        decodes). Empty when nothing runs."""
         plan: list[PlannedChunk[_S]] = []
         budget = self.step_tokens
         running = self.running.values()
@@ -257,6 +300,8 @@ class BatchScheduler(Generic[_S]):
                 pos = len(seq.prompt) + seq.n_generated - 1
                 plan.append(PlannedChunk(seq, (seq.last_token,), pos, True))
                 budget -= 1
+        if plan:
+            budget = min(budget, self.chunk_tokens)
         for seq in running:
             if seq.phase is not Phase.PREFILL or budget <= 0:
                 continue
@@ -294,6 +339,7 @@ class BatchScheduler(Generic[_S]):
         """
         seq.n_generated += 1
         seq.last_token = token
+        seq.generated.append(token)
         if seq.abort_requested:
             return None
         if token in seq.stop_ids:
@@ -302,12 +348,23 @@ class BatchScheduler(Generic[_S]):
             return FinishReason.LENGTH
         return None
 
-    def release(self, seq: _S) -> None:
-        """Remove running ``seq``: its slot and reserved cells come back."""
+    def release(self, seq: _S, *, keep_cells: bool = True) -> None:
+        """Remove running ``seq``: its slot and reserved cells come back, and its
+        KV cells are held for reuse (``keep_cells=False``: trimmed, when what
+        they hold is not known, as after a failed step)."""
         self._free_slots.append(seq.slot)
         self._reserved -= seq.reserved_cells
         del self.running[seq.request_id]
         self._forget(seq)
+        if keep_cells:
+            self.cache.keep(seq.slot, seq.cell_tokens)
+        else:
+            self.cache.drop(seq.slot)
+
+    def take_trims(self) -> list[tuple[int, int]]:
+        """What the engine must remove from its KV memory before the next step:
+        ``(slot, first position)`` pairs, in order (``PrefixCache.take_trims``)."""
+        return self.cache.take_trims()
 
     def drain(self) -> tuple[list[_S], list[_S]]:
         """Remove every sequence: ``(running, queued)`` as they were.
@@ -317,7 +374,8 @@ class BatchScheduler(Generic[_S]):
         """
         running = list(self.running.values())
         for seq in running:
-            self.release(seq)
+            self.release(seq, keep_cells=False)
+        self.cache.evict(0)
         queued = list(self.waiting)
         self.waiting.clear()
         for seq in queued:

@@ -1,40 +1,41 @@
 """LlamaCppEngine: continuous batching over llama.cpp, run in one worker thread.
 
-Each engine step is one ``llama_decode`` over the batch that the scheduler
+Each step is one ``llama_decode`` over the batch the scheduler plans
 (``BatchScheduler``, ``core/scheduling.py``: admission, step plans, KV cell
-reservation, aborts) plans: one token for every decoding sequence plus a chunk of
-the prompt of sequences still in prefill (at most ``step_tokens`` tokens in all,
-so a long prompt never stalls running streams for more than one step). Sequences
-join and leave between steps. This module keeps what needs llama.cpp: the ctypes
-batch (``llamacpp_batch``), the samplers (``llamacpp_sampling``), the KV memory,
-the worker thread and the hand-off of outputs to the event loop
-(``llamacpp_handoff``).
+reservation, aborts): one token per decoding sequence plus prompt chunks of those
+in prefill (``step_tokens`` in all, so a long prompt never stalls running streams
+for more than one step). This module keeps what needs llama.cpp: the ctypes batch
+(``llamacpp_batch``), the samplers (``llamacpp_sampling``), the KV memory, the
+worker thread and the hand-off of outputs to the event loop (``llamacpp_handoff``).
 
-Threading: the worker thread owns the llama.cpp context; the event loop only
-touches plain Python state under ``_lock``. The outputs of one step reach their
-requests' ``SequenceOutputs`` through one ``loop.call_soon_threadsafe`` for the
-whole batch (one wake-up of the event loop per step, not per sequence), so the
-worker never waits on a consumer. ctypes releases the GIL during ``llama_decode``.
+Threading: the worker thread owns the llama.cpp context; the event loop touches
+plain Python state under ``_lock`` only. One step's outputs reach their requests'
+``SequenceOutputs`` through one ``loop.call_soon_threadsafe`` (one wake-up of the
+loop per step), so the worker never waits on a consumer. ctypes releases the GIL
+during ``llama_decode``.
 
-Capacity: ``n_parallel`` sequences at once and ``n_ctx`` KV cells shared by all of
-them (a unified KV cache). A request is admitted (FIFO) when its prompt plus its
-``max_tokens`` fits in the cells not yet reserved, so a running sequence can never
-run out of cells mid-stream.
+Capacity: ``n_parallel`` sequences at once and ``n_ctx`` KV cells shared by all
+(a unified KV cache). A request is admitted (FIFO) when its prompt plus its
+``max_tokens`` fits in the cells not yet reserved: no sequence runs out mid-stream.
 
 Abort: ``abort(id)`` removes a queued request at once; a prefilling or decoding
-one is dropped before the next step and its cells are removed from llama.cpp's
-memory (``llama_memory_seq_rm``). Tokens sampled in a step that was already
+one is dropped before the next step. Tokens sampled in a step that was already
 running when the abort came are counted as waste.
 
-Deliberate divergence from the house rule that ``except Exception`` lives only in
-the server's outermost stream frame and the CLI: the worker thread catches any
-exception of one step, fails only the sequences of that batch with an
-``EngineError`` and keeps serving, because an escaped exception would end the
-thread and leave every other request waiting forever. Anything that still ends
-the worker (an exception outside a step, a ``BaseException``) is logged, every
-request it held gets an ``EngineError`` (an in-band error event), later requests
-get ``EngineUnavailable``, and ``stats().failure`` says why, so that the server
-exits non-zero. A fault in native code kills the process before any of this:
+Prefix reuse: the KV cells of a sequence that left stay in its slot
+(``core/prefix_cache.py``); a prompt that starts with the same tokens gets that
+slot, its prefill starts after them, and its first output says how many
+(``EngineOutput.cached_tokens``). ``trim_memory`` removes what the bookkeeping
+lets go from llama.cpp's memory before the next step.
+
+Deliberate divergence from the house rule on ``except Exception`` (the stream's
+outermost frame and the CLI only): the worker catches any exception of one step
+and fails only that batch's sequences with an ``EngineError``, because an escaped
+exception would end the thread and leave every other request waiting forever.
+What still ends the worker (an exception outside a step, a ``BaseException``) is
+logged, every request it held gets an ``EngineError``, later ones
+``EngineUnavailable``, and ``stats().failure`` says why (the server exits
+non-zero). A fault in native code kills the process before any of this:
 ``sluicegate doctor`` runs the same engine in a child process to catch that.
 """
 
@@ -51,6 +52,7 @@ import llama_cpp as llama
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, TokenLogprob
+from sluicegate.core.prefix_cache import PrefixCache
 from sluicegate.core.scheduling import BatchScheduler, Phase, PlannedChunk
 from sluicegate.engines.base import (
     Capabilities,
@@ -60,7 +62,7 @@ from sluicegate.engines.base import (
     ModelInfo,
     OutputKind,
 )
-from sluicegate.engines.llamacpp_batch import fill_batch, new_context, usable_cores
+from sluicegate.engines.llamacpp_batch import fill_batch, new_context, trim_memory
 from sluicegate.engines.llamacpp_grammar import GrammarCompiler, GrammarError
 from sluicegate.engines.llamacpp_handoff import ABORTED, Handoff, after_current_callback
 from sluicegate.engines.llamacpp_handoff import LlamaSequence as _Sequence
@@ -89,10 +91,14 @@ class LlamaCppEngine:
             sequence (prompt + completion) the engine serves.
         n_parallel: sequences decoded together in one step.
         step_tokens: token budget of one step (decode tokens + prefill chunk).
+        chunk_tokens: prompt tokens in one step while any sequence decodes
+            (default ``step_tokens``; ``BatchScheduler``).
         n_threads: CPU threads for llama.cpp (default: one per core this
-            process may run on, ``sluicegate.cpu.usable_cores``).
+            process may run on, ``llamacpp_batch.usable_cores``).
         queue_limit: requests that may wait for admission; more raise
             ``EngineUnavailable`` from ``generate``.
+        prefix_cache: keep the KV cells of finished sequences for prompts
+            that start with the same tokens (16 or more).
 
     Raises:
         FileNotFoundError: ``model_path`` cannot be loaded.
@@ -106,8 +112,10 @@ class LlamaCppEngine:
         n_ctx: int = 8192,
         n_parallel: int = 4,
         step_tokens: int = 128,
+        chunk_tokens: int | None = None,
         n_threads: int | None = None,
         queue_limit: int = 64,
+        prefix_cache: bool = True,
     ) -> None:
         quiet_logs()
         path = Path(model_path)
@@ -127,13 +135,8 @@ class LlamaCppEngine:
         self._n_ctx = min(n_ctx, train_ctx) if train_ctx > 0 else n_ctx
         self._n_parallel = n_parallel
         self._step_tokens = max(step_tokens, n_parallel)
-        self._ctx = new_context(
-            self._model_ptr,
-            n_ctx=self._n_ctx,
-            n_parallel=n_parallel,
-            step_tokens=self._step_tokens,
-            n_threads=n_threads or usable_cores(),
-        )
+        shape = (self._n_ctx, n_parallel, self._step_tokens, n_threads)
+        self._ctx = new_context(self._model_ptr, *shape)
         if not self._ctx:
             llama.llama_model_free(self._model_ptr)
             raise EngineError(f"llama.cpp could not create a context of {n_ctx} cells")
@@ -152,6 +155,8 @@ class LlamaCppEngine:
             slots=n_parallel,
             step_tokens=self._step_tokens,
             queue_limit=queue_limit,
+            chunk_tokens=chunk_tokens,
+            prefix_cache=PrefixCache(enabled=prefix_cache),
         )
         self._leaked_cells = 0
         self._handoff = Handoff[_Sequence](self._lock)
@@ -324,6 +329,8 @@ class LlamaCppEngine:
                 self._reap_aborted()
                 for seq in scheduler.admit():
                     self._sampling.start(seq)
+                # Cells llama.cpp failed to remove stay counted: a leak shows.
+                self._leaked_cells += trim_memory(self._memory, scheduler.take_trims())
                 plan = scheduler.plan()
                 fault, self._fault = self._fault, None
             self._handoff.flush()
@@ -333,8 +340,9 @@ class LlamaCppEngine:
 
     def _drop_all(self) -> None:
         running, queued = self._scheduler.drain()
+        self._leaked_cells += trim_memory(self._memory, self._scheduler.take_trims())
         for seq in running:
-            self._free(seq)
+            self._sampling.stop(seq)
             self._counters.aborted += 1
             self._handoff.emit(seq, ABORTED)
         for seq in queued:
@@ -344,7 +352,7 @@ class LlamaCppEngine:
 
     def _reap_aborted(self) -> None:
         for seq in self._scheduler.reap():
-            self._free(seq)
+            self._sampling.stop(seq)
             counters = self._counters
             stopped = seq.request_id in counters.stopped_ids
             counters.stopped_ids.discard(seq.request_id)
@@ -395,9 +403,9 @@ class LlamaCppEngine:
         if seq.abort_requested:
             self._counters.wasted_tokens += 1
             return  # reaped before the next step
-        self._handoff.emit(
-            seq, EngineOutput((token,), reason, None if logprob is None else (logprob,))
-        )
+        lp = None if logprob is None else (logprob,)
+        cached = seq.n_cached if seq.n_generated == 1 else 0
+        self._handoff.emit(seq, EngineOutput((token,), reason, lp, cached))
         if reason is not None:
             self._release(seq)
             self._counters.finished += 1
@@ -410,30 +418,20 @@ class LlamaCppEngine:
                 seq = chunk.seq
                 if seq.phase is Phase.DONE:
                     continue
-                self._release(seq)
+                self._release(seq, keep_cells=False)
                 self._counters.failed += 1
                 self._handoff.emit(seq, error)
             self._refresh_kv_cells()
 
-    def _release(self, seq: _Sequence) -> None:
-        """Remove a running sequence: free its KV cells, sampler and slot."""
-        self._scheduler.release(seq)
-        self._free(seq)
-
-    def _free(self, seq: _Sequence) -> None:
-        """Free the llama.cpp state of a sequence the scheduler let go."""
-        llama.llama_memory_seq_rm(self._memory, seq.slot, -1, -1)
-        # Ask llama.cpp's memory itself whether the cells are gone; any it still
-        # holds stay counted in kv_cells_used, so a leak shows in stats().
-        left = llama.llama_memory_seq_pos_max(self._memory, seq.slot) + 1
-        if left > 0:  # pragma: no cover - only if llama.cpp failed to free
-            log.error("sequence %d still holds %d KV cells", seq.slot, left)
-            self._leaked_cells += left
+    def _release(self, seq: _Sequence, *, keep_cells: bool = True) -> None:
+        """Remove a running sequence: its slot, sampler, and cells (held for
+        reuse, or trimmed before the next step)."""
+        self._scheduler.release(seq, keep_cells=keep_cells)
         self._sampling.stop(seq)
 
     def _refresh_kv_cells(self) -> None:
         # Bookkeeping, not one llama.cpp call per sequence per step: each ctypes
         # call gives the GIL away, and taking it back from a busy event loop can
-        # cost milliseconds. _free() checks llama.cpp's memory itself.
+        # cost milliseconds. trim_memory() checks llama.cpp's memory itself.
         used = self._scheduler.kv_cells_used
         self._counters.kv_cells_used = used + self._leaked_cells

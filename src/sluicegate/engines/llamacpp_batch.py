@@ -6,20 +6,23 @@ a batch of ``step_tokens`` tokens. ``fill_batch`` writes one step's plan (the
 scheduler's ``PlannedChunk`` list) into a ``llama_batch``: each chunk's tokens
 at their positions in the sequence's slot, with logits asked for where the
 chunk wants the next token sampled. ``usable_cores`` is the default thread
-count: the cores this process may run on.
+count: the cores this process may run on. ``trim_memory`` removes cells.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 import llama_cpp as llama
 
 from sluicegate.core.scheduling import PlannedChunk, Scheduled
 
-__all__ = ["fill_batch", "new_context", "usable_cores"]
+__all__ = ["fill_batch", "new_context", "trim_memory", "usable_cores"]
+
+log = logging.getLogger(__name__)
 
 _S = TypeVar("_S", bound=Scheduled)
 
@@ -42,7 +45,7 @@ def usable_cores() -> int:
 
 
 def new_context(
-    model: Any, *, n_ctx: int, n_parallel: int, step_tokens: int, n_threads: int
+    model: Any, n_ctx: int, n_parallel: int, step_tokens: int, n_threads: int | None
 ) -> Any:
     """A llama.cpp context over ``model``; a null pointer when llama.cpp fails.
 
@@ -51,15 +54,15 @@ def new_context(
         n_ctx: KV cells shared by all sequences (tokens).
         n_parallel: sequence slots.
         step_tokens: tokens of one batch (and of one micro-batch).
-        n_threads: CPU threads for decoding, one token or a batch.
+        n_threads: CPU threads for decoding, one token or a batch (``None``:
+            ``usable_cores()``).
     """
     cparams = llama.llama_context_default_params()
     cparams.n_ctx = n_ctx
     cparams.n_batch = step_tokens
     cparams.n_ubatch = step_tokens
     cparams.n_seq_max = n_parallel
-    cparams.n_threads = n_threads
-    cparams.n_threads_batch = n_threads
+    cparams.n_threads = cparams.n_threads_batch = n_threads or usable_cores()
     cparams.kv_unified = True
     cparams.no_perf = True
     return llama.llama_init_from_model(model, cparams)
@@ -90,3 +93,20 @@ def fill_batch(
             n += 1
     batch.n_tokens = n
     return n, logits_at
+
+
+def trim_memory(memory: Any, trims: Iterable[tuple[int, int]]) -> int:
+    """Remove each ``(sequence id, first position)``'s cells from that position on.
+
+    Returns:
+        The cells llama.cpp's memory still holds past a trimmed position
+        (tokens; 0 unless llama.cpp failed to remove them, which is logged).
+    """
+    leaked = 0
+    for seq_id, first in trims:
+        llama.llama_memory_seq_rm(memory, seq_id, first, -1)
+        left = llama.llama_memory_seq_pos_max(memory, seq_id) + 1 - first
+        if left > 0:  # pragma: no cover - only if llama.cpp failed to remove them
+            log.error("sequence %d still holds %d KV cells", seq_id, left)
+            leaked += left
+    return leaked

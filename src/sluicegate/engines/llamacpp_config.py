@@ -1,0 +1,92 @@
+"""The local engine's settings: what ``sluicegate serve`` runs with no flags.
+
+``EngineConfig`` holds the shape of a ``LlamaCppEngine`` (KV cells, slots,
+threads) and its step policy (tokens per step, prompt tokens per step while
+others decode, prefix reuse). Its defaults are the configuration measured
+fastest on this project's machines (2 CPU cores, the default model;
+docs/performance.md, "The local engine against llama-server"): the CLI takes
+its flags' defaults from here and ``sluicegate doctor`` prints them.
+``add_arguments`` and ``from_args`` are the CLI's side.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+__all__ = ["EngineConfig", "add_arguments", "from_args"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Settings of one ``LlamaCppEngine`` (keyword arguments of the same names).
+
+    Attributes:
+        n_ctx: KV cells shared by all sequences (tokens).
+        n_parallel: sequences decoded together in one step.
+        step_tokens: tokens in one step (decode tokens and prompt chunks); also
+            llama.cpp's batch and micro-batch size.
+        chunk_tokens: prompt tokens in one step while any sequence decodes
+            (``None``: ``step_tokens``).
+        n_threads: llama.cpp threads; ``None``: the cores this process may use.
+        prefix_cache: keep finished sequences' KV cells for prompts that start
+            with the same tokens.
+    """
+
+    n_ctx: int = 8192
+    n_parallel: int = 4
+    step_tokens: int = 128
+    chunk_tokens: int | None = None
+    n_threads: int | None = None
+    prefix_cache: bool = True
+
+    def kwargs(self) -> dict[str, Any]:
+        """These settings as ``LlamaCppEngine`` keyword arguments."""
+        return asdict(self)
+
+    def describe(self) -> str:
+        """One line: ``name=value`` for each setting, in order."""
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+
+_DEFAULT = EngineConfig()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--n-ctx``, ``--parallel``, ``--step-tokens``, ``--chunk-tokens``,
+    ``--threads`` and ``--no-prefix-cache`` to ``parser``, with the defaults of
+    ``EngineConfig``."""
+    add = parser.add_argument
+    add("--n-ctx", type=int, default=_DEFAULT.n_ctx, help="KV cells (tokens)")
+    add("--parallel", type=int, default=_DEFAULT.n_parallel, help="sequences per step")
+    add(
+        "--step-tokens",
+        type=int,
+        default=_DEFAULT.step_tokens,
+        help="tokens in one decode step (bounds abort latency during prefill)",
+    )
+    add(
+        "--chunk-tokens",
+        type=int,
+        default=_DEFAULT.chunk_tokens,
+        help="prompt tokens per step while other streams decode",
+    )
+    add("--threads", type=int, default=_DEFAULT.n_threads, help="llama.cpp threads")
+    add(
+        "--no-prefix-cache",
+        action="store_true",
+        help="do not keep finished sequences' KV cells for prompts that start alike",
+    )
+
+
+def from_args(args: argparse.Namespace) -> EngineConfig:
+    """The ``EngineConfig`` that ``add_arguments``' flags in ``args`` say."""
+    return EngineConfig(
+        n_ctx=args.n_ctx,
+        n_parallel=args.parallel,
+        step_tokens=args.step_tokens,
+        chunk_tokens=args.chunk_tokens,
+        n_threads=args.threads,
+        prefix_cache=not args.no_prefix_cache,
+    )
