@@ -7,8 +7,9 @@ cores, the default model through llama.cpp with ``--parallel 16``:
 - ``split``: ``sluicegate serve --workers 2 --redis URL`` (the engine in a
   process of its own, two workers reaching it over a Unix socket);
 
-each driven by ``sluicegate bench --concurrency 16`` (streamed requests of
-``--max-tokens`` tokens, the prompt of ``--prompt-words`` words). Reported:
+each driven by ``sluicegate bench --concurrency 16`` (16 requests to warm up,
+then ``--requests`` streamed requests of ``--max-tokens`` tokens, the prompt of
+``--prompt-words`` words; ``--threads`` sets llama.cpp's). Reported:
 output tokens/s, TTFT p50/p99, and the ratios split/one. The order of the
 servers alternates between rounds.
 
@@ -55,11 +56,13 @@ def _redis() -> tuple[str, subprocess.Popen[bytes]]:
     return f"redis://127.0.0.1:{port}/0", process
 
 
-def _bench(url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def _bench(
+    url: str, args: argparse.Namespace, out: Path, requests: int
+) -> dict[str, Any]:
     subprocess.run(
         [
             PYTHON, "-m", "sluicegate", "bench", url, "--concurrency", "16",
-            "--requests", str(args.requests), "--max-tokens", str(args.max_tokens),
+            "--requests", str(requests), "--max-tokens", str(args.max_tokens),
             "--prompt-words", str(args.prompt_words), "--json", str(out),
         ],
         check=True, stdout=subprocess.DEVNULL, cwd=ROOT,
@@ -68,9 +71,11 @@ def _bench(url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return summary
 
 
-def _serve(kind: str, redis: str, log: Path) -> ServerProcess:
+def _serve(kind: str, redis: str, log: Path, threads: int | None) -> ServerProcess:
     port = free_port()
     extra = ["--workers", "2", "--redis", redis] if kind == "split" else []
+    if threads is not None:
+        extra += ["--threads", str(threads)]
     command = serve_command(
         port, "--engine", "llamacpp", "--parallel", "16", "--n-ctx", "8192",
         "--no-ledger", "--log-level", "warning", *extra,
@@ -88,10 +93,12 @@ def compare(args: argparse.Namespace) -> None:
             for round_ in range(args.rounds):
                 kinds = ["one", "split"] if round_ % 2 == 0 else ["split", "one"]
                 for kind in kinds:
-                    with _serve(kind, redis, Path(tmp) / f"{kind}.log") as server:
-                        _bench(server.base_url, args, Path(tmp) / "warm.json")
+                    log = Path(tmp) / f"{kind}.log"
+                    with _serve(kind, redis, log, args.threads) as server:
+                        url = server.base_url
+                        _bench(url, args, Path(tmp) / "warm.json", 16)
                         load = os.getloadavg()[0]
-                        summary = _bench(server.base_url, args, Path(tmp) / "b.json")
+                        summary = _bench(url, args, Path(tmp) / "b.json", args.requests)
                     row = {"round": round_, "server": kind, "load1": load, **summary}
                     rows.append(row)
                     print(json.dumps(_short(row)), flush=True)
@@ -206,6 +213,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-words", type=int, default=32)
     parser.add_argument("--streams", type=int, default=100)
+    parser.add_argument("--threads", type=int, help="llama.cpp threads (compare)")
     args = parser.parse_args()
     print(f"load average: {os.getloadavg()}")
     if args.mode == "kill":
