@@ -124,3 +124,21 @@ async def test_a_resumable_stream_keeps_its_requests_stream_interval() -> None:
     assert counts[0] == 1
     assert all(n >= 3 for n in counts[1:-1])
     assert "".join(ex.contents()) == DEFAULT_TEXT
+
+
+async def test_a_responses_stream_interval_sends_fewer_deltas_of_the_same_text() -> (
+    None
+):
+    app = create_app(ScriptedEngine(tokens_per_s=5000), ServerConfig())
+    body: dict[str, Any] = {"model": "scripted", "input": "Hi", "stream": True}
+    plain = await exchange(app, "/v1/responses", body)
+    options = {"stream_interval": 4}
+    batched = await exchange(app, "/v1/responses", {**body, "stream_options": options})
+
+    def deltas(ex: Exchange) -> list[str]:
+        kind = "response.output_text.delta"
+        return [p["delta"] for p in ex.payloads() if p.get("type") == kind]
+
+    assert "".join(deltas(batched)) == "".join(deltas(plain)) == DEFAULT_TEXT
+    assert len(deltas(batched)) < len(deltas(plain))
+    assert batched.payloads()[-1]["type"] == plain.payloads()[-1]["type"]

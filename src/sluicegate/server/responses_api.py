@@ -20,6 +20,7 @@ that the chat planner checks and tokenizes as any other:
     {type: reasoning, ...} (history)      -> left out of the prompt
 
     stream_options.include_obfuscation    -> stream_options.include_obfuscation
+    stream_options.stream_interval        -> stream_options.stream_interval
 
 A stored response (``store``, ``background``; see ``response_store.py``) is
 asked of the chat path as a resumable stream (``stream_options.resumable``)
@@ -40,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluicegate.core.errors import RequestError
 from sluicegate.server.param_errors import request_error
+from sluicegate.server.request_fields import MAX_STREAM_INTERVAL
 from sluicegate.server.schemas import ChatCompletionRequest, parse_chat_request
 
 __all__ = [
@@ -93,9 +95,11 @@ class TextOptions(_Model):
 
 
 class StreamOptions(_Model):
-    """``stream_options``: ``include_obfuscation`` pads the stream's events."""
+    """``stream_options``: ``include_obfuscation`` pads the stream's events;
+    this server's ``stream_interval`` writes its content every N tokens."""
 
     include_obfuscation: bool | None = None
+    stream_interval: int | None = Field(None, ge=1, le=MAX_STREAM_INTERVAL)
 
 
 class ReasoningOptions(_Model):
@@ -274,6 +278,8 @@ def to_chat_request(
         padded = asked.include_obfuscation if asked is not None else None
         if padded is not None:
             options["include_obfuscation"] = padded
+        if asked is not None and asked.stream_interval is not None:
+            options["stream_interval"] = asked.stream_interval
         body["stream_options"] = options
     for name in ("temperature", "top_p"):
         value = getattr(request, name)
