@@ -1,14 +1,16 @@
 """WorkerSupervisor with real child processes that exit at once: restarts
-until the budget's limit, then it gives up and exits 1."""
+until the budget's limit, then it gives up and exits 1; ``--workers`` values."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
 from sluicegate.core.restarts import RestartBudget
 from sluicegate.server.supervisor import WorkerSupervisor
+from sluicegate.server.workers import parse_workers, worker_count
 
 EXIT_3 = [sys.executable, "-c", "import sys; sys.exit(3)"]
 
@@ -38,3 +40,11 @@ def test_an_engine_process_that_keeps_dying_stops_the_workers_too(
     (worker,) = supervisor.workers
     assert worker.exits == [-15]  # stopped by the supervisor's SIGTERM
     assert "engine process exited with 3; restart limit reached" in caplog.text
+
+
+def test_workers_is_a_count_from_one_or_auto() -> None:
+    assert parse_workers("3") == 3
+    assert worker_count(parse_workers("auto")) == len(os.sched_getaffinity(0))
+    for bad in ("0", "-1"):
+        with pytest.raises(ValueError, match="auto or an integer >= 1"):
+            parse_workers(bad)
