@@ -4,7 +4,11 @@ until the budget's limit, then it gives up and exits 1; ``--workers`` values."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +52,42 @@ def test_workers_is_a_count_from_one_or_auto() -> None:
     for bad in ("0", "-1"):
         with pytest.raises(ValueError, match="auto or an integer >= 1"):
             parse_workers(bad)
+
+
+def _child(mark: str, linger_s: float, log: str) -> list[str]:
+    """A child that, on SIGTERM, waits ``linger_s``, appends ``mark`` to
+    ``log`` and exits 0 (a worker's drain, an engine's close)."""
+    code = (
+        "import signal, sys, time\n"
+        "def stop(*_):\n"
+        f"    time.sleep({linger_s})\n"
+        f"    open({log!r}, 'a').write({mark!r})\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        f"open({log + '.ready'!r}, 'a').write('r')\n"
+        "time.sleep(60)\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_a_signal_stops_the_workers_first_and_the_engine_once_they_are_gone(
+    tmp_path: Path,
+) -> None:
+    log = str(tmp_path / "order")
+    supervisor = WorkerSupervisor(
+        _child("w", 0.3, log),
+        [0, 0],
+        dict(os.environ),
+        engine_command=_child("e", 0.0, log),
+        budget=_budget,
+    )
+    ready = Path(log + ".ready")
+
+    def signal_once_ready() -> None:  # every child has its handler set
+        while not ready.exists() or len(ready.read_text()) < 3:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_once_ready, daemon=True).start()
+    assert supervisor.run() == 0
+    assert Path(log).read_text() == "wwe"  # both workers drained, then the engine
