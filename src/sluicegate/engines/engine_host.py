@@ -23,7 +23,8 @@ The outputs of one engine step reach the loop in one callback
 written once per loop pass: one ``write`` per worker per step.
 
 A connection that closes (its worker died or stopped) aborts every request it
-started, so their KV cells are freed at the next step.
+started, so their KV cells are freed at the next step; so does one that left
+``MAX_UNREAD_BYTES`` unread (a worker whose loop is stuck).
 
 The socket's folder is made by the supervisor with mode 0700 (only this user
 may connect), and the socket itself is made 0600.
@@ -64,14 +65,16 @@ from sluicegate.engines.engine_frames import (
 from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.values import EngineStats, GenerateRequest, Grammar
 
-__all__ = ["STATS_INTERVAL_S", "serve_engine"]
+__all__ = ["MAX_UNREAD_BYTES", "STATS_INTERVAL_S", "serve_engine"]
 
 logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.05
 """Seconds between two pushes of the engine's stats (when they changed)."""
 
-_READ_BYTES = 1 << 16
+MAX_UNREAD_BYTES = 64 * 1024 * 1024
+"""Bytes of frames a worker may leave unread before its link is closed (its
+requests are then aborted, as when the worker dies)."""
 
 
 class _Link(asyncio.Protocol):
@@ -183,8 +186,15 @@ class _Link(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_due = False
         pending, self._pending = self._pending, []
-        if self._transport is not None and pending:
-            self._transport.write(encode_frames(pending))
+        transport = self._transport
+        if transport is None or not pending:
+            return
+        transport.write(encode_frames(pending))
+        if transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
+            # A worker that stopped reading (its loop is stuck): its requests
+            # are aborted rather than buffered here without end.
+            logger.error("worker link closed: %d bytes unread", MAX_UNREAD_BYTES)
+            transport.abort()
 
 
 class _Host:
