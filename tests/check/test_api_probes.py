@@ -138,6 +138,18 @@ def good_messages() -> dict[str, Transcript]:
         ),
         mp.MAX: stream(sse(messages_events(["a"], "max_tokens"))),
         mp.INVALID: plain(error, 400),
+        mp.STOPS: stream(
+            sse(messages_events(["a"], "stop_sequence", "b")),
+            stop_sequences=["zz", "b"],
+        ),
+        mp.STOPS_PLAIN: plain(
+            {
+                **body,
+                "content": [{"type": "text", "text": "a"}],
+                "stop_reason": "stop_sequence",
+                "stop_sequence": "b",
+            }
+        ),
     }
 
 

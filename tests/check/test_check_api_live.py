@@ -66,6 +66,7 @@ def test_check_all_grades_each_api_on_its_own_exchanges_and_replays_alike(
     live, saved, replayed = (tmp_path / f"{n}.json" for n in ("live", "rec", "rep"))
     with serve(["--n-ctx", "2048"], tmp_path / "server.log") as url:
         argv = ["check", url, "--api", "all", "--max-tokens", "12"]
+        argv += ["--prefill-tokens", "20"]
         code = main([*argv, "--save", str(saved), "--json", str(live)])
     replay_code = main(["check", "--replay", str(saved), "--json", str(replayed)])
     probes = json.loads(live.read_text())["probes"]

@@ -43,6 +43,10 @@ def _add_check(sub: Any) -> None:
     )
     check.add_argument("--max-tokens", type=int, default=24)
     check.add_argument(
+        "--prefill-tokens", type=int, default=1500, metavar="N",
+        help="about how long the time-to-headers prompt is (tokens)",
+    )  # fmt: skip
+    check.add_argument(
         "--timeout-s", type=float, default=60.0, help="first-byte and idle limit"
     )
     check.add_argument("--rules", action="store_true", help="show each rule")
@@ -128,7 +132,8 @@ def _record_apis(
     }
     recording: dict[str, Any] = {}
     if api in ("chat", "all"):
-        recording.update(record(client, model, **kw))
+        prefill = getattr(args, "prefill_tokens", 1500)
+        recording.update(record(client, model, **kw, prefill_tokens=prefill))
     if api in ("responses", "all"):
         recording.update(record_responses(client, model, **kw))
     if api in ("messages", "all"):

@@ -17,7 +17,13 @@ from sluicegate.check.event_streams import (
     unavailable,
 )
 from sluicegate.check.transcript import Transcript, json_body
-from sluicegate.check.verdicts import ProbeResult, clip, fail, passed
+from sluicegate.check.verdicts import (
+    ProbeResult,
+    clip,
+    fail,
+    not_observable,
+    passed,
+)
 
 __all__ = [
     "messages_content_type",
@@ -26,6 +32,7 @@ __all__ = [
     "messages_max_tokens",
     "messages_rejects_invalid",
     "messages_stop_sequence",
+    "messages_stop_sequences",
     "messages_usage",
 ]
 
@@ -34,7 +41,9 @@ PLAIN = "messages_plain"
 STOP = "messages_stop"
 MAX = "messages_max"
 INVALID = "messages_invalid"
-STREAMS = (STREAM, STOP, MAX)
+STOPS = "messages_stops"
+STOPS_PLAIN = "messages_stops_plain"
+STREAMS = (STREAM, STOP, MAX, STOPS)
 _BLOCK = ("content_block_start", "content_block_delta", "content_block_stop")
 
 
@@ -183,6 +192,58 @@ def messages_stop_sequence(recording: Mapping[str, Transcript]) -> ProbeResult:
     if any(s in text for s in stops):
         return fail(f"text {clip(text)} holds a stop sequence")
     return passed(f"stopped at {delta.get('stop_sequence')!r}")
+
+
+def _first_met(text: str, stops: list[Any]) -> set[str]:
+    """The stop strings whose first occurrence in ``text`` ends first."""
+    ends = {s: text.find(s) + len(s) for s in stops if isinstance(s, str) and s in text}
+    first = min(ends.values(), default=None)
+    return {s for s, end in ends.items() if end == first}
+
+
+def _plain_stop(t: Transcript) -> tuple[str, Any, Any]:
+    body = json_body(t)
+    body = body if isinstance(body, dict) else {}
+    content = body.get("content")
+    blocks = content if isinstance(content, list) else []
+    text = "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+    return text, body.get("stop_reason"), body.get("stop_sequence")
+
+
+def messages_stop_sequences(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """With several stop sequences, the answer streamed and not ends with
+    stop_reason ``stop_sequence`` naming the one met first in the reference
+    text (not merely the first one given), and leaves it out.
+
+    Spec: Anthropic API, "Messages: stop_sequences", ``stop_sequence``.
+    """
+    missing = (
+        unavailable(recording, PLAIN)
+        or unavailable(recording, STOPS)
+        or unavailable(recording, STOPS_PLAIN)
+    )
+    if missing:
+        return missing
+    reference, _, _ = _plain_stop(recording[PLAIN])
+    stops = list(recording[STOPS].request.get("stop_sequences") or [])
+    want = _first_met(reference, stops)
+    if not want:
+        return not_observable(f"no stop of {clip(stops)} occurs in the reference")
+    delta = _delta(recording[STOPS]).get("delta")
+    delta = delta if isinstance(delta, dict) else {}
+    answers = {
+        STOPS: (streamed_text(recording[STOPS]), delta.get("stop_reason"),
+                delta.get("stop_sequence")),
+        STOPS_PLAIN: _plain_stop(recording[STOPS_PLAIN]),
+    }  # fmt: skip
+    for name, (text, reason, met) in answers.items():
+        if recording[name].status != 200:
+            return fail(f"{name} answered {recording[name].status}")
+        if reason != "stop_sequence" or met not in want:
+            return fail(f"{name}: {reason!r}, {met!r}; {sorted(want)} is met first")
+        if any(s in text for s in stops):
+            return fail(f"{name}: text {clip(text)} holds a stop sequence")
+    return passed(f"both name {sorted(want)[0]!r} of {len(stops)}")
 
 
 def messages_max_tokens(recording: Mapping[str, Transcript]) -> ProbeResult:

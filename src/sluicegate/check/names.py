@@ -8,6 +8,9 @@ from __future__ import annotations
 
 __all__ = [
     "AFTER_DISCONNECT",
+    "CACHED_PLAIN",
+    "CACHED_STREAM",
+    "CONTINUOUS",
     "DISCONNECTED",
     "INVALID",
     "MAX1",
@@ -16,8 +19,11 @@ __all__ = [
     "N2",
     "NO_USAGE",
     "PLAIN",
+    "RESUMABLE",
+    "RESUME_PAST_END",
     "SCHEMA",
     "SCHEMA_PLAIN",
+    "SLOW_PREFILL",
     "STOP_MANY",
     "STOP_ONE",
     "STREAM",
@@ -25,6 +31,7 @@ __all__ = [
     "TOOLS_CUT",
     "TOOLS_CUT_PLAIN",
     "TOOLS_PLAIN",
+    "TOOLS_SERIAL",
 ]
 
 STREAM = "stream"
@@ -64,3 +71,20 @@ SCHEMA = "schema"
 """A streamed chat with a ``json_schema`` ``response_format``, temperature 0."""
 SCHEMA_PLAIN = "schema_plain"
 """The ``SCHEMA`` request without streaming."""
+CONTINUOUS = "continuous_usage"
+"""``STREAM`` with ``stream_options.continuous_usage_stats`` (vLLM's extension)."""
+TOOLS_SERIAL = "tools_serial"
+"""A streamed chat asking the weather in two cities, one function offered,
+``tool_choice: "required"`` and ``parallel_tool_calls: false``."""
+SLOW_PREFILL = "slow_prefill"
+"""A streamed chat with a long prompt (``--prefill-tokens``) and
+``max_tokens: 1``: its time to headers and to first content."""
+CACHED_PLAIN = "cached_plain"
+"""``PLAIN``'s request again with ``max_tokens: 1``: its prompt was just sent."""
+CACHED_STREAM = "cached_stream"
+"""The ``CACHED_PLAIN`` request streamed with ``include_usage``, right after it."""
+RESUMABLE = "resumable"
+"""``STREAM`` with ``stream_options.resumable`` (sluicegate's resumable streams)."""
+RESUME_PAST_END = "resume_past_end"
+"""``GET chat/completions/{id}/events`` with ``Last-Event-ID`` at the last event
+of the ended ``RESUMABLE`` stream (recorded only when it carried event ids)."""

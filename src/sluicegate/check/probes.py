@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from sluicegate.check import (
+    fidelity,
     framing,
     messages_probes,
     reasoning,
@@ -57,6 +58,11 @@ PROBES: tuple[Probe, ...] = (
     tools.tool_arguments_valid,
     tools.structured_output,
     reasoning.reasoning_framing,
+    fidelity.continuous_usage,
+    fidelity.parallel_tool_calls,
+    fidelity.time_to_headers,
+    fidelity.cached_tokens,
+    fidelity.resume_past_end,
 )
 RESPONSES_PROBES: tuple[Probe, ...] = (
     *(getattr(responses_probes, name) for name in responses_probes.__all__),

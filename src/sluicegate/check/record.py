@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from sluicegate.check import names
+from sluicegate.check.record_fidelity import PREFILL_TOKENS, record_fidelity
 from sluicegate.check.semantics import plain
 from sluicegate.check.transcript import Transcript
 from sluicegate.client import Client, StreamResult
@@ -85,6 +86,7 @@ def _from_result(
         headers=dict(result.headers),
         body=result.raw,
         ttft_s=result.timing.first_token_s,
+        head_s=result.timing.head_s,
         elapsed_s=result.timing.end_s,
         closed_early=closed,
     )
@@ -94,7 +96,10 @@ def _stream(
     client: Client, body: dict[str, Any], close_after_first: bool = False
 ) -> Transcript:
     params = {k: v for k, v in body.items() if k not in ("model", "messages")}
-    include_usage = bool(params.pop("stream_options", None))
+    options = params.pop("stream_options", None)
+    include_usage = bool(options)
+    if options and set(options) != {"include_usage"}:
+        params["stream_options"] = options  # sent as given
     params.pop("stream", None)
     with client.stream_chat(
         body["messages"], model=body["model"], include_usage=include_usage,
@@ -143,6 +148,7 @@ def record(
     *,
     max_tokens: int = 24,
     progress: Callable[[str], None] = lambda name: None,
+    prefill_tokens: int = PREFILL_TOKENS,
 ) -> dict[str, Transcript]:
     """Send every probe request to ``client``'s server, one at a time.
 
@@ -151,6 +157,7 @@ def record(
         model: the model name to ask for.
         max_tokens: the answer length (tokens) of ordinary requests.
         progress: called with each exchange's name before it is sent.
+        prefill_tokens: about how many tokens the slow-prefill prompt has.
 
     Returns:
         ``{name: Transcript}`` with the names of ``check.names``; invalid requests
@@ -187,6 +194,10 @@ def record(
         body = {**_chat(model, PROMPT, **base, **usage), **bad}
         run(f"{names.INVALID}_{what}", partial(_stream, client, body))
     _record_tools(client, model, run)
+    record_fidelity(
+        client, model, run, partial(_stream, client), partial(_plain, client),
+        prompt=PROMPT, tool=WEATHER_TOOL, prefill_tokens=prefill_tokens,
+    )  # fmt: skip
     long = _chat(model, PROMPT, temperature=0, max_tokens=512, **usage)
     run(names.DISCONNECTED, lambda: _stream(client, long, close_after_first=True))
     after = _chat(model, PROMPT, **base, **usage)
@@ -195,7 +206,9 @@ def record(
 
 
 def _record_tools(
-    client: Client, model: str, run: Callable[[str, Callable[[], Transcript]], object]
+    client: Client,
+    model: str,
+    run: Callable[[str, Callable[[], Transcript]], Transcript],
 ) -> None:
     # Each exchange streamed and not, with the same body: the probes compare them.
     usage = {"stream": True, "stream_options": {"include_usage": True}}

@@ -90,6 +90,7 @@ def record_messages(
     out = _send(client, "messages", first, progress)
     if out.get("messages_plain") is None or out["messages_plain"].status != 200:
         return out
+    several = _stops(out)
     bodies = {
         "messages_stop": {**base, "stream": True, "stop_sequences": _stop(out)},
         "messages_max": {**base, "max_tokens": 1, "stream": True},
@@ -104,16 +105,31 @@ def record_messages(
             "stop_sequences": ["\n"],
             "stream": True,
         },
+        "messages_stops": {**base, "stream": True, "stop_sequences": several},
+        "messages_stops_plain": {**base, "stop_sequences": several},
     }
     return {**out, **_send(client, "messages", bodies, progress)}
 
 
-def _stop(out: dict[str, Transcript]) -> list[str]:
-    # A piece from the middle of the reference text, so the stop spans tokens.
+def _stops(out: dict[str, Transcript]) -> list[str]:
+    # Several, so that naming the first one given is not naming the one met:
+    # one never met, one past the middle, one from the middle (met first).
+    text = _plain_text(out)
+    third = max(1, len(text) // 3)
+    later = text[2 * third : 2 * third + 3] or "\n"
+    return ["\u00a7never\u00a7", later, text[third : third + 4] or "\n\n"]
+
+
+def _plain_text(out: dict[str, Transcript]) -> str:
     body = json_body(out["messages_plain"])
     content = body.get("content") if isinstance(body, dict) else None
     blocks = content if isinstance(content, list) else []
-    text = "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+    return "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+
+
+def _stop(out: dict[str, Transcript]) -> list[str]:
+    # A piece from the middle of the reference text, so the stop spans tokens.
+    text = _plain_text(out)
     third = max(1, len(text) // 3)
     return [text[third : third + 4] or "\n\n"]
 

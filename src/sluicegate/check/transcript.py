@@ -43,6 +43,8 @@ class Transcript:
         headers: response headers, names lowercased.
         body: the raw body bytes, as received.
         ttft_s: seconds from sending to the first text, or ``None``.
+        head_s: seconds from sending to the response head (status and
+            headers), or ``None`` when not measured.
         elapsed_s: seconds from sending to the end of reading.
         closed_early: the recorder closed the connection on purpose.
     """
@@ -55,6 +57,7 @@ class Transcript:
     ttft_s: float | None = None
     elapsed_s: float = 0.0
     closed_early: bool = False
+    head_s: float | None = None
 
     @property
     def streamed(self) -> bool:
@@ -127,6 +130,7 @@ def dump_recording(recording: Mapping[str, Transcript]) -> bytes:
             "request": t.request, "path": t.path, "status": t.status,
             "headers": dict(t.headers), "ttft_s": t.ttft_s,
             "elapsed_s": t.elapsed_s, "closed_early": t.closed_early,
+            "head_s": t.head_s,
         }  # fmt: skip
         try:
             item["body"] = t.body.decode("utf-8")
@@ -158,5 +162,6 @@ def load_recording(data: bytes) -> dict[str, Transcript]:
             ttft_s=item.get("ttft_s"),
             elapsed_s=item.get("elapsed_s", 0.0),
             closed_early=item.get("closed_early", False),
+            head_s=item.get("head_s"),
         )
     return recording
