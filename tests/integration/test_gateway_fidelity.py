@@ -168,10 +168,45 @@ def vllm() -> Iterator[FakeUpstream]:
 LOGPROB_TOKENS = ["Hel", "lo", " world"]
 
 
+SPLIT = "split"
+"""A chat request whose last message is this gets tokens that split a
+character: the first in a chunk with empty content, as vLLM sends it."""
+CUMULATIVE = "cumulative"
+"""... gets its text and tokens repeated cumulatively in every chunk."""
+CAT = "\u732b".encode()
+
+
+def _logprob_chunk(text: str, tokens: list[bytes]) -> str:
+    entries = [
+        {"token": t.decode(errors="replace"), "logprob": -1.0, "bytes": list(t),
+         "top_logprobs": []}
+        for t in tokens
+    ]  # fmt: skip
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": None,
+              "logprobs": {"content": entries}}  # fmt: skip
+    return json.dumps({"object": "chat.completion.chunk", "choices": [choice]})
+
+
+def _odd_logprobs(last: str) -> Reply:
+    if last == SPLIT:
+        chunks = [("", [CAT[:2]]), ("\u732b!", [CAT[2:] + b"!"])]
+    else:
+        chunks = [
+            ("He", [b"He"]),
+            ("Hel", [b"He", b"l"]),
+            ("Hello", [b"He", b"l", b"lo"]),
+        ]
+    events = [_logprob_chunk(text, tokens) for text, tokens in chunks]
+    end = {"index": 0, "finish_reason": "stop", "delta": {}}
+    return Reply(events=[*events, json.dumps({"choices": [end]}), "[DONE]"])
+
+
 def _with_logprobs(body: dict[str, Any]) -> Reply:
     """vLLM answering ``logprobs``: each chunk's tokens in the API's shape
     (it ignores the stop strings: the gateway matches them)."""
     chat = "messages" in body
+    if chat and body["messages"][-1]["content"] in (SPLIT, CUMULATIVE):
+        return _odd_logprobs(body["messages"][-1]["content"])
     k = body.get("top_logprobs", 0) if chat else body.get("logprobs") or 0
     events = []
     for i, token in enumerate(LOGPROB_TOKENS):
@@ -239,6 +274,14 @@ def slots_upstream() -> Iterator[FakeUpstream]:
         yield fake
 
 
+def _ollama(body: dict[str, Any]) -> Reply:
+    """Ollama: usage on the last chunk only; a ``HELD`` request stops after its
+    first content and stays open."""
+    if body["messages"][-1]["content"] == HELD:
+        return Reply(events=[chat_chunk(0, "Hel")], hold_s=20.0)
+    return _final_usage_only(body)
+
+
 @pytest.fixture(scope="module")
 def ollama() -> Iterator[FakeUpstream]:
     """Ollama's OpenAI routes: no token counter anywhere."""
@@ -246,8 +289,9 @@ def ollama() -> Iterator[FakeUpstream]:
         "POST /v1/messages/count_tokens": NOT_FOUND,
         "POST /tokenize": NOT_FOUND,
         "POST /apply-template": NOT_FOUND,
+        "POST /chat_tokenize": NOT_FOUND,
     }
-    with FakeUpstream(_vllm, routes) as fake:
+    with FakeUpstream(_ollama, routes) as fake:
         yield fake
 
 
@@ -616,3 +660,68 @@ def test_a_slow_token_counter_does_not_hold_the_first_event(
     assert "POST /tokenize" in slow_count.calls
     assert events[0].message.usage.input_tokens == 0
     assert events[-2].usage.input_tokens == PROMPT_TOKENS - CACHED_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("ask", "text", "tokens"),
+    [
+        (SPLIT, "\u732b!", [CAT[:2], CAT[2:] + b"!"]),
+        (CUMULATIVE, "Hello", [b"He", b"l", b"lo"]),
+    ],
+)
+def test_logprobs_of_split_characters_and_cumulative_chunks_stay_with_their_text(
+    sdk: openai.OpenAI, ask: str, text: str, tokens: list[bytes]
+) -> None:
+    """A token that ends inside a character comes with that character's
+    delta; a cumulative upstream's repeated tokens are taken once."""
+    chat: Any = {"model": "logprobs", "messages": _ask(ask), "max_tokens": 8}
+    whole = sdk.chat.completions.create(**chat, logprobs=True)
+    assert whole.choices[0].message.content == text
+    assert whole.choices[0].logprobs is not None
+    got = [bytes(t.bytes or []) for t in whole.choices[0].logprobs.content or []]
+    assert got == tokens
+    chunks = list(sdk.chat.completions.create(**chat, logprobs=True, stream=True))
+    deltas = [
+        (c.choices[0].delta.content, [bytes(t.bytes or []) for t in lp.content or []])
+        for c in chunks
+        if c.choices and (lp := c.choices[0].logprobs) is not None
+    ]
+    assert "".join(d for d, _ in deltas) == text
+    assert [t for _, ts in deltas for t in ts] == tokens
+    for content, carried in deltas:  # each delta's tokens make its text
+        assert b"".join(carried).decode() == content
+
+
+def test_without_any_counter_the_first_event_has_an_estimate_the_end_the_count(
+    claude: anthropic.Anthropic, ollama: FakeUpstream
+) -> None:
+    """Ollama says its prompt's tokens only at the end: ``message_start`` has
+    an estimate (characters over characters per token, 4 until the upstream's
+    own counts teach one), the end the upstream's count; the next request's
+    estimate of the same prompt is learned from that count."""
+    kw: Any = {"model": "ollama", "max_tokens": 8, "messages": _ask("Estimate me")}
+    first = list(claude.messages.create(**kw, stream=True))
+    assert "POST /chat_tokenize" in ollama.calls  # every counter was asked
+    guessed = first[0].message.usage.input_tokens
+    assert 0 < guessed != PROMPT_TOKENS
+    assert first[-2].usage.input_tokens == PROMPT_TOKENS - CACHED_TOKENS
+    again = list(claude.messages.create(**kw, stream=True))
+    assert again[0].message.usage.input_tokens == PROMPT_TOKENS
+
+
+def test_an_aborted_requests_row_without_any_counter_has_an_estimate(
+    sdk: openai.OpenAI, ledger_path: Path
+) -> None:
+    stream = sdk.chat.completions.create(
+        model="ollama", messages=_ask(HELD), max_tokens=8, stream=True
+    )
+    response_id = ""
+    for chunk in stream:
+        response_id = chunk.id
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    stream.close()
+    row = _row(ledger_path, response_id)
+    assert row.end_state is EndState.ABORTED
+    assert row.prompt_tokens > 0
+    assert row.usage_estimated

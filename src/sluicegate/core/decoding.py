@@ -241,8 +241,8 @@ class ResponseDecoder:
 
     def report_prompt(self, prompt: int, tokens: int) -> None:
         """Prompt ``prompt``'s tokens as counted before its engine said them
-        (an upstream's tokenizer); the engine's own count replaces this, and
-        one it already gave stays."""
+        (an upstream's tokenizer); the engine's last output's count replaces
+        this, and one it already gave stays."""
         self._reported_prompts.setdefault(prompt, (tokens, 0))
 
     def closed(self, index: int) -> bool:
@@ -308,12 +308,12 @@ class ResponseDecoder:
                 if item.prompt_tokens is not None:
                     prompt_of = self._prompt_of
                     prompt = 0 if prompt_of is None else prompt_of[index]
-                    self._reported_prompts[prompt] = (
-                        item.prompt_tokens,
-                        item.cached_tokens,
-                    )
-                    if item.finish_reason is not None:
+                    said = (item.prompt_tokens, item.cached_tokens)
+                    if item.finish_reason is not None:  # the engine's last word
                         self._counted.add(index)
+                        self._reported_prompts[prompt] = said
+                    else:  # a count said before (a tokenizer's) stays
+                        self._reported_prompts.setdefault(prompt, said)
                 aligned: list[StreamEvent] | None = None
                 if choice.text_aligner is None:
                     text_decoder = self._text_decoders[index]
@@ -492,15 +492,15 @@ class ResponseDecoder:
     def _feed_text_with_logprobs(
         self, choice: ChoiceState, item: TextOutput, events: list[StreamEvent]
     ) -> ChoiceStep:
-        """A text engine's step, token by token through the stop matcher and
-        the aligner (text that came without its tokens goes as one piece)."""
-        aligner = choice.text_aligner
+        """A text engine's step, token by token (each with its part of the text)
+        through the stop matcher and the aligner (text without tokens: one piece)."""
+        aligner, decoder = choice.text_aligner, self._text_decoders[choice.index]
         assert aligner is not None, "called for a choice with logprobs"
-        decoder = self._text_decoders[choice.index]
         tokens = item.logprobs
+        texts = item.token_texts or tuple(t.token for t in tokens or ())
         pieces: list[tuple[str, LogprobToken | None]] = [(item.text, None)]
-        if tokens and "".join(t.token for t in tokens) == item.text:
-            pieces = [(t.token, t) for t in tokens]
+        if tokens and "".join(texts) == item.text:
+            pieces = list(zip(texts, tokens, strict=True))
         step, count = ChoiceStep(""), item.completion_tokens
         reasoning = ""  # a splitter's (the upstream's own comes apart)
         for text, token in pieces:

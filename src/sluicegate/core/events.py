@@ -128,8 +128,11 @@ class TextOutput:
         cached_tokens: the part of ``prompt_tokens`` the engine read from its
             cache (tokens); read only with ``prompt_tokens``.
         logprobs: the tokens ``text`` is made of, with their logprobs, when
-            the request asked for them and the engine gave them (their
-            ``token`` strings join to ``text``); ``None`` otherwise.
+            the request asked for them and the engine gave them; ``None``
+            otherwise.
+        token_texts: each of ``logprobs``' part of ``text`` (they join to it;
+            ``""`` for a token that ends inside a character), or ``None`` when
+            their ``token`` strings join to ``text``.
         stop_sequence: on the last output, the request's stop string the
             engine itself stopped on (an upstream that matched it before the
             server's own matcher could), else ``None``.
@@ -145,6 +148,7 @@ class TextOutput:
     stop_sequence: str | None = None
     logprobs: tuple[LogprobToken, ...] | None = None
     cached_tokens: int = 0
+    token_texts: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

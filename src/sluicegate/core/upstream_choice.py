@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from sluicegate.core.events import FinishReason
 from sluicegate.core.upstream_items import UpstreamDelta, UpstreamItem, UpstreamToolCall
+from sluicegate.core.upstream_logprobs import TokenTexts
 from sluicegate.core.upstream_tools import ToolCallNormalizer
 
 __all__ = ["UpstreamChoice", "finish_reason_of", "settle_choice"]
@@ -36,10 +37,11 @@ _LENGTH_REASONS = frozenset({"length", "max_tokens", "model_length"})
 class UpstreamChoice:
     """Cumulative-text detection and finish bookkeeping of one choice."""
 
-    __slots__ = ("finished", "first", "held", "mode", "seen", "tools")
+    __slots__ = ("finished", "first", "held", "mode", "seen", "token_texts", "tools")
 
     def __init__(self) -> None:
         self.tools: ToolCallNormalizer | None = None  # at its first tool call
+        self.token_texts: TokenTexts | None = None  # at its first logprobs
         self.mode: bool | None = None  # cumulative? None: not settled yet
         self.first = ""  # the first non-empty text
         self.held = ""  # an ambiguous second text, held back

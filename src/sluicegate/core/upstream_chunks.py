@@ -19,7 +19,6 @@ from typing import Any
 from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import RemoteProtocolError, bounded_repr
 from sluicegate.core.events import Usage
-from sluicegate.core.logprobs import LogprobToken
 from sluicegate.core.reader_limits import (
     ReaderLimits,
     UsageBounds,
@@ -43,7 +42,7 @@ from sluicegate.core.upstream_items import (
     UpstreamToolCall,
     UpstreamUsageRejected,
 )
-from sluicegate.core.upstream_logprobs import read_logprobs
+from sluicegate.core.upstream_logprobs import TokenTexts
 from sluicegate.core.upstream_tools import ToolCallNormalizer
 
 __all__ = ["MAX_MATCHED_STOP_CHARS", "ChunkReader"]
@@ -154,8 +153,9 @@ class ChunkReader:
             state = self._choices[index] = UpstreamChoice()
         if state.finished:
             return  # a repeated finish_reason, or text after it
-        calls = None
-        if self._endpoint is Endpoint.CHAT:
+        calls, thought = None, False
+        chat = self._endpoint is Endpoint.CHAT
+        if chat:
             delta = choice.get("delta")
             text, calls = (
                 (delta.get("content"), delta.get("tool_calls"))
@@ -163,13 +163,18 @@ class ChunkReader:
                 else (None, None)
             )
             if type(delta) is dict:
-                self._reasoning(index, delta, out)
+                thought = self._reasoning(index, delta, out)
         else:
             text = choice.get("text")
-        if type(text) is str and text:
-            new = state.feed(text)
-            if new:
-                out.append(UpstreamDelta(index, new, self._logprobs(choice, new, text)))
+        new = state.feed(text) if type(text) is str and text else ""
+        raw = choice.get("logprobs")
+        if raw is not None or state.token_texts is not None:
+            texts = state.token_texts or TokenTexts(self._limits.max_deltas_per_chunk)
+            state.token_texts = texts  # a reasoning chunk's tokens are not content's
+            runs = texts.read(None if thought and not new else raw, chat, new, text)
+            out.extend(UpstreamDelta(index, r.text, r.tokens, r.texts) for r in runs)
+        elif new:
+            out.append(UpstreamDelta(index, new))
         if calls:
             if type(calls) is list:
                 self._chunk_deltas += len(calls)
@@ -204,31 +209,19 @@ class ChunkReader:
             finish = finish_reason_of(reason, tools)
             out.append(UpstreamFinish(index, finish, reason, _matched_stop(choice)))
 
-    def _logprobs(
-        self, choice: dict[str, Any], new: str, text: str
-    ) -> tuple[LogprobToken, ...] | None:
-        """The chunk's token logprobs, when they are exactly ``new``'s tokens (a
-        cumulative chunk's, or tokens that split a character, are not)."""
-        raw = choice.get("logprobs")
-        if raw is None or new != text:
-            return None
-        chat = self._endpoint is Endpoint.CHAT
-        tokens = read_logprobs(raw, chat, self._limits.max_deltas_per_chunk)
-        if tokens is None or "".join(t.token for t in tokens) != new:
-            return None
-        return tokens
-
     def _reasoning(
         self, index: int, delta: dict[str, Any], out: list[UpstreamItem]
-    ) -> None:
+    ) -> bool:
         """A delta's reasoning, before its content: ``reasoning_content``
         (vLLM, SGLang, llama.cpp's server), else ``reasoning`` (newer vLLM,
-        which for a while sent both with the same text: taken once)."""
+        which for a while sent both with the same text: taken once); whether
+        it had any."""
         reasoning = delta.get("reasoning_content")
         if type(reasoning) is not str or not reasoning:
             reasoning = delta.get("reasoning")
         if type(reasoning) is str and reasoning:
             out.append(UpstreamReasoning(index, reasoning))
+        return type(reasoning) is str and bool(reasoning)
 
     def _too_many_deltas(self, out: list[UpstreamItem]) -> None:
         limit = self._limits.max_deltas_per_chunk

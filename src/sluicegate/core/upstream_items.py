@@ -35,12 +35,15 @@ PROTOCOL_ERROR_CODE = "upstream_protocol_error"
 @dataclass(frozen=True, slots=True)
 class UpstreamDelta:
     """New text of choice ``index`` (non-empty; only what is new), and the
-    logprobs of the tokens that make it up when the upstream sent them and
-    their texts join to exactly ``text`` (``None`` otherwise)."""
+    logprobs of the tokens that carry it when the upstream sent them
+    (``None`` otherwise); ``token_texts`` is each token's part of ``text``
+    (they join to it; ``""`` for a token that ends inside a character), or
+    ``None`` when the tokens' own strings join to it."""
 
     index: int
     text: str
     logprobs: tuple[LogprobToken, ...] | None = None
+    token_texts: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

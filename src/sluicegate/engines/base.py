@@ -320,11 +320,17 @@ class TextEngine(_EngineBase, Protocol):
         ...
 
     async def count_prompt(
-        self, request: GenerateRequest, messages_body: Mapping[str, Any]
+        self,
+        request: GenerateRequest,
+        messages_body: Mapping[str, Any],
+        *,
+        estimate: bool = False,
     ) -> int | None:
         """``request``'s prompt tokens, or ``None`` when no counter answers
         (always, without ``capabilities.counts_prompts``); ``messages_body`` is
-        the client's Messages body, where one counter takes it as it is."""
+        the client's Messages body, where one counter takes it as it is. With
+        ``estimate``, an engine that can estimate the count gives its estimate
+        instead of ``None``."""
         ...
 
 

@@ -79,9 +79,13 @@ class ScriptedTextEngine:
         return []
 
     async def count_prompt(
-        self, request: GenerateRequest, messages_body: Mapping[str, Any]
+        self,
+        request: GenerateRequest,
+        messages_body: Mapping[str, Any],
+        *,
+        estimate: bool = False,
     ) -> int | None:
-        """``None``: no token counter."""
+        """``None``: no token counter, and no estimate."""
         return None
 
     def generate(self, request: GenerateRequest) -> SequenceOutputs[TextOutput]:

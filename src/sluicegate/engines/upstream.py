@@ -78,6 +78,7 @@ from sluicegate.engines.upstream_config import (
 )
 from sluicegate.engines.upstream_context import CONTINUOUS_USAGE_OWNERS, UpstreamFacts
 from sluicegate.engines.upstream_count import count_prompt
+from sluicegate.engines.upstream_estimate import PromptEstimate
 from sluicegate.engines.upstream_health import check_health
 from sluicegate.engines.upstream_http import (
     DEFAULT_HOP_CLIENT,
@@ -153,6 +154,7 @@ class UpstreamEngine:
             ("prompt", "generated", "finished", "aborted", "failed"), 0
         )
         self._aborted_ids: deque[str] = deque(maxlen=RECENT_IDS)
+        self._estimate = PromptEstimate()  # learned from the upstreams' usage
 
     @classmethod
     def from_config(
@@ -201,14 +203,20 @@ class UpstreamEngine:
         return tuple(self._upstreams)
 
     async def count_prompt(
-        self, request: GenerateRequest, messages_body: Mapping[str, Any]
+        self,
+        request: GenerateRequest,
+        messages_body: Mapping[str, Any],
+        *,
+        estimate: bool = False,
     ) -> int | None:
         """``request``'s prompt tokens by the first upstream's tokenizer, or
-        ``None`` when it offers no counter (``upstream_count.py``)."""
+        ``None`` when it offers no counter (``upstream_count.py``); with
+        ``estimate``, this engine's estimate then (``upstream_estimate.py``)."""
         upstream = self._upstreams[0]
         model = upstream.model or self._model.id
         chat = orjson.loads(request_body(request, model, continuous_usage=False))
-        return await count_prompt(upstream, model, chat, messages_body)
+        counted = await count_prompt(upstream, model, chat, messages_body)
+        return self._estimate.fill(request.text_prompt, counted, estimate)
 
     def learn(self, facts: Sequence[UpstreamFacts]) -> None:
         """What each upstream told of itself at start-up, in pool order
@@ -243,13 +251,9 @@ class UpstreamEngine:
                 retry_after_s=retry_after_s,
             )
             if self._health_interval_s > 0:
+                checks = (self._pool, self._upstreams, self._clients)
                 self._health = loop.create_task(
-                    check_health(
-                        self._pool,
-                        self._upstreams,
-                        self._clients,
-                        self._health_interval_s,
-                    )
+                    check_health(*checks, self._health_interval_s)
                 )
         return self._pool
 
@@ -257,12 +261,8 @@ class UpstreamEngine:
         """Each upstream's state and counters (``[]`` before the first request)."""
         if self._pool is None:
             return []
-        return [
-            dataclasses.replace(row, usage_rejected_total=rejected)
-            for row, rejected in zip(
-                self._pool.counters(), self._rejected_usage, strict=True
-            )
-        ]
+        rows = zip(self._pool.counters(), self._rejected_usage, strict=True)
+        return [dataclasses.replace(r, usage_rejected_total=n) for r, n in rows]
 
     def generate(self, request: GenerateRequest) -> UpstreamOutputs:
         """Start ``request`` on an upstream; its outputs are ``TextOutput``.
@@ -279,10 +279,9 @@ class UpstreamEngine:
             raise EngineError(f"request {request.request_id!r} is running already")
         pool = self.pool
         loop = asyncio.get_running_loop()
-        seq = UpstreamSequence(request, loop.time())
+        seq = UpstreamSequence(request, loop.time(), self._estimate)
         request_id = request.request_id
-        seq.accept = loop.create_future()
-        seq.responded = loop.create_future()
+        seq.accept, seq.responded = loop.create_future(), loop.create_future()
         seq.outputs = UpstreamOutputs(
             lambda: self.abort(request_id), seq.accept, seq.responded
         )

@@ -13,16 +13,18 @@ upstream, in this order, until one answers with a count:
     POST <root>/apply-template, then   the messages through its chat template,
     POST <root>/tokenize               then that text (llama-server):
                                        ``len(tokens)``
+    POST <root>/chat_tokenize          ``{model, messages, tools}`` (TGI):
+                                       ``len(tokenize_response)``
 
 ``<root>`` is the API base without its ``/v1``. An upstream that answers none
-of them with a count (Ollama, TGI, OpenAI) gives ``None``, and the route
+of them with a count (Ollama, OpenAI) gives ``None``, and the route
 refuses the request, naming the model, instead of answering a 0 that a client
 cannot tell from a count. No redirect is followed; at most ``MAX_BYTES`` of an
 answer are read; the whole count has one deadline.
 
 Spec: Anthropic API reference, "Count tokens in a message"; vLLM's
 ``/tokenize``; llama.cpp's server README, ``/apply-template`` and
-``/tokenize``.
+``/tokenize``; TGI's OpenAPI description, ``/chat_tokenize``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ __all__ = ["MAX_BYTES", "TRIED", "count_prompt"]
 MAX_BYTES = 1 << 20
 """Most bytes of one answer read."""
 
-TRIED = "<url>/messages/count_tokens, <root>/tokenize, <root>/apply-template"
+TRIED = (
+    "<url>/messages/count_tokens, <root>/tokenize, <root>/apply-template,"
+    " <root>/chat_tokenize"
+)
 """What is asked, as a refusal names it."""
 
 
@@ -113,12 +118,14 @@ async def _count(
         client, root + "/apply-template", {"messages": chat.get("messages", [])}
     )
     prompt = applied.get("prompt") if isinstance(applied, dict) else None
-    if not isinstance(prompt, str):
-        return None
-    tokens = await _post(
-        client, root + "/tokenize", {"content": prompt, "add_special": True}
-    )
-    listed = tokens.get("tokens") if isinstance(tokens, dict) else None
+    if isinstance(prompt, str):
+        tokens = await _post(
+            client, root + "/tokenize", {"content": prompt, "add_special": True}
+        )
+        listed = tokens.get("tokens") if isinstance(tokens, dict) else None
+        return len(listed) if isinstance(listed, list) else None
+    tgi = await _post(client, root + "/chat_tokenize", asked)
+    listed = tgi.get("tokenize_response") if isinstance(tgi, dict) else None
     return len(listed) if isinstance(listed, list) else None
 
 

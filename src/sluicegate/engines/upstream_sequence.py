@@ -17,6 +17,7 @@ from sluicegate.core.events import FinishReason, TextOutput, Usage
 from sluicegate.engines.base import GenerateRequest
 from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.pool import Lease
+from sluicegate.engines.upstream_estimate import PromptEstimate
 
 __all__ = [
     "UpstreamOutputs",
@@ -73,8 +74,10 @@ class UpstreamSequence:
     __slots__ = (
         "accept",
         "emitted",
+        "estimate",
         "finish",
         "first_at",
+        "guess",
         "last_at",
         "lease",
         "matched_stop",
@@ -91,9 +94,16 @@ class UpstreamSequence:
         "usage_rejected",
     )
 
-    def __init__(self, request: GenerateRequest, started: float) -> None:
+    def __init__(
+        self,
+        request: GenerateRequest,
+        started: float,
+        estimate: PromptEstimate | None = None,
+    ) -> None:
         self.request = request
         self.started = started
+        self.estimate = estimate  # the engine's, learned from final usages
+        self.guess: int | None = None  # its estimate of this prompt, once made
         self.first_at: float | None = None
         self.last_at = started
         self.emitted = 0  # completion tokens pushed so far

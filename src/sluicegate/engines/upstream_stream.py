@@ -188,7 +188,7 @@ def _apply(
                 continue  # n is 1; an upstream that sends more is ignored
             if seq.first_at is None:
                 _first_token(seq, lease, upstreams)
-            prompt, cached = _prompt_of(seq.usage)
+            prompt, cached = _prompt_of(seq)
             tokens = step_tokens(seq)
             output = TextOutput(
                 item.text,
@@ -197,6 +197,7 @@ def _apply(
                 prompt,
                 cached_tokens=cached,
                 logprobs=item.logprobs,
+                token_texts=item.token_texts,
             )
             outputs.push(output)
         elif type(item) is UpstreamReasoning:
@@ -205,7 +206,7 @@ def _apply(
             if seq.first_at is None:
                 _first_token(seq, lease, upstreams)
             tokens = step_tokens(seq)
-            prompt, cached = _prompt_of(seq.usage)
+            prompt, cached = _prompt_of(seq)
             output = TextOutput(
                 "", None, tokens, prompt, reasoning=item.text, cached_tokens=cached
             )
@@ -216,7 +217,7 @@ def _apply(
             if seq.first_at is None:
                 _first_token(seq, lease, upstreams)
             fragment = (item.fragment,)
-            prompt, cached = _prompt_of(seq.usage)
+            prompt, cached = _prompt_of(seq)
             tokens = step_tokens(seq)
             output = TextOutput(
                 "", None, tokens, prompt, fragment, cached_tokens=cached
@@ -292,10 +293,12 @@ def _finish(
         return _broken(seq, upstreams, "the upstream ended without a finish_reason")
     usage = seq.usage
     tokens = 0
-    prompt, cached = _prompt_of(usage)
+    prompt, cached = (None, 0) if usage is None else _prompt_of(seq)
     if usage is not None:
         tokens = max(0, usage.completion_tokens - seq.emitted)
         counts["prompt"] += usage.prompt_tokens
+        if seq.estimate is not None and seq.request.text_prompt is not None:
+            seq.estimate.learn(seq.request.text_prompt, usage.prompt_tokens)
     seq.emitted += tokens
     counts["generated"] += seq.emitted
     seq.result = "finished"
@@ -325,10 +328,15 @@ def _asked_stop(seq: UpstreamSequence, matched: str | None) -> str | None:
     return matched
 
 
-def _prompt_of(usage: Usage | None) -> tuple[int | None, int]:
+def _prompt_of(seq: UpstreamSequence) -> tuple[int | None, int]:
     """The prompt's tokens and their cached part, as the upstream's latest
-    usage says (continuous usage: from the first content on); ``(None, 0)``
-    before it said any."""
-    if usage is None:
-        return None, 0
-    return usage.prompt_tokens, usage.cached_tokens
+    usage says (continuous usage: from the first content on); before it said
+    any, the engine's estimate (``upstream_estimate.py``: a count said before,
+    by the upstream's tokenizer, stays; the last output's usage replaces it),
+    or ``(None, 0)`` without one."""
+    usage, prompt = seq.usage, seq.request.text_prompt
+    if usage is not None:
+        return usage.prompt_tokens, usage.cached_tokens
+    if seq.guess is None and seq.estimate is not None and prompt is not None:
+        seq.guess = seq.estimate.estimate(prompt)
+    return seq.guess, 0

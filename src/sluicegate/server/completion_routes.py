@@ -62,7 +62,7 @@ from sluicegate.server.buffer import LiveStreams
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.disconnect import DisconnectRace
 from sluicegate.server.event_store_memory import open_memory_store
-from sluicegate.server.generation import Generation
+from sluicegate.server.generation import RESPONDED_GRACE_S, Generation
 from sluicegate.server.info_routes import shutting_down
 from sluicegate.server.json_response import CompletionResponse
 from sluicegate.server.ledger import Ledger
@@ -354,10 +354,11 @@ class CompletionRoutes:
             if generation.awaits_acceptance:
                 # An engine that answers with a status first (an upstream server):
                 # its refusal is this response's status, not a 200 then an error;
-                # once it answered 200, a long prefill waits a heartbeat interval
-                # at most before the headers (then heartbeats) go out.
+                # once it answered 200, a long prefill waits RESPONDED_GRACE_S (or
+                # a shorter heartbeat interval) before the headers and heartbeats.
+                patience_s = min(RESPONDED_GRACE_S, self.limits.heartbeat_interval_s)
                 with DisconnectRace(request.receive) as race:
-                    await generation.accepted(self.limits.heartbeat_interval_s)
+                    await generation.accepted(patience_s)
                 if race.reason is not None:  # gone before the engine accepted it
                     generation.abort_unfinished()
                     grant.refund()

@@ -47,11 +47,17 @@ from sluicegate.engines.base import (
 from sluicegate.server.buffer import Outbox
 from sluicegate.server.prepare import Plan
 
-__all__ = ["COUNT_WAIT_S", "INTERNAL_ERROR_MESSAGE", "Generation"]
+__all__ = ["COUNT_WAIT_S", "INTERNAL_ERROR_MESSAGE", "RESPONDED_GRACE_S", "Generation"]
 
 COUNT_WAIT_S = 1.0
 """Longest wait (seconds) for an upstream's count of the prompt before the
 headers; past it the first event goes without it."""
+
+RESPONDED_GRACE_S = 0.5
+"""After an upstream's 200, how long its first content is waited for before
+the client's headers go out anyway (seconds): a 200 that breaks at once still
+reaches the client as a status (and is failed over), a long prefill does not
+hold the headers."""
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +257,7 @@ class Generation:
             index = next(
                 i for i, c in enumerate(self._plan.choices) if c.prompt_index == prompt
             )
-            tokens = await engine.count_prompt(requests[index], {})
+            tokens = await engine.count_prompt(requests[index], {}, estimate=True)
             if tokens is not None:
                 counted[prompt] = Usage(tokens, 0)
                 self._decoder.report_prompt(prompt, tokens)

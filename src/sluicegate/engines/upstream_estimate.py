@@ -1,0 +1,78 @@
+"""An estimate of a prompt's tokens where the upstream says its count only at the end.
+
+An upstream without a token counter (Ollama, whose OpenAI routes have none,
+and any server whose tokenizer routes are closed) says how many tokens a
+prompt had only in its last usage chunk. What needs the count before that (a
+Messages stream's ``message_start``, the chunks of a
+``continuous_usage_stats`` stream, the ledger row of a request its client
+left) gets this estimate instead of 0: the prompt's characters (the JSON of
+its messages and tools as sent, or its text) over the characters per token
+this upstream's own final counts showed so far, ``CHARS_PER_TOKEN`` until one
+did. A prompt of token ids is counted exactly. The estimate is never passed
+off as a count: the upstream's final usage replaces it, and a ledger row that
+keeps it is marked ``usage_estimated``.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from sluicegate.engines.values import TextPrompt
+
+__all__ = ["CHARS_PER_TOKEN", "PromptEstimate", "prompt_chars"]
+
+CHARS_PER_TOKEN = 4.0
+"""Characters per token before an upstream's own counts taught one (about
+what English text in JSON takes in common BPE vocabularies)."""
+LEARNED_TOKENS = 1 << 20
+"""Past this many prompt tokens learned, older counts weigh half as much, so
+the ratio follows what the upstream is sent now."""
+
+
+def prompt_chars(prompt: TextPrompt) -> int | tuple[int, ...]:
+    """What the estimate is made from: the characters of ``prompt`` as it goes
+    to the upstream (chat: the JSON of its messages and tools; completions:
+    its text), or its token ids, which need no estimate."""
+    if not isinstance(prompt.prompt, str):
+        return prompt.prompt
+    if not prompt.messages:
+        return len(prompt.prompt)
+    sent = {"messages": prompt.messages, "tools": prompt.extra.get("tools")}
+    return len(orjson.dumps(sent, default=str))
+
+
+class PromptEstimate:
+    """Characters per prompt token, learned from one engine's final usages."""
+
+    __slots__ = ("_chars", "_tokens")
+
+    def __init__(self) -> None:
+        self._chars = 0.0
+        self._tokens = 0.0
+
+    def learn(self, prompt: TextPrompt, prompt_tokens: int) -> None:
+        """Take an upstream's own count of ``prompt`` (tokens, > 0 to count)."""
+        chars = prompt_chars(prompt)
+        if isinstance(chars, tuple) or prompt_tokens <= 0:
+            return
+        if self._tokens > LEARNED_TOKENS:
+            self._chars, self._tokens = self._chars / 2, self._tokens / 2
+        self._chars += chars
+        self._tokens += prompt_tokens
+
+    def fill(
+        self, prompt: TextPrompt | None, counted: int | None, estimate: bool
+    ) -> int | None:
+        """``counted`` when a counter gave it; else, with ``estimate`` and a
+        prompt, the estimate of ``prompt``; else ``None``."""
+        if counted is not None or not estimate or prompt is None:
+            return counted
+        return self.estimate(prompt)
+
+    def estimate(self, prompt: TextPrompt) -> int:
+        """``prompt``'s tokens: exact for token ids, else estimated (at least 1)."""
+        chars = prompt_chars(prompt)
+        if isinstance(chars, tuple):
+            return len(chars)
+        per_token = self._chars / self._tokens if self._tokens else CHARS_PER_TOKEN
+        return max(1, round(chars / per_token))
