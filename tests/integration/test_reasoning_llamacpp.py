@@ -82,6 +82,17 @@ def raw_client(
         yield sdk
 
 
+_RAW: dict[str, Any] = {}
+
+
+def _raw(raw_client: openai.OpenAI, request: dict[str, Any]) -> Any:
+    """The model's own answer to ``request`` (greedy: asked once per module)."""
+    key = json.dumps(request, sort_keys=True)
+    if key not in _RAW:
+        _RAW[key] = raw_client.chat.completions.create(**request)
+    return _RAW[key]
+
+
 def _expected(raw: str, inside: bool) -> tuple[str, str]:
     """What the splitter makes of the model's raw text (docs/DESIGN.md,
     "Reasoning"): a leading start marker opens the reasoning (or, when the
@@ -110,7 +121,7 @@ def test_every_generated_character_is_reasoning_until_the_end_marker(
         "extra_body": {"chat_template_kwargs": {"enable_thinking": thinking}},
     }
     # The model's own text for the same prompt, unsplit.
-    raw = raw_client.chat.completions.create(**request)
+    raw = _raw(raw_client, request)
     reasoning, content = _expected(raw.choices[0].message.content or "", thinking)
     assert raw.usage is not None
 
@@ -208,21 +219,21 @@ def test_the_engine_closes_the_reasoning_at_its_budget(
     end_tokens = load_vocab(default_model_path()).encode(
         "</think>", add_special=False, parse_special=True
     )
+    thinking = {"chat_template_kwargs": {"enable_thinking": True}}
     request: dict[str, Any] = {
         "model": client.models.list().data[0].id,
         "messages": [{"role": "user", "content": QUESTION}],
         "temperature": 0,
-        "max_tokens": 24,
+        "max_tokens": 40,
+        "extra_body": thinking,
     }
-    thinking = {"chat_template_kwargs": {"enable_thinking": True}}
-    raw = raw_client.chat.completions.create(**request, extra_body=thinking)
-    own, _ = _expected(raw.choices[0].message.content or "", inside=True)
-    # Gemma does not close a reasoning block in 24 tokens: without a budget
+    # The same request as a test above makes, without a budget (asked once).
+    own, _ = _expected(_raw(raw_client, request).choices[0].message.content, True)
+    # Gemma does not close a reasoning block in 40 tokens: without a budget
     # all of it is reasoning.
     assert "</think>" not in own
-    whole = client.chat.completions.create(
-        **request, extra_body={**thinking, "thinking_token_budget": budget}
-    )
+    request["extra_body"] = {**thinking, "thinking_token_budget": budget}
+    whole = client.chat.completions.create(**{**request, "max_tokens": 12})
     message = whole.choices[0].message.model_dump()
     assert whole.usage is not None
     details = whole.usage.completion_tokens_details
