@@ -13,7 +13,9 @@ so neither server reuses a cached prefix in these rows.
 
 Reported per cell: output tokens/s of all streams together (the median run),
 time to first token and the gap between text events (p50, p99 over all streams
-of all runs), and the 1-minute load average before the cell. Then two more
+of all runs), the server's CPU time per output token (all its threads; less
+moved by other work on the machine than wall time, though spinning threads
+count), and the 1-minute load average before the cell. Then two more
 figures: ``interference``, 15 streams decoding when one ~4,000-token prompt
 arrives (their gaps before it and while it is read, and its time to first
 token); and ``prefix``, the time to first token of a ~1,000-token prompt when
@@ -71,6 +73,12 @@ def prompt(kind: str, tag: str) -> str:
     return f"Note {tag}. {_filler(48, tag)} {SHORT}"
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, ServerProcess]:
     """Both servers, ready; stopped by the caller."""
     model = str(default_model_path())
@@ -116,16 +124,19 @@ def measure_cells(
             Console().print(f"{kind} prompts, {level} streams")
             load = os.getloadavg()[0]
             runs: dict[str, list[tuple[list[Stream], float]]] = {s: [] for s in SYSTEMS}
+            cpu = dict.fromkeys(SYSTEMS, 0.0)
             for r in range(args.repeats):
                 prompts = [
                     prompt(kind, f"{kind[0]}{level}r{r}s{i}") for i in range(level)
                 ]
                 order = SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]
                 for name in order:
-                    port = servers[name].port
+                    server = servers[name]
+                    before = cpu_s(server.pid)
                     runs[name].append(
-                        asyncio.run(run_streams(port, prompts, args.max_tokens))
+                        asyncio.run(run_streams(server.port, prompts, args.max_tokens))
                     )
+                    cpu[name] += cpu_s(server.pid) - before
             ratios = [
                 sum(s.tokens for s in a[0])
                 / a[1]
@@ -140,6 +151,8 @@ def measure_cells(
                     "load_1m": load,
                 }
                 row |= summary(runs[name])
+                tokens = sum(s.tokens for streams, _ in runs[name] for s in streams)
+                row["cpu_ms_per_tok"] = 1000 * cpu[name] / max(tokens, 1)
                 if name == "sluicegate":
                     row["ratio_tok_s"] = statistics.median(ratios)
                 rows.append(row)
@@ -219,7 +232,7 @@ def main() -> int:
     parser.add_argument("--no-extras", action="store_true", help="cells only")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=240)
     logs = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
     servers = start_servers(args, logs)
     extras: list[dict[str, Any]] = []

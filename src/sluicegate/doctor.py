@@ -4,7 +4,8 @@ It prints the CPU's instruction-set features, the llama.cpp build (its version,
 the build stamp that ``scripts/install-llama-cpp`` leaves in the virtual
 environment, and llama.cpp's own system info: the features compiled in, which
 ``cpu.py`` compares with the CPU's), the
-model file and its checksum, then runs one short generation through
+model file and its checksum, the engine settings ``serve`` runs with no flags
+(``EngineConfig``), then runs one short generation through
 ``LlamaCppEngine`` **in a child process**. Native code that faults (an illegal
 instruction, AMX tiles the machine cannot load) kills only the child; the
 parent turns that into a clear message and exit code 3 instead of a dead
@@ -46,6 +47,7 @@ from sluicegate.cpu import (
     missing_features,
     read_cpuinfo,
 )
+from sluicegate.engines.llamacpp_config import EngineConfig
 
 if TYPE_CHECKING:
     from sluicegate.core.events import EngineOutput
@@ -225,6 +227,7 @@ def diagnose(
     )
     checksum, _ = _model_state(model)
     out.write(f"model: {model}\nmodel checksum: {checksum}\n")
+    out.write(f"serve's engine (no flags): {EngineConfig().describe()}\n")
     out.flush()
     if child_argv is None:
         child_argv = [sys.executable, "-m", "sluicegate.doctor", "--child", str(model)]

@@ -20,11 +20,10 @@ Invariants:
       whose ``parts`` hold it (``text`` empty), before the step's content
       ``Delta``; stop strings are matched on the content only.
     - When every choice has finished, one ``End`` carries the usage: each prompt
-      once, completion tokens summed over choices. A text engine counts its
-      prompts itself (``TextOutput.prompt_tokens``, with its cached part): each
-      prompt's latest count is added once, whichever of its choices reported
-      it. With continuous usage, every ``Delta`` and ``Finish`` also carries
-      the usage so far.
+      once, completion tokens summed over choices. A prompt's latest count and
+      cached part, as an engine reports them (``TextOutput.prompt_tokens``,
+      ``cached_tokens``), are added once, whichever choice reported them. With
+      continuous usage, every ``Delta`` and ``Finish`` carries the usage so far.
     - An engine failure, or a sequence that ends without a finish reason,
       becomes one ``Fail`` event and no ``End``.
     - A stop string ends its choice at once: its index is appended to
@@ -75,12 +74,10 @@ __all__ = [
 ]
 
 OutputItem = EngineOutput | TextOutput | EngineError | None
-"""One item of an engine sequence: an output (token ids or text), the
-sequence's failure, or ``None`` when it ended without a finish reason."""
+"""An engine sequence's output (token ids or text), failure, or ``None`` (ended)."""
 
 ENDED_WITHOUT_FINISH = "The engine ended a sequence without a finish reason"
 """The in-band error of a sequence that ended without a finish reason."""
-
 _NO_EVENTS: tuple[StreamEvent, ...] = ()
 
 
@@ -93,8 +90,8 @@ class ResponseDecoder:
             when it yields text (``TextOutput``): no token work is done.
         prompt_tokens: the response's prompt tokens, each prompt once (tokens);
             for a text engine, those it does not count itself (usually 0).
-        prompt_of: the prompt index of each choice, for a text engine's prompt
-            counts; ``None``: every choice continues one prompt.
+        prompt_of: the prompt index of each choice, for the engine's prompt
+            counts and cached parts; ``None``: every choice continues one prompt.
         stops: stop strings, matched on each choice's text.
         include_stop_str_in_output: end the text with the matched stop string.
         skip_special_tokens: keep control tokens out of the text (the token
@@ -107,9 +104,9 @@ class ResponseDecoder:
             split (``ReasoningChoiceDecoder``): reasoning goes out as ``Delta``
             parts before the content, and the usage counts reasoning tokens;
             with ``logprobs``, only content tokens carry them.
-        reasoning_budget: a budget of reasoning tokens the server enforces:
-            a token engine's reasoning then ends (the rest is content), a text
-            engine's is cut (``TextChoiceDecoder.within_budget``); or ``None``.
+        reasoning_budget: reasoning tokens the server enforces: a token
+            engine's reasoning ends there (the rest is content), a text engine's
+            is cut (``TextChoiceDecoder.within_budget``); or ``None``.
 
     Raises:
         ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens).
@@ -282,6 +279,9 @@ class ResponseDecoder:
             if isinstance(item, EngineOutput):
                 if item.token_ids and self.first_token_at is None:
                     self.first_token_at = self._clock()
+                if item.cached_tokens:  # a token engine's reused prompt part
+                    prompt = 0 if self._prompt_of is None else self._prompt_of[index]
+                    self._reported_prompts[prompt] = (0, item.cached_tokens)
                 if choice.aligner is None:
                     # Once per token: the decoder, then the text (no logprobs).
                     step = self._token_decoders[index].feed(item.token_ids)

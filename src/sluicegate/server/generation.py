@@ -81,12 +81,12 @@ class Generation:
         self._capabilities = engine.capabilities
         self._logprobs = self._capabilities.logprobs
         # The decoding stage, by the engine's protocol: token ids are
-        # detokenized with its tokenizer; text arrives decoded, and each
-        # sequence counts its own prompt (prompt_of).
-        if engine.output_kind is OutputKind.TEXT:
-            tokenizer, prompt_of = None, [c.prompt_index for c in plan.choices]
-        else:
-            tokenizer, prompt_of = engine.tokenizer, None
+        # detokenized with its tokenizer; text arrives decoded. Each sequence
+        # may count its own prompt and its cached part (prompt_of).
+        prompt_of = [c.prompt_index for c in plan.choices]
+        tokenizer = None
+        if engine.output_kind is OutputKind.TOKENS:
+            tokenizer = engine.tokenizer
         self._decoder = new_response_decoder(
             plan.tools,
             [
