@@ -24,20 +24,19 @@ from sluicegate.core import stop_pattern
 from sluicegate.core.errors import RequestError
 from sluicegate.engines.scripted import ScriptedEngine
 from sluicegate.engines.scripted_vocab import ScriptedTokenizer
-from sluicegate.server import schemas
+from sluicegate.server import request_parse
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.prompt_text import OFF_LOOP_CHARS, longest_piece_bytes
 from sluicegate.server.quotas import Quota
+from sluicegate.server.request_parse import MAX_UNKNOWN_PARAMETERS, parse_chat_request
 from sluicegate.server.schemas import (
     MAX_MESSAGES,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
-    MAX_UNKNOWN_PARAMETERS,
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    parse_chat_request,
 )
 from sluicegate.server.templates import ChatTemplate
 
@@ -181,13 +180,13 @@ async def test_more_unknown_parameters_than_the_cap_is_400_naming_the_first(
 def test_unknown_names_are_logged_cut_short_and_remembered_up_to_a_bound(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(schemas, "_logged_unknown", set())
-    monkeypatch.setattr(schemas, "MAX_LOGGED_UNKNOWN", 10)
-    with caplog.at_level(logging.INFO, logger="sluicegate.server.schemas"):
+    monkeypatch.setattr(request_parse, "_logged_unknown", set())
+    monkeypatch.setattr(request_parse, "MAX_LOGGED_UNKNOWN", 10)
+    with caplog.at_level(logging.INFO, logger="sluicegate.server.request_parse"):
         for batch in range(5):
             names = {f"{batch}-{i}-" + "z" * 10_000: 1 for i in range(8)}
             parse_chat_request({"messages": HELLO, **names})
-    assert len(schemas._logged_unknown) <= 11
+    assert len(request_parse._logged_unknown) <= 11
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 11
     assert all(len(line) < 200 for line in lines)

@@ -20,7 +20,7 @@ from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger import Ledger
 from sluicegate.server.messages import ChatMessage
 from sluicegate.server.prepare import plan_chat
-from sluicegate.server.schemas import parse_chat_request
+from sluicegate.server.request_parse import parse_chat_request
 from sluicegate.server.templates import ChatTemplate
 from tests.reasoning_splits import S28, S28_WIDE, marker_splits
 

@@ -1,13 +1,14 @@
 """Bodies drawn from the request schemas never get a 5xx, and every answer is whole.
 
 Hypothesis reads the JSON schema of ``ChatCompletionRequest`` and
-``CompletionRequest`` (``schemas.py``, with the refused parameters beside them)
-and draws bodies from it: each field gets a value of its schema, one at or just
-past a bound of it, a value of another JSON type, ``null``, an array or object
-nested up to past the parser's 1,024 levels, a huge string or number, or a
-string of non-ASCII digits; bodies carry unknown fields too, up to past their
-cap, and sometimes the body is no object at all. The JSON text is written here,
-not by ``json.dumps``, so a value may be nested deeper than Python recurses.
+``CompletionRequest`` (``server/schemas.py``; the refused parameters are in
+``request_parse.py``) and draws bodies from it: each field gets a value of its
+schema, one at or just past a bound of it, a value of another JSON type,
+``null``, an array or object nested up to past the parser's 1,024 levels, a huge
+string or number, or a string of non-ASCII digits; bodies carry unknown fields
+too, up to past their cap, and sometimes the body is no object at all. The JSON
+text is written here, not by ``json.dumps``, so a value may be nested deeper
+than Python recurses.
 
 Each body goes to both endpoints, as a stream and not, through the raw ASGI
 fakes (``asgi.py``) and the scripted engine. Every answer must be below 500; a
@@ -31,7 +32,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server import schemas
+from sluicegate.server import request_parse
 from sluicegate.server.app import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -54,8 +55,8 @@ MODELS: dict[str, type[BaseModel]] = {
 }
 # Refused unless left at their default; checked before validation, echoing values.
 UNSUPPORTED: dict[str, tuple[str, ...]] = {
-    CHAT: tuple(schemas._CHAT_UNSUPPORTED),
-    COMPLETIONS: tuple(schemas._COMPLETION_UNSUPPORTED),
+    CHAT: tuple(request_parse._CHAT_UNSUPPORTED),
+    COMPLETIONS: tuple(request_parse._COMPLETION_UNSUPPORTED),
 }
 # Values a schema's types admit but which almost never serve (any model name is a
 # string): a few that do, beside what the schema gives.
@@ -294,7 +295,7 @@ def _unknown_names(draw: st.DrawFn) -> list[str]:
         return draw(st.lists(st.text(min_size=1, max_size=10), max_size=4))
     if kind == "huge":
         return ["x" * draw(st.sampled_from([65, 10_000, 100_000]))]
-    count = draw(st.sampled_from([schemas.MAX_UNKNOWN_PARAMETERS, 65, 1000]))
+    count = draw(st.sampled_from([request_parse.MAX_UNKNOWN_PARAMETERS, 65, 1000]))
     return [f"u{i}" for i in range(count)]
 
 

@@ -347,7 +347,7 @@ async def test_unknown_fields_are_ignored_and_logged_once(
     client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     body = {"messages": HELLO, "max_tokens": 2, "frobnicate_level_xyz": 3}
-    with caplog.at_level(logging.INFO, logger="sluicegate.server.schemas"):
+    with caplog.at_level(logging.INFO, logger="sluicegate.server.request_parse"):
         first = await client.post(CHAT, json=body)
         second = await client.post(CHAT, json=body)
     assert (first.status_code, second.status_code) == (200, 200)

@@ -81,13 +81,9 @@ from sluicegate.server.prepare import (
 from sluicegate.server.redis_client import connect
 from sluicegate.server.redis_quotas import RedisQuotas
 from sluicegate.server.redis_store import open_redis_store
+from sluicegate.server.request_parse import parse_chat_request, parse_completion_request
 from sluicegate.server.resumable import AttachExisting, ResumableStreams
-from sluicegate.server.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_chat_request,
-    parse_completion_request,
-)
+from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
 from sluicegate.server.shutdown import Drain
 from sluicegate.server.sse_response import EventStreamResponse
 from sluicegate.server.statuses import CLIENT_CLOSED

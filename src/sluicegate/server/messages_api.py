@@ -45,7 +45,8 @@ from sluicegate.server.admission import AdmissionError
 from sluicegate.server.answers import error_response, json_answer
 from sluicegate.server.param_errors import request_error
 from sluicegate.server.request_fields import MAX_STOP_STRINGS
-from sluicegate.server.schemas import ChatCompletionRequest, parse_chat_request
+from sluicegate.server.request_parse import parse_chat_request
+from sluicegate.server.schemas import ChatCompletionRequest
 
 __all__ = [
     "MessagesRequest",

@@ -18,7 +18,7 @@ __all__ = ["MAX_NAME_CHARS", "param_name", "request_error", "short_name"]
 
 MAX_NAME_CHARS = 64
 """Most characters of a client's parameter name that a log line or a ``param``
-shows (and that ``schemas.MAX_LOGGED_UNKNOWN`` keeps per name)."""
+shows (and that ``request_parse.MAX_LOGGED_UNKNOWN`` keeps per name)."""
 
 
 def request_error(error: ErrorDetails) -> RequestError:

@@ -42,7 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sluicegate.core.errors import RequestError
 from sluicegate.server.param_errors import request_error
 from sluicegate.server.request_fields import MAX_STREAM_INTERVAL
-from sluicegate.server.schemas import ChatCompletionRequest, parse_chat_request
+from sluicegate.server.request_parse import parse_chat_request
+from sluicegate.server.schemas import ChatCompletionRequest
 
 __all__ = [
     "ResponsesRequest",
