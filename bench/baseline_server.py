@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from sluicegate.engines.base import GenerateRequest, SamplingParams
-from sluicegate.engines.scripted import ScriptedEngine
+from sluicegate.engines.scripted.engine import ScriptedEngine
 
 
 class Message(BaseModel):

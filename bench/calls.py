@@ -86,8 +86,8 @@ async def _stream(app: Any, tokens: int) -> int:
 
 
 async def _measure(streams: int, tokens: int) -> dict[str, Any]:
-    from sluicegate.engines.scripted import ScriptedEngine
-    from sluicegate.server.app import create_app
+    from sluicegate.engines.scripted.engine import ScriptedEngine
+    from sluicegate.server.app.factory import create_app
     from sluicegate.server.config import ServerConfig
 
     engine = ScriptedEngine(

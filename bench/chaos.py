@@ -55,7 +55,7 @@ import httpx
 
 from sluicegate.client import AsyncClient, Timeouts
 from sluicegate.core.endstate import EndState
-from sluicegate.server.ledger import LedgerRow, read_rows
+from sluicegate.server.ledger.ledger import LedgerRow, read_rows
 from sluicegate.testing import ServerNotReady, ServerProcess, free_port, serve_command
 
 HEALTH_TIMEOUT_S = 60.0

@@ -2,7 +2,7 @@
 
 Three parts, in process on the default model (the constraint acts in the
 engine's sampling, so no HTTP is needed to measure it), for three constraints
-built by ``server/constraints.py``: ``json_object``, the animal schema
+built by ``server/prepare/constraints.py``: ``json_object``, the animal schema
 (``{name: string, legs: integer, sounds: [string]}``, all required, nothing
 else) and a named tool call (one block calling ``add_note(title, body)``).
 
@@ -54,11 +54,11 @@ from rich.console import Console
 from rich.table import Table
 
 from sluicegate.engines.base import GenerateRequest, Grammar, SamplingParams
-from sluicegate.engines.llamacpp import LlamaCppEngine
-from sluicegate.engines.llamacpp_grammar import GrammarCompiler, TokenConstraint
-from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, quiet_logs
+from sluicegate.engines.llamacpp.engine import LlamaCppEngine
+from sluicegate.engines.llamacpp.grammar import GrammarCompiler, TokenConstraint
+from sluicegate.engines.llamacpp.vocab import LlamaTokenizer, quiet_logs
 from sluicegate.model import default_model_path
-from sluicegate.server.constraints import grammar_for
+from sluicegate.server.prepare.constraints import grammar_for
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "constrained.json"

@@ -42,12 +42,12 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from sluicegate.core.choice import ChoiceDecoder
-from sluicegate.core.chunks import Endpoint, ResponseHeader
-from sluicegate.core.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.choice import ChoiceDecoder
+from sluicegate.core.decoding.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.stops import StopMatcher
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
-from sluicegate.core.stops import StopMatcher
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.stream import StreamMachine
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "core.json"
@@ -379,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.runs, args.reps, args.copies = 1, 1, 1
 
-    from sluicegate.engines.llamacpp import load_vocab
+    from sluicegate.engines.llamacpp.engine import load_vocab
     from sluicegate.model import default_model_path
 
     tokenizer: Any = load_vocab(default_model_path())

@@ -32,7 +32,7 @@ def bare_loop(
     """
     import llama_cpp as llama
 
-    from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, quiet_logs
+    from sluicegate.engines.llamacpp.vocab import LlamaTokenizer, quiet_logs
 
     quiet_logs()
     mparams = llama.llama_model_default_params()

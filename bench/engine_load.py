@@ -22,7 +22,7 @@ from typing import Any
 
 import h11
 
-from sluicegate.core.sse import SSEDecoder
+from sluicegate.core.wire.sse import SSEDecoder
 
 __all__ = ["Stream", "percentile", "run_streams", "stream_once", "summary"]
 

@@ -10,7 +10,7 @@ Each column gets a fresh upstream, ``sluicegate serve --engine scripted`` at
   http://127.0.0.1:PORT/v1`` but without the default per-upstream stream cap,
   which would queue the load (skipped, with a note, while ``sluicegate serve``
   has no ``--upstream``). ``--client`` names the HTTP clients of the hop to
-  compare (``engines/upstream_http.py``), one column each: ``sluicegate`` for
+  compare (``engines/upstream/http.py``), one column each: ``sluicegate`` for
   the engine's default, ``sluicegate/NAME`` for another;
 - ``sluicegate-before``: the same gateway run from ``--before-src``, the
   ``src`` folder of another checkout (a worktree of an older commit): the
@@ -87,7 +87,7 @@ from typing import Any
 
 import httpx
 
-from sluicegate.engines.upstream_http import DEFAULT_HOP_CLIENT, HOP_CLIENTS
+from sluicegate.engines.upstream.http import DEFAULT_HOP_CLIENT, HOP_CLIENTS
 from sluicegate.testing import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

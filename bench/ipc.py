@@ -1,5 +1,5 @@
 """The IPC between a worker and the engine process: a Unix socket with
-length-prefixed pickle frames (``engines/engine_frames.py``) against pyzmq.
+length-prefixed pickle frames (``engines/remote/frames.py``) against pyzmq.
 
 Two measures, each with the engine side in a child process and the worker
 side here, on one asyncio loop as in a worker:
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sluicegate.core.events import EngineOutput
-from sluicegate.engines.engine_frames import FrameReader, encode_frames
+from sluicegate.engines.remote.frames import FrameReader, encode_frames
 
 PING = ("generate", "chatcmpl-0123456789abcdef0123456789abcdef-0")
 PONG = ("accepted", "chatcmpl-0123456789abcdef0123456789abcdef-0")

@@ -47,7 +47,7 @@ from rich.table import Table
 
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
-from sluicegate.server.ledger import Ledger, LedgerRow
+from sluicegate.server.ledger.ledger import Ledger, LedgerRow
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "ledger.json"

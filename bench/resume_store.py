@@ -40,10 +40,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sluicegate.server.event_store import EventStore, LogNotFound
-from sluicegate.server.event_store_memory import MemoryEventStore
-from sluicegate.server.redis_client import connect
-from sluicegate.server.redis_store import RedisEventStore
+from sluicegate.server.redis.client import connect
+from sluicegate.server.redis.store import RedisEventStore
+from sluicegate.server.stores.event_store import EventStore, LogNotFound
+from sluicegate.server.stores.memory_store import MemoryEventStore
 from sluicegate.testing import free_port
 
 RESULTS = Path(__file__).parent / "results" / "resume_store.json"

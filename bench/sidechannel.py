@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluicegate.core.sse import SSEDecoder
+from sluicegate.core.wire.sse import SSEDecoder
 from sluicegate.testing import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,9 +185,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _gemma_scripted_engine(corpus: Path) -> Any:
     """A scripted engine whose tokens are Gemma's: item ``seed`` of ``corpus``."""
     from sluicegate.engines.base import GenerateRequest
-    from sluicegate.engines.llamacpp_vocab import load_vocab
-    from sluicegate.engines.scripted import ScriptedEngine
-    from sluicegate.engines.scripted_vocab import ScriptedTokenizer
+    from sluicegate.engines.llamacpp.vocab import load_vocab
+    from sluicegate.engines.scripted.engine import ScriptedEngine
+    from sluicegate.engines.scripted.vocab import ScriptedTokenizer
     from sluicegate.model import default_model_path
 
     gemma = load_vocab(default_model_path())
@@ -222,7 +222,7 @@ def _gemma_scripted_engine(corpus: Path) -> Any:
 
 def _scripted_corpus(per_topic: int, rng: random.Random) -> tuple[list[Any], Any]:
     """``per_topic`` texts per topic, as Gemma ids of ``MAX_TOKENS`` tokens."""
-    from sluicegate.engines.llamacpp_vocab import load_vocab
+    from sluicegate.engines.llamacpp.vocab import load_vocab
     from sluicegate.model import default_model_path
 
     gemma = load_vocab(default_model_path())

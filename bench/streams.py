@@ -317,16 +317,16 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
 # engine's callbacks (eager, the default): what the eager path earns.
 _TASK_WRITER = (
     "import sys; from sluicegate.cli import main; "
-    "from sluicegate.server.sse_response import EventStreamResponse; "
+    "from sluicegate.server.streaming.sse_response import EventStreamResponse; "
     "EventStreamResponse.eager = False; sys.exit(main(sys.argv[1:]))"
 )
 
 
 # sluicegate on uvicorn's httptools protocol instead of its own h11 one: what the
 # HTTP layer costs per token. Not a server to deploy: none of the connection
-# limits of server/connections.py (head size, read deadlines, the cap) apply.
+# limits of server/http/connections.py (head size, read deadlines, the cap) apply.
 _HTTPTOOLS = (
-    "import sys; import sluicegate.server.connections as c; "
+    "import sys; import sluicegate.server.http.connections as c; "
     "from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol; "
     "c.protocol_class = lambda limits, on_refuse=None: HttpToolsProtocol; "
     "from sluicegate.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from sluicegate.server.event_store import EventStore, Frames, PushRead
+from sluicegate.server.stores.event_store import EventStore, Frames, PushRead
 
 
 def frame(i: int) -> bytes:

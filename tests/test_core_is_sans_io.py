@@ -10,8 +10,8 @@ IO_PACKAGES = ["asyncio", "anyio", "httpx", "starlette", "uvicorn"]
 def test_importing_the_core_imports_no_io_package() -> None:
     code = (
         "import json, pkgutil, sys, importlib, sluicegate.core as core\n"
-        "for m in pkgutil.iter_modules(core.__path__):\n"
-        "    importlib.import_module('sluicegate.core.' + m.name)\n"
+        "for m in pkgutil.walk_packages(core.__path__, 'sluicegate.core.'):\n"
+        "    importlib.import_module(m.name)\n"
         f"print(json.dumps([n for n in {IO_PACKAGES!r} if n in sys.modules]))\n"
     )
     result = subprocess.run(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sluicegate.engines.base import Engine
-    from sluicegate.engines.upstream import UpstreamEngine
+    from sluicegate.engines.upstream.engine import UpstreamEngine
 
 __all__ = ["main"]
 
@@ -78,7 +78,7 @@ def _build_engines(args: argparse.Namespace) -> list[Engine]:
         engines.append(_build_engine(args))
     if not upstreams:
         return engines
-    from sluicegate.engines.upstream_file import (
+    from sluicegate.engines.upstream.file import (
         engine_from_urls,
         engines_from_file,
         served_model,
@@ -104,9 +104,9 @@ def _build_engines(args: argparse.Namespace) -> list[Engine]:
 
 
 def _learn_upstreams(pools: list[UpstreamEngine]) -> None:
-    """Ask every upstream what it tells of itself (its model's window, its
-    kind: ``upstream_context.py``), all at once, and let each engine learn it."""
-    from sluicegate.engines.upstream_context import upstream_facts
+    """Ask every upstream what it tells of itself (its model's window, its kind:
+    ``engines/upstream/context.py``), all at once, and let each engine learn it."""
+    from sluicegate.engines.upstream.context import upstream_facts
 
     asked = [(u, u.model or e.model.id) for e in pools for u in e.upstreams]
     facts = iter(upstream_facts(asked))
@@ -116,14 +116,14 @@ def _learn_upstreams(pools: list[UpstreamEngine]) -> None:
 
 def _build_engine(args: argparse.Namespace) -> Engine:
     if args.engine_socket is not None:  # a worker of an engine process
-        from sluicegate.engines.remote import RemoteEngine
-        from sluicegate.server.grammar_check import check_grammars_with
+        from sluicegate.engines.remote.engine import RemoteEngine
+        from sluicegate.server.prepare.grammar_check import check_grammars_with
 
         remote = RemoteEngine.connect(Path(args.engine_socket))
         check_grammars_with(remote.grammar_errors)  # native work: over there
         return remote
     if args.engine == "scripted":
-        from sluicegate.engines.scripted import ScriptedEngine, parse_faults
+        from sluicegate.engines.scripted.engine import ScriptedEngine, parse_faults
 
         script = None
         if args.scripted_text is not None:
@@ -138,8 +138,8 @@ def _build_engine(args: argparse.Namespace) -> Engine:
             max_queued=args.scripted_max_queued,
             **parse_faults(args.fault or []),
         )
-    from sluicegate.engines.llamacpp import LlamaCppEngine
-    from sluicegate.engines.llamacpp_config import from_args
+    from sluicegate.engines.llamacpp.config import from_args
+    from sluicegate.engines.llamacpp.engine import LlamaCppEngine
     from sluicegate.model import DEFAULT_MODEL_ID
 
     path = _model_path(args.model)
@@ -152,29 +152,28 @@ def _build_engine(args: argparse.Namespace) -> Engine:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from sluicegate.server.app import create_app
+    from sluicegate.server.app import options, workers
+    from sluicegate.server.app.factory import create_app
     from sluicegate.server.config import ServerConfig
-    from sluicegate.server.options import config_fields, read_chat_template, run_server
-    from sluicegate.server.workers import run_engine_process, run_workers, supervised
 
-    if supervised(args):  # serve --workers, --engine-process: the parent
-        return run_workers(args)
+    if workers.supervised(args):  # serve --workers, --engine-process: the parent
+        return workers.run_workers(args)
     # The llama.cpp worker thread takes the GIL back after every llama.cpp call;
     # with CPython's default 5 ms switch interval a busy event loop delays each
     # decode step by up to that much (bench/engine.py: +10% tokens/s at 8 streams).
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     if args.engine_serve is not None:  # the engine process itself
-        return run_engine_process(args, _build_engine(args))
+        return workers.run_engine_process(args, _build_engine(args))
     engines = _build_engines(args)
     # httpx logs every upstream request at INFO: one line per stream is noise.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    template = read_chat_template(args.chat_template)
+    template = options.read_chat_template(args.chat_template)
     try:
         config = ServerConfig(  # a setting out of range: one line, no traceback
             heartbeat_interval_s=args.heartbeat_s,
             chat_template=template,
             reasoning_parser=args.reasoning_parser,
-            **config_fields(args),
+            **options.config_fields(args),
         )
         app = create_app(engines, config)
     except ValueError as exc:  # e.g. two models with one id
@@ -187,7 +186,7 @@ def _serve(args: argparse.Namespace) -> int:
     # log: print the thread stacks and the signal on stderr first.
     if not faulthandler.is_enabled():
         faulthandler.enable()
-    return run_server(app, args)
+    return options.run_server(app, args)
 
 
 def _model(args: argparse.Namespace) -> int:
@@ -224,9 +223,9 @@ def _port(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from sluicegate.core.reasoning_parsers import REASONING_PARSERS
-    from sluicegate.engines.llamacpp_config import add_arguments as engine_arguments
-    from sluicegate.server.options import add_serve_options, add_usage_command
+    from sluicegate.core.decoding.reasoning_parsers import REASONING_PARSERS
+    from sluicegate.engines.llamacpp.config import add_arguments as engine_arguments
+    from sluicegate.server.app.options import add_serve_options, add_usage_command
 
     parser = argparse.ArgumentParser(
         prog="sluicegate",

@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
-from sluicegate.core.choice import ChoiceDecoder
-from sluicegate.core.chunks import Endpoint, ResponseHeader
-from sluicegate.core.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.choice import ChoiceDecoder
+from sluicegate.core.decoding.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.stops import StopMatcher
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
-from sluicegate.core.stops import StopMatcher
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.stream import StreamMachine
 
 __all__ = ["GENERATED", "PIECES", "PROMPT_TOKENS", "STOP", "run_demo"]
 

@@ -47,7 +47,7 @@ from sluicegate.cpu import (
     missing_features,
     read_cpuinfo,
 )
-from sluicegate.engines.llamacpp_config import EngineConfig
+from sluicegate.engines.llamacpp.config import EngineConfig
 
 if TYPE_CHECKING:
     from sluicegate.core.events import EngineOutput
@@ -306,7 +306,7 @@ def _child(model: str) -> int:
 
 async def _generate(model: str) -> int:
     from sluicegate.engines.base import GenerateRequest, SamplingParams
-    from sluicegate.engines.llamacpp import LlamaCppEngine
+    from sluicegate.engines.llamacpp.engine import LlamaCppEngine
 
     engine = LlamaCppEngine(model, n_ctx=256, n_parallel=2)
     try:

@@ -18,7 +18,7 @@ from typing import TextIO
 
 import httpx
 
-from sluicegate.engines.upstream_file import list_models
+from sluicegate.engines.upstream.file import list_models
 
 __all__ = ["UPSTREAM_DEADLINE_S", "diagnose_upstreams"]
 

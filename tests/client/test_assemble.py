@@ -7,16 +7,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluicegate.client import StreamAssembler, StreamResult, TextDelta
-from sluicegate.core.chunks import (
+from sluicegate.core.endstate import EndState
+from sluicegate.core.events import FinishReason, Usage
+from sluicegate.core.wire.chunks import (
     Endpoint,
     ResponseHeader,
     chat_chunk,
     completion_chunk,
     usage_chunk,
 )
-from sluicegate.core.endstate import EndState
-from sluicegate.core.events import FinishReason, Usage
-from sluicegate.core.sse import DONE, encode_comment
+from sluicegate.core.wire.sse import DONE, encode_comment
 
 from .wire import HEADER, bytewise, chat_frames, error_body, frame, good_body
 

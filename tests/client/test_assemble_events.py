@@ -9,10 +9,10 @@ import pytest
 from sluicegate.client import AsyncClient
 from sluicegate.client.assemble_events import EventApi, EventStreamAssembler
 from sluicegate.client.results import StreamResult
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import Delta, DeltaParts, End, Finish, FinishReason, Usage
-from sluicegate.core.wire import stream_machine
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.contracts import stream_machine
 from tests.check.test_api_probes import messages_events, responses_events, sse
 
 SSE = {"Content-Type": "text/event-stream"}

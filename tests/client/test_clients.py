@@ -13,7 +13,7 @@ import pytest
 from sluicegate.client import TimeoutKind, Timeouts
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import StreamClosed, StreamConsumed
-from sluicegate.core.sse import DONE, encode_comment
+from sluicegate.core.wire.sse import DONE, encode_comment
 
 from .drivers import driver, handled, replaying
 from .wire import Cut, Gap, Part, bytewise, chat_frames, error_body, good_body

@@ -10,7 +10,7 @@ import pytest
 
 from sluicegate.client import Resumption
 from sluicegate.core.endstate import EndState
-from sluicegate.core.sse import DONE
+from sluicegate.core.wire.sse import DONE
 
 from .drivers import Driver, driver
 from .wire import SSE_HEADERS, Cut, Part, _async_body, _sync_body, chat_frames

@@ -14,7 +14,8 @@ from typing import Any
 
 import httpx
 
-from sluicegate.core.chunks import (
+from sluicegate.core.events import FinishReason, Usage
+from sluicegate.core.wire.chunks import (
     Endpoint,
     ResponseHeader,
     chat_chunk,
@@ -22,8 +23,7 @@ from sluicegate.core.chunks import (
     error_payload,
     usage_chunk,
 )
-from sluicegate.core.events import FinishReason, Usage
-from sluicegate.core.sse import DONE, encode_comment, encode_event
+from sluicegate.core.wire.sse import DONE, encode_comment, encode_event
 
 HEADER = ResponseHeader(
     id="chatcmpl-1", created=1, model="m", endpoint=Endpoint.CHAT, include_usage=True

@@ -71,7 +71,7 @@ def gemma_tokenizer() -> Any:
         "llama_cpp",
         reason="llama-cpp-python is not installed; Gemma's vocabulary is read with it",
     )
-    from sluicegate.engines.llamacpp import load_vocab
+    from sluicegate.engines.llamacpp.engine import load_vocab
     from sluicegate.model import default_model_path
 
     return load_vocab(default_model_path())

@@ -8,7 +8,7 @@ from typing import Any, TypeVar, overload
 
 from hypothesis import strategies as st
 
-from sluicegate.core.reasoning_parsers import ReasoningParser
+from sluicegate.core.decoding.reasoning_parsers import ReasoningParser
 
 T = TypeVar("T", str, bytes)
 U = TypeVar("U")

@@ -4,11 +4,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
-from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
+from sluicegate.core.decoding.choice import ChoiceDecoder, ChoiceStep
+from sluicegate.core.decoding.detokenize import (
+    IncrementalDetokenizer,
+    WindowedDetokenizer,
+)
+from sluicegate.core.decoding.stops import StopMatcher
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import FinishReason
-from sluicegate.core.stops import StopMatcher
 
 from .strategies import split_at
 from .toys import TOY, sp_decode

@@ -3,7 +3,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sluicegate.core.chunks import (
+from sluicegate.core.events import FinishReason, Usage
+from sluicegate.core.wire.chunks import (
     MAX_INT,
     MIN_INT,
     Endpoint,
@@ -15,8 +16,7 @@ from sluicegate.core.chunks import (
     usage_chunk,
     usage_dict,
 )
-from sluicegate.core.completions import chat_completion, text_completion
-from sluicegate.core.events import FinishReason, Usage
+from sluicegate.core.wire.completions import chat_completion, text_completion
 
 CHAT = ResponseHeader("chatcmpl-1", 1700000000, "gemma", Endpoint.CHAT)
 CHAT_USAGE = ResponseHeader(

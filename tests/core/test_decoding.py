@@ -9,14 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.choice import ChoiceStep
-from sluicegate.core.choice_setup import TextChoiceDecoder
-from sluicegate.core.decoding import (
+from sluicegate.core.decoding.choice import ChoiceStep
+from sluicegate.core.decoding.choice_setup import TextChoiceDecoder
+from sluicegate.core.decoding.response import (
     ENDED_WITHOUT_FINISH,
     ChoiceOptions,
     OutputItem,
     ResponseDecoder,
 )
+from sluicegate.core.decoding.stops import StopMatcher
 from sluicegate.core.errors import EngineError, LocalProtocolError
 from sluicegate.core.events import (
     Delta,
@@ -33,7 +34,6 @@ from sluicegate.core.events import (
     Usage,
 )
 from sluicegate.core.logprobs import LogprobToken
-from sluicegate.core.stops import StopMatcher
 
 from .strategies import partitions
 from .toys import TOY

@@ -8,7 +8,6 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader, chat_delta
 from sluicegate.core.events import (
     Delta,
     DeltaParts,
@@ -19,8 +18,9 @@ from sluicegate.core.events import (
     Usage,
     join_parts,
 )
-from sluicegate.core.stream import StreamMachine
-from sluicegate.server.buffer import coalesce, join_deltas
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader, chat_delta
+from sluicegate.core.wire.stream import StreamMachine
+from sluicegate.server.streaming.buffer import coalesce, join_deltas
 
 CHAT = ResponseHeader("chatcmpl-1", 1, "m", Endpoint.CHAT)
 COMPLETION = ResponseHeader("cmpl-1", 1, "m", Endpoint.COMPLETION)

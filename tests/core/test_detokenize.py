@@ -6,7 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
+from sluicegate.core.decoding.detokenize import (
+    IncrementalDetokenizer,
+    WindowedDetokenizer,
+)
 from sluicegate.core.errors import LocalProtocolError
 
 from .strategies import split_at

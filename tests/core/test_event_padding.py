@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.events import (
     Delta,
     DeltaParts,
@@ -27,9 +26,10 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.padding import FILL_ALPHABET, PAD_FIELD, Filler
-from sluicegate.core.sse import SSEDecoder
-from sluicegate.core.wire import stream_machine
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.contracts import stream_machine
+from sluicegate.core.wire.padding import FILL_ALPHABET, PAD_FIELD, Filler
+from sluicegate.core.wire.sse import SSEDecoder
 
 ENDPOINTS = [Endpoint.RESPONSES, Endpoint.MESSAGES]
 DELTAS = {"response.output_text.delta", "content_block_delta"}

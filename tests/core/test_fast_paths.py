@@ -21,17 +21,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core import choice as choice_module
-from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
-from sluicegate.core.chunks import (
-    Endpoint,
-    ResponseHeader,
-    chat_chunk,
-    completion_chunk,
-    dumps,
-    usage_chunk,
+from sluicegate.core.decoding import choice as choice_module
+from sluicegate.core.decoding.choice import ChoiceDecoder, ChoiceStep
+from sluicegate.core.decoding.detokenize import (
+    IncrementalDetokenizer,
+    WindowedDetokenizer,
 )
-from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
+from sluicegate.core.decoding.stops import StopMatcher
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
     Delta,
@@ -41,9 +37,16 @@ from sluicegate.core.events import (
     FinishReason,
     Usage,
 )
-from sluicegate.core.sse import DONE, SSEDecoder, encode_event
-from sluicegate.core.stops import StopMatcher
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire.chunks import (
+    Endpoint,
+    ResponseHeader,
+    chat_chunk,
+    completion_chunk,
+    dumps,
+    usage_chunk,
+)
+from sluicegate.core.wire.sse import DONE, SSEDecoder, encode_event
+from sluicegate.core.wire.stream import StreamMachine
 from tests.core.strategies import tricky_text
 from tests.core.toys import SP_PIECES, SP_SPECIAL, sp_decode
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.hop_answers import (
+from sluicegate.core.upstream.hop_answers import (
     MAX_RETRY_AFTER_S,
     STATUS_ANSWERS,
     Fault,

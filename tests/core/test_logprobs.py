@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.choice import ChoiceDecoder
-from sluicegate.core.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.choice import ChoiceDecoder
+from sluicegate.core.decoding.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.stops import StopMatcher
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.logprobs import (
     AlignedStep,
@@ -18,7 +19,6 @@ from sluicegate.core.logprobs import (
     completion_logprobs,
     describe_token,
 )
-from sluicegate.core.stops import StopMatcher
 
 PIECES = [b"<eos>", b"Hel", b"lo", b" \xe6\x97", b"\xa5", b" AB", b"CD", b"E"]
 EOS = 0

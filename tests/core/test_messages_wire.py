@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
@@ -28,7 +27,9 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.messages_wire import (
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.contracts import Whole, error_body, stream_machine, whole_body
+from sluicegate.core.wire.messages import (
     MessagesStream,
     message_body,
     message_error_body,
@@ -36,9 +37,8 @@ from sluicegate.core.messages_wire import (
     thinking_signature,
     usage_object,
 )
-from sluicegate.core.sse import SSEDecoder
-from sluicegate.core.stream import StreamMachine
-from sluicegate.core.wire import Whole, error_body, stream_machine, whole_body
+from sluicegate.core.wire.sse import SSEDecoder
+from sluicegate.core.wire.stream import StreamMachine
 
 from .strategies import tricky_text
 

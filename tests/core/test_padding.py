@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.events import (
     Delta,
     DeltaParts,
@@ -22,7 +21,8 @@ from sluicegate.core.events import (
     Usage,
 )
 from sluicegate.core.logprobs import LogprobToken
-from sluicegate.core.padding import (
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.padding import (
     FILL_ALPHABET,
     MIN_STEP_BYTES,
     PAD_FIELD,
@@ -32,8 +32,8 @@ from sluicegate.core.padding import (
     split_padded_frame,
     step_bytes,
 )
-from sluicegate.core.sse import DONE, SSEDecoder
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire.sse import DONE, SSEDecoder
+from sluicegate.core.wire.stream import StreamMachine
 from tests.core.test_fast_paths import wire_text
 
 STOP = FinishReason.STOP

@@ -13,19 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import RemoteProtocolError
 from sluicegate.core.events import DeltaParts, ToolCallFragment, join_all_parts
 from sluicegate.core.events import join_parts as join_two
-from sluicegate.core.reader_limits import (
-    MAX_TOOL_NAME_CHARS,
-    ReaderLimits,
-    UsageBounds,
-    usage_problem,
-)
-from sluicegate.core.sse import SSEDecoder
-from sluicegate.core.upstream import UpstreamReader
-from sluicegate.core.upstream_items import (
+from sluicegate.core.upstream.items import (
     PROTOCOL_ERROR_CODE,
     ReaderState,
     UpstreamDelta,
@@ -35,6 +26,15 @@ from sluicegate.core.upstream_items import (
     UpstreamToolCall,
     UpstreamUsageRejected,
 )
+from sluicegate.core.upstream.limits import (
+    MAX_TOOL_NAME_CHARS,
+    ReaderLimits,
+    UsageBounds,
+    usage_problem,
+)
+from sluicegate.core.upstream.reader import UpstreamReader
+from sluicegate.core.wire.chunks import Endpoint
+from sluicegate.core.wire.sse import SSEDecoder
 
 from .strategies import split_at
 

@@ -14,9 +14,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core.detokenize import IncrementalDetokenizer, WindowedDetokenizer
-from sluicegate.core.reasoning import ReasoningSplitter
-from sluicegate.core.reasoning_parsers import reasoning_parser
+from sluicegate.core.decoding.detokenize import (
+    IncrementalDetokenizer,
+    WindowedDetokenizer,
+)
+from sluicegate.core.decoding.reasoning import ReasoningSplitter
+from sluicegate.core.decoding.reasoning_parsers import reasoning_parser
 
 from .strategies import reference_split, split_at
 

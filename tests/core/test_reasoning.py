@@ -6,16 +6,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.detokenize import IncrementalDetokenizer
-from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.reasoning import ReasoningPhase, ReasoningSplitter, ReasoningStep
-from sluicegate.core.reasoning_parsers import (
+from sluicegate.core.decoding.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.reasoning import (
+    ReasoningPhase,
+    ReasoningSplitter,
+    ReasoningStep,
+)
+from sluicegate.core.decoding.reasoning_parsers import (
     REASONING_PARSERS,
     ReasoningParser,
     detect_reasoning_parser,
     opened_by_prompt,
     reasoning_parser,
 )
+from sluicegate.core.errors import LocalProtocolError
 
 from .strategies import every_split, reference_split, split_at
 
@@ -389,7 +393,7 @@ def test_a_template_naming_both_markers_is_detected() -> None:
 
 
 def test_the_built_in_gemma_template_has_no_reasoning() -> None:
-    from sluicegate.server.templates import GEMMA3_TEMPLATE
+    from sluicegate.server.prepare.templates import GEMMA3_TEMPLATE
 
     assert detect_reasoning_parser(GEMMA3_TEMPLATE) is None
 

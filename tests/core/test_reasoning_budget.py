@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.detokenize import IncrementalDetokenizer
-from sluicegate.core.reasoning import ReasoningPhase, ReasoningSplitter
-from sluicegate.core.reasoning_budget import BudgetForcer, ReasoningBudget
-from sluicegate.core.reasoning_parsers import reasoning_parser
+from sluicegate.core.decoding.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.reasoning import ReasoningPhase, ReasoningSplitter
+from sluicegate.core.decoding.reasoning_budget import BudgetForcer, ReasoningBudget
+from sluicegate.core.decoding.reasoning_parsers import reasoning_parser
 
 R1 = reasoning_parser("deepseek_r1")  # the output begins inside
 QWEN3 = reasoning_parser("qwen3")  # the model opens the block itself

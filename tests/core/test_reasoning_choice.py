@@ -8,14 +8,21 @@ from dataclasses import dataclass
 
 import pytest
 
-from sluicegate.core.chunks import (
-    Endpoint,
-    ResponseHeader,
-    usage_dict,
+from sluicegate.core.decoding.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.reasoning import (
+    ReasoningPhase,
+    ReasoningSplitter,
+    ReasoningStep,
 )
-from sluicegate.core.completions import chat_completion
-from sluicegate.core.decoding import ChoiceOptions, ResponseDecoder
-from sluicegate.core.detokenize import IncrementalDetokenizer
+from sluicegate.core.decoding.reasoning_choice import (
+    ReasoningChoiceDecoder,
+    request_reasoning,
+)
+from sluicegate.core.decoding.reasoning_parsers import ReasoningParser, reasoning_parser
+from sluicegate.core.decoding.response import ChoiceOptions, ResponseDecoder
+from sluicegate.core.decoding.stop_pattern import compile_stops
+from sluicegate.core.decoding.stops import StopMatcher
+from sluicegate.core.decoding.tooldecoder import ToolCallOptions, new_response_decoder
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
     Delta,
@@ -29,12 +36,12 @@ from sluicegate.core.events import (
     Usage,
 )
 from sluicegate.core.logprobs import LogprobToken
-from sluicegate.core.reasoning import ReasoningPhase, ReasoningSplitter, ReasoningStep
-from sluicegate.core.reasoning_choice import ReasoningChoiceDecoder, request_reasoning
-from sluicegate.core.reasoning_parsers import ReasoningParser, reasoning_parser
-from sluicegate.core.stop_pattern import compile_stops
-from sluicegate.core.stops import StopMatcher
-from sluicegate.core.tooldecoder import ToolCallOptions, new_response_decoder
+from sluicegate.core.wire.chunks import (
+    Endpoint,
+    ResponseHeader,
+    usage_dict,
+)
+from sluicegate.core.wire.completions import chat_completion
 from tests.reasoning_splits import S28, S28_WIDE, marker_splits
 
 QWEN3 = reasoning_parser("qwen3")

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
@@ -30,9 +29,10 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.responses_wire import ResponsesStream, response_body
-from sluicegate.core.sse import SSEDecoder
-from sluicegate.core.wire import Whole, stream_machine, whole_body
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.contracts import Whole, stream_machine, whole_body
+from sluicegate.core.wire.responses import ResponsesStream, response_body
+from sluicegate.core.wire.sse import SSEDecoder
 
 from .strategies import tricky_text
 

@@ -7,11 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import LocalProtocolError, RemoteProtocolError
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
-from sluicegate.core.sse import DONE, Event, SSEDecoder, encode_comment, encode_event
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.sse import (
+    DONE,
+    Event,
+    SSEDecoder,
+    encode_comment,
+    encode_event,
+)
+from sluicegate.core.wire.stream import StreamMachine
 
 from .strategies import every_split, split_at, tricky_text
 

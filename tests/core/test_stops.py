@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core import stop_pattern
+from sluicegate.core.decoding import stop_pattern
+from sluicegate.core.decoding.stop_pattern import StopPattern, compile_stops
+from sluicegate.core.decoding.stops import StopMatcher, StopStep
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.stop_pattern import StopPattern, compile_stops
-from sluicegate.core.stops import StopMatcher, StopStep
 
 from .strategies import every_split, split_at
 
@@ -373,7 +373,7 @@ def test_a_million_character_stop_compiles_in_a_few_times_its_size() -> None:
     code = (
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
-        "from sluicegate.core.stops import StopMatcher\n"
+        "from sluicegate.core.decoding.stops import StopMatcher\n"
         "stop = 'ab' * 500_000\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "matcher = StopMatcher([stop])\n"

@@ -9,7 +9,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
@@ -22,8 +21,9 @@ from sluicegate.core.events import (
     StreamEvent,
     Usage,
 )
-from sluicegate.core.sse import DONE, SSEDecoder
-from sluicegate.core.stream import TRANSITIONS, Start, StreamMachine, StreamState
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.sse import DONE, SSEDecoder
+from sluicegate.core.wire.stream import TRANSITIONS, Start, StreamMachine, StreamState
 
 STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
 

@@ -6,16 +6,16 @@ from typing import Any
 
 import orjson
 
-from sluicegate.core.chunks import (
+from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
+from sluicegate.core.logprobs import LogprobToken, TopLogprob
+from sluicegate.core.wire.chunks import (
     Endpoint,
     ResponseHeader,
     chat_chunk,
     completion_chunk,
 )
-from sluicegate.core.completions import chat_completion, text_completion
-from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
-from sluicegate.core.logprobs import LogprobToken, TopLogprob
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire.completions import chat_completion, text_completion
+from sluicegate.core.wire.stream import StreamMachine
 
 HI = LogprobToken("Hi", b"Hi", -0.25, 0, (TopLogprob("Hi", b"Hi", -0.25),))
 HEADER = ResponseHeader("id-1", 1700000000, "m", Endpoint.CHAT, include_usage=True)

@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluicegate.client.assemble import StreamAssembler
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
@@ -25,7 +24,8 @@ from sluicegate.core.events import (
     StreamEvent,
     Usage,
 )
-from sluicegate.core.stream import StreamMachine
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.core.wire.stream import StreamMachine
 
 STOP = FinishReason.STOP
 

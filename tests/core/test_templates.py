@@ -19,7 +19,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader, dumps
 from sluicegate.core.events import (
     Delta,
     DeltaParts,
@@ -31,15 +30,16 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.padding import PAD_FIELD, EventPadder, Filler, FramePadder
-from sluicegate.core.sse import SSEDecoder
-from sluicegate.core.templates import (
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader, dumps
+from sluicegate.core.wire.contracts import stream_machine
+from sluicegate.core.wire.padding import PAD_FIELD, EventPadder, Filler, FramePadder
+from sluicegate.core.wire.sse import SSEDecoder
+from sluicegate.core.wire.templates import (
     NUMBER_MARK,
     TEXT_MARK,
     ChoiceFrames,
     EventTemplate,
 )
-from sluicegate.core.wire import stream_machine
 
 from .strategies import tricky_text
 

@@ -12,9 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.events import ToolCallFragment
-from sluicegate.core.toolcalls import (
+from sluicegate.core.decoding.toolcalls import (
     CLOSE_TAG,
     MAX_HEAD_CHARS,
     OPEN_TAG,
@@ -22,6 +20,8 @@ from sluicegate.core.toolcalls import (
     ToolCallParser,
     new_call_id,
 )
+from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.events import ToolCallFragment
 from tests.core.strategies import every_split, partitions
 
 NAMES = ("get_weather", "f", "search-web")

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.decoding import ChoiceOptions, ResponseDecoder
+from sluicegate.core.decoding.response import ChoiceOptions, ResponseDecoder
+from sluicegate.core.decoding.tooldecoder import (
+    ToolCallDecoder,
+    ToolCallOptions,
+    new_response_decoder,
+)
 from sluicegate.core.events import (
     Delta,
     DeltaParts,
@@ -22,11 +27,6 @@ from sluicegate.core.events import (
     TokenLogprob,
     ToolCallFragment,
     join_parts,
-)
-from sluicegate.core.tooldecoder import (
-    ToolCallDecoder,
-    ToolCallOptions,
-    new_response_decoder,
 )
 
 from .strategies import partitions

@@ -7,11 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import FinishReason, Usage
-from sluicegate.core.upstream import UpstreamReader
-from sluicegate.core.upstream_items import (
+from sluicegate.core.upstream.items import (
     PROTOCOL_ERROR_CODE,
     ReaderState,
     UpstreamDelta,
@@ -23,6 +21,8 @@ from sluicegate.core.upstream_items import (
     UpstreamTruncated,
     UpstreamUsageRejected,
 )
+from sluicegate.core.upstream.reader import UpstreamReader
+from sluicegate.core.wire.chunks import Endpoint
 
 CHAT = Endpoint.CHAT
 

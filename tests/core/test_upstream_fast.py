@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint
-from sluicegate.core.reader_limits import READER_LIMITS
-from sluicegate.core.upstream import UpstreamReader
-from sluicegate.core.upstream_fast import MAX_LEARNS, DeltaTemplate, plain_event
-from sluicegate.core.upstream_items import UpstreamDelta, UpstreamItem
+from sluicegate.core.upstream.fast import MAX_LEARNS, DeltaTemplate, plain_event
+from sluicegate.core.upstream.items import UpstreamDelta, UpstreamItem
+from sluicegate.core.upstream.limits import READER_LIMITS
+from sluicegate.core.upstream.reader import UpstreamReader
+from sluicegate.core.wire.chunks import Endpoint
 
 from .strategies import tricky_text
 

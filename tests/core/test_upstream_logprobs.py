@@ -9,16 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint
 from sluicegate.core.logprobs import LogprobToken, TopLogprob
-from sluicegate.core.upstream import UpstreamReader
-from sluicegate.core.upstream_items import UpstreamDelta
-from sluicegate.core.upstream_logprobs import (
+from sluicegate.core.upstream.items import UpstreamDelta
+from sluicegate.core.upstream.logprobs import (
     MAX_TOP,
     TokenRun,
     TokenTexts,
     read_logprobs,
 )
+from sluicegate.core.upstream.reader import UpstreamReader
+from sluicegate.core.wire.chunks import Endpoint
 
 
 def _entry(token: str, logprob: object = -1.0, **more: object) -> dict[str, object]:

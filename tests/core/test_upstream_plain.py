@@ -13,15 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint
-from sluicegate.core.upstream import UpstreamReader
-from sluicegate.core.upstream_items import (
+from sluicegate.core.upstream.items import (
     PROTOCOL_ERROR_CODE,
     UpstreamDelta,
     UpstreamDone,
     UpstreamError,
     UpstreamItem,
 )
+from sluicegate.core.upstream.reader import UpstreamReader
+from sluicegate.core.wire.chunks import Endpoint
 
 CHAT = Endpoint.CHAT
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint
-from sluicegate.core.decoding import ChoiceOptions, ResponseDecoder
+from sluicegate.core.decoding.response import ChoiceOptions, ResponseDecoder
+from sluicegate.core.decoding.tooldecoder import ToolCallDecoder, ToolCallOptions
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
     Delta,
@@ -26,9 +26,7 @@ from sluicegate.core.events import (
     Usage,
     join_parts,
 )
-from sluicegate.core.tooldecoder import ToolCallDecoder, ToolCallOptions
-from sluicegate.core.upstream import UpstreamReader
-from sluicegate.core.upstream_items import (
+from sluicegate.core.upstream.items import (
     UpstreamDelta,
     UpstreamDone,
     UpstreamError,
@@ -37,7 +35,9 @@ from sluicegate.core.upstream_items import (
     UpstreamToolCall,
     UpstreamTruncated,
 )
-from sluicegate.core.upstream_tools import ToolCallNormalizer
+from sluicegate.core.upstream.reader import UpstreamReader
+from sluicegate.core.upstream.tools import ToolCallNormalizer
+from sluicegate.core.wire.chunks import Endpoint
 
 DONE = b"data: [DONE]\n\n"
 WEATHER = '{"city": "Paris"}'

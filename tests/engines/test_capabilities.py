@@ -14,10 +14,10 @@ from sluicegate.engines.base import (
     TextEngine,
     TokenEngine,
 )
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.engines.scripted_text import ScriptedTextEngine
-from sluicegate.engines.upstream import UpstreamEngine
-from sluicegate.engines.upstream_config import UpstreamConfig
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.engines.scripted.text import ScriptedTextEngine
+from sluicegate.engines.upstream.config import UpstreamConfig
+from sluicegate.engines.upstream.engine import UpstreamEngine
 
 pytestmark = pytest.mark.anyio
 

@@ -6,7 +6,7 @@ import struct
 import pytest
 
 from sluicegate.core.events import EngineOutput, FinishReason
-from sluicegate.engines.engine_frames import (
+from sluicegate.engines.remote.frames import (
     MAX_FRAME_BYTES,
     OUTPUT,
     FrameReader,

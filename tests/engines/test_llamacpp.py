@@ -11,7 +11,7 @@ import pytest
 from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
 from sluicegate.core.events import EngineOutput, FinishReason
 from sluicegate.engines.base import EngineStats, GenerateRequest, SamplingParams
-from sluicegate.engines.llamacpp import LlamaCppEngine
+from sluicegate.engines.llamacpp.engine import LlamaCppEngine
 from sluicegate.model import default_model_path
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.anyio]

@@ -1,7 +1,7 @@
 """Constrained decoding on the real default model: what comes out matches the grammar.
 
 Greedy (or seeded) generation from Gemma 3 270M under each constraint of
-``server/constraints.py``; the tests check the shape of the output (JSON that
+``server/prepare/constraints.py``; the tests check the shape of the output (JSON that
 parses, matches its schema, a tool-call block the parser reads), never the
 model's exact text.
 """
@@ -16,13 +16,13 @@ from typing import Any
 import llguidance
 import pytest
 
+from sluicegate.core.decoding.toolcalls import ToolCallParser
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import EngineOutput, FinishReason, ToolCallFragment
-from sluicegate.core.toolcalls import ToolCallParser
 from sluicegate.engines.base import GenerateRequest, Grammar, SamplingParams
-from sluicegate.engines.llamacpp import LlamaCppEngine
+from sluicegate.engines.llamacpp.engine import LlamaCppEngine
 from sluicegate.model import default_model_path
-from sluicegate.server.constraints import grammar_for
+from sluicegate.server.prepare.constraints import grammar_for
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.anyio]
 

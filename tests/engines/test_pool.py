@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.engines.pool import Lease, UpstreamPool
 from sluicegate.engines.pool_values import (
     Outcome,
     PoolMember,
     PoolRefusal,
     RefusalReason,
 )
+from sluicegate.engines.upstream.pool import Lease, UpstreamPool
 
 
 class Asker:

@@ -13,9 +13,9 @@ import pytest
 
 from sluicegate.core.errors import EngineCrashed, EngineUnavailable
 from sluicegate.core.events import EngineOutput, FinishReason
-from sluicegate.engines.engine_host import serve_engine
-from sluicegate.engines.remote import RemoteEngine
-from sluicegate.engines.scripted import ScriptedEngine
+from sluicegate.engines.remote.engine import RemoteEngine
+from sluicegate.engines.remote.host import serve_engine
+from sluicegate.engines.scripted.engine import ScriptedEngine
 from sluicegate.engines.values import GenerateRequest, SamplingParams
 
 

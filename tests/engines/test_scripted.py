@@ -21,12 +21,12 @@ from sluicegate.core.events import EngineOutput, FinishReason
 from sluicegate.engines.base import Engine, GenerateRequest, OutputItem, SamplingParams
 from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.outputs import SequenceOutputs
-from sluicegate.engines.scripted import (
+from sluicegate.engines.scripted.engine import (
     DEFAULT_TEXT,
     ScriptedEngine,
     parse_faults,
 )
-from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
+from sluicegate.engines.scripted.vocab import BYTES_START, ScriptedTokenizer
 
 TOKENIZER = ScriptedTokenizer()
 PROMPT = (0, 100, 101, 102)

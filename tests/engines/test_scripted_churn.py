@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from sluicegate.core.errors import EngineUnavailable
 from sluicegate.core.events import EngineOutput
 from sluicegate.engines.base import GenerateRequest, SamplingParams
-from sluicegate.engines.scripted import ScriptedEngine
+from sluicegate.engines.scripted.engine import ScriptedEngine
 
 OPS = st.lists(
     st.one_of(

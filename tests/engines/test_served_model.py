@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from sluicegate.engines.upstream_file import served_model
+from sluicegate.engines.upstream.file import served_model
 
 A, B = "http://10.0.0.5:8000/v1", "http://10.0.0.6:8000/v1/"
 

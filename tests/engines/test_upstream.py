@@ -21,7 +21,6 @@ import httpx
 import orjson
 import pytest
 
-from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import (
     EngineError,
     EngineRefused,
@@ -30,15 +29,16 @@ from sluicegate.core.errors import (
     UpstreamProtocolError,
 )
 from sluicegate.core.events import FinishReason, TextOutput, ToolCallFragment
-from sluicegate.core.reader_limits import ReaderLimits
+from sluicegate.core.upstream.limits import ReaderLimits
+from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.engines.base import (
     GenerateRequest,
     ModelInfo,
     SamplingParams,
     TextPrompt,
 )
-from sluicegate.engines.upstream import UpstreamEngine, UpstreamOutputs
-from sluicegate.engines.upstream_config import UpstreamConfig, UpstreamTimeouts
+from sluicegate.engines.upstream.config import UpstreamConfig, UpstreamTimeouts
+from sluicegate.engines.upstream.engine import UpstreamEngine, UpstreamOutputs
 from sluicegate.testing import ServerProcess, free_port, serve_command
 
 pytestmark = pytest.mark.anyio

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.core.reader_limits import READER_LIMITS, ReaderLimits
-from sluicegate.engines.upstream_config import upstream_from_dict
-from sluicegate.engines.upstream_file import engines_from_file
+from sluicegate.core.upstream.limits import READER_LIMITS, ReaderLimits
+from sluicegate.engines.upstream.config import upstream_from_dict
+from sluicegate.engines.upstream.file import engines_from_file
 
 URL = "http://127.0.0.1:9/v1"
 

@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from sluicegate.engines.upstream_config import UpstreamConfig
-from sluicegate.engines.upstream_context import (
+from sluicegate.engines.upstream.config import UpstreamConfig
+from sluicegate.engines.upstream.context import (
     UpstreamFacts,
     context_of_models,
     context_of_props,

@@ -1,4 +1,4 @@
-"""The HTTP hop's clients (engines/upstream_http.py), each against real servers.
+"""The HTTP hop's clients (engines/upstream/http.py), each against real servers.
 
 Every test runs once per client in ``HOP_CLIENTS``. The raw upstream is an
 asyncio HTTP/1.1 server in the test's own loop that answers with the exact bytes
@@ -19,17 +19,17 @@ import httpx
 import orjson
 import pytest
 
-from sluicegate.core.chunks import Endpoint
 from sluicegate.core.events import FinishReason, TextOutput
+from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.engines.base import (
     GenerateRequest,
     ModelInfo,
     SamplingParams,
     TextPrompt,
 )
-from sluicegate.engines.upstream import UpstreamEngine
-from sluicegate.engines.upstream_config import UpstreamConfig, UpstreamTimeouts
-from sluicegate.engines.upstream_http import (
+from sluicegate.engines.upstream.config import UpstreamConfig, UpstreamTimeouts
+from sluicegate.engines.upstream.engine import UpstreamEngine
+from sluicegate.engines.upstream.http import (
     DEFAULT_HOP_CLIENT,
     HOP_CLIENTS,
     HopClient,
@@ -410,7 +410,7 @@ async def test_a_close_reaches_the_upstream_over_every_client(
 
 
 def test_a_config_file_picks_the_client(tmp_path: Path) -> None:
-    from sluicegate.engines.upstream_file import engines_from_file
+    from sluicegate.engines.upstream.file import engines_from_file
 
     path = tmp_path / "upstreams.toml"
     for name in HOP_CLIENTS:

@@ -21,19 +21,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core.chunks import Endpoint
 from sluicegate.core.errors import EngineError, EngineRefused, EngineUnavailable
 from sluicegate.core.events import TextOutput
-from sluicegate.core.hop_answers import DEFAULT_RETRY_AFTER_S, MAX_RETRY_AFTER_S
+from sluicegate.core.upstream.hop_answers import (
+    DEFAULT_RETRY_AFTER_S,
+    MAX_RETRY_AFTER_S,
+)
+from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.engines.base import (
     GenerateRequest,
     ModelInfo,
     SamplingParams,
     TextPrompt,
 )
-from sluicegate.engines.upstream import UpstreamEngine
-from sluicegate.engines.upstream_config import UpstreamConfig
-from sluicegate.engines.upstream_http import HOP_CLIENTS
+from sluicegate.engines.upstream.config import UpstreamConfig
+from sluicegate.engines.upstream.engine import UpstreamEngine
+from sluicegate.engines.upstream.http import HOP_CLIENTS
 
 pytestmark = pytest.mark.anyio
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from sluicegate.core.endstate import EndState, classify
-from sluicegate.server.ledger import LedgerRow
+from sluicegate.server.ledger.ledger import LedgerRow
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "hostile"

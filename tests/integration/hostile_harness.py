@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from sluicegate import testing
-from sluicegate.server.ledger import read_rows
+from sluicegate.server.ledger.ledger import read_rows
 
 from .hostile import (
     FIRST_TOKEN_LIMIT_S,

@@ -63,7 +63,7 @@ test_closing_a_stream_after_the_first_token_aborts_the_engine = (
 def test_sigkill_of_the_engine_process_ends_each_stream_in_one_error(
     remote_server: ServerProcess, http: httpx.Client, ledger_path: Path
 ) -> None:
-    from sluicegate.server.ledger import read_rows
+    from sluicegate.server.ledger.ledger import read_rows
 
     engine = engine_pid(remote_server.pid)
     assert engine is not None

@@ -26,7 +26,7 @@ import pytest
 from sluicegate.check import tools
 from sluicegate.check.probes import describe
 from sluicegate.core.endstate import EndState
-from sluicegate.server.ledger import LedgerRow, read_rows
+from sluicegate.server.ledger.ledger import LedgerRow, read_rows
 
 from .gateway import (
     READ_TIMEOUT_S,

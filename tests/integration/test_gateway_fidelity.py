@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from sluicegate.core.endstate import EndState
-from sluicegate.server.ledger import LedgerRow, read_rows
+from sluicegate.server.ledger.ledger import LedgerRow, read_rows
 
 from .gateway import (
     FakeUpstream,

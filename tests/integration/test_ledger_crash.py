@@ -19,7 +19,7 @@ import pytest
 
 from sluicegate.cli import main
 from sluicegate.core.endstate import EndState
-from sluicegate.server.ledger import LedgerRow, read_rows
+from sluicegate.server.ledger.ledger import LedgerRow, read_rows
 
 from .servers import ServerProcess
 

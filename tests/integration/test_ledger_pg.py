@@ -21,8 +21,8 @@ import pytest
 
 from sluicegate.cli import main
 from sluicegate.core.endstate import EndState
-from sluicegate.server.ledger import LedgerRow
-from sluicegate.server.ledger_pg_read import read_rows
+from sluicegate.server.ledger.ledger import LedgerRow
+from sluicegate.server.ledger.pg_read import read_rows
 
 from .servers import ServerProcess
 

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from sluicegate.core.sse import SSEDecoder
+from sluicegate.core.wire.sse import SSEDecoder
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 

@@ -213,7 +213,7 @@ def test_the_engine_closes_the_reasoning_at_its_budget(
     client: openai.OpenAI, raw_client: openai.OpenAI
 ) -> None:
     budget = 4
-    from sluicegate.engines.llamacpp_vocab import load_vocab
+    from sluicegate.engines.llamacpp.vocab import load_vocab
     from sluicegate.model import default_model_path
 
     end_tokens = load_vocab(default_model_path()).encode(

@@ -30,7 +30,7 @@ from sluicegate.client import Client
 from sluicegate.client.assemble import StreamAssembler
 from sluicegate.client.results import StreamResult
 from sluicegate.core.endstate import EndState
-from sluicegate.server.ledger import LedgerRow, read_rows
+from sluicegate.server.ledger.ledger import LedgerRow, read_rows
 
 from .servers import ServerProcess, StartServer
 

@@ -49,7 +49,7 @@ import pytest
 from sluicegate.client.assemble import StreamAssembler
 from sluicegate.client.results import StreamResult
 from sluicegate.core.endstate import EndState
-from sluicegate.server.ledger import LedgerRow, read_rows
+from sluicegate.server.ledger.ledger import LedgerRow, read_rows
 
 from .servers import ServerProcess, StartServer
 

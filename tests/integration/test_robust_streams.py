@@ -39,8 +39,8 @@ import pytest
 
 from sluicegate.client import Client, StreamResult
 from sluicegate.core.endstate import EndState
-from sluicegate.engines.scripted import DEFAULT_TEXT
-from sluicegate.server.ledger import LedgerRow, read_rows
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT
+from sluicegate.server.ledger.ledger import LedgerRow, read_rows
 
 from .nginx import running_nginx
 from .servers import ServerProcess, StartServer, free_port, load_bench

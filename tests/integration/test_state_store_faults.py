@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sluicegate.core.chunks import MAX_INT
-from sluicegate.server.ledger import LedgerRow, read_rows
+from sluicegate.core.wire.chunks import MAX_INT
+from sluicegate.server.ledger.ledger import LedgerRow, read_rows
 from tests.redis_server import BINARY, RedisServer
 
 from .gateway import FakeUpstream, Reply, chat_chunk, usage_chunk

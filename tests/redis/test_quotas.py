@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sluicegate.server.admission import Admission, ApiKey, OverQuota, Unavailable
-from sluicegate.server.quotas import Quota
-from sluicegate.server.redis_client import connect
-from sluicegate.server.redis_quotas import RedisQuotas
+from sluicegate.server.admission.keys import Admission, ApiKey, OverQuota, Unavailable
+from sluicegate.server.admission.quotas import Quota
+from sluicegate.server.redis.client import connect
+from sluicegate.server.redis.quotas import RedisQuotas
 from sluicegate.testing import free_port
 
 pytestmark = pytest.mark.anyio

@@ -12,15 +12,15 @@ from typing import Any
 import anyio
 import pytest
 
-from sluicegate.server import redis_store
-from sluicegate.server.event_store import (
+from sluicegate.server.redis import store as redis_store
+from sluicegate.server.redis.client import RedisUnavailable, connect
+from sluicegate.server.redis.store import RedisEventStore
+from sluicegate.server.stores.event_store import (
     CursorEvicted,
     LogNotFound,
     ProducerLost,
     StoreFull,
 )
-from sluicegate.server.redis_client import RedisUnavailable, connect
-from sluicegate.server.redis_store import RedisEventStore
 from sluicegate.testing import free_port
 from tests.pushed_reads import pushed_read
 from tests.redis_server import RedisServer

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Message
 
-from sluicegate.core.sse import DONE, Event, SSEDecoder
+from sluicegate.core.wire.sse import DONE, Event, SSEDecoder
 from sluicegate.engines.clocks import ManualClock
 
 CHAT = "/v1/chat/completions"

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.sse_response import EventStreamResponse
+from sluicegate.server.streaming.sse_response import EventStreamResponse
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.access import REFUSAL_CODES, _host_name
-from sluicegate.server.admission import ApiKey
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.admission.access import REFUSAL_CODES, _host_name
+from sluicegate.server.admission.keys import ApiKey
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
+from sluicegate.server.ledger.ledger import Ledger
 
 from .asgi import CHAT, HELLO
 

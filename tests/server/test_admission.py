@@ -14,8 +14,8 @@ from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import RequestError
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.admission import (
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.admission.keys import (
     ANONYMOUS,
     Admission,
     ApiKey,
@@ -25,11 +25,11 @@ from sluicegate.server.admission import (
     key_id_of,
     read_keys_file,
 )
-from sluicegate.server.app import create_app
+from sluicegate.server.admission.quotas import Quota, TokenBucket
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
-from sluicegate.server.quotas import Quota, TokenBucket
-from sluicegate.server.statuses import status_of
+from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.streaming.statuses import status_of
 
 from .asgi import CHAT, HELLO, Exchange
 

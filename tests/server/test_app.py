@@ -11,10 +11,10 @@ from starlette.types import Message
 
 from sluicegate.core.errors import EngineUnavailable, RequestError
 from sluicegate.engines.base import GenerateRequest, SamplingParams
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.prepare import fit_max_tokens
+from sluicegate.server.prepare.tokens import fit_max_tokens
 
 from .asgi import CHAT, HELLO
 

@@ -10,7 +10,7 @@ import pytest
 
 from sluicegate.core.events import Delta, End, Heartbeat, StreamEvent, Usage
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.server.buffer import EVENT_COST_BYTES, Outbox, StreamBuffer
+from sluicegate.server.streaming.buffer import EVENT_COST_BYTES, Outbox, StreamBuffer
 
 pytestmark = pytest.mark.anyio
 

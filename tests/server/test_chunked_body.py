@@ -21,8 +21,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from sluicegate.server.chunked_body import ChunkedBodySend
-from sluicegate.server.connections import ConnectionLimits, protocol_class
+from sluicegate.server.http.chunked_body import ChunkedBodySend
+from sluicegate.server.http.connections import ConnectionLimits, protocol_class
 from tests.server.test_connection_refusals import FakeTransport
 
 pytestmark = pytest.mark.anyio

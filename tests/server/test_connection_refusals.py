@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from sluicegate.server.connections import (
+from sluicegate.server.http.connections import (
     REFUSAL_CODES,
     ConnectionLimits,
     LimitedH11Protocol,

@@ -6,7 +6,7 @@ import resource
 
 import pytest
 
-from sluicegate.server.connections import (
+from sluicegate.server.http.connections import (
     DEFAULT_MAX_CONNECTIONS,
     ConnectionLimits,
     LimitedH11Protocol,

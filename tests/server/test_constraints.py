@@ -1,5 +1,5 @@
 """Requests to grammars: which constraint each request gets, what it lets through,
-and which schemas are refused (server/constraints.py)."""
+and which schemas are refused (server/prepare/constraints.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from typing import Any
 import llguidance
 import pytest
 
+from sluicegate.core.decoding.reasoning_parsers import reasoning_parser
 from sluicegate.core.errors import RequestError
-from sluicegate.core.reasoning_parsers import reasoning_parser
 from sluicegate.engines.base import Grammar
-from sluicegate.engines.llamacpp_grammar import GrammarCompiler
-from sluicegate.engines.llamacpp_vocab import LlamaTokenizer, load_vocab
+from sluicegate.engines.llamacpp.grammar import GrammarCompiler
+from sluicegate.engines.llamacpp.vocab import LlamaTokenizer, load_vocab
 from sluicegate.model import default_model_path
-from sluicegate.server.constraints import (
+from sluicegate.server.prepare.constraints import (
     NO_TOOL_MARKUP,
     closed_objects,
     grammar_for,

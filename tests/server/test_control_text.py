@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from typing import cast
 
 from sluicegate.engines.base import Tokenizer
-from sluicegate.engines.scripted_vocab import BYTES_START, ScriptedTokenizer
-from sluicegate.server.control_text import ControlText
-from sluicegate.server.messages import ChatMessage
-from sluicegate.server.prompt_text import longest_piece_bytes
-from sluicegate.server.templates import ChatTemplate
+from sluicegate.engines.scripted.vocab import BYTES_START, ScriptedTokenizer
+from sluicegate.server.prepare.control_text import ControlText
+from sluicegate.server.prepare.prompt_text import longest_piece_bytes
+from sluicegate.server.prepare.templates import ChatTemplate
+from sluicegate.server.schemas.messages import ChatMessage
 
 TOKENIZER = ScriptedTokenizer()
 

@@ -16,11 +16,11 @@ from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
 from sluicegate.engines.base import GenerateRequest, SamplingParams
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import LedgerRow
-from sluicegate.server.statuses import CLIENT_CLOSED
+from sluicegate.server.ledger.ledger import LedgerRow
+from sluicegate.server.streaming.statuses import CLIENT_CLOSED
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 

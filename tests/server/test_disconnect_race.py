@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from sluicegate.server.disconnect import DisconnectRace
+from sluicegate.server.streaming.disconnect import DisconnectRace
 
 pytestmark = pytest.mark.anyio
 

@@ -24,14 +24,14 @@ from starlette.applications import Starlette
 from starlette.types import Message
 
 from sluicegate.core.endstate import EndState
-from sluicegate.core.sse import DONE
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.server import sink
-from sluicegate.server.app import create_app
+from sluicegate.core.wire.sse import DONE
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
-from sluicegate.server.sink import Resume
-from sluicegate.server.sse_response import EventStreamResponse
+from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.streaming import sink
+from sluicegate.server.streaming.sink import Resume
+from sluicegate.server.streaming.sse_response import EventStreamResponse
 from tests.polling import wait_until
 
 from .asgi import CHAT, HELLO, Exchange
@@ -191,7 +191,7 @@ async def test_a_bug_during_an_eager_write_is_logged_then_one_internal_error(
     assert (ex.done_count(), ex.completed) == (0, True)
     assert _end_state(app) is EndState.ERRORED
     logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert [r.name for r in logged] == ["sluicegate.server.sse_response"]
+    assert [r.name for r in logged] == ["sluicegate.server.streaming.sse_response"]
     assert "secret send bug" in caplog.text  # with the traceback
     assert (engine.stats().running, engine.stats().kv_cells_used) == (0, 0)
 

@@ -8,10 +8,10 @@ import pytest
 import uvicorn
 
 from sluicegate.engines.base import EngineStats
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.shutdown import DrainingServer
+from sluicegate.server.streaming.shutdown import DrainingServer
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.server.event_store import (
+from sluicegate.server.stores.event_store import (
     CursorEvicted,
     EventStore,
     Frames,
@@ -18,7 +18,7 @@ from sluicegate.server.event_store import (
     ReaderWatch,
     StoreFull,
 )
-from sluicegate.server.event_store_memory import MemoryEventStore
+from sluicegate.server.stores.memory_store import MemoryEventStore
 from tests.pushed_reads import frame as pushed_frame
 from tests.pushed_reads import pushed_read
 

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.errors import RequestError
 from sluicegate.core.events import (
     Delta,
@@ -19,17 +18,18 @@ from sluicegate.core.events import (
     FinishReason,
     StreamEvent,
 )
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
 from sluicegate.engines.base import (
     Capabilities,
     Engine,
     GenerateRequest,
     SamplingParams,
 )
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.engines.scripted_text import ScriptedTextEngine
-from sluicegate.server.buffer import Outbox
-from sluicegate.server.generation import Generation
-from sluicegate.server.prepare import ChoicePlan, Plan
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.engines.scripted.text import ScriptedTextEngine
+from sluicegate.server.prepare.tokens import ChoicePlan, Plan
+from sluicegate.server.streaming.buffer import Outbox
+from sluicegate.server.streaming.generation import Generation
 
 pytestmark = pytest.mark.anyio
 

@@ -20,17 +20,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.core import stop_pattern
+from sluicegate.core.decoding import stop_pattern
 from sluicegate.core.errors import RequestError
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.engines.scripted_vocab import ScriptedTokenizer
-from sluicegate.server import request_parse
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.engines.scripted.vocab import ScriptedTokenizer
+from sluicegate.server.admission.quotas import Quota
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.prompt_text import OFF_LOOP_CHARS, longest_piece_bytes
-from sluicegate.server.quotas import Quota
-from sluicegate.server.request_parse import MAX_UNKNOWN_PARAMETERS, parse_chat_request
-from sluicegate.server.schemas import (
+from sluicegate.server.prepare.prompt_text import OFF_LOOP_CHARS, longest_piece_bytes
+from sluicegate.server.prepare.templates import ChatTemplate
+from sluicegate.server.schemas import parse as request_parse
+from sluicegate.server.schemas.chat import (
     MAX_MESSAGES,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -38,7 +38,7 @@ from sluicegate.server.schemas import (
     ChatMessage,
     CompletionRequest,
 )
-from sluicegate.server.templates import ChatTemplate
+from sluicegate.server.schemas.parse import MAX_UNKNOWN_PARAMETERS, parse_chat_request
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 
@@ -182,7 +182,7 @@ def test_unknown_names_are_logged_cut_short_and_remembered_up_to_a_bound(
 ) -> None:
     monkeypatch.setattr(request_parse, "_logged_unknown", set())
     monkeypatch.setattr(request_parse, "MAX_LOGGED_UNKNOWN", 10)
-    with caplog.at_level(logging.INFO, logger="sluicegate.server.request_parse"):
+    with caplog.at_level(logging.INFO, logger="sluicegate.server.schemas.parse"):
         for batch in range(5):
             names = {f"{batch}-{i}-" + "z" * 10_000: 1 for i in range(8)}
             parse_chat_request({"messages": HELLO, **names})
@@ -323,7 +323,7 @@ def gemma_tokenizer() -> Any:
         "llama_cpp",
         reason="llama-cpp-python is not installed; Gemma's vocabulary is read with it",
     )
-    from sluicegate.engines.llamacpp import load_vocab
+    from sluicegate.engines.llamacpp.engine import load_vocab
     from sluicegate.model import default_model_path
 
     return load_vocab(default_model_path())

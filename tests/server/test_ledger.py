@@ -19,20 +19,20 @@ from sluicegate.cli import main
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.admission import ApiKey
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.admission.keys import ApiKey
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import (
+from sluicegate.server.ledger.file import SCHEMA_VERSION
+from sluicegate.server.ledger.ledger import (
     OPEN,
     Ledger,
     LedgerRow,
     read_rows,
     usage_totals,
 )
-from sluicegate.server.ledger_file import SCHEMA_VERSION
-from sluicegate.server.ledger_locks import servers_dir
-from sluicegate.server.ledger_writer import LedgerWriter
+from sluicegate.server.ledger.locks import servers_dir
+from sluicegate.server.ledger.writer import LedgerWriter
 
 from .asgi import CHAT, HELLO, Exchange, exchange
 

@@ -21,16 +21,22 @@ from sluicegate.cli import main
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.admission import ApiKey
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.admission.keys import ApiKey
+from sluicegate.server.app.factory import create_app
+from sluicegate.server.app.options import config_fields
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import OPEN, Ledger, LedgerRow, read_rows, usage_totals
-from sluicegate.server.ledger_pg import PgLedgerWriter
-from sluicegate.server.ledger_pg_read import read_rows as pg_read_rows
-from sluicegate.server.ledger_pg_read import usage_totals as pg_usage_totals
-from sluicegate.server.ledger_pg_schema import columns, is_url, redact
-from sluicegate.server.options import config_fields
+from sluicegate.server.ledger.ledger import (
+    OPEN,
+    Ledger,
+    LedgerRow,
+    read_rows,
+    usage_totals,
+)
+from sluicegate.server.ledger.pg import PgLedgerWriter
+from sluicegate.server.ledger.pg_read import read_rows as pg_read_rows
+from sluicegate.server.ledger.pg_read import usage_totals as pg_usage_totals
+from sluicegate.server.ledger.pg_schema import columns, is_url, redact
 
 from ..postgres import PostgresCluster
 from .asgi import CHAT, HELLO, Exchange
@@ -404,7 +410,7 @@ def test_urls_are_told_from_paths_and_their_passwords_hidden() -> None:
 def test_serve_options_take_a_url_or_a_path(tmp_path: Path) -> None:
     import argparse
 
-    from sluicegate.server.options import add_serve_options
+    from sluicegate.server.app.options import add_serve_options
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")

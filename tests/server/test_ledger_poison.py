@@ -25,11 +25,11 @@ from sluicegate.cli import main
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server import ledger as ledger_module
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import (
+from sluicegate.server.ledger import ledger as ledger_module
+from sluicegate.server.ledger.ledger import (
     OPEN,
     Ledger,
     LedgerRow,
@@ -37,11 +37,11 @@ from sluicegate.server.ledger import (
     read_rows,
     usage_totals,
 )
-from sluicegate.server.ledger_pg import PgLedgerWriter
-from sluicegate.server.ledger_pg_read import read_rows as pg_read_rows
-from sluicegate.server.ledger_pg_read import usage_totals as pg_usage_totals
-from sluicegate.server.ledger_values import MAX_COUNT, MAX_TEXT_CHARS
-from sluicegate.server.ledger_writer import LedgerWriter
+from sluicegate.server.ledger.pg import PgLedgerWriter
+from sluicegate.server.ledger.pg_read import read_rows as pg_read_rows
+from sluicegate.server.ledger.pg_read import usage_totals as pg_usage_totals
+from sluicegate.server.ledger.values import MAX_COUNT, MAX_TEXT_CHARS
+from sluicegate.server.ledger.writer import LedgerWriter
 
 from .asgi import CHAT, HELLO
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sluicegate.server.ledger_values import (
+from sluicegate.server.ledger.values import (
     MAX_COUNT,
     MAX_TEXT_CHARS,
     count,

@@ -17,9 +17,9 @@ import pytest
 from starlette.applications import Starlette
 
 from sluicegate.core.errors import EngineError
-from sluicegate.engines.llamacpp import LlamaCppEngine
+from sluicegate.engines.llamacpp.engine import LlamaCppEngine
 from sluicegate.model import default_model_path
-from sluicegate.server.app import create_app
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 
 from .asgi import COMPLETIONS, Exchange, exchange

@@ -12,8 +12,8 @@ from typing_extensions import override
 
 from sluicegate.core.events import EngineOutput
 from sluicegate.engines.base import Capabilities, GenerateRequest
-from sluicegate.engines.scripted import ScriptedEngine, ScriptedTokenizer
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine, ScriptedTokenizer
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 
 from .asgi import CHAT, COMPLETIONS, HELLO, exchange

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.metrics import LOOP_LAG_INTERVAL_S, LoopLag
+from sluicegate.server.metering.metrics import LOOP_LAG_INTERVAL_S, LoopLag
 from tests.polling import wait_until
 
 from .asgi import CHAT, HELLO, Exchange, exchange

@@ -8,11 +8,11 @@ from typing import Any
 import httpx
 import pytest
 
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.engines.scripted_text import ScriptedTextEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.engines.scripted.text import ScriptedTextEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.models import ServedModels
+from sluicegate.server.prepare.models import ServedModels
 from tests.server.asgi import CHAT, COMPLETIONS, HELLO
 
 pytestmark = pytest.mark.anyio

@@ -12,10 +12,10 @@ from starlette.applications import Starlette
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import EngineOutput, FinishReason
 from sluicegate.engines.base import GenerateRequest
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
+from sluicegate.server.ledger.ledger import Ledger
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange
 

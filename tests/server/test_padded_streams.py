@@ -11,13 +11,13 @@ import pytest
 from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
-from sluicegate.core.padding import PAD_FIELD
+from sluicegate.core.wire.padding import PAD_FIELD
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.engines.scripted_vocab import ScriptedTokenizer
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.engines.scripted.vocab import ScriptedTokenizer
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
+from sluicegate.server.ledger.ledger import Ledger
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange, on_clock
 

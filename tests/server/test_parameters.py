@@ -16,8 +16,8 @@ import pytest
 from starlette.applications import Starlette
 
 from sluicegate.engines.base import GenerateRequest, SamplingParams
-from sluicegate.engines.scripted import ScriptedEngine, ScriptedTokenizer
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine, ScriptedTokenizer
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange

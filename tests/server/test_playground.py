@@ -16,20 +16,20 @@ from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.admission import ApiKey
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.admission.keys import ApiKey
+from sluicegate.server.app.factory import create_app
+from sluicegate.server.app.options import add_serve_options, config_fields
+from sluicegate.server.app.playground import MAX_RECENT, row_payload
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.cors import Cors, normalize_origin
-from sluicegate.server.ledger import LedgerRow
-from sluicegate.server.options import add_serve_options, config_fields
-from sluicegate.server.playground import MAX_RECENT, row_payload
+from sluicegate.server.http.cors import Cors, normalize_origin
+from sluicegate.server.ledger.ledger import LedgerRow
 
 pytestmark = pytest.mark.anyio
 
 ORIGIN = "http://tool.example:9000"
 ADMIN = {"authorization": "Bearer sk-admin"}
-FILES = resources.files("sluicegate.server").joinpath("playground_files")
+FILES = resources.files("sluicegate.server.app").joinpath("playground_files")
 COMPLETION = {"prompt": "Hi", "max_tokens": 2}
 
 

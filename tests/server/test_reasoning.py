@@ -13,15 +13,15 @@ import openai
 import pytest
 from starlette.applications import Starlette
 
-from sluicegate.engines.scripted import ScriptedEngine, ScriptedTokenizer
-from sluicegate.engines.scripted_text import ScriptedTextEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine, ScriptedTokenizer
+from sluicegate.engines.scripted.text import ScriptedTextEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
-from sluicegate.server.messages import ChatMessage
-from sluicegate.server.prepare import plan_chat
-from sluicegate.server.request_parse import parse_chat_request
-from sluicegate.server.templates import ChatTemplate
+from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.prepare.templates import ChatTemplate
+from sluicegate.server.prepare.tokens import plan_chat
+from sluicegate.server.schemas.messages import ChatMessage
+from sluicegate.server.schemas.parse import parse_chat_request
 from tests.reasoning_splits import S28, S28_WIDE, marker_splits
 
 pytestmark = pytest.mark.anyio

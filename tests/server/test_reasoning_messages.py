@@ -13,7 +13,7 @@ import httpx2
 import pytest
 from starlette.applications import Starlette
 
-from sluicegate.core.messages_wire import thinking_signature
+from sluicegate.core.wire.messages import thinking_signature
 from tests.reasoning_splits import S28, marker_splits
 
 from .test_reasoning import scripted_app

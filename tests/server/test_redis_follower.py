@@ -8,8 +8,8 @@ import asyncio
 import anyio
 import pytest
 
-from sluicegate.server.event_store import Frames
-from sluicegate.server.redis_tail import Follower
+from sluicegate.server.redis.tail import Follower
+from sluicegate.server.stores.event_store import Frames
 
 pytestmark = pytest.mark.anyio
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.sse_response import BODY_SEND
+from sluicegate.server.streaming.sse_response import BODY_SEND
 
 from ..polling import wait_until
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange

@@ -11,9 +11,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.admission import ApiKey
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.admission.keys import ApiKey
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 
 from .asgi import CHAT, HELLO

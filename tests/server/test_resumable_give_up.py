@@ -16,15 +16,15 @@ from typing import cast
 
 import pytest
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.server.buffer import LiveStreams, StreamBuffer
-from sluicegate.server.event_store_memory import MemoryEventStore
-from sluicegate.server.generation import Generation
-from sluicegate.server.resumable_producer import GRACE_EXPIRED, Producer
-from sluicegate.server.streaming import StreamLimits
+from sluicegate.server.resumable.producer import GRACE_EXPIRED, Producer
+from sluicegate.server.stores.memory_store import MemoryEventStore
+from sluicegate.server.streaming.buffer import LiveStreams, StreamBuffer
+from sluicegate.server.streaming.generation import Generation
+from sluicegate.server.streaming.shared import StreamLimits
 
 pytestmark = pytest.mark.anyio
 

@@ -15,11 +15,11 @@ from typing import cast
 
 import pytest
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
-from sluicegate.server.buffer import LiveStreams
-from sluicegate.server.event_store import (
+from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.server.resumable.producer import Producer
+from sluicegate.server.stores.event_store import (
     STORE_FULL,
     STORE_UNAVAILABLE,
     EventStore,
@@ -27,10 +27,10 @@ from sluicegate.server.event_store import (
     StoreFull,
     store_error_code,
 )
-from sluicegate.server.event_store_memory import MemoryEventStore
-from sluicegate.server.generation import Generation
-from sluicegate.server.resumable_producer import Producer
-from sluicegate.server.streaming import StreamLimits
+from sluicegate.server.stores.memory_store import MemoryEventStore
+from sluicegate.server.streaming.buffer import LiveStreams
+from sluicegate.server.streaming.generation import Generation
+from sluicegate.server.streaming.shared import StreamLimits
 from tests.polling import wait_until
 
 from .test_resumable_give_up import FakeGeneration

@@ -13,14 +13,14 @@ import pytest
 from starlette.types import Message
 
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.event_store import Bound, Frames, ProducerLost
-from sluicegate.server.event_store_memory import MemoryEventStore
-from sluicegate.server.log_response import PRODUCER_LOST, LogStreamResponse
-from sluicegate.server.log_writes import BROKEN
-from sluicegate.server.streaming import StreamLimits
+from sluicegate.server.resumable.log_response import PRODUCER_LOST, LogStreamResponse
+from sluicegate.server.resumable.log_writes import BROKEN
+from sluicegate.server.stores.event_store import Bound, Frames, ProducerLost
+from sluicegate.server.stores.memory_store import MemoryEventStore
+from sluicegate.server.streaming.shared import StreamLimits
 
 from ..polling import wait_until
 from .asgi import CHAT, HELLO, Exchange, exchange, on_clock

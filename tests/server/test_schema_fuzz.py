@@ -1,8 +1,8 @@
 """Bodies drawn from the request schemas never get a 5xx, and every answer is whole.
 
 Hypothesis reads the JSON schema of ``ChatCompletionRequest`` and
-``CompletionRequest`` (``server/schemas.py``; the refused parameters are in
-``request_parse.py``) and draws bodies from it: each field gets a value of its
+``CompletionRequest`` (``server/schemas/chat.py``; the refused parameters are in
+``server/schemas/parse.py``) and draws bodies from it: each field gets a value of its
 schema, one at or just past a bound of it, a value of another JSON type,
 ``null``, an array or object nested up to past the parser's 1,024 levels, a huge
 string or number, or a string of non-ASCII digits; bodies carry unknown fields
@@ -31,11 +31,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server import request_parse
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.schemas import ChatCompletionRequest, CompletionRequest
+from sluicegate.server.schemas import parse as request_parse
+from sluicegate.server.schemas.chat import ChatCompletionRequest, CompletionRequest
 
 from .asgi import CHAT, COMPLETIONS, Exchange
 

@@ -17,11 +17,11 @@ import pytest
 
 from sluicegate.core.errors import RequestError
 from sluicegate.core.schema_limits import SchemaLimits
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
+from sluicegate.server.app.options import add_serve_options, config_fields
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.options import add_serve_options, config_fields
-from sluicegate.server.schema_worker import SchemaWorker
+from sluicegate.server.prepare.schema_worker import SchemaWorker
 
 from .asgi import CHAT, HELLO
 
@@ -269,7 +269,7 @@ CRASH = textwrap.dedent(
     """
     import json, sys, threading
     import llguidance
-    from sluicegate.server.schema_worker import SchemaWorker
+    from sluicegate.server.prepare.schema_worker import SchemaWorker
     n = 1500
     defs = {f"d{i}": {"properties": {"n": {"$ref": f"#/$defs/d{i+1}"}}}
             for i in range(n)}

@@ -25,9 +25,11 @@ from sluicegate.core.events import (
     Usage,
 )
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.server.app import create_app
-from sluicegate.server.buffer import (
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.server.app.factory import create_app
+from sluicegate.server.config import ServerConfig
+from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.streaming.buffer import (
     EVENT_COST_BYTES,
     LiveStreams,
     StreamBuffer,
@@ -35,8 +37,6 @@ from sluicegate.server.buffer import (
     join_all_deltas,
     join_deltas,
 )
-from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
 
 from .asgi import CHAT, HELLO, Exchange, on_clock
 

@@ -17,20 +17,20 @@ from sluicegate.core.errors import (
     UnsupportedMediaType,
 )
 from sluicegate.core.events import Fail
-from sluicegate.server.access import HostNotAllowed
-from sluicegate.server.admission import (
+from sluicegate.server.admission.access import HostNotAllowed
+from sluicegate.server.admission.keys import (
     AdmissionError,
     Forbidden,
     OverQuota,
     Unauthenticated,
     Unavailable,
 )
-from sluicegate.server.statuses import status_of
-from sluicegate.server.streaming import (
+from sluicegate.server.streaming.shared import (
     FIRST_TOKEN_TIMEOUT,
     REQUEST_TIMEOUT,
     SERVER_SHUTDOWN,
 )
+from sluicegate.server.streaming.statuses import status_of
 
 
 @pytest.mark.parametrize(

@@ -14,14 +14,14 @@ import httpx
 import pytest
 
 from sluicegate.core.endstate import EndState
-from sluicegate.core.sse import SSEDecoder
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.server.admission import ApiKey
-from sluicegate.server.app import create_app
+from sluicegate.core.wire.sse import SSEDecoder
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.server.admission.keys import ApiKey
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.event_store import StoreError
-from sluicegate.server.event_store_memory import MemoryEventStore
-from sluicegate.server.statuses import CLIENT_CLOSED
+from sluicegate.server.stores.event_store import StoreError
+from sluicegate.server.stores.memory_store import MemoryEventStore
+from sluicegate.server.streaming.statuses import CLIENT_CLOSED
 
 from ..polling import wait_until
 from .asgi import Exchange

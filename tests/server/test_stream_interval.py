@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange

@@ -15,19 +15,19 @@ import pytest
 from starlette.applications import Starlette
 from starlette.types import Message
 
-from sluicegate.core.choice import ChoiceDecoder, ChoiceStep
+from sluicegate.core.decoding.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import Delta, EngineOutput, FinishReason
-from sluicegate.core.sse import DONE
+from sluicegate.core.wire.sse import DONE
 from sluicegate.engines.base import Capabilities, GenerateRequest, SamplingParams
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.server.app import create_app
-from sluicegate.server.buffer import LiveStreams
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
-from sluicegate.server.sse_response import EventStreamResponse
+from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.streaming.buffer import LiveStreams
+from sluicegate.server.streaming.sse_response import EventStreamResponse
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange, on_clock
 
@@ -398,7 +398,7 @@ async def test_a_bug_while_decoding_a_step_is_one_internal_error_then_serves_on(
     assert ex.completed
     assert _ledger(app).rows[-1].end_state is EndState.ERRORED
     logged = [r for r in caplog.records if r.exc_info is not None]
-    assert [r.name for r in logged] == ["sluicegate.server.generation"]
+    assert [r.name for r in logged] == ["sluicegate.server.streaming.generation"]
     assert logged[0].exc_info is not None
     assert "secret decoder detail" in str(logged[0].exc_info[1])
     assert f"{payloads[0]['id']}-0" in engine.stats().aborted_ids
@@ -454,7 +454,7 @@ async def test_a_bug_while_writing_is_logged_then_one_internal_error_event(
     assert ex.completed
     assert _ledger(app).rows[-1].end_state is EndState.ERRORED
     logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert [r.name for r in logged] == ["sluicegate.server.sse_response"]
+    assert [r.name for r in logged] == ["sluicegate.server.streaming.sse_response"]
     assert "secret send bug" in caplog.text
     assert engine.stats().running == 0
     assert engine.stats().kv_cells_used == 0

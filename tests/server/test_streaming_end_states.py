@@ -25,13 +25,13 @@ from starlette.types import Message
 from sluicegate.client.assemble import StreamAssembler
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import Fail
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
-from sluicegate.server.buffer import LiveStreams
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
-from sluicegate.server.sse_response import EventStreamResponse
-from sluicegate.server.streaming import REQUEST_TIMEOUT, SERVER_SHUTDOWN
+from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.streaming.buffer import LiveStreams
+from sluicegate.server.streaming.shared import REQUEST_TIMEOUT, SERVER_SHUTDOWN
+from sluicegate.server.streaming.sse_response import EventStreamResponse
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 

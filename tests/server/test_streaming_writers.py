@@ -16,12 +16,12 @@ from typing import Any
 import anyio
 import pytest
 
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
-from sluicegate.server.metrics import Metrics
-from sluicegate.server.sse_response import EventStreamResponse
+from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.metering.metrics import Metrics
+from sluicegate.server.streaming.sse_response import EventStreamResponse
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sluicegate.core.restarts import RestartBudget
-from sluicegate.server.supervisor import WorkerSupervisor
-from sluicegate.server.workers import parse_workers, worker_count
+from sluicegate.server.app.supervisor import WorkerSupervisor
+from sluicegate.server.app.workers import parse_workers, worker_count
 
 EXIT_3 = [sys.executable, "-c", "import sys; sys.exit(3)"]
 

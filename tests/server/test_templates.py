@@ -6,9 +6,9 @@ import jinja2
 import pytest
 
 from sluicegate.core.errors import RequestError
-from sluicegate.engines.scripted_vocab import ScriptedTokenizer
-from sluicegate.server.messages import ChatMessage
-from sluicegate.server.templates import ChatTemplate, encode_prompt
+from sluicegate.engines.scripted.vocab import ScriptedTokenizer
+from sluicegate.server.prepare.templates import ChatTemplate, encode_prompt
+from sluicegate.server.schemas.messages import ChatMessage
 
 TOKENIZER = ScriptedTokenizer()
 

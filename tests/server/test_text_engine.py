@@ -15,15 +15,15 @@ from typing import Any
 import httpx
 import pytest
 
-from sluicegate.core.chunks import Endpoint
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import EngineRefused, EngineUnavailable
 from sluicegate.core.events import Usage
+from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.engines.base import Capabilities, GenerateRequest
 from sluicegate.engines.outputs import SequenceOutputs
-from sluicegate.engines.scripted import DEFAULT_TEXT
-from sluicegate.engines.scripted_text import ScriptedTextEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT
+from sluicegate.engines.scripted.text import ScriptedTextEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 from tests.server.asgi import CHAT, COMPLETIONS, HELLO, Exchange, exchange
 

@@ -13,11 +13,11 @@ from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.engines.scripted import DEFAULT_TEXT, ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
-from sluicegate.server.shutdown import Drain
+from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.streaming.shutdown import Drain
 
 from .asgi import CHAT, HELLO, Exchange, exchange, on_clock
 

@@ -9,8 +9,8 @@ import anyio
 import pytest
 from starlette.applications import Starlette
 
-from sluicegate.engines.scripted import ScriptedEngine, ScriptedTokenizer
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine, ScriptedTokenizer
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 
 from .asgi import CHAT, HELLO, Exchange, exchange

@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from sluicegate.engines.base import ModelInfo
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.engines.upstream import UpstreamEngine
-from sluicegate.engines.upstream_config import UpstreamConfig
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.engines.upstream.config import UpstreamConfig
+from sluicegate.engines.upstream.engine import UpstreamEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 
 from .asgi import CHAT, HELLO

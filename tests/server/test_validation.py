@@ -16,11 +16,11 @@ from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
 from sluicegate.engines.base import GenerateRequest, SamplingParams
-from sluicegate.engines.scripted import ScriptedEngine
-from sluicegate.server.app import create_app
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.ledger import Ledger
-from sluicegate.server.schemas import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.schemas.chat import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 
@@ -347,7 +347,7 @@ async def test_unknown_fields_are_ignored_and_logged_once(
     client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     body = {"messages": HELLO, "max_tokens": 2, "frobnicate_level_xyz": 3}
-    with caplog.at_level(logging.INFO, logger="sluicegate.server.request_parse"):
+    with caplog.at_level(logging.INFO, logger="sluicegate.server.schemas.parse"):
         first = await client.post(CHAT, json=body)
         second = await client.post(CHAT, json=body)
     assert (first.status_code, second.status_code) == (200, 200)

@@ -10,7 +10,7 @@ import asyncio
 import math
 
 from sluicegate.engines.clocks import ManualClock
-from sluicegate.server.write_watch import WriteWatch
+from sluicegate.server.streaming.write_watch import WriteWatch
 
 
 class WholeMsClock(ManualClock):

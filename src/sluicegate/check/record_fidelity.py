@@ -17,7 +17,7 @@ import httpx
 from sluicegate.check import names
 from sluicegate.check.transcript import Transcript
 from sluicegate.core.errors import RemoteProtocolError
-from sluicegate.core.sse import SSEDecoder
+from sluicegate.core.wire.sse import SSEDecoder
 
 __all__ = ["PREFILL_TOKENS", "record_fidelity"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from sluicegate.core.errors import RemoteProtocolError
-from sluicegate.core.sse import SSEDecoder
+from sluicegate.core.wire.sse import SSEDecoder
 
 __all__ = [
     "Parsed",

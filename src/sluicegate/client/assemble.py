@@ -30,7 +30,7 @@ are whole JSON; the rest (cut by ``max_tokens``, say) are kept apart, in
 (Ollama's and Gemini's OpenAI endpoints, some proxies) is not dropped: one with
 an ``id`` not seen in this choice begins the next call (one past the highest
 index so far), anything else continues the latest call (index 0 when there is
-none), as the gateway reads such an upstream (``core/upstream_tools.py``) and
+none), as the gateway reads such an upstream (``core/upstream/tools.py``) and
 the Vercel AI SDK's OpenAI-compatible provider reads such a server.
 
 Deliberate divergences from the openai client: a ``finish_reason`` counts as a
@@ -61,7 +61,7 @@ from sluicegate.client.results import (
 from sluicegate.core.endstate import EndState, classify
 from sluicegate.core.errors import RemoteProtocolError
 from sluicegate.core.events import Usage
-from sluicegate.core.sse import SSEDecoder
+from sluicegate.core.wire.sse import SSEDecoder
 
 __all__ = ["MAX_ERROR_BODY_BYTES", "StreamAssembler"]
 

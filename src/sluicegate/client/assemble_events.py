@@ -32,7 +32,7 @@ from sluicegate.client.results import (
 from sluicegate.core.endstate import classify
 from sluicegate.core.errors import RemoteProtocolError
 from sluicegate.core.events import Usage
-from sluicegate.core.sse import SSEDecoder
+from sluicegate.core.wire.sse import SSEDecoder
 
 __all__ = ["EventApi", "EventStreamAssembler"]
 

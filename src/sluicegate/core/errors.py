@@ -180,7 +180,7 @@ class RequestError(SluicegateError):
         param: the request parameter at fault (``None`` for the body as a whole).
         code: a short machine-readable code, or ``None``.
 
-    The HTTP status that answers each one is ``sluicegate.server.statuses``'s.
+    The HTTP status that answers each one is ``sluicegate.server.streaming.statuses``'s.
 
     .. versionchanged:: 0.2.0
        No ``status`` attribute: one table in the server maps errors to statuses.
@@ -300,7 +300,7 @@ class EngineTimeout(EngineError):
 
 class UpstreamProtocolError(EngineError):
     """An upstream's stream broke the protocol or one of the reader's bounds
-    (``core/reader_limits.py``), after content: its in-band error's code."""
+    (``core/upstream/limits.py``), after content: its in-band error's code."""
 
     code: ClassVar[str] = "upstream_protocol_error"
 

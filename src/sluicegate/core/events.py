@@ -4,7 +4,7 @@ Engine side: an engine reports each decode step of one sequence as an
 ``EngineOutput`` (new token ids, and a ``finish_reason`` on the last one), or as
 a ``TextOutput`` when it yields text instead of token ids.
 
-Stream side: the server feeds ``StreamMachine`` (``core/stream.py``) one of
+Stream side: the server feeds ``StreamMachine`` (``core/wire/stream.py``) one of
 ``Delta``, ``Finish``, ``End``, ``Fail`` or ``Heartbeat`` and writes the bytes it
 returns. A ``Delta`` is made of parts: content text, and optionally
 (``DeltaParts``) tool-call fragments keyed by tool-call index and reasoning text;

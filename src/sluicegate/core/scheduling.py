@@ -3,7 +3,7 @@
 ``BatchScheduler`` decides, for an engine that decodes many sequences in one
 batch per step, which sequences run, what the next step's batch holds and when a
 sequence ends. It owns no model, no thread and no lock: the engine (for example
-``engines/llamacpp.py``) calls it under its own lock, runs the planned batch, and
+``engines/llamacpp/engine.py``) calls it under its own lock, runs the planned batch, and
 reports each sampled token back.
 
 Invariants:

@@ -1,9 +1,10 @@
 """Engines: the protocols (``base``: ``TokenEngine``, ``TextEngine``) and their
 implementations.
 
-``llamacpp`` (a real GGUF model through llama.cpp), ``scripted`` (no model: replays
-token scripts with injectable faults), ``scripted_text`` (the same, yielding text)
-and ``clocks`` (time for them) are imported from their own modules, so that
+The engines are subpackages: ``llamacpp`` (a real GGUF model through
+llama.cpp), ``upstream`` (OpenAI-compatible upstream servers, pooled) and
+``scripted`` (no model: replays token scripts or text with injectable faults).
+They and ``clocks`` (time for them) are imported from their own modules, so that
 importing this package does not load llama.cpp.
 """
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
-from sluicegate.core.choice_setup import Vocabulary
-from sluicegate.core.decoding import OutputItem
+from sluicegate.core.decoding.choice_setup import Vocabulary
+from sluicegate.core.decoding.response import OutputItem
 from sluicegate.core.events import EngineOutput, TextOutput, Usage
 from sluicegate.engines.pool_values import UpstreamCounters
 from sluicegate.engines.values import (

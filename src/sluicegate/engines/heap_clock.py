@@ -8,7 +8,7 @@ milliseconds). An entry added while the clock fires waits for the next loop
 iteration, so a zero delay still yields to the loop.
 
 Why one heap and not a timer per sequence: with thousands of streams, a loop
-timer per step cost more than the step itself (see ``scripted.py``).
+timer per step cost more than the step itself (see ``engines/scripted/engine.py``).
 """
 
 from __future__ import annotations

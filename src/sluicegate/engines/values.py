@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluicegate.core.chunks import Endpoint
-from sluicegate.core.reasoning_budget import ReasoningBudget
+from sluicegate.core.decoding.reasoning_budget import ReasoningBudget
+from sluicegate.core.wire.chunks import Endpoint
 
 __all__ = [
+    "RECENT_IDS",
     "EngineStats",
     "GenerateRequest",
     "Grammar",
@@ -134,6 +135,11 @@ class GenerateRequest:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     text_prompt: TextPrompt | None = None
+
+
+RECENT_IDS = 256
+"""Aborted request ids an engine remembers for ``EngineStats.aborted_ids`` (the
+newest)."""
 
 
 @dataclass(frozen=True, slots=True)

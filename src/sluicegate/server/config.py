@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluicegate.core.reasoning_parsers import REASONING_PARSERS
+from sluicegate.core.decoding.reasoning_parsers import REASONING_PARSERS
 from sluicegate.core.schema_limits import SchemaLimits
-from sluicegate.server.admission import ApiKey
-from sluicegate.server.quotas import Quota
-from sluicegate.server.request_fields import MAX_STREAM_INTERVAL
+from sluicegate.server.admission.keys import ApiKey
+from sluicegate.server.admission.quotas import Quota
+from sluicegate.server.schemas.fields import MAX_STREAM_INTERVAL
 
 __all__ = ["ServerConfig"]
 
@@ -70,7 +70,7 @@ class ServerConfig:
             vLLM's ``--stream-interval``; 1: as they come. A request's
             ``stream_options.stream_interval`` overrides it.
         obfuscation: pad every event of a stream so that its size does not
-            tell its text (``core/padding.py``); a request's
+            tell its text (``core/wire/padding.py``); a request's
             ``stream_options.include_obfuscation`` overrides it.
         cadence_s: send each stream's events on a clock of this period
             (seconds; 0: as they come); a request's
@@ -93,7 +93,7 @@ class ServerConfig:
             pointed at it; ``None``: both in this process.
         ledger_path: the SQLite ledger file; ``None`` keeps rows in memory only.
         ledger_url: a ``postgresql://`` URL of a ledger database that replicas
-            share, instead of ``ledger_path``; see ``ledger_pg.py``.
+            share, instead of ``ledger_path``; see ``server/ledger/pg.py``.
         ledger_lease_s: with ``ledger_url``: seconds without a heartbeat after
             which this server counts as dead and a replica marks its open rows
             ``truncated``.

@@ -1,0 +1,3 @@
+"""Token ids -> safe text: detokenizers, stop strings, reasoning and tool-call
+parsers.
+"""

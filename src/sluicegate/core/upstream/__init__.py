@@ -1,0 +1,3 @@
+"""An upstream's OpenAI event stream -> per-choice text, tool calls, finishes,
+usage.
+"""

@@ -1,0 +1,3 @@
+"""Stream events -> wire bytes: SSE, the chunk builders, one stream machine per
+wire API.
+"""

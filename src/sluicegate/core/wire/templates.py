@@ -1,0 +1,170 @@
+"""Frames from templates: per stream, the bytes around a token's text are built once.
+
+Every content event of one stream is the same bytes but for its text (on the
+Responses API also its sequence number; padded, also its pad). A template
+encodes the event once with markers in those places and keeps the bytes between
+them, so a token costs the JSON of its text and one join:
+
+::
+
+    unpadded   head [+ number + middle] + dumps(text) + tail
+    padded     head [+ number + middle] + dumps(text) + between + pad + tail
+
+``ChoiceFrames`` holds the content chunks of a chat or completions stream (one
+per open choice); ``EventTemplate`` one kind of typed event of the Responses or
+Messages API (a text delta of one output item or content block). The frames are
+byte for byte those of the plain path (``encode_event(dumps(chunk))``,
+``FramePadder.frame``, ``EventPadder.event``), property-tested for any text.
+
+Why the split is exact: the text is the payload's last string value before the
+pad (what follows it is ``null``, numbers or ``[]``), so the last occurrence of
+its marker's JSON is the text's whatever an id or a model name holds; the pad is
+the payload's last value; the sequence number is the value right after the
+event's ``type``, a fixed name, so its marker's first occurrence is it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluicegate.core.wire.chunks import ResponseHeader, dumps
+from sluicegate.core.wire.padding import (
+    PAD_FIELD,
+    EventPadder,
+    FramePadder,
+    content_chunk,
+    split_padded_frame,
+)
+from sluicegate.core.wire.sse import encode_event
+
+__all__ = ["NUMBER_MARK", "TEXT_MARK", "ChoiceFrames", "EventTemplate"]
+
+TEXT_MARK = "\x00sluicegate:text\x00"
+"""Stands for the text in a payload given to ``EventTemplate``."""
+NUMBER_MARK = "\x00sluicegate:number\x00"
+"""Stands for the sequence number in a numbered payload."""
+_PAD_MARK = "\x00sluicegate:pad\x00"
+
+
+class ChoiceFrames:
+    """The content frames of a chat or completions stream's open choices.
+
+    Args:
+        header: the response's shared fields (``n`` choices, chat or completions).
+        padder: pads every frame (``FramePadder``), or ``None``.
+
+    ``frame(index, text)`` is the content chunk of choice ``index`` carrying
+    ``text`` (no logprobs, no usage, no parts), the same bytes as
+    ``encode_event(dumps(content_chunk(...)))`` (padded: as ``FramePadder.frame``).
+    """
+
+    __slots__ = ("_padded", "_padder", "_plain")
+
+    def __init__(self, header: ResponseHeader, padder: FramePadder | None) -> None:
+        self._padder = padder
+        self._plain: dict[int, tuple[bytes, bytes]] = {}
+        self._padded: dict[int, tuple[bytes, bytes, bytes, int]] = {}
+        if padder is None:
+            self._plain = {i: _split_chunk(header, i) for i in range(header.n)}
+        else:
+            self._padded = {i: split_padded_frame(header, i) for i in range(header.n)}
+
+    def frame(self, index: int, text: str) -> bytes | None:
+        """Choice ``index``'s content frame of ``text``: ``b""`` for empty text
+        (nothing to send), ``None`` when that choice is not open (never was, or
+        ``close``d).
+
+        Raises:
+            TypeError: ``text`` has a lone surrogate.
+        """
+        padder = self._padder
+        if padder is None:
+            plain = self._plain.get(index)
+            if plain is None:
+                return None
+            if not text:
+                return b""
+            return plain[0] + dumps(text) + plain[1]
+        padded = self._padded.get(index)
+        if padded is None:
+            return None
+        if not text:
+            return b""
+        before, between, after, size = padded
+        raw = dumps(text)
+        return b"".join((before, raw, between, padder.fill(size + len(raw)), after))
+
+    def close(self, index: int) -> None:
+        """Choice ``index`` finished: no more content frames for it."""
+        self._plain.pop(index, None)
+        self._padded.pop(index, None)
+
+
+def _split_chunk(header: ResponseHeader, index: int) -> tuple[bytes, bytes]:
+    """``(before, after)`` with ``before + dumps(text) + after`` the unpadded
+    content frame of choice ``index``."""
+    frame = encode_event(dumps(content_chunk(header, index, TEXT_MARK)))
+    before, _, after = frame.rpartition(dumps(TEXT_MARK))
+    return before, after
+
+
+class EventTemplate:
+    """One kind of typed event, its text (and sequence number) left open.
+
+    Args:
+        kind: the event's name (its ``event:`` line).
+        payload: its JSON object with ``TEXT_MARK`` as the text and, numbered,
+            ``NUMBER_MARK`` as the value right after ``type``; not changed.
+        padder: pads the event as ``EventPadder.event`` pads a delta, or
+            ``None``.
+
+    ``frame(text, number)`` is the same bytes as ``EventPadder.event(kind,
+    payload with text and number, text)`` (``b"event: " + kind + b"\\ndata: " +
+    dumps(payload) + b"\\n\\n"`` unpadded).
+    """
+
+    __slots__ = (
+        "_between",
+        "_fixed",
+        "_head",
+        "_middle",
+        "_numbered",
+        "_padder",
+        "_tail",
+    )
+
+    def __init__(
+        self, kind: str, payload: dict[str, Any], padder: EventPadder | None
+    ) -> None:
+        fields = dict(payload)
+        if padder is not None:
+            fields[PAD_FIELD] = _PAD_MARK
+        frame = b"event: " + kind.encode() + b"\ndata: " + dumps(fields) + b"\n\n"
+        head, _, tail = frame.rpartition(dumps(TEXT_MARK))
+        self._between = b""
+        if padder is not None:
+            between, _, tail = tail.rpartition(dumps(_PAD_MARK))
+            self._between, tail = between + b'"', b'"' + tail
+        self._numbered = NUMBER_MARK in fields.values()
+        self._middle = b""
+        if self._numbered:
+            head, _, self._middle = head.partition(dumps(NUMBER_MARK))
+        self._head = head
+        self._padder = padder
+        self._fixed = len(head) + len(self._middle) + len(self._between) + len(tail)
+        self._tail = tail
+
+    def frame(self, text: str, number: int = 0) -> bytes:
+        """The event carrying ``text``, numbered ``number`` if it is numbered.
+
+        Raises:
+            TypeError: ``text`` has a lone surrogate.
+        """
+        raw = dumps(text)
+        seq = str(number).encode() if self._numbered else b""
+        padder = self._padder
+        if padder is None:
+            return b"".join((self._head, seq, self._middle, raw, self._tail))
+        pad = padder.delta_pad(self._fixed + len(seq) + len(raw), len(raw))
+        parts = (self._head, seq, self._middle, raw, self._between, pad, self._tail)
+        return b"".join(parts)

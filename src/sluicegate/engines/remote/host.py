@@ -1,0 +1,279 @@
+"""The engine process: one ``TokenEngine`` served to the workers over a Unix socket.
+
+``serve_engine(engine, path, model_path)`` listens on ``path`` and serves
+every worker that connects (``engine.py``'s ``RemoteEngine``), each on its own
+connection, with the frames of ``frames.py``:
+
+- on connecting, the worker gets ``HELLO`` (the model, the capabilities, and
+  the vocabulary: the model file, from which it loads it for its own
+  detokenizing, or a tokenizer that pickles);
+- ``GENERATE`` queues the request in the engine and answers ``ACCEPTED``, or
+  ``REFUSED`` with what the engine raised (a full queue, a request that can
+  never fit); the outputs then go back as ``OUTPUT``, ``FAIL`` or ``END``;
+- ``ABORT`` aborts at the engine's next step (the engine's own contract);
+- ``GRAMMAR`` compiles a grammar for the engine, ``GRAMMAR_CHECK`` checks one
+  (``server/prepare/grammar_check.py``), each in a thread of this process (native code
+  that may crash takes this process down, not a worker), then
+  ``GRAMMAR_DONE``;
+- every ``STATS_INTERVAL_S`` the engine's ``stats()``, when they changed, go
+  to every worker as ``STATS`` (a worker's ``/engine/stats`` reads the last).
+
+The outputs of one engine step reach the loop in one callback
+(``engines/llamacpp/handoff.py``), so their frames are gathered per connection and
+written once per loop pass: one ``write`` per worker per step.
+
+A connection that closes (its worker died or stopped) aborts every request it
+started, so their KV cells are freed at the next step; so does one that left
+``MAX_UNREAD_BYTES`` unread (a worker whose loop is stuck).
+
+The socket's folder is made by the supervisor with mode 0700 (only this user
+may connect), and the socket itself is made 0600.
+
+Spec: docs/serving.md, "The engine process"; docs/ARCHITECTURE.md, "Processes".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import cast
+
+from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
+from sluicegate.core.events import EngineOutput
+from sluicegate.engines.base import OutputItem, TokenEngine
+from sluicegate.engines.outputs import SequenceOutputs
+from sluicegate.engines.remote.frames import (
+    ABORT,
+    ACCEPTED,
+    END,
+    FAIL,
+    GENERATE,
+    GRAMMAR,
+    GRAMMAR_CHECK,
+    GRAMMAR_DONE,
+    HELLO,
+    OUTPUT,
+    REFUSED,
+    STATS,
+    FrameReader,
+    FrameTooLarge,
+    encode_frames,
+)
+from sluicegate.engines.values import EngineStats, GenerateRequest, Grammar
+
+__all__ = ["MAX_UNREAD_BYTES", "STATS_INTERVAL_S", "serve_engine"]
+
+logger = logging.getLogger(__name__)
+
+STATS_INTERVAL_S = 0.05
+"""Seconds between two pushes of the engine's stats (when they changed)."""
+
+MAX_UNREAD_BYTES = 64 * 1024 * 1024
+"""Bytes of frames a worker may leave unread before its link is closed (its
+requests are then aborted, as when the worker dies)."""
+
+
+class _Link(asyncio.Protocol):
+    """One worker's connection: its frames in, its requests' outputs out."""
+
+    def __init__(self, host: _Host) -> None:
+        self._host = host
+        self._reader = FrameReader()
+        self._transport: asyncio.Transport | None = None
+        self._pending: list[tuple[object, ...]] = []
+        self._flush_due = False
+        self.outputs: dict[str, SequenceOutputs[EngineOutput]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses
+        self._transport = cast(asyncio.Transport, transport)
+        self._host.links.add(self)
+        engine = self._host.engine
+        self.send((HELLO, engine.model, engine.capabilities, self._host.vocab))
+        self.send((STATS, engine.stats()))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._host.links.discard(self)
+        self._transport = None
+        outputs, self.outputs = self.outputs, {}
+        for request_id, sequence in outputs.items():
+            sequence.close()  # the engine aborts it at its next step
+            logger.info("worker gone: aborted %s", request_id)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._reader.feed(data)
+        except FrameTooLarge as exc:
+            logger.error("worker link closed: %s", exc)
+            assert self._transport is not None
+            self._transport.abort()
+            return
+        for message in messages:
+            self._receive(message)
+
+    def _receive(self, message: tuple[object, ...]) -> None:
+        kind = message[0]
+        engine = self._host.engine
+        if kind == GENERATE:
+            request = message[1]
+            assert isinstance(request, GenerateRequest)
+            self._generate(request)
+        elif kind == ABORT:
+            request_id, stopped = message[1], message[2]
+            assert isinstance(request_id, str)
+            engine.abort(request_id, stopped=bool(stopped))
+        elif kind in (GRAMMAR, GRAMMAR_CHECK):
+            task = asyncio.ensure_future(self._compile(message))
+            self._host.tasks.add(task)
+            task.add_done_callback(self._host.tasks.discard)
+        else:
+            logger.error("worker sent an unknown frame %r: ignored", kind)
+
+    def _generate(self, request: GenerateRequest) -> None:
+        request_id = request.request_id
+        try:
+            outputs = self._host.engine.generate(request)
+        except EngineUnavailable as exc:
+            self.send((REFUSED, request_id, "unavailable", str(exc), None))
+            return
+        except RequestError as exc:
+            self.send((REFUSED, request_id, "request", str(exc), exc.param))
+            return
+        except EngineError as exc:
+            self.send((REFUSED, request_id, "engine", str(exc), None))
+            return
+        assert isinstance(outputs, SequenceOutputs)  # llama.cpp's, scripted's
+        self.outputs[request_id] = outputs
+        self.send((ACCEPTED, request_id))
+        outputs.listen(lambda item: self._forward(request_id, item))
+
+    def _forward(self, request_id: str, item: OutputItem) -> None:
+        if isinstance(item, EngineOutput):
+            self.send((OUTPUT, request_id, item))
+            if item.finish_reason is None:
+                return
+        elif isinstance(item, EngineError):
+            self.send((FAIL, request_id, str(item)))
+        else:
+            self.send((END, request_id))
+        self.outputs.pop(request_id, None)
+
+    async def _compile(self, message: tuple[object, ...]) -> None:
+        kind, ask_id, what = message[:3]
+        errors: list[str] = []
+        if kind == GRAMMAR:
+            assert isinstance(what, Grammar)
+            await asyncio.to_thread(self._host.engine.compile_grammar, what)
+        else:
+            from sluicegate.engines.llamacpp.grammar import grammar_errors
+
+            errors = await asyncio.to_thread(grammar_errors, str(what))
+        self.send((GRAMMAR_DONE, ask_id, errors))
+
+    def send(self, message: tuple[object, ...]) -> None:
+        """Queue ``message``; the queue is written once this loop pass ends."""
+        if self._transport is None:
+            return
+        self._pending.append(message)
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        pending, self._pending = self._pending, []
+        transport = self._transport
+        if transport is None or not pending:
+            return
+        transport.write(encode_frames(pending))
+        if transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
+            # A worker that stopped reading (its loop is stuck): its requests
+            # are aborted rather than buffered here without end.
+            logger.error("worker link closed: %d bytes unread", MAX_UNREAD_BYTES)
+            transport.abort()
+
+
+class _Host:
+    def __init__(self, engine: TokenEngine, vocab: object) -> None:
+        self.engine = engine
+        self.vocab = vocab
+        self.links: set[_Link] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.failure: str | None = None
+        self._last: EngineStats | None = None
+
+    def push_stats(self) -> None:
+        stats = self.engine.stats()
+        self.failure = stats.failure
+        if stats != self._last:
+            self._last = stats
+            for link in self.links:
+                link.send((STATS, stats))
+
+
+async def serve_engine(
+    engine: TokenEngine,
+    path: Path,
+    vocab: object,
+    parent_pid: int | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Serve ``engine`` on the Unix socket ``path`` until SIGTERM or SIGINT
+    (or until ``parent_pid`` is no longer this process's parent, or the
+    engine failed for good: ``stats().failure``), then close the engine
+    (every KV cell freed) and remove the socket.
+
+    Returns:
+        0, or 1 when the engine failed (its workers' requests then end as if
+        this process had died, and the supervisor starts another).
+
+    Args:
+        engine: the engine, made in this process.
+        path: where to listen (a missing file; its folder exists).
+        vocab: what the workers make their tokenizer of: the GGUF file's
+            path (``str``), or a tokenizer that pickles.
+        parent_pid: the supervisor's pid, watched with the stats.
+        stop: set it to stop; ``None``: SIGTERM and SIGINT set it (tests that
+            run this in their own loop pass one).
+
+    Raises:
+        OSError: the socket cannot be made at ``path``.
+    """
+    loop = asyncio.get_running_loop()
+    host = _Host(engine, vocab)
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    server = await loop.create_unix_server(lambda: _Link(host), str(path))
+    os.chmod(path, 0o600)
+    logger.info("engine %s serving on %s", engine.model.id, path)
+    ticker = asyncio.ensure_future(_push_stats(host, parent_pid, stop))
+    try:
+        await stop.wait()
+    finally:
+        ticker.cancel()
+        server.close()
+        for link in list(host.links):
+            if link._transport is not None:
+                link._transport.close()
+        await engine.aclose()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a socket: no disk write to wait for
+    return 0 if host.failure is None else 1
+
+
+async def _push_stats(host: _Host, parent_pid: int | None, stop: asyncio.Event) -> None:
+    while True:
+        await asyncio.sleep(STATS_INTERVAL_S)
+        host.push_stats()
+        if host.failure is not None:
+            logger.critical("the engine failed (%s): stopping", host.failure)
+            stop.set()
+        if parent_pid is not None and os.getppid() != parent_pid:
+            logger.error("the supervisor %d is gone: stopping", parent_pid)
+            stop.set()

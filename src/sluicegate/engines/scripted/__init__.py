@@ -1,0 +1,3 @@
+"""Model-free engines that replay scripts, with injectable faults (tests,
+benchmarks).
+"""

@@ -1,0 +1,1 @@
+"""The upstream engine: OpenAI-compatible upstream servers, pooled, with failover."""

@@ -1,0 +1,342 @@
+"""One upstream's 200 stream read into its sequence: content, finish, metering, errors.
+
+``read_stream`` feeds the body's bytes to an ``UpstreamReader``
+(``core/upstream/reader.py``) and pushes a ``TextOutput`` for each text or tool-call
+fragment of choice 0 (the upstream engine asks for ``n: 1``). The first content
+accepts the sequence; a failure before it is a ``BeforeContent`` refusal the
+engine may try on another upstream, one after it the sequence's ``EngineError``.
+Tool calls (``UpstreamToolCall``, normalized by the reader) go out as
+``TextOutput.tool_calls``, one fragment per output.
+
+The reader is bounded by the upstream's ``ReaderLimits``, knows the tools the
+client offered and what the request's usage can be (its ``max_tokens``, the
+model's context window): a stream past a bound, or calling a tool not
+offered, fails with code ``upstream_protocol_error`` (a 502 before content,
+``UpstreamProtocolError`` after), and the connection is closed. A usage that
+cannot be true is dropped, logged and counted (``seq.usage_rejected``): the
+sequence's own count stands, and its usage is an estimate.
+
+Invariants:
+    - The ``completion_tokens`` of a sequence's outputs add up to the
+      upstream's usage when it reported one that can be true (each text counts
+      1 until then; the last output corrects the sum, never below what was
+      counted).
+    - Every ``YIELD_BYTES`` fed without a pause (a long read is fed in pieces
+      of that size), the loop is let go once, so a fast upstream neither holds
+      the event loop nor outruns the client's writer (whose buffer would
+      overflow); and while more than
+      ``MAX_UNTAKEN`` outputs wait for a consumer (the response has not begun
+      listening yet), nothing more is read: the client's buffer bound then
+      never meets a backlog it had no chance to write.
+    - After ``[DONE]`` the body's end is read for at most ``DRAIN_S``, so that
+      the connection is kept alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from sluicegate.core.errors import EngineRefused
+from sluicegate.core.events import FinishReason, TextOutput, Usage
+from sluicegate.core.upstream.items import (
+    UpstreamDelta,
+    UpstreamDone,
+    UpstreamError,
+    UpstreamFinish,
+    UpstreamItem,
+    UpstreamReasoning,
+    UpstreamToolCall,
+    UpstreamUsageRejected,
+)
+from sluicegate.core.upstream.limits import UsageBounds
+from sluicegate.core.upstream.reader import UpstreamReader
+from sluicegate.engines.pool_values import Outcome
+from sluicegate.engines.upstream.config import UpstreamConfig
+from sluicegate.engines.upstream.http import HopError, HopResponse
+from sluicegate.engines.upstream.limits import arm
+from sluicegate.engines.upstream.pool import Lease
+from sluicegate.engines.upstream.refusals import (
+    failure_after_content,
+    failure_before_content,
+)
+from sluicegate.engines.upstream.sequence import (
+    UpstreamSequence,
+    accept,
+    end,
+    step_tokens,
+)
+
+__all__ = ["DRAIN_S", "YIELD_BYTES", "BeforeContent", "read_stream"]
+
+logger = logging.getLogger(__name__)
+
+DRAIN_S = 1.0
+"""How long a finished stream's body may take to end after ``[DONE]`` (seconds)."""
+
+YIELD_BYTES = 8192
+"""Bytes fed to an upstream's reader after which the event loop runs once: a
+read returns at once while bytes wait, so without it a fast upstream's whole
+backlog (200,000 deltas) would be read before the client's writer ran; and
+8 KiB of one-character events (about 80) is a short turn, so that the other
+streams and a new request, which needs many turns, are not held up (64 KiB
+turns delayed a new stream's first token by 1-4 s under such a burst)."""
+
+MAX_UNTAKEN = 256
+"""Outputs that may wait for the response to begin listening before the
+upstream is read further."""
+
+UNTAKEN_POLL_S = 0.002
+"""How often a paused reader looks whether its outputs were taken (seconds)."""
+
+
+class BeforeContent(Exception):
+    """A 200 whose stream failed before any content: ``failure_before_content``'s
+    refusal, outcome and whether to try another upstream."""
+
+    def __init__(self, refusal: tuple[EngineRefused, Outcome, bool]) -> None:
+        super().__init__(refusal[0])
+        self.refusal = refusal
+
+
+async def read_stream(
+    seq: UpstreamSequence,
+    response: HopResponse,
+    lease: Lease,
+    upstreams: Sequence[UpstreamConfig],
+    counts: dict[str, int],
+    context_tokens: int = 0,
+) -> Outcome:
+    """Read a 200's stream into ``seq``'s outputs; the upstream's outcome.
+
+    ``counts`` gets the prompt and generated tokens of a finished sequence;
+    a usage that cannot be true sets ``seq.usage_rejected``.
+    ``context_tokens`` is the model's context window (0: not known).
+
+    Raises:
+        BeforeContent: the stream failed before any content.
+    """
+    prompt = seq.request.text_prompt
+    assert prompt is not None, "an upstream sequence has a text prompt"
+    upstream = upstreams[lease.member]
+    reader = UpstreamReader(
+        prompt.endpoint,
+        limits=upstream.limits,
+        tool_names=prompt.tool_names,
+        usage_bounds=UsageBounds(prompt.max_tokens, context_tokens or None),
+    )
+    time = asyncio.get_running_loop().time
+    chunks = aiter(response)
+    unpaused = 0
+    ended: Outcome | None = None
+    try:
+        async for data in chunks:
+            # A read returns every byte that waits (up to the client library's
+            # buffer, 128 KiB or more): fed at once, a burst of tiny events is
+            # one long turn of the loop, and a new request needs many turns.
+            for start in range(0, len(data), YIELD_BYTES):
+                whole = len(data) <= YIELD_BYTES
+                piece = data if whole else data[start : start + YIELD_BYTES]
+                items = reader.feed(piece)
+                if items:
+                    seq.last_at = time()
+                    ended = _apply(seq, items, lease, upstreams, counts)
+                    if ended is not None:
+                        break
+                unpaused += len(piece)
+                if unpaused >= YIELD_BYTES:
+                    unpaused = 0
+                    await asyncio.sleep(0)
+                # Rare (a burst before the response listens) and short: a poll
+                # costs less than an event set on every output taken.
+                while seq.outputs.queued > MAX_UNTAKEN:  # noqa: ASYNC110
+                    await asyncio.sleep(UNTAKEN_POLL_S)
+            if ended is not None:
+                break
+        else:
+            ended = _apply(seq, reader.flush(), lease, upstreams, counts)
+    except HopError as exc:
+        return _broken(seq, upstreams, f"the upstream stream broke: {exc}")
+    assert ended is not None, "flush() ends the stream"
+    if ended is Outcome.SUCCESS:
+        # Read the body's end, so that the connection is kept alive; a peer
+        # that keeps it open past [DONE] loses it.
+        if seq.timer is not None:
+            seq.timer.cancel()
+            seq.timer = None
+        with contextlib.suppress(TimeoutError, HopError):
+            async with asyncio.timeout(DRAIN_S):
+                async for _ in chunks:
+                    pass
+    return ended
+
+
+def _apply(
+    seq: UpstreamSequence,
+    items: list[UpstreamItem],
+    lease: Lease,
+    upstreams: Sequence[UpstreamConfig],
+    counts: dict[str, int],
+) -> Outcome | None:
+    """Push what ``items`` say; the upstream's outcome once the stream ended."""
+    outputs = seq.outputs
+    for item in items:
+        if type(item) is UpstreamDelta:
+            if item.index != 0:
+                continue  # n is 1; an upstream that sends more is ignored
+            if seq.first_at is None:
+                _first_token(seq, lease, upstreams)
+            prompt, cached = _prompt_of(seq)
+            tokens = step_tokens(seq)
+            output = TextOutput(
+                item.text,
+                None,
+                tokens,
+                prompt,
+                cached_tokens=cached,
+                logprobs=item.logprobs,
+                token_texts=item.token_texts,
+            )
+            outputs.push(output)
+        elif type(item) is UpstreamReasoning:
+            if item.index != 0:
+                continue
+            if seq.first_at is None:
+                _first_token(seq, lease, upstreams)
+            tokens = step_tokens(seq)
+            prompt, cached = _prompt_of(seq)
+            output = TextOutput(
+                "", None, tokens, prompt, reasoning=item.text, cached_tokens=cached
+            )
+            outputs.push(output)
+        elif type(item) is UpstreamToolCall:
+            if item.index != 0:
+                continue
+            if seq.first_at is None:
+                _first_token(seq, lease, upstreams)
+            fragment = (item.fragment,)
+            prompt, cached = _prompt_of(seq)
+            tokens = step_tokens(seq)
+            output = TextOutput(
+                "", None, tokens, prompt, fragment, cached_tokens=cached
+            )
+            outputs.push(output)
+        elif type(item) is Usage:
+            seq.usage = outputs.usage = item
+        elif type(item) is UpstreamUsageRejected:
+            seq.usage = outputs.usage = None  # the sequence's own count stands
+            seq.usage_rejected = True
+            logger.warning(
+                "request %s: the upstream's usage was dropped: %s",
+                seq.request.request_id,
+                item.reason,
+            )
+        elif type(item) is UpstreamFinish:
+            if item.index == 0:
+                seq.finish = item.finish_reason
+                seq.matched_stop = _asked_stop(seq, item.matched_stop)
+                if seq.first_at is None:
+                    _first_token(seq, lease, upstreams)
+        elif type(item) is UpstreamDone:
+            return _finish(seq, upstreams, counts)
+        elif type(item) is UpstreamError:
+            return _broken(
+                seq,
+                upstreams,
+                item.message,
+                item.code,
+                item.type,
+                "the upstream failed: ",
+            )
+        else:
+            return _broken(seq, upstreams, "the upstream's stream ended without [DONE]")
+    return None
+
+
+def _broken(
+    seq: UpstreamSequence,
+    upstreams: Sequence[UpstreamConfig],
+    message: str,
+    code: str | None = None,
+    kind: str | None = None,
+    prefix: str = "",
+) -> Outcome:
+    """The stream failed: the sequence's error (``prefix + message``) once
+    accepted; before any content, a refusal (``BeforeContent``) that
+    the engine may fail over."""
+    upstream = upstreams[0 if seq.lease is None else seq.lease.member]
+    if not seq.accept.done() and seq.lease is not None:
+        raise BeforeContent(failure_before_content(message, code, kind, upstream))
+    end(seq, "failed", failure_after_content(prefix + message, code, upstream))
+    return Outcome.FAILURE
+
+
+def _first_token(
+    seq: UpstreamSequence, lease: Lease, upstreams: Sequence[UpstreamConfig]
+) -> None:
+    """The first content: the sequence is accepted, the time to first token
+    is over, idle time starts."""
+    accept(seq)
+    seq.first_at = seq.last_at
+    lease.first_token()
+    if seq.timer is not None:
+        seq.timer.cancel()
+    arm(seq, upstreams)
+
+
+def _finish(
+    seq: UpstreamSequence, upstreams: Sequence[UpstreamConfig], counts: dict[str, int]
+) -> Outcome:
+    if seq.finish is None:
+        return _broken(seq, upstreams, "the upstream ended without a finish_reason")
+    usage = seq.usage
+    tokens = 0
+    prompt, cached = (None, 0) if usage is None else _prompt_of(seq)
+    if usage is not None:
+        tokens = max(0, usage.completion_tokens - seq.emitted)
+        counts["prompt"] += usage.prompt_tokens
+        if seq.estimate is not None and seq.request.text_prompt is not None:
+            seq.estimate.learn(seq.request.text_prompt, usage.prompt_tokens)
+    seq.emitted += tokens
+    counts["generated"] += seq.emitted
+    seq.result = "finished"
+    reasoning = None if usage is None else usage.reasoning_tokens
+    stop = seq.matched_stop if seq.finish is FinishReason.STOP else None
+    seq.outputs.push(
+        TextOutput(
+            "",
+            seq.finish,
+            tokens,
+            prompt,
+            (),
+            reasoning_tokens=reasoning,
+            cached_tokens=cached,
+            stop_sequence=stop,
+        )
+    )
+    return Outcome.SUCCESS
+
+
+def _asked_stop(seq: UpstreamSequence, matched: str | None) -> str | None:
+    """``matched`` when it is one of the stop strings the request sent (a peer
+    names no string of its own choosing), else ``None``."""
+    prompt = seq.request.text_prompt
+    if matched is None or prompt is None or matched not in prompt.stop:
+        return None
+    return matched
+
+
+def _prompt_of(seq: UpstreamSequence) -> tuple[int | None, int]:
+    """The prompt's tokens and their cached part, as the upstream's latest
+    usage says (continuous usage: from the first content on); before it said
+    any, the engine's estimate (``estimate.py``: a count said before,
+    by the upstream's tokenizer, stays; the last output's usage replaces it),
+    or ``(None, 0)`` without one."""
+    usage, prompt = seq.usage, seq.request.text_prompt
+    if usage is not None:
+        return usage.prompt_tokens, usage.cached_tokens
+    if seq.guess is None and seq.estimate is not None and prompt is not None:
+        seq.guess = seq.estimate.estimate(prompt)
+    return seq.guess, 0

@@ -1,0 +1,1 @@
+"""The routes of each wire API: chat and completions, Responses, Messages, info."""

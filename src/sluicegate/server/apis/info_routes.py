@@ -1,0 +1,119 @@
+"""The endpoints that describe the server: models, health, readiness, metrics.
+
+``InfoRoutes`` answers ``GET /v1/models`` (every served model, OpenAI list
+shape, plus ``context_length``), ``GET /health`` (liveness: ``ok``, ``draining``,
+or 503 ``engine_failed`` once an engine's worker died; with ``serve --workers``,
+also the ``pid`` of the worker process that answered), ``GET /ready`` (200, or
+503 with ``Retry-After`` once the server drains), ``GET /metrics`` (Prometheus
+text), ``GET /engine/stats`` (one engine's ``EngineStats`` as JSON, summed over the
+workers of ``serve --workers``: ``worker_stats.py``; 404 for an unknown
+``?model=``) and ``GET /openapi.json``. None of them touches an engine
+beyond its ``model`` and ``stats()``.
+
+Spec: OpenAI API reference, "Models".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sluicegate.core.errors import ModelNotFound
+from sluicegate.server.admission.keys import Unavailable
+from sluicegate.server.apis.openapi import openapi_document
+from sluicegate.server.config import ServerConfig
+from sluicegate.server.metering.metrics import CONTENT_TYPE, Metrics
+from sluicegate.server.metering.worker_stats import RUN_DIR, WorkerStats
+from sluicegate.server.prepare.models import ServedModels
+from sluicegate.server.streaming.answers import error_response, json_answer
+from sluicegate.server.streaming.shutdown import Drain
+
+__all__ = ["InfoRoutes", "shutting_down"]
+
+
+def shutting_down(config: ServerConfig) -> Unavailable:
+    """The 503 of a draining server, with ``config``'s ``Retry-After``."""
+    return Unavailable(
+        "The server is shutting down; retry on another replica",
+        "server_shutting_down",
+        config.retry_after_s,
+    )
+
+
+class InfoRoutes:
+    """The endpoints about the server, over the app's models, drain and metrics."""
+
+    def __init__(
+        self,
+        models: ServedModels,
+        drain: Drain,
+        metrics: Metrics,
+        config: ServerConfig,
+    ) -> None:
+        self.models = models
+        self.drain = drain
+        self.metrics_ = metrics
+        self.config = config
+        self._openapi = openapi_document()
+        folder = os.environ.get(RUN_DIR)
+        self.worker_stats = (
+            WorkerStats(Path(folder), {s.id: s.engine for s in models})
+            if folder and config.workers > 1
+            else None
+        )
+
+    async def list_models(self, request: Request) -> Response:
+        cards = []
+        for served in self.models:
+            model = served.engine.model
+            cards.append(
+                {
+                    "id": model.id,
+                    "object": "model",
+                    "created": model.created,
+                    "owned_by": model.owned_by,
+                    "context_length": model.context_length,
+                }
+            )
+        return json_answer({"object": "list", "data": cards})
+
+    async def openapi(self, request: Request) -> Response:
+        return json_answer(self._openapi)
+
+    async def health(self, request: Request) -> Response:
+        for served in self.models:
+            failure = served.engine.stats().failure
+            if failure is not None:
+                payload = {"status": "engine_failed", "failure": failure}
+                if len(self.models) > 1:
+                    payload["model"] = served.id
+                return json_answer(payload, 503)
+        status: dict[str, object] = {
+            "status": "draining" if self.drain.draining else "ok"
+        }
+        if self.config.workers > 1:
+            status["pid"] = os.getpid()
+        return json_answer(status)
+
+    async def ready(self, request: Request) -> Response:
+        if self.drain.draining:
+            return error_response(shutting_down(self.config), self.config.retry_after_s)
+        return json_answer({"status": "ready"})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.metrics_.render(), media_type=CONTENT_TYPE)
+
+    async def engine_stats(self, request: Request) -> Response:
+        try:
+            served = self.models.resolve(request.query_params.get("model"))
+        except ModelNotFound as exc:
+            return error_response(exc, self.config.retry_after_s)
+        stats = served.engine.stats()
+        if self.worker_stats is None:
+            return json_answer(dataclasses.asdict(stats))
+        self.worker_stats.publish()
+        return json_answer(self.worker_stats.total(served.id, stats))

@@ -1,0 +1,390 @@
+"""Anthropic's Messages API in front of the chat path: its body in, a chat request out.
+
+A ``POST /v1/messages`` body is validated by its own models (so a 400 names the
+Messages API's parameter), then translated into a chat-completions request that
+the chat planner checks and tokenizes as any other (same template, tools,
+grammar, stop matcher, limits and engines, upstream ones included):
+
+::
+
+    system (text or text blocks)         -> a system message
+    messages[].content text blocks       -> the message's text
+    assistant tool_use {id, name, input} -> tool_calls, arguments = JSON of input
+    user tool_result {tool_use_id, ...}  -> a tool message (tool_call_id)
+    max_tokens, stop_sequences           -> max_tokens, stop
+    tools[{name, description, input_schema}] -> function tools
+    tool_choice auto|any|tool|none       -> auto|required|named|none;
+        disable_parallel_tool_use        -> parallel_tool_calls false
+    output_config.format json_schema     -> response_format json_schema (strict)
+    thinking {type: enabled, budget_tokens} -> chat_template_kwargs
+        enable_thinking true (disabled: false), thinking_token_budget
+    assistant thinking / redacted_thinking blocks -> left out of the prompt
+
+Image and document blocks are refused (400 naming them). Earlier thinking
+blocks are accepted with or without their ``signature`` and are not rendered:
+Anthropic's API drops the thinking of earlier turns from the context, and the
+chat templates of thinking models strip it the same way. The answer is written
+by ``core/wire/messages.py``; errors before the stream are in Anthropic's shape
+(``error_answer``).
+
+Spec: Anthropic API reference, "Messages", "Count message tokens", "Errors".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import Response
+
+from sluicegate.core.errors import EngineError, RequestError
+from sluicegate.core.wire.messages import message_error_body
+from sluicegate.server.admission.keys import AdmissionError
+from sluicegate.server.schemas.chat import ChatCompletionRequest
+from sluicegate.server.schemas.fields import MAX_STOP_STRINGS
+from sluicegate.server.schemas.param_errors import request_error
+from sluicegate.server.schemas.parse import parse_chat_request
+from sluicegate.server.streaming.answers import error_response, json_answer
+
+__all__ = [
+    "MessagesRequest",
+    "anthropic_shape",
+    "error_answer",
+    "parse_messages_request",
+    "to_chat_request",
+]
+
+MIN_THINKING_BUDGET = 1024
+"""The least ``thinking.budget_tokens`` Anthropic's API takes (tokens)."""
+
+MAX_BLOCKS = 1024
+"""Most content blocks in one message (a bound on the work of one request)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class TextBlock(_Model):
+    """``{"type": "text", "text"}``."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(_Model):
+    """An assistant's call: ``{"type": "tool_use", "id", "name", "input"}``."""
+
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(_Model):
+    """A call's result: ``{"type": "tool_result", "tool_use_id", "content"}``."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+
+class ThinkingBlock(_Model):
+    """Earlier reasoning: ``{"type": "thinking", "thinking", "signature"}``."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(_Model):
+    """Earlier reasoning a provider encrypted: ``{"type": "redacted_thinking",
+    "data"}``."""
+
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+class Thinking(_Model):
+    """``thinking``: ``{"type": "enabled", "budget_tokens"}``,
+    ``{"type": "adaptive"}`` (thinking on, no budget) or ``{"type":
+    "disabled"}``."""
+
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | None = Field(None, ge=MIN_THINKING_BUDGET)
+
+
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    Field(discriminator="type"),
+]
+
+
+class Message(_Model):
+    """One turn: ``role`` and a string or content blocks."""
+
+    role: Literal["user", "assistant"]
+    content: str | list[Block] = Field(max_length=MAX_BLOCKS)
+
+
+class Tool(_Model):
+    """``{"name", "description", "input_schema"}``."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolChoice(_Model):
+    """``{"type": "auto"|"any"|"tool"|"none", "name", "disable_parallel_tool_use"}``."""
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class OutputFormat(_Model):
+    """``{"type": "json_schema", "schema"}``: the answer is JSON matching it."""
+
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Model):
+    """``output_config``: its ``format`` (structured output); ``effort`` is
+    accepted and has no effect on these models."""
+
+    format: OutputFormat | None = None
+
+
+class MessagesRequest(_Model):
+    """A ``POST /v1/messages`` (or ``count_tokens``) body.
+
+    ``max_tokens`` is required to create a message, not to count its tokens.
+
+    Spec: Anthropic API reference, "Messages".
+    """
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    system: str | list[TextBlock] | None = None
+    stop_sequences: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=1)
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: ToolChoice | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
+    thinking: Thinking | None = None
+
+
+_REFUSED_BLOCKS = frozenset({"image", "document", "search_result"})
+
+
+def parse_messages_request(
+    body: dict[str, Any], *, counting: bool = False
+) -> MessagesRequest:
+    """Validate a Messages body.
+
+    Args:
+        body: the decoded JSON object.
+        counting: for ``count_tokens``: ``max_tokens`` may be left out.
+
+    Raises:
+        RequestError: 400 naming the parameter (``messages[0].content[1].type``),
+            e.g. a missing ``max_tokens`` or an image block.
+    """
+    _refuse_blocks(body.get("messages"))
+    try:
+        request = MessagesRequest.model_validate(
+            {k: v for k, v in body.items() if v is not None}
+        )
+    except ValidationError as exc:
+        raise request_error(exc.errors()[0]) from exc
+    if request.max_tokens is None and not counting:
+        raise RequestError(
+            "Missing required parameter: 'max_tokens'", param="max_tokens"
+        )
+    _check_thinking(request)
+    return request
+
+
+def _check_thinking(request: MessagesRequest) -> None:
+    """``budget_tokens`` is required when thinking is enabled, and below
+    ``max_tokens``, as Anthropic's API requires."""
+    thinking = request.thinking
+    if thinking is None or thinking.type != "enabled":
+        return
+    budget = thinking.budget_tokens
+    if budget is None:
+        raise RequestError(
+            "thinking.budget_tokens is required when thinking is enabled",
+            param="thinking.budget_tokens",
+        )
+    if request.max_tokens is not None and budget >= request.max_tokens:
+        raise RequestError(
+            f"thinking.budget_tokens must be less than max_tokens; got "
+            f"{budget} and max_tokens={request.max_tokens}",
+            param="thinking.budget_tokens",
+        )
+
+
+def _refuse_blocks(messages: object) -> None:
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        _refuse_in(content, f"messages[{i}].content")
+
+
+def _refuse_in(blocks: list[Any], at: str, outer: bool = True) -> None:
+    """Refuse an unsupported block of ``blocks``, or of a ``tool_result``'s
+    content among them (where Anthropic allows images too), naming it; one
+    level deep only (a tool result holds no tool result)."""
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind in _REFUSED_BLOCKS:
+            raise RequestError(
+                f"{at}[{j}]: content blocks of type {kind!r} are not supported"
+                " (this server serves text models)",
+                param=f"{at}[{j}].type",
+                code="unsupported_content",
+            )
+        inner = block.get("content") if kind == "tool_result" and outer else None
+        if isinstance(inner, list):
+            _refuse_in(inner, f"{at}[{j}].content", outer=False)
+
+
+def to_chat_request(
+    request: MessagesRequest, *, max_tokens: int = 1
+) -> ChatCompletionRequest:
+    """The chat-completions request that asks for what ``request`` asks.
+
+    Args:
+        request: a validated Messages body.
+        max_tokens: the limit when ``request`` has none (``count_tokens``).
+
+    Raises:
+        RequestError: 400 from the chat checks (e.g. a tool schema the
+            constraint cannot express, naming the keyword).
+    """
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": _text(request.system)})
+    for message in request.messages:
+        messages += _chat_messages(message)
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": messages,
+        "max_tokens": request.max_tokens or max_tokens,
+        "stream": request.stream,
+    }
+    if request.stream:
+        # The Messages API has no resumption: never logged, whatever the default.
+        body["stream_options"] = {"include_usage": True, "resumable": False}
+    if request.stop_sequences:
+        body["stop"] = request.stop_sequences
+    for name in ("temperature", "top_p", "top_k"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    output = request.output_config
+    if output is not None and output.format is not None:
+        schema = {"name": "output", "schema": output.format.json_schema, "strict": True}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    if request.tools:
+        body["tools"] = [_chat_tool(tool) for tool in request.tools]
+    if request.tool_choice is not None:
+        body.update(_chat_tool_choice(request.tool_choice, bool(request.tools)))
+    if request.thinking is not None:
+        kind = request.thinking.type
+        body["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+        if kind == "enabled":
+            body["thinking_token_budget"] = request.thinking.budget_tokens
+    return parse_chat_request(body)
+
+
+def _text(content: str | list[TextBlock]) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(block.text for block in content)
+
+
+def _chat_messages(message: Message) -> list[dict[str, Any]]:
+    """One Messages turn as chat messages: text, calls, and one tool message per
+    result (results first, as they answer the previous turn's calls)."""
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+            continue  # earlier reasoning: not in the context (module docstring)
+        elif isinstance(block, ToolUseBlock):
+            arguments = orjson.dumps(block.input).decode()
+            function = {"name": block.name, "arguments": arguments}
+            calls.append({"id": block.id, "type": "function", "function": function})
+        else:
+            text = _text(block.content)
+            content = f"Error: {text}" if block.is_error else text
+            results.append(
+                {"role": "tool", "tool_call_id": block.tool_use_id, "content": content}
+            )
+    out = results
+    if texts or calls or not results:
+        turn: dict[str, Any] = {"role": message.role, "content": "\n".join(texts)}
+        if calls:
+            turn["tool_calls"] = calls
+        out = [*results, turn]
+    return out
+
+
+def _chat_tool(tool: Tool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: ToolChoice, has_tools: bool) -> dict[str, Any]:
+    if choice.type == "tool" and choice.name is None:
+        raise RequestError(
+            "tool_choice of type 'tool' needs a name", param="tool_choice.name"
+        )
+    if choice.type == "none" or not has_tools:
+        return {"tool_choice": "none"} if has_tools else {}
+    out: dict[str, Any] = {"parallel_tool_calls": not choice.disable_parallel_tool_use}
+    if choice.type == "tool":
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        out["tool_choice"] = "required" if choice.type == "any" else "auto"
+    return out
+
+
+def error_answer(
+    exc: RequestError | EngineError | AdmissionError, retry_after_s: int
+) -> Response:
+    """The answer of a refusal before the first byte, in Anthropic's shape:
+    ``{"type": "error", "error": {"type", "message"}}``, the status and
+    ``Retry-After`` of ``answers.error_response``."""
+    return anthropic_shape(error_response(exc, retry_after_s))
+
+
+def anthropic_shape(answer: Response) -> Response:
+    """``answer`` (an OpenAI-shaped error) with its body in Anthropic's shape."""
+    status = answer.status_code
+    message = json.loads(bytes(answer.body))["error"]["message"]
+    retry = answer.headers.get("retry-after")
+    headers = {"Retry-After": retry} if retry is not None else None
+    return json_answer(message_error_body(status, message), status, headers)

@@ -1,0 +1,3 @@
+"""The server's assembly: the Starlette app, the command-line options, the
+playground, the worker processes.
+"""

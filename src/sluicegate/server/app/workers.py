@@ -1,0 +1,241 @@
+"""``serve --workers N``: N front-end processes on one port, and the engine process.
+
+The parent process binds the port and starts N workers, each a plain
+``sluicegate serve`` process (its own event loop, engines, ledger writer and
+metrics) that inherits one listening socket (``--listen-fd``) and accepts on
+it, and, for a local engine in a process of its own (``--engine-process``,
+always for llama.cpp above one worker), the engine process
+(``--engine-serve``, ``engines/remote/host.py``), which the workers reach
+through ``--engine-socket`` (``engines/remote/engine.py``). The parent serves
+nothing: ``supervisor.py`` restarts a child that exits and stops them all on
+a signal. A worker whose parent is gone drains and exits (``DrainingServer``
+watches its parent); so does the engine process.
+
+What the workers share lives outside them: quotas and resumable streams in
+Redis (``--redis``, required above one worker: the memory store would give
+each worker its own), the ledger in one SQLite file in WAL mode or in
+PostgreSQL (every worker writes its own rows under its own server id), and the
+Prometheus series of finished requests in files of one folder
+(``PROMETHEUS_MULTIPROC_DIR``, prometheus-client's multiprocess mode), summed
+by whichever worker answers ``/metrics``.
+
+The sockets: one ``SO_REUSEPORT`` socket per worker slot, all on the same
+port, made and kept open by the parent; worker ``i`` inherits socket ``i``.
+The kernel spreads new connections over the sockets by a hash of their
+addresses, so each worker gets an even share whether or not it is busy.
+One socket shared by all workers (gunicorn's and uvicorn's way) leaves the
+choice to whichever worker's event loop wakes first, and epoll wakes the one
+that waited last: under load one worker takes most connections while the
+others idle. Because the parent holds each slot's socket, the connections
+queued at a worker that died wait for its restart in that socket's queue
+instead of being reset, and ``--port 0`` works (the first socket picks the
+port, the others bind it). Only processes of the same user may join a port's
+``SO_REUSEPORT`` group.
+
+Spec: docs/serving.md, "Workers"; uvicorn's and gunicorn's ``--workers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import faulthandler
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from sluicegate.engines.base import Engine, OutputKind
+from sluicegate.server.app.supervisor import WorkerSupervisor
+from sluicegate.server.metering.metrics import MULTIPROC_DIR
+from sluicegate.server.metering.worker_stats import RUN_DIR
+
+__all__ = [
+    "add_worker_options",
+    "listen_sockets",
+    "parse_workers",
+    "run_engine_process",
+    "run_workers",
+    "supervised",
+    "worker_count",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def parse_workers(text: str) -> int:
+    """``--workers``: a count from 1, or ``auto`` (0 here: ``worker_count``
+    turns it into the usable cores).
+
+    Raises:
+        ValueError: neither ``auto`` nor an integer >= 1.
+    """
+    if text == "auto":
+        return 0
+    count = int(text)
+    if count < 1:
+        raise ValueError(f"expected auto or an integer >= 1, got {text!r}")
+    return count
+
+
+def worker_count(asked: int) -> int:
+    """``asked``, or for 0 (``auto``) the cores this process may run on."""
+    return asked or len(os.sched_getaffinity(0))
+
+
+def add_worker_options(serve: argparse.ArgumentParser) -> None:
+    """Add ``--workers``, ``--engine-process`` and the children's own options
+    to the ``serve`` parser."""
+
+    def workers(text: str) -> int:
+        try:
+            return parse_workers(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    add = serve.add_argument
+    add(
+        "--workers",
+        type=workers,
+        default=1,
+        metavar="N",
+        help="front-end processes accepting on the port, each with its own event"
+        " loop (auto: one per usable core; above 1, --redis is required)"
+        " (default: %(default)s)",
+    )
+    add(
+        "--engine-process",
+        action="store_true",
+        help="run the local engine in a process of its own, which the workers"
+        " reach over a Unix socket; a crash there ends its streams with an"
+        " error, and it is restarted (always so for llama.cpp above one worker)",
+    )
+    # Set by the parent (workers.py) on the command lines of its children.
+    add("--listen-fd", type=int, help=argparse.SUPPRESS)
+    add("--engine-socket", help=argparse.SUPPRESS)
+    add("--engine-serve", help=argparse.SUPPRESS)
+
+
+def listen_sockets(
+    host: str, port: int, count: int, backlog: int = 2048
+) -> list[socket.socket]:
+    """``count`` TCP sockets bound to ``host:port`` with ``SO_REUSEPORT``,
+    listening, inheritable by children (``backlog`` is uvicorn's default).
+
+    Port 0 binds a free port for the first, and the others bind that one
+    (``getsockname()`` tells which).
+
+    Raises:
+        OSError: the address cannot be bound (in use, not local).
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            address = sock.getsockname()  # port 0: the one the first got
+            sock.listen(backlog)
+            sock.set_inheritable(True)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def supervised(args: argparse.Namespace) -> bool:
+    """Whether ``serve``'s ``args`` make this process the parent of workers
+    (``--workers`` above 1, or ``--engine-process``), not a worker itself."""
+    child = args.listen_fd is not None or args.engine_serve is not None
+    return not child and (worker_count(args.workers) > 1 or args.engine_process)
+
+
+def _local_engine(args: argparse.Namespace) -> bool:
+    return args.engine is not None or not (args.upstream or args.upstreams)
+
+
+def run_workers(args: argparse.Namespace) -> int:
+    """``serve --workers``/``--engine-process``: bind the port, start the
+    engine process when there is one, and the workers (``WorkerSupervisor``)
+    until a signal; ``args`` are ``serve``'s, ``args.argv`` the command line
+    the children repeat.
+
+    The engine process runs the local engine when ``--engine-process`` asks,
+    and for llama.cpp above one worker (one model in memory, one batch); a
+    scripted engine above one worker runs in each worker.
+
+    Raises:
+        SystemExit: above one worker, no ``--redis``; the port cannot be bound
+            (each message says what to pass).
+
+    Returns:
+        The exit code: 0, or 1 (a restart limit, a failed stop).
+    """
+    count = worker_count(args.workers)
+    if count > 1 and args.redis is None:
+        raise SystemExit(
+            f"sluicegate: --workers {count} keeps quotas and resumable streams in"
+            " Redis, shared by the workers: pass --redis redis://HOST:PORT/DB"
+            " (or --workers 1)"
+        )
+    llamacpp = _local_engine(args) and args.engine != "scripted"
+    separate = _local_engine(args) and (args.engine_process or llamacpp)
+    try:
+        sockets = listen_sockets(args.host, args.port, count)
+    except OSError as exc:
+        raise SystemExit(
+            f"sluicegate: cannot listen on {args.host}:{args.port}: {exc}"
+        ) from exc
+    run_dir = Path(tempfile.mkdtemp(prefix="sluicegate-"))  # mode 0700
+    env = dict(os.environ)
+    env[RUN_DIR] = str(run_dir / "stats")  # each worker's engine stats
+    if MULTIPROC_DIR not in env:  # each worker's series in files here
+        env[MULTIPROC_DIR] = str(run_dir / "metrics")
+        os.mkdir(env[MULTIPROC_DIR])
+    base = [sys.executable, "-m", "sluicegate", *args.argv]
+    engine_command = None
+    worker_command = base
+    if separate:
+        engine_socket = str(run_dir / "engine.sock")
+        engine_command = [*base, "--engine-serve", engine_socket]
+        worker_command = [*base, "--engine-socket", engine_socket]
+    port = sockets[0].getsockname()[1]
+    logger.info("serving on http://%s:%d with %d workers", args.host, port, count)
+    supervisor = WorkerSupervisor(
+        worker_command, [sock.fileno() for sock in sockets], env, engine_command
+    )
+    try:
+        return supervisor.run()
+    finally:
+        for sock in sockets:
+            sock.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run_engine_process(args: argparse.Namespace, engine: Engine) -> int:
+    """The engine process (``--engine-serve PATH``): serve ``engine`` to the
+    workers on the Unix socket ``PATH`` until SIGTERM (``engines/remote/host.py``).
+
+    Returns:
+        The exit code: 0, or 1 when the engine failed (the supervisor
+        restarts it).
+    """
+    from sluicegate.engines.remote.host import serve_engine
+
+    assert engine.output_kind is OutputKind.TOKENS
+    # llama.cpp: the workers load the vocabulary from the model file; the
+    # scripted engine's tokenizer is sent as it is.
+    vocab: object = engine.tokenizer if args.engine == "scripted" else args.model
+    path = Path(args.engine_serve)
+    if not faulthandler.is_enabled():  # a native crash: its stacks on stderr
+        faulthandler.enable()
+    return asyncio.run(serve_engine(engine, path, vocab, parent_pid=os.getppid()))

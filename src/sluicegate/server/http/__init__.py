@@ -1,0 +1,3 @@
+"""HTTP plumbing below the routes: bodies, chunked framing, connection limits,
+CORS.
+"""

@@ -1,0 +1,352 @@
+"""HTTP connection limits: uvicorn's h11 protocol with read deadlines, a 431 and a cap.
+
+``serve`` runs uvicorn with ``http=protocol_class(limits, on_refuse)``, a
+subclass of uvicorn's ``H11Protocol``, and sets uvicorn's own limits beside it
+(``options.run_server``): ``h11_max_incomplete_event_size`` (the request head) and
+``timeout_keep_alive``. What uvicorn has no setting for is a time limit on reading
+a request, so a client can hold a connection (and, before this module, its
+buffered head) for as long as it likes by sending nothing, or one byte every few
+seconds. Here each connection has one timer:
+
+- a request's head (request line and headers) must be complete within
+  ``header_timeout_s``, counted from the connection's opening for its first
+  request and from the first byte of each later one (between requests, uvicorn's
+  keep-alive timeout closes an idle connection);
+- its body, within ``body_timeout_s`` of the end of its head.
+
+Past a deadline the connection gets ``408 Request Timeout`` (an OpenAI error
+body, ``Connection: close``), unless a response to that request has begun or a
+later request has not sent a byte yet, and is closed. A request read in full
+stops the timer: a response may stream for as long as it likes. A head over
+h11's size limit gets ``431 Request Header Fields Too Large`` (uvicorn answers
+every parse error with 400) and a close.
+
+The connection cap is here too, not uvicorn's ``limit_concurrency``: a request on
+a connection past ``max_connections`` gets ``503`` with ``Retry-After`` and an
+OpenAI error body (code ``too_many_connections``) and a close, where uvicorn's
+own is a plain-text 503 without ``Retry-After``. Each of these refusals (408, 431,
+503) is reported to ``on_refuse`` with its code (``REFUSAL_CODES``): the app
+counts them in its metrics, as it does its own refusals before routing; none
+has a ledger row, since no request reached the app.
+
+Invariants:
+    - At most one timer per connection; it is re-armed only when the phase
+      changes (head -> body -> done), so trickling bytes never extend a deadline.
+    - The phase is read from ``h11.Connection.their_state`` after uvicorn has
+      fed the bytes in, never guessed from the bytes.
+
+Why h11 and not httptools (which ``uvicorn[standard]`` picks by default):
+uvicorn's httptools protocol bounds neither a header's size nor the head's (a
+32 MB header was accepted), and frames every response without a length as
+chunked, HTTP/1.0 peers included (RFC 9112 forbids it); h11 stops buffering a
+head at its limit and delimits an HTTP/1.0 response by closing the connection.
+Its per-write work is skipped where it adds nothing (``chunked_body.py``).
+
+Spec: RFC 9110, "15.5.9. 408 Request Timeout"; RFC 6585, "5. 431 Request Header
+Fields Too Large"; RFC 9112, "6.3. Message Body Length", "7.1. Chunked Transfer
+Coding" and "9.6. Tear-down".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import re
+import resource
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import h11
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
+
+from sluicegate.core.wire.chunks import dumps, error_payload
+from sluicegate.server.http.chunked_body import ChunkedBodySend
+
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "REFUSAL_CODES",
+    "ConnectionLimits",
+    "LimitedH11Protocol",
+    "default_max_connections",
+    "protocol_class",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONNECTIONS = 4096
+"""The connection cap when the open-file limit leaves room for it."""
+
+REFUSAL_CODES = ("request_timeout", "request_header_too_large", "too_many_connections")
+"""Every ``code`` that ``on_refuse`` is given."""
+
+_RESERVED_FDS = 64
+"""File descriptors kept out of the connection cap: the listening socket, the
+ledger, the model file, logs and the engine's own."""
+
+
+def default_max_connections() -> int:
+    """``DEFAULT_MAX_CONNECTIONS``, or fewer: the open-file limit minus 64.
+
+    Past the process's file-descriptor limit ``accept()`` fails and clients see
+    resets; under the cap, a connection over it gets uvicorn's 503 instead.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_CONNECTIONS
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, soft - _RESERVED_FDS))
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """How long a connection may take to send a request, and its head's size.
+
+    Attributes:
+        header_timeout_s: seconds for a request's head to arrive in full (> 0).
+        body_timeout_s: seconds for its body, from the end of its head (> 0).
+        max_header_bytes: the largest request head, in bytes (request line and
+            headers; > 0); the same value goes to uvicorn as
+            ``h11_max_incomplete_event_size``, and this one names it in the 431.
+        max_connections: connections served at once (> 0); a request on one more
+            gets 503. ``None``: no cap.
+        retry_after_s: the ``Retry-After`` of that 503, in seconds (>= 0).
+    """
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_header_bytes: int = 32 * 1024
+    max_connections: int | None = None
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "max_header_bytes"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        if self.max_connections is not None and self.max_connections <= 0:
+            raise ValueError(
+                f"max_connections must be > 0, got {self.max_connections!r}"
+            )
+        if self.retry_after_s < 0:
+            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s!r}")
+
+
+class _Phase(enum.Enum):
+    """What a connection is waiting for from its client."""
+
+    IDLE = "idle"  # between requests: uvicorn's keep-alive timeout applies
+    HEAD = "head"
+    BODY = "body"
+    DONE = "done"  # the request is read; the response takes its time
+
+
+class LimitedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with head and body deadlines, a 431 and a JSON 503.
+
+    Use ``protocol_class(limits, on_refuse)``: uvicorn instantiates the class
+    itself, so the limits are class attributes.
+    """
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    on_refuse: ClassVar[Callable[[str], None] | None] = None
+
+    _phase: _Phase
+    _timer: asyncio.TimerHandle | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn runs ``self.app`` for each request it parses: the cap is checked
+        # then, as uvicorn's own ``limit_concurrency`` is.
+        self._served_app = self.app
+        self.app = self._capped_app
+
+    async def _capped_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cap = self.limits.max_connections
+        if cap is None or len(self.connections) <= cap:
+            cycle = getattr(send, "__self__", None)
+            if isinstance(cycle, RequestResponseCycle):
+                send = ChunkedBodySend(cycle, scope)
+            await self._served_app(scope, receive, send)
+            return
+        logger.warning(
+            "refused a request: %d connections open, %d served",
+            len(self.connections),
+            cap,
+        )
+        self._report("too_many_connections")
+        body = dumps(
+            error_payload(
+                f"The server serves at most {cap} connections at once, and that "
+                "many are open; retry later",
+                "server_error",
+                None,
+                "too_many_connections",
+            )
+        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode("ascii")),
+            (b"retry-after", str(self.limits.retry_after_s).encode("ascii")),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._phase = _Phase.IDLE
+        self._timer = None
+        self._enter(_Phase.HEAD)  # a new connection owes a request at once
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._enter(_Phase.DONE)
+        super().connection_lost(exc)
+        # self.app is a method of this protocol: a reference cycle that only the
+        # collector would free. A request still running holds its own app.
+        self.app = self._served_app
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._head_over_limit(data):
+            self._enter(_Phase.DONE)
+            self._refuse(431, self._too_large(), "request_header_too_large")
+            return
+        super().data_received(data)
+        self._follow(bytes_arrived=True)
+
+    def _head_over_limit(self, data: bytes) -> bool:
+        """Whether the head that ``data`` completes is over the limit. h11's own
+        limit counts only a head still incomplete after a read, so a whole
+        head that came in one read is measured here."""
+        limit = self.limits.max_header_bytes
+        buffered = self.conn.trailing_data[0]
+        if len(buffered) + len(data) <= limit:
+            return False
+        head = bytes(buffered) + data
+        end = _HEAD_END.search(head)
+        return end is not None and end.start() > limit
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow(bytes_arrived=False)
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this from inside its `except h11.RemoteProtocolError`, so
+        # the error, and h11's status hint (431 for a head over the limit), is
+        # the one being handled.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, h11.RemoteProtocolError) and exc.error_status_hint == 431:
+            self._enter(_Phase.DONE)
+            self._refuse(431, self._too_large(), "request_header_too_large")
+            return
+        super().send_400_response(msg)
+
+    def _too_large(self) -> str:
+        return (
+            "The request head (request line and headers) is larger than "
+            f"{self.limits.max_header_bytes} bytes"
+        )
+
+    def _follow(self, *, bytes_arrived: bool) -> None:
+        """Move to the phase h11's view of the client's side says."""
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            # Bytes while idle are the start of a head (h11 has not parsed a
+            # whole one yet); a head that was already due stays due.
+            started = bytes_arrived or self._phase is _Phase.HEAD
+            self._enter(_Phase.HEAD if started else _Phase.IDLE)
+        elif state is h11.SEND_BODY:
+            self._enter(_Phase.BODY)
+        else:
+            self._enter(_Phase.DONE)
+
+    def _enter(self, phase: _Phase) -> None:
+        if phase is self._phase:
+            return
+        self._phase = phase
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+        if phase is _Phase.HEAD:
+            self._timer = self.loop.call_later(
+                self.limits.header_timeout_s, self._expire
+            )
+        elif phase is _Phase.BODY:
+            self._timer = self.loop.call_later(self.limits.body_timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        phase = self._phase
+        self._phase = _Phase.DONE
+        if self.transport.is_closing():
+            return
+        cycle: RequestResponseCycle | None = self.cycle
+        # A head's cycle is the previous request's (done); a body's is its own,
+        # which may already be answered (a 401 before the body was read).
+        answered = phase is _Phase.BODY and cycle is not None and cycle.response_started
+        # A later request that has sent nothing yet is an idle connection (uvicorn
+        # stops its keep-alive timer on any byte, even the end of a body it
+        # drained after answering): close it as the keep-alive timeout would.
+        idle = phase is _Phase.HEAD and cycle is not None and not self._buffered()
+        logger.debug("closing %s: its request %s was late", self.client, phase.value)
+        if answered or idle:
+            self.transport.close()
+            return
+        timeout_s = (
+            self.limits.header_timeout_s
+            if phase is _Phase.HEAD
+            else self.limits.body_timeout_s
+        )
+        self._refuse(
+            408,
+            f"The request {phase.value} did not arrive within {timeout_s:g} s",
+            "request_timeout",
+        )
+
+    def _buffered(self) -> bool:
+        data, _ = self.conn.trailing_data
+        return bool(data)
+
+    def _report(self, code: str) -> None:
+        on_refuse = type(self).on_refuse
+        if on_refuse is not None:
+            on_refuse(code)
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        """Write one error response outside h11 (the connection ends), close."""
+        self._report(code)
+        body = dumps(error_payload(message, "invalid_request_error", None, code))
+        reason = _REASONS[status]
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        self.transport.write(head.encode("ascii") + body)
+        self.transport.close()
+
+
+_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
+_HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line that ends a head
+
+
+def protocol_class(
+    limits: ConnectionLimits, on_refuse: Callable[[str], None] | None = None
+) -> type[LimitedH11Protocol]:
+    """The protocol class to give uvicorn as ``Config(http=...)``.
+
+    Args:
+        limits: the connection limits.
+        on_refuse: called on the event loop with the code (``REFUSAL_CODES``) of
+            each 408, 431 and 503 the protocol answers itself; ``None``: not
+            reported.
+    """
+
+    class ConfiguredH11Protocol(LimitedH11Protocol):
+        pass
+
+    ConfiguredH11Protocol.limits = limits
+    ConfiguredH11Protocol.on_refuse = on_refuse  # read from the class: never bound
+    return ConfiguredH11Protocol

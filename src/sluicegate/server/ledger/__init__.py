@@ -1,0 +1,1 @@
+"""The request ledger's storage: SQLite or PostgreSQL, one writer thread, reads."""

@@ -1,0 +1,1 @@
+"""What each request used: its ledger row as it goes, and the Prometheus series."""

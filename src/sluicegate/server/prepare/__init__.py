@@ -1,0 +1,1 @@
+"""A validated request -> a ``Plan``: model, prompt, template, constraints, limits."""

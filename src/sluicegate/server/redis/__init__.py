@@ -1,0 +1,1 @@
+"""State shared between replicas in Redis: resumable logs, cancels, quotas."""

@@ -1,0 +1,99 @@
+"""The Redis connection of a server whose quotas and resumable logs are shared.
+
+``connect(url)`` opens a ``redis.asyncio`` client (its pool connects on first
+use), and ``redis_errors()`` turns every failure to reach Redis into one
+``RedisUnavailable``. ``redis`` (redis-py) is imported here only, and only when a
+server is configured with ``redis_url``: a server without Redis never loads it.
+
+Invariants:
+    - A command that cannot reach Redis fails within about
+      ``CONNECT_TIMEOUT_S`` (connect) or ``COMMAND_TIMEOUT_S`` (reply), after one
+      retry at most; the server never waits on a dead Redis for long.
+    - Replies are bytes (``decode_responses`` off): frames go in and out as
+      written.
+
+Spec: Redis documentation, "Pipelining" and "Scripting with Lua".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from sluicegate.server.stores.event_store import StoreError, StoreFull
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+__all__ = [
+    "COMMAND_TIMEOUT_S",
+    "CONNECT_TIMEOUT_S",
+    "RedisFull",
+    "RedisUnavailable",
+    "connect",
+    "redis_errors",
+]
+
+CONNECT_TIMEOUT_S = 1.0
+COMMAND_TIMEOUT_S = 5.0
+"""Seconds for one reply; longer than any ``XREAD BLOCK`` this server sends."""
+MAX_CONNECTIONS = 64
+"""Connections of one server's pool: producers share one flusher and readers one
+tail, so few are in use at once; past it a command waits for one (at most
+``COMMAND_TIMEOUT_S``)."""
+
+
+class RedisUnavailable(StoreError):
+    """Redis cannot be reached, or answered with an error (503 before the first
+    byte, an in-band error after it)."""
+
+
+class RedisFull(RedisUnavailable, StoreFull):
+    """Redis refused a write: its memory is at ``maxmemory`` (with
+    ``noeviction``). A ``StoreFull``: 503 ``resume_store_full`` before the first
+    byte, the same code in band after it."""
+
+
+def connect(url: str) -> Redis:
+    """A client of the Redis at ``url`` (``redis://host:port/db``); lazy.
+
+    Raises:
+        ValueError: ``url`` is not a Redis URL.
+    """
+    from redis.asyncio import BlockingConnectionPool, Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    # A full pool makes a command wait for a connection (the plain pool
+    # raises at once): 1,000 streams starting together must not fail.
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=COMMAND_TIMEOUT_S,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=COMMAND_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 1),
+        health_check_interval=30,
+    )
+    client: Redis = Redis.from_pool(pool)  # closing the client closes the pool
+    return client
+
+
+@contextmanager
+def redis_errors(doing: str) -> Iterator[None]:
+    """Raise ``RedisUnavailable`` (naming ``doing``) for any Redis or socket
+    failure inside the block; ``RedisFull`` for a write Redis refused at
+    ``maxmemory``.
+
+    Raises:
+        RedisUnavailable: from the redis-py error or ``OSError`` it replaces.
+    """
+    from redis.exceptions import OutOfMemoryError, RedisError
+
+    try:
+        yield
+    except OutOfMemoryError as exc:
+        raise RedisFull(f"Redis is full (maxmemory) while {doing}") from exc
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"Redis failed while {doing}: {exc}") from exc

@@ -1,0 +1,1 @@
+"""Resumable streams: their producers, their logs' readers, resume and cancel."""

@@ -1,0 +1,1 @@
+"""Request bodies as the wire APIs send them, validated (pydantic models)."""
