@@ -725,3 +725,26 @@ def test_an_aborted_requests_row_without_any_counter_has_an_estimate(
     assert row.end_state is EndState.ABORTED
     assert row.prompt_tokens > 0
     assert row.usage_estimated
+
+
+def test_over_sluicegate_the_stop_string_the_upstream_matched_is_named(
+    over_sluicegate: ServerProcess,
+) -> None:
+    """The upstream sluicegate cuts the stop string and names it in its finish
+    chunk's ``stop_reason`` (vLLM's field), so the gateway's Messages answer
+    says which stop sequence ended it, streamed and not."""
+    base = over_sluicegate.base_url
+    kw: Any = {"model": "scripted", "max_tokens": 16, "messages": _ask()}
+    with anthropic.Anthropic(base_url=base, api_key="x", max_retries=0) as claude:
+        text = claude.messages.create(**kw).content[0]
+        assert isinstance(text, anthropic.types.TextBlock)
+        stop = text.text[len(text.text) // 2 :][:3]  # met in the middle
+        whole = claude.messages.create(**kw, stop_sequences=["\u00a7", stop])
+        events = list(claude.messages.create(**kw, stop_sequences=[stop], stream=True))
+    assert (whole.stop_reason, whole.stop_sequence) == ("stop_sequence", stop)
+    delta = events[-2]
+    assert delta.type == "message_delta"
+    assert (delta.delta.stop_reason, delta.delta.stop_sequence) == (
+        "stop_sequence",
+        stop,
+    )

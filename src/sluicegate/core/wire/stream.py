@@ -33,7 +33,10 @@ frames written (``written.WriteRecord``), the same rule the client applies to
 the bytes it received, so the server's ledger and the client agree.
 
 A content chunk of text alone comes from a template (``templates.ChoiceFrames``):
-the JSON of its text between its choice's prebuilt bytes.
+the JSON of its text between its choice's prebuilt bytes. The finish chunk of a
+choice that a stop string ended names it in ``stop_reason`` (vLLM's extension,
+which OpenAI's clients ignore): a gateway in front of this server reads it as
+the Messages API's ``stop_sequence``.
 
 Frames are ``bytes``: each one complete SSE event (one compact JSON object on one
 ``data:`` line, then a blank line), a comment, or ``data: [DONE]``. Given a
@@ -352,6 +355,8 @@ class StreamMachine:
                     chunk = chat_chunk(header, index, {}, reason, usage=usage)
                 else:
                     chunk = completion_chunk(header, index, "", reason, usage=usage)
+                if event.stop_sequence is not None:  # vLLM's name for it
+                    chunk["choices"][0]["stop_reason"] = event.stop_sequence
                 return [self._frame(chunk)]
             case End(usage=usage):
                 if header.include_usage:
