@@ -31,7 +31,6 @@ import secrets
 import anyio.to_thread
 
 from sluicegate.core.decoding.reasoning_choice import request_reasoning
-from sluicegate.core.decoding.toolcalls import OPEN_TAG
 from sluicegate.core.errors import ModelNotFound, RequestError
 from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.engines.base import (
@@ -42,10 +41,12 @@ from sluicegate.engines.base import (
     Tokenizer,
 )
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.prepare.constraints import (
-    NO_TOOL_MARKUP,
-    grammar_for_request,
-    reasoning_grammar,
+from sluicegate.server.prepare.constraints import NO_TOOL_MARKUP, reasoning_grammar
+from sluicegate.server.prepare.grammars import (
+    TOOL_MARKUP_STOPS,
+    checked_grammar,
+    compile_ahead,
+    shows_tool_markup,
 )
 from sluicegate.server.prepare.plan import (
     ChoicePlan,
@@ -57,8 +58,6 @@ from sluicegate.server.prepare.plan import (
     with_reasoning,
 )
 from sluicegate.server.prepare.prompt_text import OFF_LOOP_CHARS, tokenize
-from sluicegate.server.prepare.schema_checks import check_schemas
-from sluicegate.server.prepare.schema_worker import SchemaWorker
 from sluicegate.server.prepare.templates import ChatTemplate, text_prompt
 from sluicegate.server.prepare.text import text_chat_plan, text_completion_plan
 from sluicegate.server.prepare.tools import resolve_tools
@@ -202,13 +201,13 @@ async def plan_chat(
     # Before anything reads a schema (an upstream's compiler too): 400 past a
     # limit, or one the grammar cannot express.
     if engine.output_kind is OutputKind.TEXT:
-        await _checked_grammar(request, config, None)
+        await checked_grammar(request, config, None)
         return text_chat_plan(request, response_id, engine, config, model)
     assert template is not None, "an engine of token ids has a chat template"
     # With a reasoning parser the grammar is compiled once it is wrapped to
     # start after the reasoning, which needs the rendered prompt.
     ahead = template.reasoning is None
-    grammar = await _checked_grammar(request, config, engine, compile_ahead=ahead)
+    grammar = await checked_grammar(request, config, engine, compile_ahead=ahead)
     tools = resolve_tools(request)
     render = functools.partial(
         template.prompt,
@@ -231,10 +230,10 @@ async def plan_chat(
     if grammar is not None and not ahead:
         if reasoning is not None:  # the grammar applies once the reasoning ended
             grammar = reasoning_grammar(grammar, reasoning)
-        await _compile_ahead(grammar, engine, config, request)
+        await compile_ahead(grammar, engine, config, request)
     # A response format's grammar keeps markup out already (and a stop string
     # would cut a JSON string that holds a tag): the guard is for free text.
-    guarded = grammar is None and tools is None and _shows_tool_markup(request)
+    guarded = grammar is None and tools is None and shows_tool_markup(request)
     if guarded:
         grammar = NO_TOOL_MARKUP
     plan = _plan(request, response_id, engine, config, model, [ids], [""], grammar)
@@ -248,92 +247,6 @@ async def plan_chat(
     if tools is None:
         return plan
     return dataclasses.replace(plan, tools=tools.decoding)
-
-
-SCHEMA_WORKER = SchemaWorker()
-"""Where this process compiles request schemas (threads of a known stack)."""
-
-
-async def _checked_grammar(
-    request: ChatCompletionRequest,
-    config: ServerConfig,
-    engine: TokenEngine | None,
-    *,
-    compile_ahead: bool = True,
-) -> Grammar | None:
-    """The request's schemas checked against ``config.schema_limits``, then (for
-    an ``engine`` of token ids) its ``grammar_for_request``, compiled ahead by
-    the engine when it can (``Capabilities.grammars``) and ``compile_ahead``:
-    off the event loop when there is a schema, within
-    ``config.schema_timeout_s``. A compile takes up to seconds, in native code
-    that releases the interpreter: the loop serves meanwhile, and the engine's
-    other sequences do not wait for it.
-
-    Raises:
-        RequestError: 400: a schema past a limit, one the grammar cannot
-            express, or the deadline ran out.
-    """
-    if request.response_format is None and not request.tools:
-        return None if engine is None else grammar_for_request(request)
-    grammars = engine is not None and engine.capabilities.grammars
-    compiling = engine if grammars and compile_ahead else None
-
-    def work() -> Grammar | None:
-        check_schemas(request, config.schema_limits)
-        if engine is None:
-            return None
-        grammar = grammar_for_request(request)
-        if grammar is not None and compiling is not None:
-            compiling.compile_grammar(grammar)
-        return grammar
-
-    return await SCHEMA_WORKER.run(
-        work,
-        config.schema_timeout_s,
-        "the request's JSON schemas",
-        "response_format" if request.response_format is not None else "tools",
-    )
-
-
-async def _compile_ahead(
-    grammar: Grammar,
-    engine: TokenEngine,
-    config: ServerConfig,
-    request: ChatCompletionRequest,
-) -> None:
-    """``grammar`` compiled ahead by ``engine`` when it can, off the event loop
-    within ``config.schema_timeout_s`` (as ``_checked_grammar`` does).
-
-    Raises:
-        RequestError: 400 when the deadline ran out.
-    """
-    if not engine.capabilities.grammars:
-        return
-
-    def work() -> None:
-        engine.compile_grammar(grammar)
-
-    await SCHEMA_WORKER.run(
-        work,
-        config.schema_timeout_s,
-        "the request's JSON schemas",
-        "response_format" if request.response_format is not None else "tools",
-    )
-
-
-TOOL_MARKUP_STOPS = (OPEN_TAG, "<tool_response")
-"""Where a turn that may not call (``tool_choice: "none"``) ends if the model
-starts to write tool markup anyway (an engine without grammars), as it may
-after calls in the history: the text before is the answer, finish ``stop``."""
-
-
-def _shows_tool_markup(request: ChatCompletionRequest) -> bool:
-    """Whether the prompt shows tools or past calls (in the format of
-    docs/tools.md), so that a turn that may not call could imitate them: such a
-    turn decodes under ``NO_TOOL_MARKUP`` and ends at ``TOOL_MARKUP_STOPS``."""
-    return bool(request.tools) or any(
-        m.role == "tool" or m.tool_calls for m in request.messages
-    )
 
 
 async def plan_completion(
