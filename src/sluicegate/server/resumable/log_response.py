@@ -7,7 +7,7 @@ as the producer appends them, until the log's last frame. The producer
 (``producer.py``) writes into the store and never waits on a reader.
 
 The reader's task pumps the log's frames (``LogFrames``, ``log_writes.py``)
-through a ``FrameSink`` to the connection (``pump.py``), as every stream is
+through a ``FrameSink`` to the connection (``streaming/pump.py``), as every stream is
 written; a store that pushes (``PushRead``) hands the live frames to the
 sink from the producer's call, while the reader's task waits.
 

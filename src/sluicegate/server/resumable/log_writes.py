@@ -1,6 +1,6 @@
 """The frames of one log reader's body: read from the store, or pushed.
 
-``LogFrames`` is the ``pump``'s source (``pump.py``) for a reader of a
+``LogFrames`` is the ``pump``'s source (``streaming/pump.py``) for a reader of a
 resumable response's log (``log_response.py``): the batches the store's read
 yields, each frame after its ``id:`` line. A store that pushes (``PushRead``)
 hands it live frames from the producer's call instead (``push``): they go

@@ -8,7 +8,7 @@ it puts a ``Fail`` (``resume_grace_expired``) into its buffer: the machine
 writes that error event into the log (a late resume sees why the stream
 ended), the engine request is aborted and its KV cells freed.
 
-The producer writes as every stream does: the pump (``pump.py``) moves the
+The producer writes as every stream does: the pump (``streaming/pump.py``) moves the
 machine's frames through a ``FrameSink`` whose destination is the log. A store
 that can append without awaiting (``SyncAppend``: the memory store) is fed from
 the engine's callback while the pump waits with nothing queued (the sink's

@@ -14,7 +14,7 @@ nothing queued it may take events at once through ``direct`` (eager writes).
   and nothing is merged, so the first token is never delayed.
 
 ``LiveStreams`` is the set of buffers of the responses now running, for the
-graceful drain (``shutdown.py``) and the metrics (``metrics.py``).
+graceful drain (``shutdown.py``) and the metrics (``metering/metrics.py``).
 
 Invariants:
     - Per choice, text order is kept and every ``Delta`` stays before that

@@ -15,7 +15,7 @@ are ready, write them, report. Two sources feed it:
   in the same turn (the events of one token, the choices of one engine step,
   an upstream's burst): one write, and one loop callback per turn for all
   streams (``_Turn``).
-- ``LogFrames`` (``log_writes.py``): the batches a log's reader reads from the
+- ``LogFrames`` (``resumable/log_writes.py``): the batches a log's reader reads from the
   store, each frame after its ``id:`` line.
 
 The source reports what became of its frames to whoever decides (the machine:
