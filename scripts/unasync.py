@@ -1,4 +1,5 @@
-"""Write the blocking client from the async one: ``aio.py`` -> ``sync.py``.
+"""Write the blocking client from the async one: ``aio.py`` -> ``sync.py`` and
+``stream_aio.py`` -> ``stream_sync.py``.
 
 Both live in ``src/sluicegate/client/``.
 
@@ -27,11 +28,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "src/sluicegate/client/aio.py"
-TARGET = ROOT / "src/sluicegate/client/sync.py"
+CLIENT = ROOT / "src/sluicegate/client"
+# Each hand-written async module -> the blocking module generated from it.
+PAIRS = (("aio.py", "sync.py"), ("stream_aio.py", "stream_sync.py"))
 HEADER = (
-    "# Generated from aio.py by scripts/unasync.py: edit aio.py and run the script;\n"
-    "# scripts/check fails while this file differs from what the script writes.\n"
+    "# Generated from {source} by scripts/unasync.py: edit {source} and run the\n"
+    "# script; scripts/check fails while this file differs from what it writes.\n"
 )
 
 RULES: tuple[tuple[str, str], ...] = (
@@ -49,6 +51,7 @@ RULES: tuple[tuple[str, str], ...] = (
     (r"\bhttpx\.AsyncBaseTransport\b", "httpx.BaseTransport"),
     (r"\baiter_(bytes|lines|raw|text)\b", r"iter_\1"),
     # Our own names.
+    (r"\bsluicegate\.client\.stream_aio\b", "sluicegate.client.stream_sync"),
     (r"\bAsync(Client|Stream)\b", r"\1"),
     (r"\b__a(iter|next|enter|exit)__\b", r"__\1__"),
     (
@@ -74,11 +77,13 @@ def unasync_line(line: str) -> str:
     return line
 
 
-def unasync(source: str) -> str:
-    """The text of the blocking module for the async module's ``source``."""
+def unasync(source: str, name: str = "aio.py") -> str:
+    """The text of the blocking module for the async module's ``source`` (the
+    text of the file ``name``)."""
     lines = source.splitlines(keepends=True)
     text = "".join(unasync_line(line) for line in lines)
-    return HEADER + _YIELD_EACH.sub(r"\g<indent>yield from \g<items>\n", text)
+    header = HEADER.format(source=name)
+    return header + _YIELD_EACH.sub(r"\g<indent>yield from \g<items>\n", text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,22 +94,31 @@ def main(argv: list[str] | None = None) -> int:
         help="compare instead of writing; exit 1 on a difference",
     )
     args = parser.parse_args(argv)
-    wanted = unasync(SOURCE.read_text(encoding="utf-8"))
-    if not args.check:
-        TARGET.write_text(wanted, encoding="utf-8")
+    status = 0
+    for source, target in PAIRS:
+        wanted = unasync((CLIENT / source).read_text(encoding="utf-8"), source)
+        status |= _write_or_check(CLIENT / target, wanted, check=args.check)
+    return status
+
+
+def _write_or_check(target: Path, wanted: str, *, check: bool) -> int:
+    """Write ``wanted`` to ``target``, or with ``check`` compare them: 1 (and the
+    diff on stderr) when they differ."""
+    if not check:
+        target.write_text(wanted, encoding="utf-8")
         return 0
-    current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else ""
+    current = target.read_text(encoding="utf-8") if target.exists() else ""
     if current == wanted:
         return 0
     diff = difflib.unified_diff(
         current.splitlines(keepends=True),
         wanted.splitlines(keepends=True),
-        str(TARGET.relative_to(ROOT)),
+        str(target.relative_to(ROOT)),
         "generated",
     )
     sys.stderr.writelines(diff)
     print(
-        f"{TARGET.relative_to(ROOT)} is out of date: run scripts/unasync.py",
+        f"{target.relative_to(ROOT)} is out of date: run scripts/unasync.py",
         file=sys.stderr,
     )
     return 1

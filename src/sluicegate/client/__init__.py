@@ -7,7 +7,7 @@ are values; only misuse raises (``StreamConsumed``, ``StreamClosed``). A
 resumable stream whose connection drops is resumed (``Resumption``).
 """
 
-from sluicegate.client.aio import AsyncClient, AsyncStream
+from sluicegate.client.aio import AsyncClient
 from sluicegate.client.assemble import StreamAssembler
 from sluicegate.client.results import (
     ChoiceResult,
@@ -18,7 +18,9 @@ from sluicegate.client.results import (
     ToolCall,
 )
 from sluicegate.client.shell import Resumption, Timeouts
-from sluicegate.client.sync import Client, Stream
+from sluicegate.client.stream_aio import AsyncStream
+from sluicegate.client.stream_sync import Stream
+from sluicegate.client.sync import Client
 
 __all__ = [
     "AsyncClient",
