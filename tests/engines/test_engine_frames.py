@@ -44,3 +44,21 @@ def test_no_messages_is_no_frame() -> None:
 def test_a_length_past_the_bound_is_refused_before_it_is_buffered() -> None:
     with pytest.raises(FrameTooLarge, match="at most"):
         FrameReader().feed(struct.pack(">I", MAX_FRAME_BYTES + 1))
+
+
+def test_a_request_keeps_its_reasoning_budget_on_the_way_to_the_engine() -> None:
+    """The engine process forces the end marker at the budget (its llama.cpp
+    engine declares reasoning budgets): the budget must cross with the request."""
+    from sluicegate.core.decoding.reasoning_budget import ReasoningBudget
+    from sluicegate.core.decoding.reasoning_parsers import reasoning_parser
+    from sluicegate.engines.base import GenerateRequest, SamplingParams
+    from sluicegate.engines.remote.frames import GENERATE
+
+    budget = ReasoningBudget(reasoning_parser("deepseek_r1"), 1024)
+    params = SamplingParams(max_tokens=2048, reasoning_budget=budget)
+    message = (GENERATE, GenerateRequest("chatcmpl-a-0", (1, 2), params))
+    (got,) = FrameReader().feed(encode_frames([message]))
+    assert got == message
+    request = got[1]
+    assert isinstance(request, GenerateRequest)
+    assert request.params.reasoning_budget == budget
