@@ -1,0 +1,90 @@
+"""CPU per token of the per-token paths: a text delta's frame, an upstream's event.
+
+Two micro-measurements, each CPU time (``time.process_time``, so a busy machine
+inflates them less than wall time would) per call, the median of ``--repeat``
+runs:
+
+- a text delta through each API's stream machine (chat, Responses, Messages;
+  padded and not), 500 streams of 200 tokens each, fed one token at a time;
+- an upstream's padded one-choice content event through ``UpstreamReader``:
+  the fast path (the event read from its bytes by a learned template) and the
+  full parse (the same reader with no template).
+
+Run it against another checkout's code with ``PYTHONPATH=OTHER/src``: the
+before/after of a change. Prints one line per figure; not a test.
+
+Run: ``.venv/bin/python bench/frames.py [--repeat 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from collections.abc import Callable
+
+from sluicegate.core.chunks import Endpoint, ResponseHeader
+from sluicegate.core.events import Delta
+from sluicegate.core.padding import Filler
+from sluicegate.core.upstream import UpstreamReader
+from sluicegate.core.wire import stream_machine
+
+EVENT = (
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,'
+    b'"model":"scripted","system_fingerprint":"fp_1","choices":[{"index":0,'
+    b'"delta":{"content":"%s"},"logprobs":null,"finish_reason":null}],'
+    b'"usage":null,"obfuscation":"%s"}\n\n'
+)
+
+
+def _delta_us(endpoint: Endpoint, padded: bool) -> float:
+    prefix = "resp_" if endpoint is Endpoint.RESPONSES else "id_"
+    header = ResponseHeader(prefix + "0" * 32, 1700000000, "scripted", endpoint)
+    machines = []
+    for seed in range(500):
+        machine = stream_machine(header, Filler(seed) if padded else None)
+        machine.start()
+        machine.feed(Delta(0, "Hi"))
+        machines.append(machine)
+    token = Delta(0, " token")
+    start = time.process_time()
+    for machine in machines:
+        feed = machine.feed
+        for _ in range(200):
+            feed(token)
+    return (time.process_time() - start) / (500 * 200) * 1e6
+
+
+def _reader_us(fast: bool, calls: int = 100_000) -> float:
+    reader = UpstreamReader(Endpoint.CHAT)
+    reader.feed(EVENT % (b"Hi", b"abc"))
+    if not fast and hasattr(reader, "_template"):
+        reader._template = None
+        reader._learns = 1 << 30  # learns nothing more
+    event = EVENT % (b" token", b"xyz-_0")
+    start = time.process_time()
+    for _ in range(calls):
+        reader.feed(event)
+    return (time.process_time() - start) / calls * 1e6
+
+
+def main() -> None:
+    """Print each figure (us of CPU per call), the median of the runs."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    figures: dict[str, Callable[[], float]] = {}
+    for endpoint in (Endpoint.CHAT, Endpoint.RESPONSES, Endpoint.MESSAGES):
+        for padded in (False, True):
+            name = f"delta {endpoint.name.lower()}{' padded' if padded else ''}"
+            figures[name] = functools.partial(_delta_us, endpoint, padded)
+    figures["upstream event, fast path"] = functools.partial(_reader_us, True)
+    figures["upstream event, full parse"] = functools.partial(_reader_us, False)
+    for name, measure in figures.items():
+        runs = [measure() for _ in range(args.repeat)]
+        print(f"{name}: {statistics.median(runs):.2f} us (from {min(runs):.2f})")
+
+
+if __name__ == "__main__":
+    main()
