@@ -331,6 +331,24 @@ _HTTPTOOLS = (
     "c.protocol_class = lambda limits, on_refuse=None: HttpToolsProtocol; "
     "from sluicegate.cli import main; sys.exit(main(sys.argv[1:]))"
 )
+# sluicegate served by Granian (bench/granian-install.sh) instead of uvicorn, with
+# every stream written by its own task: a frame sink drives only a send it can
+# step by hand (uvicorn's), so compare it with sluicegate-task. Not a server to
+# deploy either: no connection limits, no draining shutdown.
+_GRANIAN = (
+    "import asyncio, sys; import sluicegate.server.options as o; "
+    "from sluicegate.server.sse_response import EventStreamResponse; "
+    "EventStreamResponse.eager = False\n"
+    "def run(app, args):\n"
+    "    from granian.constants import HTTPModes, Interfaces\n"
+    "    from granian.server.embed import Server\n"
+    "    server = Server(app, address=args.host, port=args.port,"
+    " interface=Interfaces.ASGI, http=HTTPModes.http1, log_enabled=False)\n"
+    "    asyncio.run(server.serve())\n"
+    "    return 0\n"
+    "o.run_server = run\n"
+    "from sluicegate.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 # sluicegate with other thresholds for the collector (``sluicegate-gc=A,B,C``).
 _GC = (
     "import os, sys; import sluicegate.cli as c; "
@@ -349,6 +367,7 @@ _SLUICEGATES = (
     "sluicegate-before",
     "sluicegate-plain-before",
     "sluicegate-httptools",
+    "sluicegate-granian",
     *_RESUMABLE,
 )
 _redis_url = [""]
@@ -363,6 +382,9 @@ def _server_env(kind: str) -> dict[str, str]:
         return {"PYTHONPATH": _before_src[0]}
     if kind.startswith("sluicegate-gc="):
         return {"BENCH_GC": kind.partition("=")[2]}
+    if kind == "sluicegate-granian":
+        path = [str(ROOT / "bench" / ".granian"), os.environ.get("PYTHONPATH", "")]
+        return {"PYTHONPATH": os.pathsep.join(path)}
     return {}
 
 
@@ -373,6 +395,8 @@ def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
             start = ["-c", _TASK_WRITER]
         elif kind == "sluicegate-httptools":
             start = ["-c", _HTTPTOOLS]
+        elif kind == "sluicegate-granian":
+            start = ["-c", _GRANIAN]
         elif kind.startswith("sluicegate-gc="):
             start = ["-c", _GC]
         extra = ["--resumable"] if kind in _RESUMABLE else []
@@ -697,6 +721,7 @@ def _parser() -> argparse.ArgumentParser:
             "sluicegate-before",
             "sluicegate-plain-before",
             "sluicegate-httptools",
+            "sluicegate-granian",
             "baseline",
             "raw",
         ],
@@ -706,7 +731,9 @@ def _parser() -> argparse.ArgumentParser:
         " sluicegate-w2: --workers 2 (give it two --server-cpu);"
         " sluicegate-before, sluicegate-plain-before: the same servers on"
         " --before-src; sluicegate-httptools: sluicegate on uvicorn's httptools"
-        " protocol, without the connection limits",
+        " protocol, without the connection limits; sluicegate-granian: served by"
+        " Granian (bench/granian-install.sh), streams written by tasks (compare"
+        " with sluicegate-task)",
     )
     add(
         "--before-src",
