@@ -11,7 +11,8 @@ runs:
   full parse (the same reader with no template).
 
 Run it against another checkout's code with ``PYTHONPATH=OTHER/src``: the
-before/after of a change. Prints one line per figure; not a test.
+before/after of a change (it imports the core's modules from before its
+subpackages too). Prints one line per figure; not a test.
 
 Run: ``.venv/bin/python bench/frames.py [--repeat 5]``
 """
@@ -20,15 +21,29 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
-from sluicegate.core.chunks import Endpoint, ResponseHeader
 from sluicegate.core.events import Delta
-from sluicegate.core.padding import Filler
-from sluicegate.core.upstream import UpstreamReader
-from sluicegate.core.wire import stream_machine
+
+
+def _module(name: str, before: str) -> Any:
+    """The core's module ``name``, or ``before`` in a checkout from before the
+    core had subpackages."""
+    try:
+        return importlib.import_module(f"sluicegate.core.{name}")
+    except ImportError:
+        return importlib.import_module(f"sluicegate.core.{before}")
+
+
+_chunks = _module("wire.chunks", "chunks")
+Endpoint, ResponseHeader = _chunks.Endpoint, _chunks.ResponseHeader
+Filler = _module("wire.padding", "padding").Filler
+UpstreamReader = _module("upstream.reader", "upstream").UpstreamReader
+stream_machine = _module("wire.contracts", "wire").stream_machine
 
 EVENT = (
     b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,'
@@ -38,7 +53,7 @@ EVENT = (
 )
 
 
-def _delta_us(endpoint: Endpoint, padded: bool) -> float:
+def _delta_us(endpoint: Any, padded: bool) -> float:
     prefix = "resp_" if endpoint is Endpoint.RESPONSES else "id_"
     header = ResponseHeader(prefix + "0" * 32, 1700000000, "scripted", endpoint)
     machines = []

@@ -336,8 +336,8 @@ _HTTPTOOLS = (
 # step by hand (uvicorn's), so compare it with sluicegate-task. Not a server to
 # deploy either: no connection limits, no draining shutdown.
 _GRANIAN = (
-    "import asyncio, sys; import sluicegate.server.options as o; "
-    "from sluicegate.server.sse_response import EventStreamResponse; "
+    "import asyncio, sys; import sluicegate.server.app.options as o; "
+    "from sluicegate.server.streaming.sse_response import EventStreamResponse; "
     "EventStreamResponse.eager = False\n"
     "def run(app, args):\n"
     "    from granian.constants import HTTPModes, Interfaces\n"
