@@ -50,13 +50,12 @@ from typing import Any
 
 import orjson
 
+from sluicegate.client.assemble_choice import ChoiceParts
 from sluicegate.client.results import (
-    ChoiceResult,
     StreamResult,
     TextDelta,
     TimeoutKind,
     Timing,
-    ToolCall,
 )
 from sluicegate.core.endstate import EndState, classify
 from sluicegate.core.errors import RemoteProtocolError
@@ -67,55 +66,6 @@ __all__ = ["MAX_ERROR_BODY_BYTES", "StreamAssembler"]
 
 MAX_ERROR_BODY_BYTES = 65536
 """Bytes of a non-200 body kept for its error message; the rest is dropped."""
-
-
-class _Choice:
-    """Mutable accumulation of one choice (private: results are frozen)."""
-
-    __slots__ = (
-        "finish_reason",
-        "latest_call",
-        "logprobs",
-        "parts",
-        "reasoning",
-        "role",
-        "tools",
-    )
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.reasoning: list[str] = []
-        self.finish_reason: str | None = None
-        self.role: str | None = None
-        self.logprobs: list[Mapping[str, Any]] = []
-        self.tools: dict[int, dict[str, Any]] = {}
-        self.latest_call: int | None = None  # the call an entry without index continues
-
-    def freeze(self, index: int) -> ChoiceResult:
-        calls = [
-            ToolCall(i, t["id"], t["type"], "".join(t["name"]), "".join(t["args"]))
-            for i, t in sorted(self.tools.items())
-        ]
-        complete = [call for call in calls if _whole_json(call.arguments)]
-        return ChoiceResult(
-            index,
-            "".join(self.parts),
-            self.finish_reason,
-            self.role,
-            tuple(self.logprobs),
-            tuple(complete),
-            tuple(call for call in calls if call not in complete),
-            "".join(self.reasoning),
-        )
-
-
-def _whole_json(text: str) -> bool:
-    """Whether a call's arguments are whole JSON: a client may act on it."""
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return True
 
 
 class StreamAssembler:
@@ -142,7 +92,7 @@ class StreamAssembler:
         self._record = record
         self._raw: list[bytes] = []
         self._decoder = SSEDecoder()
-        self._choices: dict[int, _Choice] = {}
+        self._choices: dict[int, ChoiceParts] = {}
         self._status: int | None = None
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
@@ -305,7 +255,7 @@ class StreamAssembler:
         transport_error: str | None,
     ) -> StreamResult:
         indexes = sorted(set(self._choices) | set(range(self._n)))
-        empty = _Choice()
+        empty = ChoiceParts()
         return StreamResult(
             end_state=state,
             status=self._status,
@@ -374,75 +324,8 @@ class StreamAssembler:
         return deltas
 
     def _take_choice(self, wire: dict[str, Any]) -> TextDelta | None:
-        index: int = wire["index"]
-        choice = self._choices.setdefault(index, _Choice())
-        if wire.get("finish_reason") is not None:
-            choice.finish_reason = str(wire["finish_reason"])
-        _take_logprobs(choice, wire.get("logprobs"))
-        delta = wire.get("delta")
-        if isinstance(delta, dict):
-            if choice.role is None and isinstance(delta.get("role"), str):
-                choice.role = delta["role"]
-            _take_tool_calls(choice, delta.get("tool_calls"))
-            # reasoning_content (sluicegate, vLLM, SGLang, llama.cpp's server),
-            # else reasoning (newer vLLM, which may send both: taken once).
-            thought = delta.get("reasoning_content")
-            if not isinstance(thought, str) or not thought:
-                thought = delta.get("reasoning")
-            thought = thought if isinstance(thought, str) else ""
-            choice.reasoning.append(thought)
-            text = delta.get("content")
-        else:
-            text, thought = wire.get("text"), ""
-        text = text if isinstance(text, str) else ""
-        choice.parts.append(text)
-        return TextDelta(index, text, thought) if text or thought else None
-
-
-def _take_tool_calls(choice: _Choice, calls: Any) -> None:
-    if not isinstance(calls, list):
-        return
-    for call in calls:
-        if not isinstance(call, dict):
-            continue
-        index = call.get("index")
-        if not isinstance(index, int):
-            index = _unindexed(choice, call.get("id"))
-        choice.latest_call = index
-        slot = choice.tools.setdefault(
-            index, {"id": None, "type": None, "name": [], "args": []}
-        )
-        slot["id"] = slot["id"] or call.get("id")
-        slot["type"] = slot["type"] or call.get("type")
-        function = call.get("function")
-        if isinstance(function, dict):
-            slot["name"].append(function.get("name") or "")
-            slot["args"].append(function.get("arguments") or "")
-
-
-def _unindexed(choice: _Choice, call_id: Any) -> int:
-    """The index of a call entry that has none: a new ``id`` begins the next
-    call, anything else continues the latest call (0 when there is none)."""
-    tools = choice.tools
-    if call_id is None or any(t["id"] == call_id for t in tools.values()):
-        return 0 if choice.latest_call is None else choice.latest_call
-    return max(tools, default=-1) + 1
-
-
-def _take_logprobs(choice: _Choice, logprobs: Any) -> None:
-    if not isinstance(logprobs, dict):
-        return
-    if isinstance(content := logprobs.get("content"), list):
-        choice.logprobs.extend(e for e in content if isinstance(e, dict))
-        return
-    tokens = logprobs.get("tokens")
-    if isinstance(tokens, list):  # completions: parallel lists
-        values = logprobs.get("token_logprobs") or [None] * len(tokens)
-        tops = logprobs.get("top_logprobs") or [None] * len(tokens)
-        choice.logprobs.extend(
-            {"token": t, "logprob": v, "top_logprobs": top}
-            for t, v, top in zip(tokens, values, tops, strict=False)
-        )
+        choice = self._choices.setdefault(wire["index"], ChoiceParts())
+        return choice.take(wire)
 
 
 def _rejection_error(body: bytes) -> Mapping[str, Any]:
