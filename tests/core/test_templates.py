@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluicegate.core.events import (
@@ -158,6 +158,7 @@ def deltas(draw: st.DrawFn) -> list[StreamEvent]:
 
 
 @pytest.mark.parametrize("endpoint", [Endpoint.RESPONSES, Endpoint.MESSAGES])
+@settings(max_examples=100)
 @given(events=deltas(), seed=st.one_of(st.none(), st.integers(0, 2**32)))
 def test_text_deltas_parse_to_what_the_encoder_wrote(
     endpoint: Endpoint, events: list[StreamEvent], seed: int | None
