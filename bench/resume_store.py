@@ -40,9 +40,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from sluicegate.server.http.errors import LogNotFound
 from sluicegate.server.redis.client import connect
 from sluicegate.server.redis.store import RedisEventStore
-from sluicegate.server.stores.event_store import EventStore, LogNotFound
+from sluicegate.server.stores.event_store import EventStore
 from sluicegate.server.stores.memory_store import MemoryEventStore
 from sluicegate.testing import free_port
 

@@ -49,23 +49,28 @@ ALLOWED: dict[str, frozenset[str]] = {
     "engines.remote": CORE | {"engines", "engines.llamacpp"},
     # The server's parts, bottom to top.
     "server.schemas": CORE,
-    "server.http": CORE,
-    "server.admission": CORE,
+    # The read deadlines and the Redis timers run on engines/clocks.py.
+    "server.http": CORE | {"engines"},
+    # server.http holds the errors every part above it raises and answers.
+    "server.admission": CORE | {"server.http"},
     "server": CORE | {"server.admission", "server.schemas"},
     "server.ledger": CORE | ENGINES,
-    "server.stores": CORE | {"server"},
-    "server.redis": CORE | {"server", "server.admission", "server.stores"},
+    "server.stores": CORE | {"server", "server.http"},
+    "server.redis": CORE
+    | {"engines", "server", "server.admission", "server.http", "server.stores"},
     "server.prepare": CORE | ENGINES | {"server", "server.schemas", "sluicegate"},
     "server.streaming": CORE
     | ENGINES
-    | {"server", "server.admission", "server.prepare", "server.stores"},
+    | {"server", "server.admission", "server.http", "server.prepare"}
+    | {"server.stores"},
     "server.metering": CORE
     | ENGINES
-    | {"server.admission", "server.ledger", "server.prepare", "server.streaming"},
+    | {"server.admission", "server.http", "server.ledger", "server.prepare"}
+    | {"server.streaming"},
     "server.resumable": CORE
     | ENGINES
-    | {"server", "server.admission", "server.metering", "server.prepare"}
-    | {"server.stores", "server.streaming"},
+    | {"server", "server.admission", "server.http", "server.metering"}
+    | {"server.prepare", "server.stores", "server.streaming"},
     "server.apis": CORE | ENGINES | SERVER_BELOW_APIS | {"sluicegate"},
     "server.app": CORE
     | ENGINES

@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sluicegate.server.admission.keys import Admission, ApiKey, OverQuota, Unavailable
+from sluicegate.server.admission.keys import Admission, ApiKey
 from sluicegate.server.admission.quotas import Quota
+from sluicegate.server.http.errors import OverQuota, Unavailable
 from sluicegate.server.redis.client import connect
 from sluicegate.server.redis.quotas import RedisQuotas
 from sluicegate.testing import free_port

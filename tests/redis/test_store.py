@@ -12,15 +12,16 @@ from typing import Any
 import anyio
 import pytest
 
-from sluicegate.server.redis import store as redis_store
-from sluicegate.server.redis.client import RedisUnavailable, connect
-from sluicegate.server.redis.store import RedisEventStore
-from sluicegate.server.stores.event_store import (
+from sluicegate.server.http.errors import (
     CursorEvicted,
     LogNotFound,
     ProducerLost,
+    RedisUnavailable,
     StoreFull,
 )
+from sluicegate.server.redis import store as redis_store
+from sluicegate.server.redis.client import connect
+from sluicegate.server.redis.store import RedisEventStore
 from sluicegate.testing import free_port
 from tests.pushed_reads import pushed_read
 from tests.redis_server import RedisServer

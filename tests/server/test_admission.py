@@ -19,17 +19,15 @@ from sluicegate.server.admission.keys import (
     ANONYMOUS,
     Admission,
     ApiKey,
-    Forbidden,
-    OverQuota,
-    Unauthenticated,
     key_id_of,
     read_keys_file,
 )
 from sluicegate.server.admission.quotas import Quota, TokenBucket
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.http.answers import status_of
+from sluicegate.server.http.errors import Forbidden, OverQuota, Unauthenticated
 from sluicegate.server.ledger.ledger import Ledger
-from sluicegate.server.streaming.statuses import status_of
 
 from .asgi import CHAT, HELLO, Exchange
 

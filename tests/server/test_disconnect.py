@@ -19,8 +19,8 @@ from sluicegate.engines.base import GenerateRequest, SamplingParams
 from sluicegate.engines.scripted.engine import ScriptedEngine
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.http.errors import CLIENT_CLOSED
 from sluicegate.server.ledger.ledger import LedgerRow
-from sluicegate.server.streaming.statuses import CLIENT_CLOSED
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 

@@ -10,14 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluicegate.server.stores.event_store import (
-    CursorEvicted,
-    EventStore,
-    Frames,
-    LogNotFound,
-    ReaderWatch,
-    StoreFull,
-)
+from sluicegate.server.http.errors import CursorEvicted, LogNotFound, StoreFull
+from sluicegate.server.stores.event_store import EventStore, Frames, ReaderWatch
 from sluicegate.server.stores.memory_store import MemoryEventStore
 from tests.pushed_reads import frame as pushed_frame
 from tests.pushed_reads import pushed_read

@@ -18,15 +18,15 @@ import pytest
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
 from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
-from sluicegate.server.resumable.producer import Producer
-from sluicegate.server.stores.event_store import (
+from sluicegate.server.http.errors import (
     STORE_FULL,
     STORE_UNAVAILABLE,
-    EventStore,
     StoreError,
     StoreFull,
     store_error_code,
 )
+from sluicegate.server.resumable.producer import Producer
+from sluicegate.server.stores.event_store import EventStore
 from sluicegate.server.stores.memory_store import MemoryEventStore
 from sluicegate.server.streaming.buffer import LiveStreams
 from sluicegate.server.streaming.generation import Generation

@@ -16,9 +16,10 @@ from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted.engine import ScriptedEngine
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.http.errors import ProducerLost
 from sluicegate.server.resumable.log_response import PRODUCER_LOST, LogStreamResponse
 from sluicegate.server.resumable.log_writes import BROKEN
-from sluicegate.server.stores.event_store import Bound, Frames, ProducerLost
+from sluicegate.server.stores.event_store import Bound, Frames
 from sluicegate.server.stores.memory_store import MemoryEventStore
 from sluicegate.server.streaming.shared import StreamLimits
 

@@ -19,9 +19,8 @@ from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.server.admission.keys import ApiKey
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.stores.event_store import StoreError
+from sluicegate.server.http.errors import CLIENT_CLOSED, StoreError
 from sluicegate.server.stores.memory_store import MemoryEventStore
-from sluicegate.server.streaming.statuses import CLIENT_CLOSED
 
 from ..polling import wait_until
 from .asgi import Exchange

@@ -28,9 +28,9 @@ from sluicegate.core.events import Fail
 from sluicegate.engines.scripted.engine import ScriptedEngine
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.http.errors import REQUEST_TIMEOUT, SERVER_SHUTDOWN
 from sluicegate.server.ledger.ledger import Ledger
 from sluicegate.server.streaming.buffer import LiveStreams
-from sluicegate.server.streaming.shared import REQUEST_TIMEOUT, SERVER_SHUTDOWN
 from sluicegate.server.streaming.sse_response import EventStreamResponse
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange

@@ -180,7 +180,7 @@ class RequestError(SluicegateError):
         param: the request parameter at fault (``None`` for the body as a whole).
         code: a short machine-readable code, or ``None``.
 
-    The HTTP status that answers each one is ``sluicegate.server.streaming.statuses``'s.
+    The HTTP status that answers each one is in ``sluicegate.server.http.errors.KINDS``.
 
     .. versionchanged:: 0.2.0
        No ``status`` attribute: one table in the server maps errors to statuses.

@@ -48,13 +48,8 @@ from collections.abc import Iterable
 from starlette.datastructures import Headers
 from starlette.types import Scope
 
-from sluicegate.server.admission.keys import (
-    Admission,
-    AdmissionError,
-    ApiKey,
-    Forbidden,
-    bearer_key,
-)
+from sluicegate.server.admission.keys import Admission, ApiKey, bearer_key
+from sluicegate.server.http.errors import Forbidden, HostNotAllowed
 
 __all__ = [
     "API_KEY",
@@ -63,7 +58,6 @@ __all__ = [
     "PROBE_PATHS",
     "REFUSAL_CODES",
     "Access",
-    "HostNotAllowed",
     "is_page_path",
 ]
 
@@ -86,10 +80,6 @@ REFUSAL_CODES = (
 """Every ``code`` of a refusal by ``Access.check``."""
 
 _ANY_HOST = "*"
-
-
-class HostNotAllowed(AdmissionError):
-    """A keyless route asked for under a ``Host`` name it does not serve (421)."""
 
 
 class Access:

@@ -46,9 +46,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
-from sluicegate.core.errors import RequestError, SluicegateError
+from sluicegate.core.errors import RequestError
 from sluicegate.server.admission.quotas import (
     Grant,
     Quota,
@@ -56,16 +55,16 @@ from sluicegate.server.admission.quotas import (
     SharedQuotas,
     TokenBucket,
 )
+from sluicegate.server.http.errors import (
+    Forbidden,
+    OverQuota,
+    Unauthenticated,
+)
 
 __all__ = [
     "ANONYMOUS",
     "Admission",
-    "AdmissionError",
     "ApiKey",
-    "Forbidden",
-    "OverQuota",
-    "Unauthenticated",
-    "Unavailable",
     "bearer_key",
     "key_id_of",
     "read_keys_file",
@@ -73,54 +72,6 @@ __all__ = [
 
 ANONYMOUS = "anonymous"
 """The ``key_id`` of every request when no API keys are configured."""
-
-
-class AdmissionError(SluicegateError):
-    """A request refused before the first byte (401, 403, 429 or 503).
-
-    The status that answers each one is ``statuses.STATUS_OF_CLASS``'s.
-
-    Attributes:
-        message: human-readable; never contains the key or the prompt.
-        error_type: OpenAI error ``type``.
-        code: OpenAI error ``code``.
-        retry_after_s: whole seconds for ``Retry-After`` (429/503), else ``None``.
-    """
-
-    error_type: ClassVar[str] = "invalid_request_error"
-
-    def __init__(self, message: str, code: str, retry_after_s: int | None = None):
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.retry_after_s = retry_after_s
-
-
-class Unauthenticated(AdmissionError):
-    """No API key, or one this server does not know (401)."""
-
-
-class Forbidden(AdmissionError):
-    """A known key without access to the requested model (403)."""
-
-
-class OverQuota(AdmissionError):
-    """The key's requests/minute or tokens/minute bucket is empty (429).
-
-    Attributes:
-        tokens_only: only the tokens/minute bucket is short, so the wait depends
-            on how many tokens were asked for (a floor asked for less than the
-            plan will reserve gets a wait that is a lower bound).
-    """
-
-    error_type: ClassVar[str] = "rate_limit_error"
-    tokens_only: bool = False
-
-
-class Unavailable(AdmissionError):
-    """The server is draining or overloaded (503)."""
-
-    error_type: ClassVar[str] = "server_error"
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,19 +47,19 @@ from sluicegate.core.wire.contracts import Wire
 from sluicegate.engines.base import Engine
 from sluicegate.engines.clocks import Timers
 from sluicegate.server.admission.access import API_KEY, Access
-from sluicegate.server.admission.keys import (
-    ANONYMOUS,
-    Admission,
+from sluicegate.server.admission.keys import ANONYMOUS, Admission, ApiKey
+from sluicegate.server.apis.info_routes import shutting_down
+from sluicegate.server.apis.messages_routes import MESSAGES_PATHS
+from sluicegate.server.config import ServerConfig
+from sluicegate.server.http.answers import error_answer, nothing, status_of
+from sluicegate.server.http.bodies import read_json_object
+from sluicegate.server.http.errors import (
+    CLIENT_CLOSED,
     AdmissionError,
-    ApiKey,
+    InternalError,
     OverQuota,
     Unavailable,
 )
-from sluicegate.server.apis.info_routes import shutting_down
-from sluicegate.server.apis.messages_api import anthropic_shape
-from sluicegate.server.apis.messages_routes import MESSAGES_PATHS
-from sluicegate.server.config import ServerConfig
-from sluicegate.server.http.bodies import read_json_object
 from sluicegate.server.ledger.ledger import Ledger
 from sluicegate.server.metering.meter import Meter
 from sluicegate.server.metering.metrics import Metrics
@@ -78,7 +78,6 @@ from sluicegate.server.resumable.streams import AttachExisting, ResumableStreams
 from sluicegate.server.schemas.chat import ChatCompletionRequest, CompletionRequest
 from sluicegate.server.schemas.parse import parse_chat_request, parse_completion_request
 from sluicegate.server.stores.memory_store import open_memory_store
-from sluicegate.server.streaming.answers import error_response, nothing
 from sluicegate.server.streaming.buffer import LiveStreams
 from sluicegate.server.streaming.disconnect import DisconnectRace
 from sluicegate.server.streaming.generation import RESPONDED_GRACE_S, Generation
@@ -86,15 +85,12 @@ from sluicegate.server.streaming.json_response import CompletionResponse
 from sluicegate.server.streaming.shared import StreamLimits
 from sluicegate.server.streaming.shutdown import Drain
 from sluicegate.server.streaming.sse_response import EventStreamResponse
-from sluicegate.server.streaming.statuses import CLIENT_CLOSED
 
-__all__ = ["EXACT_RETRY_AFTER_BYTES", "CompletionRoutes", "ErrorAnswer"]
+__all__ = ["EXACT_RETRY_AFTER_BYTES", "CompletionRoutes"]
 
 logger = logging.getLogger(__name__)
 
 _Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
-ErrorAnswer = Callable[[RequestError | EngineError | AdmissionError, int], Response]
-"""Answers a refusal before the first byte (the error, ``Retry-After`` seconds)."""
 
 # A request short only of tokens/minute quota whose body is at most this many
 # bytes is still planned, so that its 429 carries the wait for what it really
@@ -186,10 +182,9 @@ class CompletionRoutes:
             scope[API_KEY] = self.access.check(scope)
         except AdmissionError as exc:
             self.metrics_.refuse(exc.code)
-            answer = error_response(exc, self.config.retry_after_s)
-            if scope["path"] in MESSAGES_PATHS:
-                return anthropic_shape(answer)
-            return answer
+            messages = scope["path"] in MESSAGES_PATHS
+            endpoint = Endpoint.MESSAGES if messages else Endpoint.CHAT
+            return error_answer(exc, self.config.retry_after_s, endpoint)
         return None
 
     async def chat_completions(self, request: Request) -> ASGIApp:
@@ -241,14 +236,13 @@ class CompletionRoutes:
         request: Request,
         endpoint: Endpoint,
         planner: _Planner,
-        errors: ErrorAnswer = error_response,
         ended: Callable[[Wire], Awaitable[None]] | None = None,
     ) -> ASGIApp:
         """Everything up to the first byte; then the streaming or JSON response.
 
-        ``errors`` answers a refusal before the first byte in the API's own
-        shape (OpenAI's by default); ``ended`` is the hook of a resumable
-        stream's end (``ResumableStreams.start``)."""
+        A refusal before the first byte is answered in ``endpoint``'s API's
+        own shape (``errors.error_answer``); ``ended`` is the hook of a
+        resumable stream's end (``ResumableStreams.start``)."""
         # scope["path"], not request.url.path: that builds a URL per request.
         meter = Meter(self.ledger, new_response_id(endpoint), request.scope["path"])
         meter.metrics = self.metrics_
@@ -261,12 +255,12 @@ class CompletionRoutes:
             meter.record(EndState.ABORTED, CLIENT_CLOSED)
             return nothing
         except (RequestError, EngineError, AdmissionError) as exc:
-            response = errors(exc, self.config.retry_after_s)
+            response = error_answer(exc, self.config.retry_after_s, endpoint)
             meter.record(EndState.REJECTED, response.status_code)
             return response
         finally:
             if not meter.recorded and sys.exc_info()[0] is not None:
-                meter.record(EndState.ERRORED, 500)  # a bug; Starlette answers 500
+                meter.record(EndState.ERRORED, status_of(InternalError()))  # a bug
         meter.generation = generation
         meter.open()
         plan = meter.plan
@@ -275,7 +269,7 @@ class CompletionRoutes:
             try:
                 return await self.resumable.start(generation, plan, meter, ended)
             except Unavailable as exc:  # the store failed before the first byte
-                response = errors(exc, self.config.retry_after_s)
+                response = error_answer(exc, self.config.retry_after_s, endpoint)
                 meter.record(EndState.REJECTED, response.status_code)
                 return response
         if plan.stream:

@@ -21,15 +21,16 @@ from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.status import HTTP_503_SERVICE_UNAVAILABLE
 
 from sluicegate.core.errors import ModelNotFound
-from sluicegate.server.admission.keys import Unavailable
 from sluicegate.server.apis.openapi import openapi_document
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.http.answers import error_answer, json_answer
+from sluicegate.server.http.errors import Unavailable
 from sluicegate.server.metering.metrics import CONTENT_TYPE, Metrics
 from sluicegate.server.metering.worker_stats import RUN_DIR, WorkerStats
 from sluicegate.server.prepare.models import ServedModels
-from sluicegate.server.streaming.answers import error_response, json_answer
 from sluicegate.server.streaming.shutdown import Drain
 
 __all__ = ["InfoRoutes", "shutting_down"]
@@ -91,7 +92,7 @@ class InfoRoutes:
                 payload = {"status": "engine_failed", "failure": failure}
                 if len(self.models) > 1:
                     payload["model"] = served.id
-                return json_answer(payload, 503)
+                return json_answer(payload, HTTP_503_SERVICE_UNAVAILABLE)
         status: dict[str, object] = {
             "status": "draining" if self.drain.draining else "ok"
         }
@@ -101,7 +102,7 @@ class InfoRoutes:
 
     async def ready(self, request: Request) -> Response:
         if self.drain.draining:
-            return error_response(shutting_down(self.config), self.config.retry_after_s)
+            return error_answer(shutting_down(self.config))
         return json_answer({"status": "ready"})
 
     async def metrics(self, request: Request) -> Response:
@@ -111,7 +112,7 @@ class InfoRoutes:
         try:
             served = self.models.resolve(request.query_params.get("model"))
         except ModelNotFound as exc:
-            return error_response(exc, self.config.retry_after_s)
+            return error_answer(exc, self.config.retry_after_s)
         stats = served.engine.stats()
         if self.worker_stats is None:
             return json_answer(dataclasses.asdict(stats))

@@ -25,33 +25,26 @@ blocks are accepted with or without their ``signature`` and are not rendered:
 Anthropic's API drops the thinking of earlier turns from the context, and the
 chat templates of thinking models strip it the same way. The answer is written
 by ``core/wire/messages.py``; errors before the stream are in Anthropic's shape
-(``error_answer``).
+(``errors.error_answer`` with ``Endpoint.MESSAGES``).
 
 Spec: Anthropic API reference, "Messages", "Count message tokens", "Errors".
 """
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.responses import Response
 
-from sluicegate.core.errors import EngineError, RequestError
-from sluicegate.core.wire.messages import message_error_body
-from sluicegate.server.admission.keys import AdmissionError
+from sluicegate.core.errors import RequestError
 from sluicegate.server.schemas.chat import ChatCompletionRequest
 from sluicegate.server.schemas.fields import MAX_STOP_STRINGS
 from sluicegate.server.schemas.param_errors import request_error
 from sluicegate.server.schemas.parse import parse_chat_request
-from sluicegate.server.streaming.answers import error_response, json_answer
 
 __all__ = [
     "MessagesRequest",
-    "anthropic_shape",
-    "error_answer",
     "parse_messages_request",
     "to_chat_request",
 ]
@@ -370,21 +363,3 @@ def _chat_tool_choice(choice: ToolChoice, has_tools: bool) -> dict[str, Any]:
     else:
         out["tool_choice"] = "required" if choice.type == "any" else "auto"
     return out
-
-
-def error_answer(
-    exc: RequestError | EngineError | AdmissionError, retry_after_s: int
-) -> Response:
-    """The answer of a refusal before the first byte, in Anthropic's shape:
-    ``{"type": "error", "error": {"type", "message"}}``, the status and
-    ``Retry-After`` of ``answers.error_response``."""
-    return anthropic_shape(error_response(exc, retry_after_s))
-
-
-def anthropic_shape(answer: Response) -> Response:
-    """``answer`` (an OpenAI-shaped error) with its body in Anthropic's shape."""
-    status = answer.status_code
-    message = json.loads(bytes(answer.body))["error"]["message"]
-    retry = answer.headers.get("retry-after")
-    headers = {"Retry-After": retry} if retry is not None else None
-    return json_answer(message_error_body(status, message), status, headers)

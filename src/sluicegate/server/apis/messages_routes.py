@@ -23,19 +23,16 @@ from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.core.wire.contracts import Wire
 from sluicegate.engines.base import OutputKind
 from sluicegate.engines.upstream.count import TRIED
-from sluicegate.server.admission.keys import AdmissionError, ApiKey
-from sluicegate.server.apis.messages_api import (
-    error_answer,
-    parse_messages_request,
-    to_chat_request,
-)
+from sluicegate.server.admission.keys import ApiKey
+from sluicegate.server.apis.messages_api import parse_messages_request, to_chat_request
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.http.answers import error_answer, json_answer
 from sluicegate.server.http.bodies import read_json_object
+from sluicegate.server.http.errors import AdmissionError
 from sluicegate.server.prepare.models import ServedModel, ServedModels
 from sluicegate.server.prepare.plan import Plan
 from sluicegate.server.prepare.tokens import plan_chat
 from sluicegate.server.schemas.chat import ChatCompletionRequest
-from sluicegate.server.streaming.answers import json_answer
 
 __all__ = [
     "MESSAGES_PATHS",
@@ -81,7 +78,6 @@ class Generating(Protocol):
         request: Request,
         endpoint: Endpoint,
         planner: _Planner,
-        errors: Callable[..., Response],
         ended: Callable[[Wire], Awaitable[None]] | None = None,
     ) -> ASGIApp: ...
 
@@ -104,9 +100,7 @@ class MessagesRoutes:
 
     async def create(self, request: Request) -> ASGIApp:
         """``POST /v1/messages``: a message, streamed or whole."""
-        return await self._routes._generate(
-            request, Endpoint.MESSAGES, self._plan, error_answer
-        )
+        return await self._routes._generate(request, Endpoint.MESSAGES, self._plan)
 
     async def _plan(
         self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
@@ -153,5 +147,5 @@ class MessagesRoutes:
                     )
                 return json_answer({"input_tokens": counted})
         except (RequestError, EngineError, AdmissionError) as exc:
-            return error_answer(exc, config.retry_after_s)
+            return error_answer(exc, config.retry_after_s, Endpoint.MESSAGES)
         return json_answer({"input_tokens": plan.header.prompt_tokens})

@@ -37,7 +37,7 @@ from sluicegate.core.errors import RequestError
 from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.core.wire.contracts import Wire
 from sluicegate.core.wire.responses import response_object
-from sluicegate.server.admission.keys import ANONYMOUS, ApiKey, Unavailable
+from sluicegate.server.admission.keys import ANONYMOUS, ApiKey
 from sluicegate.server.apis.messages_routes import Generating, named_as, with_endpoint
 from sluicegate.server.apis.response_store import StoredResponses
 from sluicegate.server.apis.responses_api import (
@@ -48,17 +48,18 @@ from sluicegate.server.apis.responses_api import (
     to_chat_request,
 )
 from sluicegate.server.apis.whole_from_log import WholeFromLog
+from sluicegate.server.http.answers import error_answer, json_answer
+from sluicegate.server.http.errors import (
+    StoreError,
+    Unavailable,
+    store_error_code,
+    store_refusal_message,
+)
 from sluicegate.server.prepare.plan import Plan
 from sluicegate.server.prepare.tokens import plan_chat
 from sluicegate.server.resumable.log_response import LogStreamResponse
 from sluicegate.server.resumable.requests import owner_of
 from sluicegate.server.resumable.streams import ResumableStreams
-from sluicegate.server.stores.event_store import (
-    StoreError,
-    store_error_code,
-    store_refusal_message,
-)
-from sluicegate.server.streaming.answers import error_response, json_answer
 
 __all__ = ["ResponsesRoutes"]
 
@@ -118,7 +119,7 @@ class ResponsesRoutes:
             " response's input is chained with previous_response_id",
             code="unsupported_endpoint",
         )
-        return error_response(refused, self._routes.config.retry_after_s)
+        return error_answer(refused)
 
     async def create(self, request: Request) -> ASGIApp:
         """``POST /v1/responses``: a response, streamed or whole, stored or not."""
@@ -136,7 +137,7 @@ class ResponsesRoutes:
 
         try:
             answer = await self._routes._generate(
-                request, Endpoint.RESPONSES, plan, error_response, ended
+                request, Endpoint.RESPONSES, plan, ended
             )
             ask, planned = asked.request, asked.plan
             if not isinstance(answer, LogStreamResponse) or planned is None:

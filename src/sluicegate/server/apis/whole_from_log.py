@@ -19,13 +19,16 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from sluicegate.core.wire.chunks import error_payload
 from sluicegate.server.apis.response_store import StoredResponses
+from sluicegate.server.http.answers import error_answer, json_answer
+from sluicegate.server.http.errors import (
+    CLIENT_CLOSED,
+    CursorEvicted,
+    ResponseFailed,
+    StoreError,
+)
 from sluicegate.server.resumable.log_response import LogStreamResponse
-from sluicegate.server.stores.event_store import CursorEvicted, StoreError
-from sluicegate.server.streaming.answers import json_answer
 from sluicegate.server.streaming.disconnect import DisconnectRace
-from sluicegate.server.streaming.statuses import CLIENT_CLOSED
 
 __all__ = ["WholeFromLog"]
 
@@ -92,13 +95,11 @@ class WholeFromLog:
         final = final or (None if last is None else {**last, "background": False})
         if final is None or final["status"] == "failed":
             error = (final or {}).get("error") or {}
-            payload = error_payload(
+            failed = ResponseFailed(
                 error.get("message", "The response ended without its last event"),
-                "server_error",
-                None,
                 error.get("code", "server_error"),
             )
-            answer = json_answer(payload, 500)
+            answer = error_answer(failed)
         else:
             answer = json_answer(final)
         with contextlib.suppress(OSError):  # the status went out (or not)

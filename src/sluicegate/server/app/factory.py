@@ -54,9 +54,9 @@ from sluicegate.server.apis.messages_routes import MessagesRoutes
 from sluicegate.server.apis.responses_routes import ResponsesRoutes
 from sluicegate.server.app.playground import PlaygroundRoutes
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.http.answers import http_error, server_error
 from sluicegate.server.http.cors import Cors
 from sluicegate.server.resumable.routes import ResumableRoutes
-from sluicegate.server.streaming.answers import http_error, server_error
 from sluicegate.server.streaming.sse_response import BODY_SEND
 
 __all__ = ["create_app"]

@@ -29,14 +29,14 @@ import dataclasses
 from importlib import resources
 from itertools import islice
 
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from sluicegate.core.errors import RequestError
 from sluicegate.server.admission.access import PAGE_PATH
+from sluicegate.server.http.answers import error_answer, json_answer
+from sluicegate.server.http.errors import RouteNotFound
 from sluicegate.server.ledger.ledger import Ledger, LedgerRow
-from sluicegate.server.streaming.answers import error_response, json_answer
 
 __all__ = [
     "DEFAULT_RECENT",
@@ -89,13 +89,13 @@ class PlaygroundRoutes:
         self._files = _read_files()
 
     async def root(self, request: Request) -> Response:
-        return RedirectResponse(PAGE_PATH, status_code=307)
+        return RedirectResponse(PAGE_PATH)  # 307
 
     async def page(self, request: Request) -> Response:
-        return self._file("index.html")
+        return self._file(request, "index.html")
 
     async def asset(self, request: Request) -> Response:
-        return self._file(request.path_params["name"])
+        return self._file(request, request.path_params["name"])
 
     async def recent_requests(self, request: Request) -> Response:
         """``GET /engine/requests``; 400 naming ``limit`` when it is not an
@@ -103,7 +103,7 @@ class PlaygroundRoutes:
         try:
             limit = _limit(request.query_params.get("limit"))
         except RequestError as exc:
-            return error_response(exc, self._retry_after_s)
+            return error_answer(exc)
         wanted = request.query_params.get("id")
         if self._shared:
             picked = await self._ledger.read_newest(limit, wanted)
@@ -118,10 +118,10 @@ class PlaygroundRoutes:
             picked = list(islice(reversed(rows), limit))
         return json_answer({"object": "list", "data": [row_payload(r) for r in picked]})
 
-    def _file(self, name: str) -> Response:
+    def _file(self, request: Request, name: str) -> Response:
         found = self._files.get(name)
-        if found is None:
-            raise HTTPException(404)  # answered in the OpenAI shape by the app
+        if found is None:  # as the router answers an unknown path
+            return error_answer(RouteNotFound(request.method, request.url.path))
         body, media_type = found
         return Response(body, headers=_HEADERS, media_type=media_type)
 

@@ -1,3 +1,3 @@
 """HTTP plumbing below the routes: bodies, chunked framing, connection limits,
-CORS.
+CORS, errors and their answers.
 """

@@ -57,6 +57,7 @@ import resource
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, ClassVar
 
 import h11
@@ -64,7 +65,13 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from sluicegate.core.wire.chunks import dumps, error_payload
+from sluicegate.server.http.answers import describe, error_answer
 from sluicegate.server.http.chunked_body import ChunkedBodySend
+from sluicegate.server.http.errors import (
+    HeadTooLarge,
+    RequestTimeout,
+    TooManyConnections,
+)
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -177,23 +184,9 @@ class LimitedH11Protocol(H11Protocol):
             cap,
         )
         self._report("too_many_connections")
-        body = dumps(
-            error_payload(
-                f"The server serves at most {cap} connections at once, and that "
-                "many are open; retry later",
-                "server_error",
-                None,
-                "too_many_connections",
-            )
-        )
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode("ascii")),
-            (b"retry-after", str(self.limits.retry_after_s).encode("ascii")),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        answer = error_answer(TooManyConnections(cap), self.limits.retry_after_s)
+        answer.headers["connection"] = "close"
+        await answer(scope, receive, send)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -211,7 +204,7 @@ class LimitedH11Protocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self.conn.their_state is h11.IDLE and self._head_over_limit(data):
             self._enter(_Phase.DONE)
-            self._refuse(431, self._too_large(), "request_header_too_large")
+            self._refuse(HeadTooLarge(self.limits.max_header_bytes))
             return
         super().data_received(data)
         self._follow(bytes_arrived=True)
@@ -239,15 +232,9 @@ class LimitedH11Protocol(H11Protocol):
         exc = sys.exc_info()[1]
         if isinstance(exc, h11.RemoteProtocolError) and exc.error_status_hint == 431:
             self._enter(_Phase.DONE)
-            self._refuse(431, self._too_large(), "request_header_too_large")
+            self._refuse(HeadTooLarge(self.limits.max_header_bytes))
             return
         super().send_400_response(msg)
-
-    def _too_large(self) -> str:
-        return (
-            "The request head (request line and headers) is larger than "
-            f"{self.limits.max_header_bytes} bytes"
-        )
 
     def _follow(self, *, bytes_arrived: bool) -> None:
         """Move to the phase h11's view of the client's side says."""
@@ -300,11 +287,7 @@ class LimitedH11Protocol(H11Protocol):
             if phase is _Phase.HEAD
             else self.limits.body_timeout_s
         )
-        self._refuse(
-            408,
-            f"The request {phase.value} did not arrive within {timeout_s:g} s",
-            "request_timeout",
-        )
+        self._refuse(RequestTimeout(phase.value, timeout_s))
 
     def _buffered(self) -> bool:
         data, _ = self.conn.trailing_data
@@ -315,11 +298,14 @@ class LimitedH11Protocol(H11Protocol):
         if on_refuse is not None:
             on_refuse(code)
 
-    def _refuse(self, status: int, message: str, code: str) -> None:
+    def _refuse(self, exc: RequestTimeout | HeadTooLarge) -> None:
         """Write one error response outside h11 (the connection ends), close."""
+        answer = describe(exc)
+        status, code = answer.status, answer.code
+        assert code is not None, "both errors carry their code"
         self._report(code)
-        body = dumps(error_payload(message, "invalid_request_error", None, code))
-        reason = _REASONS[status]
+        body = dumps(error_payload(answer.message, answer.error_type, None, code))
+        reason = HTTPStatus(status).phrase
         head = (
             f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
@@ -328,7 +314,6 @@ class LimitedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
 _HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line that ends a head
 
 

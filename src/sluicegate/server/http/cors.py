@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from starlette import status
 from starlette.responses import Response
 from starlette.types import Message, Scope, Send
 
@@ -123,7 +124,7 @@ class Cors:
         }
         if b"access-control-request-private-network" in names:
             headers["access-control-allow-private-network"] = "true"
-        return Response(status_code=204, headers=headers)
+        return Response(status_code=status.HTTP_204_NO_CONTENT, headers=headers)
 
     def wrap(self, scope: Scope, send: Send) -> Send:
         """``send``, adding the CORS headers to the response start of an allowed

@@ -14,9 +14,13 @@ import contextlib
 from collections.abc import Callable
 
 from sluicegate.core.endstate import EndState
+from sluicegate.server.http.errors import ResponseFailed, kind_of
 from sluicegate.server.metering.meter import Meter
 
 __all__ = ["WholeRows"]
+
+_STOPPED = kind_of(ResponseFailed).status
+"""The status of a whole answer cut off by the shutdown (a failed response's)."""
 
 
 class WholeRows:
@@ -60,7 +64,7 @@ class WholeRows:
                 for whole in waiting:
                     await whole.recorded.wait()
         for whole in waiting:
-            whole.answered(500)  # nothing if its answer was reported
+            whole.answered(_STOPPED)  # nothing if its answer was reported
         self._rows.clear()
 
     def _forget(self, response_id: str, whole: _WholeRow) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from sluicegate.server.stores.event_store import StoreError, StoreFull
+from sluicegate.server.http.errors import RedisFull, RedisUnavailable
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 __all__ = [
     "COMMAND_TIMEOUT_S",
     "CONNECT_TIMEOUT_S",
-    "RedisFull",
-    "RedisUnavailable",
     "connect",
     "redis_errors",
 ]
@@ -42,17 +40,6 @@ MAX_CONNECTIONS = 64
 """Connections of one server's pool: producers share one flusher and readers one
 tail, so few are in use at once; past it a command waits for one (at most
 ``COMMAND_TIMEOUT_S``)."""
-
-
-class RedisUnavailable(StoreError):
-    """Redis cannot be reached, or answered with an error (503 before the first
-    byte, an in-band error after it)."""
-
-
-class RedisFull(RedisUnavailable, StoreFull):
-    """Redis refused a write: its memory is at ``maxmemory`` (with
-    ``noeviction``). A ``StoreFull``: 503 ``resume_store_full`` before the first
-    byte, the same code in band after it."""
 
 
 def connect(url: str) -> Redis:

@@ -33,9 +33,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from sluicegate.server.admission.keys import Unavailable
 from sluicegate.server.admission.quotas import Quota
-from sluicegate.server.redis.client import RedisUnavailable, redis_errors
+from sluicegate.server.http.errors import RedisUnavailable, Unavailable
+from sluicegate.server.redis.client import redis_errors
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

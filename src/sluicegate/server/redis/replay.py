@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sluicegate.server.http.errors import CursorEvicted
 from sluicegate.server.redis.client import redis_errors
 from sluicegate.server.redis.tail import Follower
-from sluicegate.server.stores.event_store import CursorEvicted
 
 __all__ = ["PAGE_FRAMES", "catch_up", "read_page"]
 

@@ -48,20 +48,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.http.errors import CursorEvicted, LogNotFound, StoreFull
 from sluicegate.server.redis.cancel import CancelChannel
 from sluicegate.server.redis.client import redis_errors
 from sluicegate.server.redis.lua import ATTACH, ATTACHED, CREATE, FORGET, SET_RECORD
 from sluicegate.server.redis.replay import catch_up, read_page
 from sluicegate.server.redis.tail import RedisTail
 from sluicegate.server.redis.writer import LogWriter
-from sluicegate.server.stores.event_store import (
-    Bound,
-    CursorEvicted,
-    Frames,
-    LogNotFound,
-    Push,
-    StoreFull,
-)
+from sluicegate.server.stores.event_store import Bound, Frames, Push
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

@@ -34,14 +34,15 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sluicegate.server.redis.client import RedisUnavailable, redis_errors
-from sluicegate.server.redis.lua import REFRESH
-from sluicegate.server.stores.event_store import (
+from sluicegate.server.http.errors import (
     CursorEvicted,
     ProducerLost,
-    Push,
+    RedisUnavailable,
     StoreError,
 )
+from sluicegate.server.redis.client import redis_errors
+from sluicegate.server.redis.lua import REFRESH
+from sluicegate.server.stores.event_store import Push
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

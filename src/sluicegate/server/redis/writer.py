@@ -37,7 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sluicegate.server.redis.client import RedisUnavailable, redis_errors
+from sluicegate.server.http.errors import RedisUnavailable
+from sluicegate.server.redis.client import redis_errors
 from sluicegate.server.redis.lua import WRITE
 from sluicegate.server.redis.tail import RedisTail
 

@@ -51,16 +51,15 @@ from collections.abc import AsyncIterator, Callable
 from starlette.types import Receive, Scope, Send
 
 from sluicegate.core.wire.chunks import dumps, error_payload
-from sluicegate.server.resumable.log_writes import BROKEN, LogFrames
-from sluicegate.server.stores.event_store import (
+from sluicegate.server.http.errors import (
     STORE_LOST,
     CursorEvicted,
-    EventStore,
-    Frames,
     ProducerLost,
     StoreError,
     store_error_code,
 )
+from sluicegate.server.resumable.log_writes import BROKEN, LogFrames
+from sluicegate.server.stores.event_store import EventStore, Frames
 from sluicegate.server.streaming.disconnect import DisconnectRace
 from sluicegate.server.streaming.pump import pump
 from sluicegate.server.streaming.shared import StreamLimits

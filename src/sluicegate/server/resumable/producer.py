@@ -55,12 +55,8 @@ from sluicegate.core.wire.chunks import ResponseHeader
 from sluicegate.core.wire.contracts import Wire, stream_machine
 from sluicegate.core.wire.padding import MIN_STEP_BYTES, Filler
 from sluicegate.engines.clocks import Timer, Timers
-from sluicegate.server.stores.event_store import (
-    STORE_LOST,
-    EventStore,
-    StoreError,
-    store_error_code,
-)
+from sluicegate.server.http.errors import STORE_LOST, StoreError, store_error_code
+from sluicegate.server.stores.event_store import EventStore
 from sluicegate.server.streaming.buffer import LiveStreams, StreamBuffer, stream_buffer
 from sluicegate.server.streaming.generation import INTERNAL_ERROR_MESSAGE, Generation
 from sluicegate.server.streaming.pump import EventFrames, pump, sleep_until

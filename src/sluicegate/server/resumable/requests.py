@@ -19,12 +19,11 @@ from typing import Any
 from starlette.requests import Request
 
 from sluicegate.core.errors import RequestError
-from sluicegate.core.wire.chunks import dumps, error_payload
+from sluicegate.core.wire.chunks import dumps
 from sluicegate.server.admission.access import API_KEY
 from sluicegate.server.admission.keys import ANONYMOUS
 
 __all__ = [
-    "CURSOR_EVICTED",
     "CURSOR_PAST_END",
     "MAX_CURSOR_CHARS",
     "MAX_IDEMPOTENCY_KEY_CHARS",
@@ -36,9 +35,6 @@ __all__ = [
     "past_end",
 ]
 
-CURSOR_EVICTED = "cursor_evicted"
-"""Error code of the 410 for a cursor whose frames were dropped."""
-
 CURSOR_PAST_END = "cursor_past_end"
 """Error code of the 400 for a cursor at or past the end of an ended log."""
 
@@ -48,23 +44,21 @@ MAX_CURSOR_CHARS = 128
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 """Longest ``Idempotency-Key`` accepted, in characters."""
 
-NOT_FOUND = error_payload(
-    "No resumable stream with that id", "invalid_request_error", None, "not_found"
-)
-"""The one 404 body of an unknown, another key's, or an expired stream."""
+NOT_FOUND = "No resumable stream with that id"
+"""The one 404 message of an unknown, another key's, or an expired stream."""
 
 _SEQ = re.compile(r"[0-9]{1,12}", re.ASCII)
 _KEY = re.compile(r"[\x21-\x7e]+", re.ASCII)
 
 
-def past_end(response_id: str, after: int, param: str) -> dict[str, Any]:
-    """The 400 body (``cursor_past_end``, naming ``param``) of a cursor at or
-    past the end of ``response_id``'s ended log."""
+def past_end(response_id: str, after: int, param: str) -> RequestError:
+    """The 400 (``cursor_past_end``, naming ``param``) of a cursor at or past
+    the end of ``response_id``'s ended log."""
     message = (
         f"The stream {response_id[:80]!r} has ended and nothing follows"
         f" event {after}: it was read to its end"
     )
-    return error_payload(message, "invalid_request_error", param, CURSOR_PAST_END)
+    return RequestError(message, param=param, code=CURSOR_PAST_END)
 
 
 def parse_cursor(text: str, response_id: str) -> int:

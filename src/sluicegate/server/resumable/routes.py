@@ -20,11 +20,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sluicegate.core.errors import RequestError
-from sluicegate.core.wire.chunks import error_payload
+from sluicegate.server.http.answers import error_answer, json_answer
+from sluicegate.server.http.errors import NotFound
 from sluicegate.server.resumable.log_response import LogStreamResponse
 from sluicegate.server.resumable.requests import NOT_FOUND, owner_of, parse_cursor
 from sluicegate.server.resumable.streams import ResumableStreams
-from sluicegate.server.streaming.answers import json_answer
 
 __all__ = ["ResumableRoutes"]
 
@@ -61,12 +61,11 @@ class ResumableRoutes:
         if cursor is None:
             cursor = request.query_params.get("after", "")
         if not response_id.startswith(prefix or "chatcmpl-"):
-            return json_answer(NOT_FOUND, 404)
+            return error_answer(NotFound(NOT_FOUND))
         try:
             after = parse_cursor(cursor, response_id)
         except RequestError as exc:
-            payload = error_payload(exc.message, exc.error_type, exc.param, exc.code)
-            return json_answer(payload, 400)
+            return error_answer(exc)
         return await self._streams.resume(response_id, owner_of(request), after)
 
     async def cancel(self, request: Request) -> Response:
@@ -83,5 +82,5 @@ class ResumableRoutes:
         if not response_id.startswith(
             prefix or "chatcmpl-"
         ) or not self._streams.cancel_own(response_id, owner_of(request)):
-            return json_answer(NOT_FOUND, 404)  # ended ones too, task or not
+            return error_answer(NotFound(NOT_FOUND))  # ended ones too, task or not
         return json_answer({"id": response_id, "cancelled": True})

@@ -41,27 +41,28 @@ from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import RequestError
 from sluicegate.core.wire.chunks import dumps, error_payload
 from sluicegate.core.wire.contracts import Wire
-from sluicegate.server.admission.keys import Unavailable
 from sluicegate.server.config import ServerConfig
+from sluicegate.server.http import answers
+from sluicegate.server.http.answers import error_answer
+from sluicegate.server.http.errors import (
+    CursorEvicted,
+    IdempotencyConflict,
+    LogNotFound,
+    NotFound,
+    StoreError,
+    Unavailable,
+)
 from sluicegate.server.metering.meter import Meter
 from sluicegate.server.metering.whole_rows import WholeRows
 from sluicegate.server.prepare.plan import Plan
 from sluicegate.server.resumable.log_response import LogStreamResponse
 from sluicegate.server.resumable.producer import Producer
 from sluicegate.server.resumable.requests import (
-    CURSOR_EVICTED,
     NOT_FOUND,
     idempotency_claim,
     past_end,
 )
-from sluicegate.server.stores.event_store import (
-    CursorEvicted,
-    EventStore,
-    IdempotencyConflict,
-    LogNotFound,
-    StoreError,
-)
-from sluicegate.server.streaming import answers
+from sluicegate.server.stores.event_store import EventStore
 from sluicegate.server.streaming.buffer import LiveStreams
 from sluicegate.server.streaming.generation import Generation
 from sluicegate.server.streaming.shared import StreamLimits
@@ -134,9 +135,9 @@ class ResumableStreams:
             on_cancel(self.abort)
 
     def unavailable(self, exc: StoreError) -> Response:
-        """``store_unavailable``: the 503 of a store that failed, logged."""
+        """The 503 of a store that failed (``Retry-After``), logged."""
         logger.warning("resumable-stream store failed, answering 503: %s", exc)
-        return answers.store_unavailable(exc, self._config.retry_after_s)
+        return error_answer(exc, self._config.retry_after_s)
 
     def refusal(self, exc: StoreError) -> Unavailable:
         """``store_refusal``: what a request is refused with before its first
@@ -290,7 +291,7 @@ class ResumableStreams:
         owner: str,
         after: int,
         param: str = "Last-Event-ID",
-        not_found: dict[str, Any] = NOT_FOUND,
+        not_found: str = NOT_FOUND,
         *,
         own: bool = False,
     ) -> Response | LogStreamResponse:
@@ -302,7 +303,7 @@ class ResumableStreams:
                 ``resumed``.
 
         Returns:
-            The reader (200, event stream); ``not_found`` with 404 (unknown,
+            The reader (200, event stream); 404 ``not_found`` (unknown,
             another key's, expired); 410 ``cursor_evicted`` naming ``param``;
             400 ``cursor_past_end`` naming ``param`` when the log has ended and
             nothing follows the cursor (an empty 200 would make an
@@ -312,17 +313,14 @@ class ResumableStreams:
         try:
             reader = await self._reader(response_id, owner, after)
         except CursorEvicted as exc:
-            payload = error_payload(
-                str(exc), "invalid_request_error", param, CURSOR_EVICTED
-            )
-            return answers.json_answer(payload, 410)
+            return error_answer(exc, param=param)
         except StoreError as exc:  # the shared store cannot be reached
             return self.unavailable(exc)
         if reader is None:
-            return answers.json_answer(not_found, 404)
+            return error_answer(NotFound(not_found))
         if reader.past_end and not own:
             await reader.aclose()
-            return answers.json_answer(past_end(response_id, after, param), 400)
+            return error_answer(past_end(response_id, after, param))
         if not own:
             self.resumes += 1
         elif response_id in self._producers:  # its row is not written yet

@@ -43,80 +43,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
-from sluicegate.core.errors import RequestError, SluicegateError
-
 __all__ = [
-    "STORE_FULL",
-    "STORE_LOST",
-    "STORE_UNAVAILABLE",
     "Bound",
-    "CursorEvicted",
     "EventStore",
-    "IdempotencyConflict",
-    "LogNotFound",
-    "ProducerLost",
     "Push",
     "PushRead",
     "ReaderWatch",
     "RemoteCancel",
-    "StoreError",
-    "StoreFull",
-    "store_error_code",
-    "store_refusal_message",
 ]
-
-
-class StoreError(SluicegateError):
-    """A resumable log cannot be read as asked."""
-
-
-class LogNotFound(StoreError):
-    """No log with that id readable by that owner (unknown, another key's, expired)."""
-
-
-class CursorEvicted(StoreError):
-    """The frames after the cursor were dropped to keep the log within its bound."""
-
-
-class ProducerLost(StoreError):
-    """The log's producer stopped leasing before it finished (its replica died)."""
-
-
-class StoreFull(StoreError):
-    """No room for a new log: the live logs alone fill the store's bound (or
-    the shared store's own memory is full)."""
-
-
-STORE_FULL = "resume_store_full"
-"""Error code (503 before the first byte, in band after it) of ``StoreFull``."""
-STORE_UNAVAILABLE = "resume_store_unavailable"
-"""Error code of any other failure of a shared store (``StoreError``)."""
-
-
-STORE_LOST = "The store of this resumable stream failed; the stream cannot go on"
-"""The message of the in-band error that ends a stream whose store failed (the
-store's own text names hosts: it goes to the log, not to the client)."""
-
-
-def store_error_code(exc: StoreError) -> str:
-    """The error code a client gets for ``exc``: ``STORE_FULL`` for a full
-    store, ``STORE_UNAVAILABLE`` for any other failure."""
-    return STORE_FULL if isinstance(exc, StoreFull) else STORE_UNAVAILABLE
-
-
-def store_refusal_message(exc: StoreError) -> str:
-    """The message of the 503 a client gets for ``exc`` before its first byte.
-
-    Fixed text per error code: the store's own text names its host and port
-    (and a driver may quote more of its URL), so it goes to the log only.
-    """
-    if isinstance(exc, StoreFull):
-        return "The resumable-stream store is full; retry later"
-    return "The resumable-stream store cannot be reached; retry later"
-
-
-class IdempotencyConflict(RequestError):
-    """An idempotency key reused with another request body (answered 409)."""
 
 
 Bound = tuple[str, str]

@@ -39,14 +39,8 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.stores.event_store import (
-    Bound,
-    CursorEvicted,
-    Frames,
-    LogNotFound,
-    Push,
-    StoreFull,
-)
+from sluicegate.server.http.errors import CursorEvicted, LogNotFound, StoreFull
+from sluicegate.server.stores.event_store import Bound, Frames, Push
 from sluicegate.server.stores.memory_log import MemoryLog, ParkedReader, frames_since
 
 __all__ = ["MemoryEventStore", "open_memory_store"]

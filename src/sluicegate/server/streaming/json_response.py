@@ -3,7 +3,7 @@
 ``CompletionResponse`` collects the generation's deltas from its buffer while
 ``DisconnectRace`` watches for the client leaving, then sends a
 ``chat.completion`` or ``text_completion`` object, or the OpenAI error shape
-with the status ``statuses.status_of`` gives the ``Fail`` that ended it.
+with the status ``answers.status_of`` gives the ``Fail`` that ended it.
 
 Invariants:
     - Nothing is sent before the generation ended; a client that left before
@@ -33,11 +33,12 @@ from sluicegate.core.wire.chunks import (
 )
 from sluicegate.core.wire.completions import chat_completion, text_completion
 from sluicegate.core.wire.contracts import Whole, error_body, whole_body
+from sluicegate.server.http.answers import status_of
+from sluicegate.server.http.errors import CLIENT_CLOSED, InternalError
 from sluicegate.server.streaming.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.streaming.disconnect import DisconnectRace
 from sluicegate.server.streaming.generation import Generation
 from sluicegate.server.streaming.shared import OnEnd, StreamLimits, attached
-from sluicegate.server.streaming.statuses import CLIENT_CLOSED, status_of
 
 __all__ = ["CompletionResponse"]
 
@@ -79,7 +80,7 @@ class CompletionResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Generate, then send ``chat.completion``/``text_completion`` JSON."""
         # Until set below: a bug escaped, and Starlette answers 500.
-        state, status = EndState.ERRORED, 500
+        state, status = EndState.ERRORED, status_of(InternalError())
         gone = failed = written = False
         try:
             with DisconnectRace(receive) as race:

@@ -21,7 +21,7 @@ Invariants:
       through ``OnEnd``, after the engine sequences were aborted or ended.
     - Timeouts (first token, total) and the shutdown grace period put one
       ``Fail`` into the buffer: an in-band error for a stream, a 503/504 JSON
-      error for a non-streaming response (``statuses.py``).
+      error for a non-streaming response (``errors.STATUS_OF_CODE``).
     - The engine and other streams never wait on one client: the buffer never
       blocks, and a stream over its byte bound or stuck on a write is aborted.
 
@@ -39,27 +39,17 @@ from dataclasses import dataclass
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import Fail
 from sluicegate.engines.clocks import Timer, Timers
+from sluicegate.server.http.errors import FIRST_TOKEN_TIMEOUT, REQUEST_TIMEOUT
 from sluicegate.server.streaming.buffer import LiveStreams, StreamBuffer
 from sluicegate.server.streaming.generation import Generation
 
 __all__ = [
-    "FIRST_TOKEN_TIMEOUT",
-    "REQUEST_TIMEOUT",
-    "SERVER_SHUTDOWN",
     "OnEnd",
     "StreamLimits",
     "arm_deadlines",
     "attached",
 ]
 
-FIRST_TOKEN_TIMEOUT = "first_token_timeout"
-"""Error code: no token within ``StreamLimits.first_token_timeout_s``."""
-
-REQUEST_TIMEOUT = "request_timeout"
-"""Error code: the response did not end within ``StreamLimits.request_timeout_s``."""
-
-SERVER_SHUTDOWN = "server_shutdown"
-"""Error code: the server's shutdown grace period ran out (see ``shutdown.py``)."""
 
 OnEnd = Callable[[EndState, int], None]
 """Called once when a response ends: its ``EndState`` and the HTTP status sent."""

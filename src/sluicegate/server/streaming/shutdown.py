@@ -31,8 +31,8 @@ import uvicorn
 
 from sluicegate.core.events import Fail
 from sluicegate.engines.base import Engine
+from sluicegate.server.http.errors import SERVER_SHUTDOWN
 from sluicegate.server.streaming.buffer import LiveStreams
-from sluicegate.server.streaming.shared import SERVER_SHUTDOWN
 
 __all__ = ["Drain", "DrainingServer"]
 
