@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.server.http.connections import (
     REFUSAL_CODES,
     ConnectionLimits,
@@ -68,11 +69,13 @@ async def _ok(scope: Scope, receive: Receive, send: Send) -> None:
 class Server:
     """Connections of one uvicorn server whose protocol has ``limits``."""
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(
+        self, limits: ConnectionLimits, timers: ManualClock | None = None
+    ) -> None:
         self.reported: list[str] = []
         self.config = Config(
             app=_ok,
-            http=protocol_class(limits, self.reported.append),
+            http=protocol_class(limits, self.reported.append, timers),
             h11_max_incomplete_event_size=limits.max_header_bytes,
             log_level="warning",
         )
@@ -162,10 +165,14 @@ async def test_without_a_cap_every_connection_is_served() -> None:
 
 
 async def test_a_late_head_is_a_408_and_reported() -> None:
-    server = Server(ConnectionLimits(header_timeout_s=0.05))
+    clock = ManualClock()
+    server = Server(ConnectionLimits(header_timeout_s=5), clock)
     protocol, transport = server.connect()
     protocol.data_received(b"GET /health HTTP/1.1\r\n")
-    status, _, body = _head(await _answered(transport))
+    clock.advance(4.5)
+    assert transport.written == b""  # not late yet
+    clock.advance(0.5)
+    status, _, body = _head(bytes(transport.written))
     assert status.startswith(b"HTTP/1.1 408 "), status
     assert json.loads(body)["error"]["code"] == "request_timeout"
     assert transport.closed

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
 import anyio
 import httpx
 import pytest
 from starlette.applications import Starlette
 
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted.engine import ScriptedEngine
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
@@ -62,22 +62,20 @@ async def test_metrics_count_requests_tokens_and_read_the_engine(
         assert _value(text, f"sluicegate_{name}_total") >= 0
 
 
-async def test_loop_lag_reports_how_late_a_blocked_loop_ran_its_timer() -> None:
-    loop = asyncio.get_running_loop()
+def test_loop_lag_reports_how_late_a_blocked_loop_ran_its_timer() -> None:
+    clock = ManualClock()
     lags: list[float] = []
-    lag = LoopLag(loop, lags.append, interval_s=0.02)
-    try:
-        await wait_until(lambda: len(lags) >= 1)
-        before = len(lags)
-        loop.call_soon(time.sleep, 0.15)  # a callback that holds the loop
-        await wait_until(lambda: len(lags) >= before + 2)
-    finally:
-        lag.stop()
-    # The timer was due at most 0.02 s after the block began: it ran that late.
-    assert max(lags[before:]) >= 0.15 - 0.02 - 0.002
-    taken = len(lags)
-    await asyncio.sleep(0.05)
-    assert len(lags) == taken  # stopped: no more samples
+    lag = LoopLag(clock, lags.append, interval_s=0.25)
+    clock.advance(0.5)
+    assert lags == [0.0, 0.0]  # on time, twice
+    clock.jump(1.25)  # a callback that held the loop: the timer was due at 0.75
+    clock.step()
+    assert lags == [0.0, 0.0, 1.0]  # it ran that late
+    clock.advance(0.25)  # due again an interval after it ran
+    assert lags == [0.0, 0.0, 1.0, 0.0]
+    lag.stop()
+    clock.advance(5)
+    assert len(lags) == 4  # stopped: no more samples
 
 
 def test_loop_lag_needs_a_positive_interval() -> None:
@@ -90,12 +88,22 @@ def test_loop_lag_needs_a_positive_interval() -> None:
 
 
 async def test_the_app_samples_its_loop_lag_while_it_runs(app: Starlette) -> None:
+    clock = ManualClock()
+    app.state.metrics.timers = clock
     async with app.router.lifespan_context(app):
-        await asyncio.sleep(LOOP_LAG_INTERVAL_S * 1.5)
+        clock.advance(LOOP_LAG_INTERVAL_S)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             text = (await c.get("/metrics")).text
-    assert _value(text, "sluicegate_event_loop_lag_seconds_count") >= 1
+    assert _value(text, "sluicegate_event_loop_lag_seconds_count") == 1
+    clock.advance(LOOP_LAG_INTERVAL_S)  # stopped with the app
+    assert (
+        _value(
+            app.state.metrics.render().decode(),
+            "sluicegate_event_loop_lag_seconds_count",
+        )
+        == 1
+    )
 
 
 async def test_resumable_streams_are_counted_at_every_scrape() -> None:

@@ -5,6 +5,8 @@ the bounds; schema work runs in threads of a known stack, with a deadline."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import math
 import subprocess
 import sys
 import textwrap
@@ -17,6 +19,7 @@ import pytest
 
 from sluicegate.core.errors import RequestError
 from sluicegate.core.schema_limits import SchemaLimits
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted.engine import ScriptedEngine
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.app.options import add_serve_options, config_fields
@@ -253,10 +256,19 @@ async def test_the_worker_returns_results_and_reraises_errors() -> None:
 
 @pytest.mark.anyio
 async def test_the_worker_gives_up_at_its_deadline_and_goes_on() -> None:
-    worker = SchemaWorker(threads=1, stack_bytes=4 * 1024 * 1024)
+    clock = ManualClock()
+    worker = SchemaWorker(threads=1, stack_bytes=4 * 1024 * 1024, timers=clock)
     release = threading.Event()
+    call = worker.run(lambda: release.wait(10), 5, "the schemas", "tools")
+    waiting = asyncio.ensure_future(call)
+    while clock.next_due == math.inf:  # noqa: ASYNC110 (until it waits on its deadline)
+        await asyncio.sleep(0)
+    clock.advance(4.5)
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    clock.advance(0.5)
     with pytest.raises(RequestError) as caught:
-        await worker.run(lambda: release.wait(10), 0.05, "the schemas", "tools")
+        await waiting
     assert caught.value.code == "schema_timeout"
     assert caught.value.param == "tools"
     assert "--schema-timeout-s" in caught.value.message

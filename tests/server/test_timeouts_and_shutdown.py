@@ -105,13 +105,18 @@ async def test_drain_lets_short_streams_finish_and_ends_the_rest_in_band() -> No
     quick = Exchange(app, CHAT, STREAM)
     endless = Exchange(stuck_app, CHAT, STREAM)
     drain: Drain = stuck_app.state.drain
+    drain.timers = clock = ManualClock()
     async with anyio.create_task_group() as tg:
         tg.start_soon(quick.run)
         tg.start_soon(endless.run)
         await endless.wait_for(endless.has_content)
         tg.start_soon(app.state.drain.run, 1.0)
+        tg.start_soon(drain.run, 30)
+        await endless.wait_for(lambda: drain.draining)
+        assert not endless.completed  # the grace period has not passed
+        clock.advance(30)
         with anyio.fail_after(3):
-            await drain.run(0.2)
+            await endless.wait_for(lambda: drain.done)
     assert drain.done
     assert "".join(quick.contents()) == DEFAULT_TEXT
     assert quick.done_count() == 1

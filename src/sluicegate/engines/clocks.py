@@ -1,22 +1,31 @@
-"""Injectable time: a ``Timers`` protocol (an event loop is one) and a ``ManualClock``.
+"""Injectable time: the ``Timers`` protocol, ``ManualClock`` and ``Deadline``.
+
+``Deadline`` is the one time limit type of the server's timers.
 
 An asyncio event loop is ``Timers`` (``time()``, ``call_at()``). A
 ``ManualClock`` is too, but its time moves only when a test says so: timing
 tests then step time instead of sleeping, and what they see does not depend on
 how busy the machine is. The model-free engines, the upstream pool and the
 server's timers (a stream's write watch, a resumable stream's grace, the
-ledger's progress writes) take one.
+ledger's progress writes, the loop-lag sampler, a connection's read deadlines,
+the waits of a cancel, a count and a shutdown) take one.
+
+Deliberate divergence: ``Deadline``'s ``async with`` is ``asyncio.timeout`` on
+a ``Timers`` clock rather than the running loop's, so that a test can make it
+pass by stepping a ``ManualClock``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import math
 from collections.abc import Callable
+from types import TracebackType
 from typing import Protocol
 
-__all__ = ["ManualClock", "Timer", "Timers"]
+__all__ = ["Deadline", "ManualClock", "Timer", "Timers"]
 
 
 class Timer(Protocol):
@@ -37,6 +46,86 @@ class Timers(Protocol):
     def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
         """Call ``callback()`` once, when ``time()`` reaches ``when`` (seconds)."""
         ...
+
+
+class Deadline:
+    """A time limit on a ``Timers`` clock: ``after_s`` seconds from when it is made.
+
+    ``call(callback)`` runs ``callback`` once when it passes; ``async with
+    deadline:`` cancels its body then and raises ``TimeoutError`` in its place
+    (``asyncio.timeout``'s semantics: a cancellation from elsewhere is not
+    turned into a ``TimeoutError``). A deadline already passed fires at the
+    clock's next step.
+
+    Args:
+        timers: the clock (the running loop, or a ``ManualClock`` in tests).
+        after_s: seconds from now (may be <= 0: passed already).
+
+    Attributes:
+        when: the clock's time at which it passes (seconds).
+    """
+
+    __slots__ = ("_cancelling", "_fired", "_task", "_timer", "timers", "when")
+
+    def __init__(self, timers: Timers, after_s: float) -> None:
+        self.timers = timers
+        self.when = timers.time() + after_s
+        self._timer: Timer | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._fired = False
+        self._cancelling = 0
+
+    @property
+    def expired(self) -> bool:
+        """Whether the clock's time has reached ``when``."""
+        return self.timers.time() >= self.when
+
+    @property
+    def remaining_s(self) -> float:
+        """Seconds until ``when`` (0 once passed)."""
+        return max(self.when - self.timers.time(), 0.0)
+
+    def call(self, callback: Callable[[], object]) -> None:
+        """Run ``callback()`` once when the deadline passes, unless ``cancel()``
+        comes first (one callback per deadline; a second replaces the first)."""
+        self.cancel()
+        self._timer = self.timers.call_at(self.when, callback)
+
+    def cancel(self) -> None:
+        """Forget the callback (a no-op once it ran, or without one)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def __aenter__(self) -> Deadline:
+        task = asyncio.current_task()
+        assert task is not None, "a Deadline is entered by a task"
+        self._task = task
+        self._cancelling = task.cancelling()
+        self.call(self._expire)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+        task, self._task = self._task, None
+        if (
+            self._fired
+            and task is not None
+            and task.uncancel() <= self._cancelling  # always, once it fired
+            and exc_type is asyncio.CancelledError
+        ):
+            raise TimeoutError(f"the deadline of {self.when:g} s passed") from exc
+
+    def _expire(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            self._fired = True
+            task.cancel()
 
 
 class ManualClock:

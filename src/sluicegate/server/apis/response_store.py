@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +53,7 @@ from sluicegate.core.errors import RequestError
 from sluicegate.core.wire.chunks import Endpoint, ResponseHeader, dumps
 from sluicegate.core.wire.contracts import Wire
 from sluicegate.core.wire.responses import response_object
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.http.answers import error_answer, json_answer
 from sluicegate.server.http.errors import NotFound, ProducedElsewhere, StoreError
 from sluicegate.server.resumable.log_response import LogStreamResponse
@@ -119,7 +119,12 @@ class StoredResponses:
 
     Args:
         resumable: the registry of resumable streams and their store.
+
+    Attributes:
+        timers: the clock of a cancel's wait (``None``: the running loop).
     """
+
+    timers: Timers | None = None
 
     def __init__(self, resumable: ResumableStreams) -> None:
         self._resumable = resumable
@@ -271,8 +276,9 @@ class StoredResponses:
         if not await resumable.stop(response_id, owner):
             if not await resumable.ask_cancel(response_id):
                 return await self.record_of(response_id, owner)
-            deadline = time.monotonic() + CANCEL_WAIT_S
-            while time.monotonic() < deadline:
+            timers = self.timers or asyncio.get_running_loop()
+            deadline = Deadline(timers, CANCEL_WAIT_S)
+            while not deadline.expired:
                 record = await self.record_of(response_id, owner)
                 if record is None or record["response"] is not None:
                     return record

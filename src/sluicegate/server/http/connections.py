@@ -65,6 +65,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from sluicegate.core.wire.chunks import dumps, error_payload
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.http.answers import describe, error_answer
 from sluicegate.server.http.chunked_body import ChunkedBodySend
 from sluicegate.server.http.errors import (
@@ -159,9 +160,10 @@ class LimitedH11Protocol(H11Protocol):
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     on_refuse: ClassVar[Callable[[str], None] | None] = None
+    timers: ClassVar[Timers | None] = None  # the read deadlines' clock; None: the loop
 
     _phase: _Phase
-    _timer: asyncio.TimerHandle | None
+    _deadline: Deadline | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -191,7 +193,7 @@ class LimitedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._phase = _Phase.IDLE
-        self._timer = None
+        self._deadline = None
         self._enter(_Phase.HEAD)  # a new connection owes a request at once
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -253,19 +255,21 @@ class LimitedH11Protocol(H11Protocol):
         if phase is self._phase:
             return
         self._phase = phase
-        timer = self._timer
-        if timer is not None:
-            timer.cancel()
-            self._timer = None
-        if phase is _Phase.HEAD:
-            self._timer = self.loop.call_later(
-                self.limits.header_timeout_s, self._expire
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        limits = self.limits
+        if phase is _Phase.HEAD or phase is _Phase.BODY:
+            after_s = (
+                limits.header_timeout_s
+                if phase is _Phase.HEAD
+                else limits.body_timeout_s
             )
-        elif phase is _Phase.BODY:
-            self._timer = self.loop.call_later(self.limits.body_timeout_s, self._expire)
+            self._deadline = Deadline(self.timers or self.loop, after_s)
+            self._deadline.call(self._expire)
 
     def _expire(self) -> None:
-        self._timer = None
+        self._deadline = None
         phase = self._phase
         self._phase = _Phase.DONE
         if self.transport.is_closing():
@@ -318,7 +322,9 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")  # the blank line that ends a head
 
 
 def protocol_class(
-    limits: ConnectionLimits, on_refuse: Callable[[str], None] | None = None
+    limits: ConnectionLimits,
+    on_refuse: Callable[[str], None] | None = None,
+    timers: Timers | None = None,
 ) -> type[LimitedH11Protocol]:
     """The protocol class to give uvicorn as ``Config(http=...)``.
 
@@ -327,6 +333,7 @@ def protocol_class(
         on_refuse: called on the event loop with the code (``REFUSAL_CODES``) of
             each 408, 431 and 503 the protocol answers itself; ``None``: not
             reported.
+        timers: the clock of the head and body deadlines; ``None``: the loop.
     """
 
     class ConfiguredH11Protocol(LimitedH11Protocol):
@@ -334,4 +341,5 @@ def protocol_class(
 
     ConfiguredH11Protocol.limits = limits
     ConfiguredH11Protocol.on_refuse = on_refuse  # read from the class: never bound
+    ConfiguredH11Protocol.timers = timers
     return ConfiguredH11Protocol

@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector
 
 from sluicegate.core.endstate import EndState
 from sluicegate.engines.base import Engine, OutputKind
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.ledger.ledger import LedgerRow
 from sluicegate.server.metering.collectors import (
     LedgerCollector,
@@ -88,6 +89,9 @@ class Metrics:
             (``Capabilities.upstreams``) get per-upstream series, labelled by model
             and upstream URL.
     """
+
+    timers: Timers | None = None
+    """The clock the loop-lag sampler runs on; ``None``: the running loop."""
 
     def __init__(
         self, engine: Engine, live: LiveStreams, engines: Sequence[Engine] = ()
@@ -190,12 +194,14 @@ class Metrics:
         refused.inc()
 
     def watch_loop(self, interval_s: float = LOOP_LAG_INTERVAL_S) -> LoopLag:
-        """Start sampling the running loop's lag; ``stop()`` the result to end.
+        """Start sampling the lag of ``timers`` (the running loop when ``None``);
+        ``stop()`` the result to end.
 
         Raises:
             RuntimeError: no running event loop.
         """
-        return LoopLag(asyncio.get_running_loop(), self._loop_lag.observe, interval_s)
+        timers = self.timers or asyncio.get_running_loop()
+        return LoopLag(timers, self._loop_lag.observe, interval_s)
 
     def watch_resumable(self, streams: ResumableCounts, store: object) -> None:
         """Export ``streams``'s counts, and ``store``'s bytes when it has an
@@ -225,7 +231,7 @@ class Metrics:
 
 
 class LoopLag:
-    """A loop timer due every ``interval_s`` seconds that reports how late it ran.
+    """A timer due every ``interval_s`` seconds that reports how late it ran.
 
     Each time it runs, ``observe`` gets its lateness in seconds (the loop time
     it ran at minus the time it was due, at least 0; uvloop's clock counts whole
@@ -236,26 +242,27 @@ class LoopLag:
 
     def __init__(
         self,
-        loop: asyncio.AbstractEventLoop,
+        timers: Timers,
         observe: Callable[[float], None],
         interval_s: float,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
-        self._loop = loop
         self._observe = observe
         self._interval_s = interval_s
-        self._due = loop.time() + interval_s
-        self._timer: asyncio.TimerHandle | None = loop.call_at(self._due, self._run)
+        self._deadline: Deadline | None = Deadline(timers, interval_s)
+        self._deadline.call(self._run)
 
     def _run(self) -> None:
-        now = self._loop.time()
-        self._observe(max(now - self._due, 0.0))
-        self._due = now + self._interval_s
-        self._timer = self._loop.call_at(self._due, self._run)
+        deadline = self._deadline
+        assert deadline is not None, "stop() cancelled the timer"
+        now = deadline.timers.time()
+        self._observe(max(now - deadline.when, 0.0))
+        self._deadline = Deadline(deadline.timers, self._interval_s)
+        self._deadline.call(self._run)
 
     def stop(self) -> None:
         """No more samples."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None

@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Callable
 
 from sluicegate.core.endstate import EndState
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.http.errors import ResponseFailed, kind_of
 from sluicegate.server.metering.meter import Meter
 
@@ -54,13 +55,14 @@ class WholeRows:
         self._forget(response_id, whole)
         return True
 
-    async def aclose(self, grace_s: float) -> None:
-        """Wait up to ``grace_s`` seconds for the answers of rows whose stream
-        ended, record the rest with 500 (what such an answer is when the server
-        stops under it), and forget every row."""
+    async def aclose(self, grace_s: float, timers: Timers | None = None) -> None:
+        """Wait up to ``grace_s`` seconds (on ``timers``, the running loop when
+        ``None``) for the answers of rows whose stream ended, record the rest
+        with 500 (what such an answer is when the server stops under it), and
+        forget every row."""
         waiting = [whole for whole in self._rows.values() if whole.state is not None]
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace_s):
+            async with Deadline(timers or asyncio.get_running_loop(), grace_s):
                 for whole in waiting:
                     await whole.recorded.wait()
         for whole in waiting:

@@ -18,6 +18,7 @@ Spec: docs/security.md, "Schema limits".
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import queue
 import threading
@@ -29,6 +30,7 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from sluicegate.core.errors import RequestError
+from sluicegate.engines.clocks import Deadline, Timers
 
 __all__ = ["STACK_BYTES", "SchemaWorker"]
 
@@ -57,9 +59,16 @@ class SchemaWorker:
     Args:
         threads: how many calls run at once; more wait their turn.
         stack_bytes: each thread's stack.
+        timers: the clock of each call's deadline; ``None``: the running loop.
     """
 
-    def __init__(self, threads: int = 2, stack_bytes: int = STACK_BYTES) -> None:
+    def __init__(
+        self,
+        threads: int = 2,
+        stack_bytes: int = STACK_BYTES,
+        timers: Timers | None = None,
+    ) -> None:
+        self._timers = timers
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._threads = threads
         self._stack_bytes = stack_bytes
@@ -84,8 +93,10 @@ class SchemaWorker:
         self._start()
         job = _Job(fn, anyio.lowlevel.current_token())
         self._jobs.put(job)
-        with anyio.move_on_after(timeout_s):
-            await job.done.wait()
+        timers = self._timers or asyncio.get_running_loop()
+        with contextlib.suppress(TimeoutError):
+            async with Deadline(timers, timeout_s):
+                await job.done.wait()
         if not job.done.is_set():
             job.token = None  # nobody waits: the thread drops the result
             raise RequestError(

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.http.errors import (
     CursorEvicted,
     ProducerLost,
@@ -172,7 +172,12 @@ class RedisTail:
         block_ms: longest ``XREAD BLOCK`` (ms).
         check_s: seconds between lease checks (a third of the lease at most).
         lease_ms: a reader's lease (ms).
+
+    Attributes:
+        timers: the clock of the lease checks (``None``: the running loop).
     """
+
+    timers: Timers | None = None
 
     def __init__(
         self,
@@ -241,20 +246,21 @@ class RedisTail:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _run(self) -> None:
-        checked_at = time.monotonic()
+        timers = self.timers or asyncio.get_running_loop()
+        check = Deadline(timers, self._check_s)
         while self._followers:
             try:
-                if time.monotonic() - checked_at >= self._check_s:
-                    checked_at = time.monotonic()
+                if check.expired:
+                    check = Deadline(timers, self._check_s)
                     await self._check()
                 self._joined.clear()
                 if self._followers.keys() - self._local:
                     await self._read()
                 else:  # only logs fed by this server's appends
-                    loop = asyncio.get_running_loop()
-                    timer = loop.call_later(self._check_s, self._joined.set)
+                    wake = Deadline(timers, self._check_s)
+                    wake.call(self._joined.set)
                     await self._joined.wait()
-                    timer.cancel()
+                    wake.cancel()
             except RedisUnavailable as exc:
                 logger.warning("%s: ending %d readers", exc, len(self._followers))
                 self._end_all(exc)

@@ -32,11 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.http.errors import RedisUnavailable
 from sluicegate.server.redis.client import redis_errors
 from sluicegate.server.redis.lua import WRITE
@@ -73,7 +73,12 @@ class LogWriter:
         tail: the store's tail, fed the frames of logs produced here.
         live: the store's logs produced here and not finished (shared with the
             tail; this writer forgets a log once its finish is in Redis).
+
+    Attributes:
+        timers: the clock of the lease heartbeat (``None``: the running loop).
     """
+
+    timers: Timers | None = None
 
     def __init__(
         self,
@@ -226,15 +231,16 @@ class LogWriter:
         wake = self._wake
         assert wake is not None
         interval_s = self._lease_ms / 3000
-        leased_at = time.monotonic()
-        loop = asyncio.get_running_loop()
+        timers = self.timers or asyncio.get_running_loop()
+        lease = Deadline(timers, interval_s)
         while True:
-            timer = loop.call_later(interval_s, wake.set)  # the lease heartbeat
+            heartbeat = Deadline(timers, interval_s)
+            heartbeat.call(wake.set)
             await wake.wait()
-            timer.cancel()
+            heartbeat.cancel()
             wake.clear()
-            if time.monotonic() - leased_at >= interval_s:
-                leased_at = time.monotonic()
+            if lease.expired:
+                lease = Deadline(timers, interval_s)
                 for response_id in self._live:
                     self._queue(response_id).lease = True
             queued, self._queued = self._queued, {}

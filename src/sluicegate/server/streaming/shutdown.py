@@ -22,6 +22,7 @@ Spec: docs/DESIGN.md, "Graceful shutdown" and "Status first, errors in band".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from types import FrameType
@@ -31,6 +32,7 @@ import uvicorn
 
 from sluicegate.core.events import Fail
 from sluicegate.engines.base import Engine
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.http.errors import SERVER_SHUTDOWN
 from sluicegate.server.streaming.buffer import LiveStreams
 
@@ -53,7 +55,10 @@ class Drain:
     Attributes:
         draining: set by ``run``: refuse new requests with 503.
         done: every response has ended (or ``settle_s`` ran out).
+        timers: the clock of the grace and settle periods (``None``: the loop).
     """
+
+    timers: Timers | None = None
 
     def __init__(self, live: LiveStreams, settle_s: float = 5.0) -> None:
         self.live = live
@@ -79,10 +84,12 @@ class Drain:
         self.done = True
 
     async def _wait_idle(self, timeout_s: float) -> None:
-        with anyio.move_on_after(timeout_s):
-            # Polled: responses end in many tasks, none of which knows it is last.
-            while len(self.live):  # noqa: ASYNC110
-                await anyio.sleep(_POLL_S)
+        timers = self.timers or asyncio.get_running_loop()
+        with contextlib.suppress(TimeoutError):
+            async with Deadline(timers, timeout_s):
+                # Polled: responses end in many tasks, none of which knows it is last.
+                while len(self.live):  # noqa: ASYNC110
+                    await anyio.sleep(_POLL_S)
 
 
 class DrainingServer(uvicorn.Server):
