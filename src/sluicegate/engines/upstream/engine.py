@@ -68,7 +68,7 @@ from sluicegate.engines.upstream.config import (
 )
 from sluicegate.engines.upstream.context import CONTINUOUS_USAGE_OWNERS, UpstreamFacts
 from sluicegate.engines.upstream.count import count_prompt
-from sluicegate.engines.upstream.estimate import PromptEstimate
+from sluicegate.engines.upstream.estimate import COUNT_BEFORE_ESTIMATE_S, PromptEstimate
 from sluicegate.engines.upstream.health import check_health
 from sluicegate.engines.upstream.http import (
     DEFAULT_HOP_CLIENT,
@@ -209,13 +209,14 @@ class UpstreamEngine:
         *,
         estimate: bool = False,
     ) -> int | None:
-        """``request``'s prompt tokens by the first upstream's tokenizer, or
-        ``None`` when it offers no counter (``count.py``); with
-        ``estimate``, this engine's estimate then (``estimate.py``)."""
+        """``request``'s prompt tokens by the first upstream's tokenizer, or ``None``
+        when it offers none (``count.py``); with ``estimate``, then (or when the
+        counter is slow) this engine's estimate (``estimate.py``)."""
         upstream = self._upstreams[0]
         model = upstream.model or self._model.id
         chat = orjson.loads(request_body(request, model, continuous_usage=False))
-        counted = await count_prompt(upstream, model, chat, messages_body)
+        wait_s = COUNT_BEFORE_ESTIMATE_S if estimate else 10.0
+        counted = await count_prompt(upstream, model, chat, messages_body, wait_s)
         return self._estimate.fill(request.text_prompt, counted, estimate)
 
     def learn(self, facts: Sequence[UpstreamFacts]) -> None:

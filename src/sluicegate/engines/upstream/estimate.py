@@ -5,7 +5,8 @@ and any server whose tokenizer routes are closed) says how many tokens a
 prompt had only in its last usage chunk. What needs the count before that (a
 Messages stream's ``message_start``, the chunks of a
 ``continuous_usage_stats`` stream, the ledger row of a request its client
-left) gets this estimate instead of 0: the prompt's characters (the JSON of
+left) gets this estimate instead of 0, and so does a prompt whose counter
+does not answer within ``COUNT_BEFORE_ESTIMATE_S``: the prompt's characters (the JSON of
 its messages and tools as sent, or its text) over the characters per token
 this upstream's own final counts showed so far, ``CHARS_PER_TOKEN`` until one
 did. A prompt of token ids is counted exactly. The estimate is never passed
@@ -19,11 +20,20 @@ import orjson
 
 from sluicegate.engines.values import TextPrompt
 
-__all__ = ["CHARS_PER_TOKEN", "PromptEstimate", "prompt_chars"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "COUNT_BEFORE_ESTIMATE_S",
+    "PromptEstimate",
+    "prompt_chars",
+]
 
 CHARS_PER_TOKEN = 4.0
 """Characters per token before an upstream's own counts taught one (about
 what English text in JSON takes in common BPE vocabularies)."""
+COUNT_BEFORE_ESTIMATE_S = 0.5
+"""How long a counter is waited for (seconds) when an estimate may stand in:
+a counter slower than that is skipped for the estimate, so the first event
+is not held for it."""
 LEARNED_TOKENS = 1 << 20
 """Past this many prompt tokens learned, older counts weigh half as much, so
 the ratio follows what the upstream is sent now."""
