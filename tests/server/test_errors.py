@@ -4,6 +4,7 @@ table, the answer in each API's shape, and no status written by hand elsewhere."
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import json
 import pkgutil
@@ -105,11 +106,15 @@ def test_an_error_the_server_never_answers_has_no_status() -> None:
 SERVER = Path(sluicegate.server.__file__).parent
 
 
-def _server_modules() -> Iterator[tuple[str, ast.Module]]:
+@functools.cache
+def _server_modules() -> tuple[tuple[str, ast.Module], ...]:
+    """Every module of the server, imported, with its syntax tree (once)."""
+    found = []
     for info in pkgutil.walk_packages([str(SERVER)], "sluicegate.server."):
         module = importlib.import_module(info.name)
         path = Path(str(module.__file__))
-        yield info.name, ast.parse(path.read_text(), str(path))
+        found.append((info.name, ast.parse(path.read_text(), str(path))))
+    return tuple(found)
 
 
 def _answered_classes() -> set[type[SluicegateError]]:
