@@ -21,9 +21,10 @@ before that is such a refusal too (``failure_before_content``). Once accepted,
 a failure (a reset, an in-band error, a stream without ``[DONE]``, a time
 limit) is the sequence's ``EngineError``.
 
-The parts: a sequence's state (``sequence.py``), its time limits
-(``limits.py``), the reading of a 200's stream (``stream.py``:
-text, tool calls, usage) and the health checks (``health.py``).
+The parts: a sequence's state (``sequence.py``), its failover from one
+upstream to the next (``failover.py``), its time limits (``limits.py``), the
+reading of a 200's stream (``stream.py``: text, tool calls, usage) and the health
+checks (``health.py``).
 
 Invariants:
     - ``abort()`` and ``UpstreamOutputs.close()`` cancel the sequence's task,
@@ -37,7 +38,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections import deque
@@ -53,7 +53,6 @@ from sluicegate.core.errors import (
     EngineTimeout,
     EngineUnavailable,
 )
-from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.engines.base import (
     Capabilities,
     EngineStats,
@@ -69,30 +68,19 @@ from sluicegate.engines.upstream.config import (
 from sluicegate.engines.upstream.context import CONTINUOUS_USAGE_OWNERS, UpstreamFacts
 from sluicegate.engines.upstream.count import count_prompt
 from sluicegate.engines.upstream.estimate import COUNT_BEFORE_ESTIMATE_S, PromptEstimate
+from sluicegate.engines.upstream.failover import serve
 from sluicegate.engines.upstream.health import check_health
 from sluicegate.engines.upstream.http import (
     DEFAULT_HOP_CLIENT,
-    HopError,
-    HopResponse,
     hop_client,
 )
 from sluicegate.engines.upstream.limits import arm
 from sluicegate.engines.upstream.pool import (
-    Lease,
-    Outcome,
     PoolMember,
-    PoolRefusal,
-    RefusalReason,
     UpstreamCounters,
     UpstreamPool,
 )
-from sluicegate.engines.upstream.refusals import (
-    REFUSAL_BODY_MAX_BYTES,
-    hop_failure,
-    refusal_of,
-)
 from sluicegate.engines.upstream.sequence import UpstreamOutputs, UpstreamSequence, end
-from sluicegate.engines.upstream.stream import BeforeContent, read_stream
 from sluicegate.engines.values import RECENT_IDS
 
 __all__ = ["UpstreamEngine", "UpstreamOutputs"]
@@ -334,7 +322,15 @@ class UpstreamEngine:
 
     async def _run(self, seq: UpstreamSequence, pool: UpstreamPool) -> None:
         try:
-            await self._serve(seq, pool)
+            await serve(
+                seq,
+                pool,
+                self._upstreams,
+                self._clients,
+                self._model,
+                self._counts,
+                self._rejected_usage,
+            )
         except asyncio.CancelledError:
             if seq.result is None:
                 if seq.timed_out is None:
@@ -357,117 +353,3 @@ class UpstreamEngine:
             if seq.result == "aborted":
                 self._aborted_ids.append(seq.request.request_id)
             del self._sequences[seq.request.request_id]
-
-    async def _serve(self, seq: UpstreamSequence, pool: UpstreamPool) -> None:
-        tried: list[int] = []
-        refusal: EngineError | None = None
-        while True:
-            lease = await self._lease(pool, tried, refusal)
-            upstream = self._upstreams[lease.member]
-            client = self._clients[lease.member]
-            outcome = Outcome.FAILURE
-            response: HopResponse | None = None
-            try:
-                seq.lease = lease
-                try:
-                    body = request_body(
-                        seq.request,
-                        upstream.model or self._model.id,
-                        continuous_usage=upstream.continuous_usage,
-                    )
-                except TypeError as exc:  # orjson: a value that is not JSON
-                    outcome = Outcome.SUCCESS  # not the upstream's fault
-                    raise EngineError(f"the request cannot be sent: {exc}") from exc
-                path = _PATHS[seq.request.text_prompt.endpoint]  # type: ignore[union-attr]
-                try:
-                    response = await client.post(path, body)
-                except HopError as exc:
-                    refusal, outcome = hop_failure(exc, upstream)
-                    tried.append(lease.member)
-                    continue
-                if response.status != 200:
-                    refused, outcome, again = refusal_of(
-                        response.status,
-                        await _read_some(response),
-                        response.header("retry-after"),
-                        upstream,
-                    )
-                    if not again:
-                        raise refused
-                    refusal = refused
-                    tried.append(lease.member)
-                    continue
-                outcome = Outcome.SUCCESS  # a client that leaves is no failure
-                if not seq.responded.done():
-                    seq.responded.set_result(None)
-                try:
-                    outcome = await read_stream(
-                        seq,
-                        response,
-                        lease,
-                        self._upstreams,
-                        self._counts,
-                        self._model.context_length,
-                    )
-                except BeforeContent as failed:  # a 200, then nothing: a refusal
-                    refused, outcome, again = failed.refusal
-                    if not again:
-                        raise refused from None
-                    refusal = refused
-                    seq.usage = None  # the next upstream counts anew
-                    tried.append(lease.member)
-                    continue
-                return
-            finally:
-                if seq.timed_out is not None:
-                    outcome = Outcome.FAILURE
-                if seq.usage_rejected:
-                    seq.usage_rejected = False
-                    self._rejected_usage[lease.member] += 1
-                if response is not None:
-                    await response.aclose()
-                seq.lease = None
-                lease.release(outcome)
-
-    async def _lease(
-        self, pool: UpstreamPool, tried: list[int], refusal: EngineError | None
-    ) -> Lease:
-        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
-
-        def refuse(why: PoolRefusal) -> None:
-            if refusal is not None and why.reason is RefusalReason.NONE_ELIGIBLE:
-                future.set_exception(refusal)  # every upstream tried: the last no
-                return
-            message = {
-                RefusalReason.NONE_ELIGIBLE: "no upstream of the model is healthy",
-                RefusalReason.QUEUE_FULL: "every upstream is busy and the queue full",
-                RefusalReason.QUEUE_TIMEOUT: "no upstream was free in time",
-            }[why.reason]
-            future.set_exception(
-                EngineRefused(message, 503, retry_after_s=why.retry_after_s)
-            )
-
-        ticket = pool.request(future.set_result, refuse, tried)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            ticket.cancel()
-            if future.done() and not future.cancelled() and not future.exception():
-                future.result().release(Outcome.SUCCESS)
-            raise
-
-
-_PATHS = {Endpoint.CHAT: "chat/completions", Endpoint.COMPLETION: "completions"}
-
-
-async def _read_some(response: HopResponse) -> bytes:
-    """Up to ``REFUSAL_BODY_MAX_BYTES`` of a refusal's body (a broken one: ``b""``)."""
-    parts: list[bytes] = []
-    size = 0
-    with contextlib.suppress(HopError):
-        async for data in response:
-            parts.append(data)
-            size += len(data)
-            if size >= REFUSAL_BODY_MAX_BYTES:
-                break
-    return b"".join(parts)[:REFUSAL_BODY_MAX_BYTES]
