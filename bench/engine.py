@@ -114,11 +114,28 @@ def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, ServerProce
     return servers
 
 
+def write_report(
+    args: argparse.Namespace, rows: list[dict[str, Any]], extras: list[dict[str, Any]]
+) -> None:
+    """The JSON results so far (written after every cell: a slow run that is
+    stopped keeps what it measured)."""
+    report = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "rows": rows,
+        "extras": extras,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
 def measure_cells(
-    servers: dict[str, ServerProcess], args: argparse.Namespace
-) -> list[dict[str, Any]]:
+    servers: dict[str, ServerProcess],
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+) -> None:
     """Every (prompt kind, concurrency) cell, the systems taking turns."""
-    rows = []
     for kind in args.prompts.split(","):
         for level in [int(c) for c in args.concurrency.split(",")]:
             Console().print(f"{kind} prompts, {level} streams")
@@ -156,7 +173,7 @@ def measure_cells(
                 if name == "sluicegate":
                     row["ratio_tok_s"] = statistics.median(ratios)
                 rows.append(row)
-    return rows
+            write_report(args, rows, [])
 
 
 async def _interference(port: int, max_tokens: int) -> dict[str, float]:
@@ -230,23 +247,28 @@ def main() -> int:
     parser.add_argument("--sluicegate-args", default="")
     parser.add_argument("--llama-server-args", default="")
     parser.add_argument("--no-extras", action="store_true", help="cells only")
+    parser.add_argument(
+        "--extra-tokens", type=int, default=200, help="per stream, among the 15"
+    )
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     console = Console(width=240)
     logs = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
     servers = start_servers(args, logs)
+    rows: list[dict[str, Any]] = []
     extras: list[dict[str, Any]] = []
     try:
-        rows = measure_cells(servers, args)
+        measure_cells(servers, args, rows)
         for r in range(0 if args.no_extras else args.repeats):
             for name in SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]:
                 console.print(f"{name}: one long prompt among 15 streams; prefix reuse")
                 load = os.getloadavg()[0]
                 port = servers[name].port
                 extra = {"system": name, "run": r, "load_1m": load}
-                extra |= asyncio.run(_interference(port, 200))
+                extra |= asyncio.run(_interference(port, args.extra_tokens))
                 extra |= asyncio.run(_prefix(port, f"P{r}{name[0]}{time.time():.0f}"))
                 extras.append(extra)
+                write_report(args, rows, extras)
     finally:
         for server in servers.values():
             server.stop(timeout_s=30)
@@ -255,15 +277,6 @@ def main() -> int:
         console.print(
             _table("a 4,000-token prompt among 15 streams; prefix reuse", extras)
         )
-    report = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "rows": rows,
-        "extras": extras,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {args.json} (server logs in {logs})")
     return 0
 

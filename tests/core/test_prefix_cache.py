@@ -133,7 +133,7 @@ def test_drain_holds_no_cells() -> None:
 
 def test_prompt_chunks_shrink_to_chunk_tokens_while_a_sequence_decodes() -> None:
     scheduler = BatchScheduler[Scheduled](
-        kv_cells=100, slots=2, step_tokens=8, queue_limit=4, chunk_tokens=3
+        kv_cells=100, slots=3, step_tokens=8, queue_limit=4, chunk_tokens=3
     )
     first = Scheduled("a", tuple(range(8)), 5, frozenset({EOS}))
     scheduler.submit(first)
@@ -142,7 +142,12 @@ def test_prompt_chunks_shrink_to_chunk_tokens_while_a_sequence_decodes() -> None
     assert [len(c.tokens) for c in plan] == [8]  # nobody decodes: the whole step
     scheduler.advance(plan)
     scheduler.accept(first, 7)
-    second = Scheduled("b", tuple(range(8)), 5, frozenset({EOS}))
-    scheduler.submit(second)
+    long, short = (
+        Scheduled(n, tuple(range(k)), 5, frozenset({EOS}))
+        for n, k in [("b", 8), ("c", 2)]
+    )
+    scheduler.submit(long)
+    scheduler.submit(short)
     scheduler.admit()
-    assert [len(c.tokens) for c in scheduler.plan()] == [1, 3]
+    # Each prompt reads at most 3 tokens a step; the short one ends its prompt.
+    assert [len(c.tokens) for c in scheduler.plan()] == [1, 3, 2]

@@ -12,8 +12,9 @@ Invariants:
       nobody overtakes it. So a running sequence never runs out of cells.
     - A step holds one token per decoding sequence, then prompt chunks of the
       prefilling ones, ``step_tokens`` tokens at most, and at most
-      ``chunk_tokens`` prompt tokens while any sequence decodes: a long prompt
-      lengthens the steps of running sequences by a bounded chunk.
+      ``chunk_tokens`` of one prompt while any sequence decodes: a long prompt
+      lengthens the steps of running sequences by a bounded chunk, and short
+      prompts arriving together are still read in one step.
     - ``abort()`` ends a queued sequence at once; a prefilling or decoding one is
       flagged and leaves at the next ``reap()``. Tokens accepted after the flag
       are waste: they end nothing and are never delivered.
@@ -133,9 +134,9 @@ class BatchScheduler(Generic[_S]):
         slots: sequences decoded together (>= 1).
         step_tokens: tokens in one step, decode tokens and prefill chunks
             together (>= ``slots``).
-        chunk_tokens: prompt tokens in one step while any sequence decodes
-            (>= 1; default ``step_tokens``): what a prompt read among running
-            streams adds to their step.
+        chunk_tokens: tokens of one prompt in one step while any sequence
+            decodes (>= 1; default ``step_tokens``): what a long prompt read
+            among running streams adds to each of their steps.
         queue_limit: sequences that may wait for admission.
         prefix_cache: where the cells of sequences that left are held for
             reuse; default: none held (every slot left is trimmed).
@@ -290,7 +291,7 @@ class BatchScheduler(Generic[_S]):
     def plan(self) -> list[PlannedChunk[_S]]:
         """The next step's batch: every decoding sequence's last token, then
         prompt chunks of the prefilling ones in admission order, within
-        ``step_tokens`` (and ``chunk_tokens`` of prompt when any sequence
+        ``step_tokens`` (and ``chunk_tokens`` of each prompt when any sequence
         decodes). Empty when nothing runs."""
         plan: list[PlannedChunk[_S]] = []
         budget = self.step_tokens
@@ -300,13 +301,12 @@ class BatchScheduler(Generic[_S]):
                 pos = len(seq.prompt) + seq.n_generated - 1
                 plan.append(PlannedChunk(seq, (seq.last_token,), pos, True))
                 budget -= 1
-        if plan:
-            budget = min(budget, self.chunk_tokens)
+        most = self.chunk_tokens if plan else budget
         for seq in running:
             if seq.phase is not Phase.PREFILL or budget <= 0:
                 continue
             done = seq.n_prompt_done
-            chunk = seq.prompt[done : done + budget]
+            chunk = seq.prompt[done : done + min(budget, most)]
             last = done + len(chunk) == len(seq.prompt)
             plan.append(PlannedChunk(seq, chunk, done, last))
             budget -= len(chunk)

@@ -1,11 +1,11 @@
 """The local engine's settings: what ``sluicegate serve`` runs with no flags.
 
 ``EngineConfig`` holds the shape of a ``LlamaCppEngine`` (KV cells, slots,
-threads) and its step policy (tokens per step, prompt tokens per step while
-others decode, prefix reuse). Its defaults are the configuration measured
-fastest on this project's machines (2 CPU cores, the default model;
-docs/performance.md, "The local engine against llama-server"): the CLI takes
-its flags' defaults from here and ``sluicegate doctor`` prints them.
+threads) and its step policy (tokens per step, tokens of one prompt per step
+while others decode, prefix reuse). Its defaults are for this project's
+machines (2 CPU cores, the default model; docs/performance.md, "The local
+engine against llama-server", says how they were chosen): the CLI takes its
+flags' defaults from here and ``sluicegate doctor`` prints them.
 ``add_arguments`` and ``from_args`` are the CLI's side.
 """
 
@@ -27,17 +27,17 @@ class EngineConfig:
         n_parallel: sequences decoded together in one step.
         step_tokens: tokens in one step (decode tokens and prompt chunks); also
             llama.cpp's batch and micro-batch size.
-        chunk_tokens: prompt tokens in one step while any sequence decodes
-            (``None``: ``step_tokens``).
+        chunk_tokens: tokens of one prompt in one step while any sequence
+            decodes (``None``: ``step_tokens``).
         n_threads: llama.cpp threads; ``None``: the cores this process may use.
         prefix_cache: keep finished sequences' KV cells for prompts that start
             with the same tokens.
     """
 
     n_ctx: int = 8192
-    n_parallel: int = 4
-    step_tokens: int = 128
-    chunk_tokens: int | None = None
+    n_parallel: int = 16
+    step_tokens: int = 512
+    chunk_tokens: int | None = 32
     n_threads: int | None = None
     prefix_cache: bool = True
 
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chunk-tokens",
         type=int,
         default=_DEFAULT.chunk_tokens,
-        help="prompt tokens per step while other streams decode",
+        help="tokens of one prompt per step while other streams decode",
     )
     add("--threads", type=int, default=_DEFAULT.n_threads, help="llama.cpp threads")
     add(
