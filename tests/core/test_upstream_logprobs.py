@@ -213,7 +213,7 @@ _PIECES = [b"a", b"bc", b" ", CAT[:1], CAT[1:2], CAT[2:], "\u00e9".encode()[:1],
            "\u00e9".encode()[1:]]  # fmt: skip
 
 
-@settings(max_examples=200)
+@settings(max_examples=60)
 @given(
     st.lists(st.sampled_from(range(len(_PIECES))), max_size=24),
     st.lists(st.integers(min_value=1, max_value=4), max_size=24),
