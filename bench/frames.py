@@ -6,7 +6,8 @@ runs:
 
 - a text delta through each API's stream machine (chat, Responses, Messages;
   padded and not), 500 streams of 200 tokens each, fed one token at a time;
-- an upstream's padded one-choice content event through ``UpstreamReader``:
+- an upstream's padded one-choice content event, without and with continuous
+  usage, through ``UpstreamReader``:
   the fast path (the event read from its bytes by a learned template) and the
   full parse (the same reader with no template).
 
@@ -51,6 +52,11 @@ EVENT = (
     b'"delta":{"content":"%s"},"logprobs":null,"finish_reason":null}],'
     b'"usage":null,"obfuscation":"%s"}\n\n'
 )
+# The same with continuous usage, which the gateway asks of vLLM and sluicegate.
+USAGE_EVENT = EVENT.replace(
+    b'"usage":null',
+    b'"usage":{"prompt_tokens":11,"completion_tokens":%d,"total_tokens":%d}',
+)
 
 
 def _delta_us(endpoint: Any, padded: bool) -> float:
@@ -71,15 +77,20 @@ def _delta_us(endpoint: Any, padded: bool) -> float:
     return (time.process_time() - start) / (500 * 200) * 1e6
 
 
-def _reader_us(fast: bool, calls: int = 100_000) -> float:
+def _reader_us(fast: bool, usage: bool, calls: int = 100_000) -> float:
     reader = UpstreamReader(Endpoint.CHAT)
-    reader.feed(EVENT % (b"Hi", b"abc"))
+    for n in (1, 2):  # the first event goes through the decoder, the next learns
+        args = (b"Hi", n, 11 + n, b"abc") if usage else (b"Hi", b"abc")
+        reader.feed((USAGE_EVENT if usage else EVENT) % args)
     if not fast and hasattr(reader, "_template"):
         reader._template = None
         reader._learns = 1 << 30  # learns nothing more
-    event = EVENT % (b" token", b"xyz-_0")
+    if usage:
+        events = [USAGE_EVENT % (b" token", n, 11 + n, b"xyz-_0") for n in range(calls)]
+    else:
+        events = [EVENT % (b" token", b"xyz-_0")] * calls
     start = time.process_time()
-    for _ in range(calls):
+    for event in events:
         reader.feed(event)
     return (time.process_time() - start) / calls * 1e6
 
@@ -94,8 +105,10 @@ def main() -> None:
         for padded in (False, True):
             name = f"delta {endpoint.name.lower()}{' padded' if padded else ''}"
             figures[name] = functools.partial(_delta_us, endpoint, padded)
-    figures["upstream event, fast path"] = functools.partial(_reader_us, True)
-    figures["upstream event, full parse"] = functools.partial(_reader_us, False)
+    for usage in (False, True):
+        kind = "upstream event" + (", continuous usage" if usage else "")
+        figures[f"{kind}, fast path"] = functools.partial(_reader_us, True, usage)
+        figures[f"{kind}, full parse"] = functools.partial(_reader_us, False, usage)
     for name, measure in figures.items():
         runs = [measure() for _ in range(args.repeat)]
         print(f"{name}: {statistics.median(runs):.2f} us (from {min(runs):.2f})")

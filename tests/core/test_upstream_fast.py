@@ -19,7 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluicegate.core.upstream.fast import MAX_LEARNS, DeltaTemplate, plain_event
+from sluicegate.core.events import Usage
+from sluicegate.core.upstream.fast import (
+    MAX_LEARNS,
+    DeltaTemplate,
+    _object_end,
+    plain_event,
+)
 from sluicegate.core.upstream.items import UpstreamDelta, UpstreamItem
 from sluicegate.core.upstream.limits import READER_LIMITS
 from sluicegate.core.upstream.reader import UpstreamReader
@@ -50,6 +56,8 @@ def chat(text: Any, **fields: Any) -> dict[str, Any]:
         else:
             chunk[name] = value
     chunk["choices"] = [choice]
+    if "usage_last" in chunk:  # after the choices, as continuous usage comes
+        chunk["usage"] = chunk.pop("usage_last")
     if "obfuscation" in chunk:
         chunk["obfuscation"] = chunk.pop("obfuscation")  # last
     return chunk
@@ -181,6 +189,48 @@ def test_cumulative_text_is_read_as_the_full_parse_reads_it() -> None:
     assert items == slow(CHAT, b"".join(events))
 
 
+def usage(completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": 5, "completion_tokens": completion, "total_tokens": 5}
+
+
+@pytest.mark.parametrize("pad", [None, "p4d"])
+def test_continuous_usage_is_read_with_the_text(pad: str | None) -> None:
+    extra = {} if pad is None else {"obfuscation": pad}
+    events = [
+        event(orjson.dumps(chat(t, usage_last=usage(n), **extra)))
+        for n, t in enumerate(["a", "b", 'c"', "d"], 1)
+    ]
+    items, reader = fast(CHAT, events)
+    assert reader._learns == 1
+    first = [Usage(5, 1), UpstreamDelta(0, "a"), Usage(5, 2), UpstreamDelta(0, "b")]
+    assert items[:4] == first
+    assert items == slow(CHAT, b"".join(events))
+
+
+def test_a_usage_template_reads_only_an_object_where_the_usage_was() -> None:
+    line = orjson.dumps(chat("a", usage_last=usage(1)))
+    template = DeltaTemplate.learn(line, orjson.loads(line), CHAT)
+    assert template is not None
+    assert template.read(line) == ("a", usage(1))
+    assert template.text(line) is None  # it has a usage
+    assert template.read(line.replace(b'"usage":{', b'"usagE":{')) is None
+    assert template.read(line.replace(b'"completion_tokens":1', b'"c":1,}')) is None
+    other = line[: line.index(b'"usage":') + 8] + b"[1]}"
+    assert template.read(other) is None  # not an object
+    # A usage before the text, or two usage keys after it: nothing is learned.
+    for bad in (
+        orjson.dumps(chat("a", usage=usage(1))),  # the usage before the text
+        line.replace(b'"usage":{', b'"usage":{"usage":1,'),
+    ):
+        assert DeltaTemplate.learn(bad, orjson.loads(bad), CHAT) is None
+
+
+def test_object_end_skips_strings_and_stops_at_the_end() -> None:
+    assert _object_end(b'x{"a\\"}":{"b":1}}y', 1) == 17
+    assert _object_end(b"x1", 1) == 1
+    assert _object_end(b'x{"a":{', 1) == 7
+
+
 def test_a_reader_stops_learning_after_its_limit() -> None:
     # An upstream with a new id per chunk: every event is learned anew, until
     # the limit; the items are the same either way.
@@ -232,6 +282,7 @@ def chunks(draw: st.DrawFn) -> dict[str, Any]:
         "delta_tool_calls": st.sampled_from([None, []]),
         "id": st.sampled_from(["c1", "c2", 'c"content":"']),
         "obfuscation": st.text(alphabet=PAD, max_size=6),
+        "usage_last": st.builds(usage, st.integers(0, 10**6)),
     }
     for name in draw(st.lists(st.sampled_from(sorted(extras)), max_size=3)):
         fields[name] = draw(extras[name])

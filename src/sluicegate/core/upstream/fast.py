@@ -2,7 +2,8 @@
 
 Almost every event an OpenAI-compatible upstream streams is one ``data:`` line
 holding one choice's next piece of text, and nothing else that the reader acts
-on (no usage, finish, logprobs, tool calls or reasoning). Two fast twins of the
+on (no finish, logprobs, tool calls or reasoning; at most a usage object, which
+vLLM and sluicegate send on every chunk when asked). Two fast twins of the
 reader's general path (``UpstreamReader``: ``SSEDecoder``, a full JSON parse,
 the walk through the chunk) take those:
 
@@ -12,16 +13,21 @@ the walk through the chunk) take those:
   it but its text's. A later event that is the same bytes around a different
   text (and, as OpenAI and sluicegate pad their events, a different
   ``obfuscation`` value last) is the same chunk with that text, so only the
-  text's JSON string is parsed.
+  text's JSON string is parsed. A usage object after the choices is a second
+  hole: parsed alone, and read as the full path reads it (before the text).
 
 Why a match is exact: learning checks that the chunk's text is the only thing
 the reader would act on, then finds the text's JSON string by position and
-proves it by parsing the event again with another string there (it must give
-the same chunk with the other text: no other value moved). A later line is
+proves it by parsing the event again with another string there, and another
+object where its usage is (it must give the same chunk with those two values:
+no other value moved). A later line is
 ``head + body + tail`` with the learned ``head`` and ``tail``, and ``body`` a
 whole JSON string's inside (``orjson`` parses ``"body"``: no unescaped quote,
 valid escapes and UTF-8), so it is the learned chunk with that string as its
-text. The pad taken as varying is the object's last member, a string of
+text (the usage's hole likewise: the text's end is the first place after the
+head where the learned bytes between text and usage follow, since an earlier
+one would leave the text ending in a backslash, which fails its parse). The
+pad taken as varying is the object's last member, a string of
 ``[A-Za-z0-9_-]`` (no quote or escape can hide in it), which the reader never
 reads.
 
@@ -45,6 +51,7 @@ MAX_LEARNS = 16
 differs in more than its text (a new id per chunk) stops paying for learning."""
 
 _PAD_KEY = b',"obfuscation":"'
+_USAGE_KEY = b'"usage":'
 _PAD_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 _TEXT_KEYS = {Endpoint.CHAT: b'"content":"', Endpoint.COMPLETION: b'"text":"'}
 
@@ -77,12 +84,15 @@ class DeltaTemplate:
     Learned with ``learn``; ``text(line)`` reads a later event.
     """
 
-    __slots__ = ("_head", "_padded", "_tail")
+    __slots__ = ("_between", "_head", "_padded", "_tail")
 
-    def __init__(self, head: bytes, tail: bytes, padded: bool) -> None:
+    def __init__(
+        self, head: bytes, tail: bytes, padded: bool, between: bytes = b""
+    ) -> None:
         self._head = head
         self._tail = tail
         self._padded = padded
+        self._between = between  # from the text's end to its usage, if any
 
     @classmethod
     def learn(
@@ -111,40 +121,72 @@ class DeltaTemplate:
             padded = _clean(line[pad_at + len(_PAD_KEY) : -2])
             tail_end = pad_at if padded else tail_end
         other = "\x00a" if text != "\x00a" else "\x00b"
+        expected = _with_text(chunk, endpoint, other)
+        usage_at = usage_end = end
+        if chunk.get("usage") is not None:
+            usage_at = line.find(_USAGE_KEY, end) + len(_USAGE_KEY)
+            usage_end = _object_end(line, usage_at)
+            if usage_at < len(_USAGE_KEY) or line.find(_USAGE_KEY, usage_at) >= 0:
+                return None
+            expected["usage"] = {"\x00probe": 1}
+        probe_line = line[:start] + orjson.dumps(other)[1:-1] + line[end:usage_at]
+        if usage_at != end:
+            probe_line += orjson.dumps(expected["usage"])
         try:
-            probe = orjson.loads(line[:start] + orjson.dumps(other)[1:-1] + line[end:])
+            probe = orjson.loads(probe_line + line[usage_end:])
         except orjson.JSONDecodeError:
             return None
-        if probe != _with_text(chunk, endpoint, other):
+        if probe != expected:
             return None
-        return cls(line[:start], line[end:tail_end], padded)
+        between = line[end:usage_at]
+        return cls(line[:start], line[usage_end:tail_end], padded, between)
 
     def text(self, line: bytes) -> str | None:
-        """The text of ``line`` if it is this template's event, else ``None``."""
+        """The text of ``line`` if it is this template's event (and has no
+        usage), else ``None``."""
+        read = self.read(line)
+        if read is None or read[1] is not None:
+            return None
+        return read[0]
+
+    def read(self, line: bytes) -> tuple[str, dict[str, Any] | None] | None:
+        """``(text, usage)`` of ``line`` if it is this template's event, else
+        ``None``; ``usage`` is the chunk's usage object when the template has
+        one (``None`` when it has not)."""
         head = self._head
         if not line.startswith(head):
             return None
         tail = self._tail
+        stop = len(line)
         if self._padded:
-            pad_at = line.rfind(_PAD_KEY)
-            if pad_at < 0 or not line.endswith(b'"}'):
+            stop = line.rfind(_PAD_KEY)
+            if stop < 0 or not line.endswith(b'"}'):
                 return None
-            if not _clean(line[pad_at + len(_PAD_KEY) : -2]):
+            if not _clean(line[stop + len(_PAD_KEY) : -2]):
                 return None
-            end = pad_at - len(tail)
-            if line[end:pad_at] != tail:
-                return None
-        elif line.endswith(tail):
-            end = len(line) - len(tail)
-        else:
+        end = stop - len(tail)
+        if end < len(head) or line[end:stop] != tail:
             return None
-        if end < len(head):
-            return None
+        usage: dict[str, Any] | None = None
+        between = self._between
+        if between:
+            # The first occurrence after the head is the text's end: one
+            # inside the text leaves it ending in a backslash, which fails.
+            usage_at = line.find(between, len(head), end)
+            if usage_at < 0:
+                return None
+            try:
+                usage = orjson.loads(line[usage_at + len(between) : end])
+            except orjson.JSONDecodeError:
+                return None
+            if type(usage) is not dict:
+                return None
+            end = usage_at
         try:
             text: str = orjson.loads(b'"' + line[len(head) : end] + b'"')
         except orjson.JSONDecodeError:
             return None
-        return text
+        return text, usage
 
 
 def _plain_text(chunk: dict[str, Any], endpoint: Endpoint) -> str | None:
@@ -153,7 +195,8 @@ def _plain_text(chunk: dict[str, Any], endpoint: Endpoint) -> str | None:
     if chunk.get("error") is not None or chunk.get("object") == "error":
         return None
     choices = chunk.get("choices")
-    if chunk.get("usage") is not None or type(choices) is not list:
+    usage = chunk.get("usage")
+    if (usage is not None and type(usage) is not dict) or type(choices) is not list:
         return None
     if len(choices) != 1 or type(choice := choices[0]) is not dict:
         return None
@@ -198,6 +241,33 @@ def _string_end(line: bytes, start: int) -> int:
         if not backslashes % 2:
             return at
         at += 1
+    return len(line)
+
+
+def _object_end(line: bytes, start: int) -> int:
+    """Where the JSON object at ``start`` ends (just past its ``}``);
+    ``start`` when none starts there, ``len(line)`` when it does not end."""
+    if line[start : start + 1] != b"{":
+        return start
+    depth = 0
+    quoted = escaped = False
+    for at in range(start, len(line)):
+        byte = line[at]
+        if quoted:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # "\\"
+                escaped = True
+            elif byte == 0x22:  # '"'
+                quoted = False
+        elif byte == 0x22:
+            quoted = True
+        elif byte == 0x7B:  # "{"
+            depth += 1
+        elif byte == 0x7D:  # "}"
+            depth -= 1
+            if not depth:
+                return at + 1
     return len(line)
 
 

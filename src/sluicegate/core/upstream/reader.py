@@ -265,10 +265,12 @@ class UpstreamReader(ChunkReader):
             if line[:1] != b"{":
                 return start
             template = self._template
-            text = None if template is None else template.text(line)
-            if text is not None:
+            read = None if template is None else template.read(line)
+            if read is not None:
                 self.events += 1
-                self._plain_delta(text, out)
+                if read[1] is not None:  # before the text, as in _object
+                    self._read_usage(read[1], out)
+                self._plain_delta(read[0], out)
                 start = end
                 continue
             try:
