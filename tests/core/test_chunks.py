@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sluicegate.core.events import FinishReason, Usage
+from sluicegate.core.events import FinishReason, ToolCallFragment, Usage
 from sluicegate.core.wire.chunks import (
     MAX_INT,
     MIN_INT,
@@ -212,3 +212,29 @@ def test_error_payload_has_the_openai_error_shape() -> None:
             "code": None,
         }
     }
+
+
+def test_a_whole_chat_completion_has_its_reasoning_and_its_calls() -> None:
+    header = ResponseHeader("chatcmpl-1", 1, "m", Endpoint.CHAT, 2)
+    call = ToolCallFragment(0, "call_1", "get", '{"a": 1}')
+    response = chat_completion(
+        header,
+        [("", FinishReason.TOOL_CALLS), ("hi", FinishReason.STOP)],
+        Usage(3, 4),
+        tool_calls=[(call,), ()],
+        reasoning=["why", ""],
+    )
+    first, second = (choice["message"] for choice in response["choices"])
+    assert first == {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "why",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get", "arguments": '{"a": 1}'},
+            }
+        ],
+    }
+    assert second == {"role": "assistant", "content": "hi", "reasoning_content": None}
