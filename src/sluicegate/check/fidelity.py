@@ -11,7 +11,8 @@ streams) grades ``not-observable``, never ``fail``:
 - ``parallel_tool_calls``: ``parallel_tool_calls: false`` holds whatever the
   model behind it would have sent;
 - ``time_to_headers``: the response head is not held back for a long prefill;
-- ``cached_tokens``: cached prompt tokens said alike streamed and not;
+- ``cached_tokens``: cached prompt tokens said alike streamed and not (the
+  first of three sends fills a cache; the other two are graded);
 - ``resume_past_end``: a resume cursor at the end of an ended stream is
   answered with a status an ``EventSource`` stops on, not an empty 200.
 """
@@ -179,9 +180,10 @@ def _cached(usage: Any) -> tuple[int | None, str | None]:
 
 
 def cached_tokens(recording: Mapping[str, Transcript]) -> ProbeResult:
-    """A prompt sent again, back to back streamed and not, says its cached
-    tokens (``usage.prompt_tokens_details.cached_tokens``, 0 to the prompt's
-    tokens) alike: where one answer reports a cache hit, so does the other.
+    """A prompt sent three times in a row says its cached tokens
+    (``usage.prompt_tokens_details.cached_tokens``, 0 to the prompt's tokens)
+    alike in its second answer (not streamed) and third (streamed): where one
+    reports a cache hit, so does the other.
 
     Spec: OpenAI API reference, "The chat completion object"
     (``usage.prompt_tokens_details``); vLLM, SGLang and llama.cpp's server

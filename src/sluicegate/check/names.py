@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "AFTER_DISCONNECT",
     "CACHED_PLAIN",
+    "CACHED_PRIME",
     "CACHED_STREAM",
     "CONTINUOUS",
     "DISCONNECTED",
@@ -79,8 +80,11 @@ TOOLS_SERIAL = "tools_serial"
 SLOW_PREFILL = "slow_prefill"
 """A streamed chat with a long prompt (``--prefill-tokens``) and
 ``max_tokens: 1``: its time to headers and to first content."""
+CACHED_PRIME = "cached_prime"
+"""``PLAIN``'s request again with ``max_tokens: 1``, so that a prefix cache
+holds its prompt (not graded)."""
 CACHED_PLAIN = "cached_plain"
-"""``PLAIN``'s request again with ``max_tokens: 1``: its prompt was just sent."""
+"""The ``CACHED_PRIME`` request again, right after it."""
 CACHED_STREAM = "cached_stream"
 """The ``CACHED_PLAIN`` request streamed with ``include_usage``, right after it."""
 RESUMABLE = "resumable"

@@ -2,7 +2,7 @@
 
 Sent after the other chat exchanges, one at a time: continuous usage, a
 two-city tool request with ``parallel_tool_calls: false``, a long prompt (its
-time to headers), a prompt sent again (its cached tokens), and a resumable
+time to headers), a prompt sent three times (its cached tokens), and a resumable
 stream followed by a resume at its last event id.
 """
 
@@ -72,6 +72,9 @@ def record_fidelity(
     long = chat(sentences + "\nSay OK.", max_tokens=1, **usage)
     run(names.SLOW_PREFILL, partial(stream, long))
     again = chat(prompt, max_tokens=1)
+    # Sent three times in a row: the first may find the cache holding the long
+    # prompt just sent (one slot), the next two must find this one there.
+    run(names.CACHED_PRIME, partial(plain, again))
     run(names.CACHED_PLAIN, partial(plain, again))
     run(names.CACHED_STREAM, partial(stream, {**again, **usage}))
     options = {"include_usage": True, "resumable": True}
