@@ -57,7 +57,7 @@ SYSTEMS = ("sluicegate", "llama-server")
 
 
 def _filler(n: int, tag: str) -> str:
-    """About ``20 * n`` tokens of varied, deterministic text."""
+    """About ``37 * n`` tokens of varied, deterministic text (the default model)."""
     return " ".join(
         f"Keeper {tag} of lighthouse {i} counted {(i * 7) % 13} ships and "
         f"{(i * 11) % 17} gulls before the dawn of day {i}."
@@ -70,7 +70,7 @@ def prompt(kind: str, tag: str) -> str:
     with ``tag``, so that no two requests share more than a few tokens."""
     if kind == "short":
         return f"Note {tag}. {SHORT}"
-    return f"Note {tag}. {_filler(48, tag)} {SHORT}"
+    return f"Note {tag}. {_filler(26, tag)} {SHORT}"
 
 
 def cpu_s(pid: int) -> float:
@@ -176,7 +176,9 @@ def measure_cells(
             write_report(args, rows, [])
 
 
-async def _interference(port: int, max_tokens: int) -> dict[str, float]:
+async def _interference(
+    port: int, max_tokens: int, settle_s: float
+) -> dict[str, float]:
     """15 short streams decoding, then one ~4,000-token prompt among them."""
     start = time.perf_counter()
     shorts = [
@@ -187,8 +189,8 @@ async def _interference(port: int, max_tokens: int) -> dict[str, float]:
         )
         for i in range(15)
     ]
-    await asyncio.sleep(3.0)  # all 15 are decoding by now on these machines
-    long_text = f"Note L{start:.0f}. {_filler(200, 'L')}"
+    await asyncio.sleep(settle_s)  # all 15 decoding (3 s is plenty on a quiet machine)
+    long_text = f"Note L{start:.0f}. {_filler(106, 'L')}"
     arrived = time.perf_counter() - start
     long_stream = await stream_once(port, long_text, 16, t0=start)
     read_until = long_stream.ttft_s
@@ -212,7 +214,7 @@ async def _interference(port: int, max_tokens: int) -> dict[str, float]:
 
 async def _prefix(port: int, tag: str) -> dict[str, float]:
     """TTFT of a ~1,000-token prompt: read cold, then again with a new ending."""
-    shared = f"Note {tag}. {_filler(48, tag)}"
+    shared = f"Note {tag}. {_filler(26, tag)}"
     cold = await stream_once(port, f"{shared} Question one: who", 4)
     warm = await stream_once(port, f"{shared} Question two: what", 4)
     return {
@@ -250,6 +252,9 @@ def main() -> int:
     parser.add_argument(
         "--extra-tokens", type=int, default=200, help="per stream, among the 15"
     )
+    parser.add_argument(
+        "--settle-s", type=float, default=3.0, help="before the long prompt comes"
+    )
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     console = Console(width=240)
@@ -265,7 +270,9 @@ def main() -> int:
                 load = os.getloadavg()[0]
                 port = servers[name].port
                 extra = {"system": name, "run": r, "load_1m": load}
-                extra |= asyncio.run(_interference(port, args.extra_tokens))
+                extra |= asyncio.run(
+                    _interference(port, args.extra_tokens, args.settle_s)
+                )
                 extra |= asyncio.run(_prefix(port, f"P{r}{name[0]}{time.time():.0f}"))
                 extras.append(extra)
                 write_report(args, rows, extras)

@@ -3,10 +3,10 @@
 Each step is one ``llama_decode`` over the batch the scheduler plans
 (``BatchScheduler``, ``core/scheduling.py``: admission, step plans, KV cell
 reservation, aborts): one token per decoding sequence plus prompt chunks of those
-in prefill (``step_tokens`` in all, so a long prompt never stalls running streams
-for more than one step). This module keeps what needs llama.cpp: the ctypes batch
-(``llamacpp_batch``), the samplers (``llamacpp_sampling``), the KV memory, the
-worker thread and the hand-off of outputs to the event loop (``llamacpp_handoff``).
+in prefill (``step_tokens`` in all, ``chunk_tokens`` of one prompt while others
+decode, so a long prompt lengthens running streams' steps by a bounded chunk).
+This module keeps what needs llama.cpp: the batch (``batch``), the samplers
+(``sampling``), the KV memory, the worker thread and the hand-off (``handoff``).
 
 Threading: the worker thread owns the llama.cpp context; the event loop touches
 plain Python state under ``_lock`` only. One step's outputs reach their requests'
@@ -94,7 +94,7 @@ class LlamaCppEngine:
         chunk_tokens: prompt tokens in one step while any sequence decodes
             (default ``step_tokens``; ``BatchScheduler``).
         n_threads: CPU threads for llama.cpp (default: one per core this
-            process may run on, ``llamacpp_batch.usable_cores``).
+            process may run on, ``batch.usable_cores``).
         queue_limit: requests that may wait for admission; more raise
             ``EngineUnavailable`` from ``generate``.
         prefix_cache: keep the KV cells of finished sequences for prompts
