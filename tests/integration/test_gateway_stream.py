@@ -43,6 +43,7 @@ from .wire import (
     assert_whole_characters,
     collect,
     complete,
+    outside_stop_reason,
     record_stream,
     response_text,
     stop_reference,
@@ -219,7 +220,7 @@ def test_a_stop_string_is_held_back_and_never_leaks(
 
     assert text == stop_reference(unstopped, [stop]), unstopped
     assert text == response_text(body)
-    assert stop not in recorded.body.decode("utf-8")
+    assert stop not in outside_stop_reason(recorded.body, stop)
     assert choices[0].finish_reason == "stop"
     assert body["choices"][0]["finish_reason"] == "stop"
 

@@ -280,6 +280,18 @@ def stop_reference(text: str, stops: Sequence[str]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
+def outside_stop_reason(body: bytes, stop: str) -> str:
+    """A stream's bytes as text, less the ``"stop_reason"`` that names ``stop``.
+
+    The finish chunk of a choice a stop string ended names that string in
+    ``stop_reason`` (vLLM's field); anywhere else the string is a leak.
+    """
+    named = '"stop_reason":' + json.dumps(
+        stop, ensure_ascii=False, separators=(",", ":")
+    )
+    return body.decode("utf-8").replace(named, "")
+
+
 # -- engine stats -----------------------------------------------------------------
 
 
