@@ -99,7 +99,6 @@ MAX_LINES = 400
 # count when it was listed. A listed module may not grow, none may join, and one
 # split to MAX_LINES or fewer (or gone) must leave: the list only shrinks.
 OVER_MAX_LINES: dict[str, int] = {
-    "core/decoding/response.py": 597,
     "engines/llamacpp/engine.py": 437,
 }
 

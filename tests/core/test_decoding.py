@@ -81,6 +81,14 @@ def _out(*ids: int, reason: FinishReason | None = None) -> EngineOutput:
     return EngineOutput(ids, reason)
 
 
+def test_a_token_engines_cached_prompt_part_is_in_the_usage_once() -> None:
+    decoder = _decoder()
+    decoder.feed(0, EngineOutput((1,), None, None, cached_tokens=2))
+    events = decoder.feed(0, _out(EOS, reason=STOP))
+    assert events[-1] == End(Usage(3, 2, cached_tokens=2))
+    assert not decoder.usage_estimated
+
+
 def test_token_steps_become_deltas_then_finish_then_end() -> None:
     decoder = _decoder()
     events = [e for t in CAFE for e in decoder.feed(0, _out(t))]

@@ -5,9 +5,10 @@
 delivers it, writes the events ``feed`` returns, and asks the engine to abort the
 sequences that ``aborts`` and ``flush()`` name. Per choice, token ids go through a
 ``ChoiceDecoder`` (detokenizer, then stop matcher) and, with logprobs, a
-``LogprobAligner``; an engine that yields text (``TextOutput``) skips all token
-work: its text only meets the stop matcher, and its tool-call fragments
-(``TextOutput.tool_calls``, shaped by the engine) become ``Delta`` parts.
+``LogprobAligner`` (``LogprobDeltas``); an engine that yields text
+(``TextOutput``) skips all token work: its text only meets the stop matcher, and
+its tool-call fragments (``TextOutput.tool_calls``, shaped by the engine) become
+``Delta`` parts. ``UsageTally`` counts the usage.
 
 Invariants:
     - Per choice, in order: ``Delta`` events, then exactly one ``Finish``; text
@@ -19,11 +20,10 @@ Invariants:
     - With a reasoning parser, a step's reasoning goes out as one ``Delta``
       whose ``parts`` hold it (``text`` empty), before the step's content
       ``Delta``; stop strings are matched on the content only.
-    - When every choice has finished, one ``End`` carries the usage: each prompt
-      once, completion tokens summed over choices. A prompt's latest count and
-      cached part, as an engine reports them (``TextOutput.prompt_tokens``,
-      ``cached_tokens``), are added once, whichever choice reported them. With
-      continuous usage, every ``Delta`` and ``Finish`` carries the usage so far.
+    - When every choice has finished, one ``End`` carries the usage
+      (``UsageTally``: each prompt once, completion tokens summed over
+      choices). With continuous usage, every ``Delta`` and ``Finish`` carries
+      the usage so far.
     - An engine failure, or a sequence that ends without a finish reason,
       becomes one ``Fail`` event and no ``End``.
     - A stop string ends its choice at once: its index is appended to
@@ -33,7 +33,6 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -45,13 +44,18 @@ from sluicegate.core.decoding.choice_setup import (
     Vocabulary,
     new_choice,
 )
-from sluicegate.core.decoding.reasoning import ReasoningParser, ReasoningPhase
-from sluicegate.core.decoding.reasoning_choice import ReasoningChoiceDecoder
+from sluicegate.core.decoding.deltas import (
+    LogprobDeltas,
+    add_reasoning,
+    add_text,
+    add_tool_calls,
+)
+from sluicegate.core.decoding.reasoning import ReasoningParser
 from sluicegate.core.decoding.stops import compile_stops
+from sluicegate.core.decoding.usage import UsageTally
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import (
     Delta,
-    DeltaParts,
     End,
     EngineOutput,
     Fail,
@@ -59,11 +63,8 @@ from sluicegate.core.events import (
     FinishReason,
     StreamEvent,
     TextOutput,
-    TokenLogprob,
-    ToolCallFragment,
     Usage,
 )
-from sluicegate.core.logprobs import AlignedStep, LogprobToken, describe_logprob
 
 __all__ = [
     "ENDED_WITHOUT_FINISH",
@@ -123,17 +124,11 @@ class ResponseDecoder:
         "_choices",
         "_clock",
         "_continuous_usage",
-        "_counted",
         "_flushed",
+        "_logprobs",
         "_max_calls",
-        "_pieces",
-        "_prompt_of",
-        "_prompt_tokens",
-        "_reasoning",
-        "_reported_prompts",
+        "_tally",
         "_text_decoders",
-        "_text_reasoning",
-        "_text_splitters",
         "_token_decoders",
         "_unread",
         "aborts",
@@ -160,7 +155,6 @@ class ResponseDecoder:
         if reasoning is not None and not reasoning.reasons:
             reasoning = None
         pattern = compile_stops(stops)  # once per response, shared by its choices
-        self._pieces: Sequence[bytes] = () if vocabulary is None else vocabulary.pieces
         self._choices = [
             new_choice(
                 index,
@@ -175,11 +169,6 @@ class ResponseDecoder:
             )
             for index, options in enumerate(choices)
         ]
-        self._reasoning = [
-            c.decoder
-            for c in self._choices
-            if isinstance(c.decoder, ReasoningChoiceDecoder)
-        ]
         # Typed views of the decoders, for the per-token paths: one kind is empty.
         self._token_decoders = [
             c.decoder for c in self._choices if isinstance(c.decoder, ChoiceDecoder)
@@ -187,14 +176,11 @@ class ResponseDecoder:
         self._text_decoders = [
             c.decoder for c in self._choices if isinstance(c.decoder, TextChoiceDecoder)
         ]
-        self._text_splitters = [d for d in self._text_decoders if d.splits]
-        self._prompt_tokens = prompt_tokens
-        self._prompt_of = prompt_of
-        # prompt index -> (its tokens, those read from a cache)
-        self._reported_prompts: dict[int, tuple[int, int]] = {}
-        self._counted: set[int] = set()  # text choices the engine ended counting
-        # text choice -> reasoning tokens (steps with reasoning, or the engine's count)
-        self._text_reasoning: dict[int, int] = {}
+        self._tally = UsageTally(
+            self._choices, prompt_tokens, prompt_of, continuous=continuous_usage
+        )
+        pieces = () if vocabulary is None else vocabulary.pieces
+        self._logprobs = LogprobDeltas(pieces, self._tally)
         self._continuous_usage = continuous_usage  # read once per token
         self._max_calls = max_tool_calls
         self._clock = clock
@@ -205,26 +191,13 @@ class ResponseDecoder:
 
     @property
     def usage(self) -> Usage:
-        """Prompt tokens once, completion tokens taken summed over choices; with
-        a reasoning channel, the reasoning tokens among them."""
-        completion = sum(c.decoder.completion_tokens for c in self._choices)
-        reported = self._reported_prompts.values()
-        prompt = self._prompt_tokens + sum(tokens for tokens, _ in reported)
-        cached = sum(cached for _, cached in reported)
-        if not (self._reasoning or self._text_reasoning or self._text_splitters):
-            return Usage(prompt, completion, cached)
-        reasoning = sum(d.reasoning_tokens for d in self._reasoning)
-        reasoning += sum(self._text_reasoning.values())
-        reasoning += sum(d.reasoning_tokens for d in self._text_splitters)
-        return Usage(prompt, completion, cached, reasoning_tokens=reasoning)
+        """The usage so far (``UsageTally.usage``)."""
+        return self._tally.usage
 
     @property
     def usage_estimated(self) -> bool:
-        """Whether ``usage`` is an estimate: a text engine did not end every
-        choice with its own counts (a choice cut short by the client, an error
-        or a stop string matched here; or an engine that never reports the
-        prompt's tokens). Token engines' usage is always exact."""
-        return not self._token_decoders and len(self._counted) < len(self._choices)
+        """Whether ``usage`` is an estimate (``UsageTally.estimated``)."""
+        return self._tally.estimated
 
     @property
     def finish_reasons(self) -> tuple[FinishReason | None, ...]:
@@ -238,9 +211,8 @@ class ResponseDecoder:
 
     def report_prompt(self, prompt: int, tokens: int) -> None:
         """Prompt ``prompt``'s tokens as counted before its engine said them
-        (an upstream's tokenizer); the engine's last output's count replaces
-        this, and one it already gave stays."""
-        self._reported_prompts.setdefault(prompt, (tokens, 0))
+        (``UsageTally.report_prompt``)."""
+        self._tally.report_prompt(prompt, tokens)
 
     def closed(self, index: int) -> bool:
         """Whether choice ``index`` takes nothing more (ended, or ``flush()``)."""
@@ -252,7 +224,7 @@ class ResponseDecoder:
         choice = self._choices[index]
         if choice.read_done or not choice.echo:
             return _NO_EVENTS
-        return [Delta(index, choice.echo, None, self._usage_so_far())]
+        return [Delta(index, choice.echo, None, self._tally.so_far())]
 
     def feed(self, index: int, item: OutputItem) -> Sequence[StreamEvent]:
         """Take one item of choice ``index``'s engine sequence.
@@ -280,8 +252,7 @@ class ResponseDecoder:
                 if item.token_ids and self.first_token_at is None:
                     self.first_token_at = self._clock()
                 if item.cached_tokens:  # a token engine's reused prompt part
-                    prompt = 0 if self._prompt_of is None else self._prompt_of[index]
-                    self._reported_prompts[prompt] = (0, item.cached_tokens)
+                    self._tally.add_cached(index, item.cached_tokens)
                 if choice.aligner is None:
                     # Once per token: the decoder, then the text (no logprobs).
                     step = self._token_decoders[index].feed(item.token_ids)
@@ -289,54 +260,51 @@ class ResponseDecoder:
                     if ongoing and not step.reasoning:
                         if not step.text:
                             return _NO_EVENTS
-                        usage = self.usage if self._continuous_usage else None
+                        usage = self._tally.usage if self._continuous_usage else None
                         return (Delta(index, step.text, None, usage),)
                     events: list[StreamEvent] = []
-                    self._reasoning_delta(choice, step.reasoning, events)
-                    self._delta(choice, step.text, None, events)
+                    add_reasoning(events, index, step.reasoning, self._tally)
+                    add_text(events, index, step.text, self._tally)
                     if ongoing:
                         return events
                 else:
                     events = []
-                    step = self._feed_with_logprobs(choice, item, events)
+                    decoder = self._token_decoders[index]
+                    step = self._logprobs.feed_tokens(choice, decoder, item, events)
                     if step.finish_reason is None and item.finish_reason is None:
                         return events
                 self._finish(choice, item.finish_reason, step, events)
             elif isinstance(item, TextOutput):
                 if item.text and self.first_token_at is None:
                     self.first_token_at = self._clock()
-                if item.prompt_tokens is not None:
-                    prompt_of = self._prompt_of
-                    prompt = 0 if prompt_of is None else prompt_of[index]
-                    said = (item.prompt_tokens, item.cached_tokens)
-                    if item.finish_reason is not None:  # the engine's last word
-                        self._counted.add(index)
-                        self._reported_prompts[prompt] = said
-                    else:  # a count said before (a tokenizer's) stays
-                        self._reported_prompts.setdefault(prompt, said)
+                self._tally.count_prompt(index, item)
                 aligned: list[StreamEvent] | None = None
+                text_decoder = self._text_decoders[index]
                 if choice.text_aligner is None:
-                    text_decoder = self._text_decoders[index]
                     step = text_decoder.feed(item.text, item.completion_tokens)
                 else:
                     aligned = []
-                    step = self._feed_text_with_logprobs(choice, item, aligned)
+                    step = self._logprobs.feed_text(choice, text_decoder, item, aligned)
                 ongoing = step.finish_reason is None and item.finish_reason is None
-                thought = self._count_reasoning(index, item, step.reasoning)
+                self._tally.count_reasoning(index, item)
+                thought = text_decoder.within_budget(
+                    item.reasoning + step.reasoning, item.completion_tokens
+                )
                 if aligned is None and ongoing and not item.tool_calls and not thought:
                     if not step.text:
                         return _NO_EVENTS
-                    usage = self.usage if self._continuous_usage else None
+                    usage = self._tally.usage if self._continuous_usage else None
                     return (Delta(index, step.text, None, usage),)
                 events = []
-                self._reasoning_delta(choice, thought, events)
+                add_reasoning(events, index, thought, self._tally)
                 if aligned is None:
-                    self._delta(choice, step.text, None, events)
+                    add_text(events, index, step.text, self._tally)
                 else:
                     events += aligned
                 cut = False
                 if step.finish_reason is None:  # after a stop string: dropped
-                    cut = self._tool_calls(index, item.tool_calls, events)
+                    calls, limit = item.tool_calls, self._max_calls
+                    cut = add_tool_calls(events, index, calls, limit, self._tally)
                 if cut:  # a call past max_tool_calls: the choice ends before it
                     self.aborts.append(index)
                     self._finish(choice, FinishReason.TOOL_CALLS, step, events)
@@ -412,186 +380,17 @@ class ResponseDecoder:
         if reason is not None:
             # A stop string matched: the engine must stop now; what follows drops.
             self.aborts.append(choice.index)
-            self._flush_aligner(choice, "", events)
+            self._logprobs.flush(choice, "", events)
         else:
             assert engine_reason is not None, "called for a finished step"
             tail = choice.decoder.flush()
-            self._reasoning_delta(choice, tail.reasoning, events)
+            add_reasoning(events, choice.index, tail.reasoning, self._tally)
             if choice.aligner is None and choice.text_aligner is None:
-                self._delta(choice, tail.text, None, events)
+                add_text(events, choice.index, tail.text, self._tally)
             else:
-                if tail.text and choice.held_logprobs:
-                    self._release_held(choice)  # a held start marker was text
-                self._flush_aligner(choice, tail.text, events)
+                self._logprobs.flush(choice, tail.text, events)
             reason = tail.finish_reason or engine_reason
         choice.finish_reason = reason
-        usage = self._usage_so_far()
+        usage = self._tally.so_far()
         stop = choice.decoder.stop or choice.engine_stop
         events.append(Finish(choice.index, reason, usage, stop))
-
-    def _feed_with_logprobs(
-        self, choice: ChoiceState, output: EngineOutput, events: list[StreamEvent]
-    ) -> ChoiceStep:
-        """The step's tokens one by one through the decoder and the aligner."""
-        decoder, aligner = self._token_decoders[choice.index], choice.aligner
-        assert aligner is not None, "a choice with logprobs has an aligner"
-        assert choice.detokenizer is not None, "logprobs need token ids"
-        logprobs = output.logprobs or ()
-        if len(logprobs) != len(output.token_ids):
-            raise EngineError(f"expected one logprob per token id; got {output!r}")
-        step = ChoiceStep("")
-        splitting = decoder if isinstance(decoder, ReasoningChoiceDecoder) else None
-        for token_id, logprob in zip(output.token_ids, logprobs, strict=True):
-            before = ReasoningPhase.CONTENT if splitting is None else splitting.phase
-            step = decoder.feed((token_id,))
-            if splitting is not None and before is not ReasoningPhase.CONTENT:
-                # Logprobs are the content's (OpenAI's reasoning models give
-                # none for their reasoning): a token spent inside the reasoning
-                # carries none; the one that ends it carries its content.
-                self._reasoning_delta(choice, step.reasoning, events)
-                after = splitting.phase
-                if after is ReasoningPhase.START:
-                    choice.held_logprobs.append(logprob)
-                    continue
-                if after is ReasoningPhase.REASONING or not step.text:
-                    choice.held_logprobs.clear()  # the reasoning opened, or ended
-                    continue
-                if step.text and not step.reasoning:
-                    self._release_held(choice)  # the start marker ruled out
-                choice.held_logprobs.clear()
-                if step.finish_reason is None:  # it ended the reasoning
-                    logprob = splitting.answer_logprob(logprob, step.text, self._pieces)
-            choice.released_chars += len(step.text)
-            end: int | None = choice.released_chars + len(decoder.held)
-            if choice.detokenizer.pending_bytes or step.finish_reason is not None:
-                end = None  # the token's text is incomplete, or it hit a stop
-            aligned = aligner.feed(step.text, logprob, end)
-            self._delta(choice, aligned.text, aligned.tokens, events)
-            if step.finish_reason is not None:
-                break
-        return step
-
-    def _release_held(self, choice: ChoiceState) -> None:
-        """The tokens held as a possible start marker are content after all:
-        into the aligner, their ends with the text that releases them."""
-        aligner = choice.aligner
-        assert aligner is not None, "held logprobs come with an aligner"
-        for held in choice.held_logprobs:
-            aligner.feed("", held, None)
-        choice.held_logprobs.clear()
-
-    def _flush_aligner(
-        self, choice: ChoiceState, text: str, events: list[StreamEvent]
-    ) -> None:
-        if choice.aligner is not None:
-            aligned = choice.aligner.flush(text)
-            self._delta(choice, aligned.text, aligned.tokens, events)
-        elif choice.text_aligner is not None:
-            self._text_delta(choice, choice.text_aligner.flush(text), events)
-
-    def _feed_text_with_logprobs(
-        self, choice: ChoiceState, item: TextOutput, events: list[StreamEvent]
-    ) -> ChoiceStep:
-        """A text engine's step, token by token (each with its part of the text)
-        through the stop matcher and the aligner (text without tokens: one piece)."""
-        aligner, decoder = choice.text_aligner, self._text_decoders[choice.index]
-        assert aligner is not None, "called for a choice with logprobs"
-        tokens = item.logprobs
-        texts = item.token_texts or tuple(t.token for t in tokens or ())
-        pieces: list[tuple[str, LogprobToken | None]] = [(item.text, None)]
-        if tokens and "".join(texts) == item.text:
-            pieces = list(zip(texts, tokens, strict=True))
-        step, count = ChoiceStep(""), item.completion_tokens
-        reasoning = ""  # a splitter's (the upstream's own comes apart)
-        for text, token in pieces:
-            content = decoder.in_content
-            step, count = decoder.feed(text, count), 0
-            reasoning += step.reasoning
-            if not content and not step.text:
-                continue  # a reasoning token (or marker): logprobs are the content's
-            if not content:  # it ended the reasoning: its content part only
-                token = decoder.answer_token(token, step.text)
-            choice.released_chars += len(step.text)
-            end: int | None = choice.released_chars + len(decoder.held)
-            if step.finish_reason is not None:
-                end = None  # it completed a stop string
-            self._text_delta(choice, aligner.feed(step.text, token, end), events)
-            if step.finish_reason is not None:
-                break
-        return ChoiceStep(step.text, step.finish_reason, reasoning)
-
-    def _text_delta(
-        self,
-        choice: ChoiceState,
-        aligned: AlignedStep[LogprobToken | None],
-        events: list[StreamEvent],
-    ) -> None:
-        """A ``Delta`` of a text engine's aligned text, its tokens' offsets
-        counted in the choice's text (echo included)."""
-        if not aligned.text and not aligned.tokens:
-            return
-        offset = len(choice.echo)
-        logprobs = tuple(
-            dataclasses.replace(token, text_offset=offset + start)
-            for token, start in aligned.tokens
-            if token is not None
-        )
-        events.append(Delta(choice.index, aligned.text, logprobs, self._usage_so_far()))
-
-    def _delta(
-        self,
-        choice: ChoiceState,
-        text: str,
-        tokens: tuple[tuple[TokenLogprob, int], ...] | None,
-        events: list[StreamEvent],
-    ) -> None:
-        """Append a ``Delta`` of ``text`` (with its tokens' logprobs) if any."""
-        if not text and not tokens:
-            return
-        logprobs = None
-        if tokens is not None:
-            offset, pieces = len(choice.echo), self._pieces
-            logprobs = tuple(
-                describe_logprob(pieces, logprob, offset + start)
-                for logprob, start in tokens
-            )
-        events.append(Delta(choice.index, text, logprobs, self._usage_so_far()))
-
-    def _count_reasoning(self, index: int, item: TextOutput, split: str) -> str:
-        """A text engine's step counted (its own count, else the tokens of steps
-        with reasoning); its reasoning, then ``split``, within the budget."""
-        if item.reasoning or item.reasoning_tokens is not None:
-            own = item.reasoning_tokens
-            if own is None:
-                own = self._text_reasoning.get(index, 0) + item.completion_tokens
-            self._text_reasoning[index] = own
-        thought = item.reasoning + split
-        return self._text_decoders[index].within_budget(thought, item.completion_tokens)
-
-    def _reasoning_delta(
-        self, choice: ChoiceState, text: str, events: list[StreamEvent]
-    ) -> None:
-        """Append a ``Delta`` of reasoning ``text`` (no content) if any."""
-        if text:
-            parts = DeltaParts(reasoning=text)
-            events.append(Delta(choice.index, "", None, self._usage_so_far(), parts))
-
-    def _tool_calls(
-        self,
-        index: int,
-        fragments: tuple[ToolCallFragment, ...],
-        events: list[StreamEvent],
-    ) -> bool:
-        """One ``Delta`` per fragment of a text engine's calls. True, with the
-        fragments before it, at the first fragment of a call past
-        ``max_tool_calls`` (the calls before it are whole, in order)."""
-        limit = self._max_calls
-        for fragment in fragments:
-            if limit is not None and fragment.index >= limit:
-                return True
-            parts = DeltaParts((fragment,))
-            events.append(Delta(index, "", None, self._usage_so_far(), parts))
-        return False
-
-    def _usage_so_far(self) -> Usage | None:
-        return self.usage if self._continuous_usage else None

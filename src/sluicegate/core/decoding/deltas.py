@@ -1,0 +1,249 @@
+"""The ``Delta`` events of a response's choices: text, reasoning, tool calls, logprobs.
+
+``add_text``, ``add_reasoning`` and ``add_tool_calls`` append the ``Delta``
+events of one step's pieces. ``LogprobDeltas`` feeds one step of a choice with
+logprobs through its decoder token by token (a token engine's ids, or a text
+engine's tokens with their parts of the text) and through the choice's aligner,
+and appends a ``Delta`` for each piece of text the aligner releases, with the
+logprobs of the tokens that piece completes.
+
+Invariants:
+    - Logprobs are the content's (OpenAI's reasoning models give none for
+      their reasoning): a token spent inside the reasoning carries none; the
+      one that ends it carries its content part only.
+    - A token's logprob goes out with the ``Delta`` that holds the end of its
+      text; a token offset counts the choice's text, echo included (chars).
+    - Every ``Delta`` carries the usage so far when the tally is continuous.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from sluicegate.core.decoding.choice import ChoiceDecoder, ChoiceStep
+from sluicegate.core.decoding.choice_setup import ChoiceState, TextChoiceDecoder
+from sluicegate.core.decoding.reasoning import ReasoningPhase
+from sluicegate.core.decoding.reasoning_choice import ReasoningChoiceDecoder
+from sluicegate.core.decoding.usage import UsageTally
+from sluicegate.core.errors import EngineError
+from sluicegate.core.events import (
+    Delta,
+    DeltaParts,
+    EngineOutput,
+    StreamEvent,
+    TextOutput,
+    TokenLogprob,
+    ToolCallFragment,
+)
+from sluicegate.core.logprobs import AlignedStep, LogprobToken, describe_logprob
+
+__all__ = ["LogprobDeltas", "add_reasoning", "add_text", "add_tool_calls"]
+
+
+def add_text(
+    events: list[StreamEvent], index: int, text: str, tally: UsageTally
+) -> None:
+    """Append a ``Delta`` of choice ``index``'s ``text`` (no logprobs), if any."""
+    if text:
+        events.append(Delta(index, text, None, tally.so_far()))
+
+
+def add_reasoning(
+    events: list[StreamEvent], index: int, text: str, tally: UsageTally
+) -> None:
+    """Append a ``Delta`` of choice ``index``'s reasoning ``text`` (no content),
+    if any."""
+    if text:
+        parts = DeltaParts(reasoning=text)
+        events.append(Delta(index, "", None, tally.so_far(), parts))
+
+
+def add_tool_calls(
+    events: list[StreamEvent],
+    index: int,
+    fragments: tuple[ToolCallFragment, ...],
+    max_calls: int | None,
+    tally: UsageTally,
+) -> bool:
+    """Append one ``Delta`` per fragment of a text engine's calls in choice
+    ``index``.
+
+    Returns:
+        True, with the fragments before it appended, at the first fragment of
+        a call past ``max_calls`` (the calls before it are whole, in order);
+        else False (``max_calls`` ``None``: no limit).
+    """
+    for fragment in fragments:
+        if max_calls is not None and fragment.index >= max_calls:
+            return True
+        parts = DeltaParts((fragment,))
+        events.append(Delta(index, "", None, tally.so_far(), parts))
+    return False
+
+
+class LogprobDeltas:
+    """The steps of a response's choices with logprobs, as ``Delta`` events.
+
+    Args:
+        pieces: the token engine's pieces (bytes of each token id), for the
+            logprobs' token text; ``()`` for a text engine.
+        tally: the response's usage, for each ``Delta``.
+    """
+
+    __slots__ = ("_pieces", "_tally")
+
+    def __init__(self, pieces: Sequence[bytes], tally: UsageTally) -> None:
+        self._pieces = pieces
+        self._tally = tally
+
+    def feed_tokens(
+        self,
+        choice: ChoiceState,
+        decoder: ChoiceDecoder,
+        output: EngineOutput,
+        events: list[StreamEvent],
+    ) -> ChoiceStep:
+        """A token engine's step, its tokens one by one through ``decoder`` and
+        the choice's aligner; appends its ``Delta`` events.
+
+        Returns:
+            The last token's step (it has the finish reason of a stop string).
+
+        Raises:
+            EngineError: not one logprob per token id.
+        """
+        aligner = choice.aligner
+        assert aligner is not None, "a choice with logprobs has an aligner"
+        assert choice.detokenizer is not None, "logprobs need token ids"
+        logprobs = output.logprobs or ()
+        if len(logprobs) != len(output.token_ids):
+            raise EngineError(f"expected one logprob per token id; got {output!r}")
+        step = ChoiceStep("")
+        splitting = decoder if isinstance(decoder, ReasoningChoiceDecoder) else None
+        for token_id, logprob in zip(output.token_ids, logprobs, strict=True):
+            before = ReasoningPhase.CONTENT if splitting is None else splitting.phase
+            step = decoder.feed((token_id,))
+            if splitting is not None and before is not ReasoningPhase.CONTENT:
+                # A token spent inside the reasoning carries no logprob; the
+                # one that ends it carries its content.
+                add_reasoning(events, choice.index, step.reasoning, self._tally)
+                after = splitting.phase
+                if after is ReasoningPhase.START:
+                    choice.held_logprobs.append(logprob)
+                    continue
+                if after is ReasoningPhase.REASONING or not step.text:
+                    choice.held_logprobs.clear()  # the reasoning opened, or ended
+                    continue
+                if step.text and not step.reasoning:
+                    self._release_held(choice)  # the start marker ruled out
+                choice.held_logprobs.clear()
+                if step.finish_reason is None:  # it ended the reasoning
+                    logprob = splitting.answer_logprob(logprob, step.text, self._pieces)
+            choice.released_chars += len(step.text)
+            end: int | None = choice.released_chars + len(decoder.held)
+            if choice.detokenizer.pending_bytes or step.finish_reason is not None:
+                end = None  # the token's text is incomplete, or it hit a stop
+            aligned = aligner.feed(step.text, logprob, end)
+            self._delta(choice, aligned.text, aligned.tokens, events)
+            if step.finish_reason is not None:
+                break
+        return step
+
+    def feed_text(
+        self,
+        choice: ChoiceState,
+        decoder: TextChoiceDecoder,
+        item: TextOutput,
+        events: list[StreamEvent],
+    ) -> ChoiceStep:
+        """A text engine's step, token by token (each with its part of the text)
+        through the stop matcher and the aligner (text without tokens: one
+        piece); appends its ``Delta`` events.
+
+        Returns:
+            The step: the last piece's text and finish reason, and all the
+            reasoning a splitter took from the pieces.
+        """
+        aligner = choice.text_aligner
+        assert aligner is not None, "called for a choice with logprobs"
+        tokens = item.logprobs
+        texts = item.token_texts or tuple(t.token for t in tokens or ())
+        pieces: list[tuple[str, LogprobToken | None]] = [(item.text, None)]
+        if tokens and "".join(texts) == item.text:
+            pieces = list(zip(texts, tokens, strict=True))
+        step, count = ChoiceStep(""), item.completion_tokens
+        reasoning = ""  # a splitter's (the upstream's own comes apart)
+        for text, token in pieces:
+            content = decoder.in_content
+            step, count = decoder.feed(text, count), 0
+            reasoning += step.reasoning
+            if not content and not step.text:
+                continue  # a reasoning token (or marker): logprobs are the content's
+            if not content:  # it ended the reasoning: its content part only
+                token = decoder.answer_token(token, step.text)
+            choice.released_chars += len(step.text)
+            end: int | None = choice.released_chars + len(decoder.held)
+            if step.finish_reason is not None:
+                end = None  # it completed a stop string
+            self._text_delta(choice, aligner.feed(step.text, token, end), events)
+            if step.finish_reason is not None:
+                break
+        return ChoiceStep(step.text, step.finish_reason, reasoning)
+
+    def flush(self, choice: ChoiceState, text: str, events: list[StreamEvent]) -> None:
+        """The choice ended with ``text`` (its decoder's tail; ``""`` after a
+        stop string): what its aligner held goes out with it, in ``Delta``
+        events. Tokens held as a possible start marker were content if text
+        follows them."""
+        if text and choice.held_logprobs:
+            self._release_held(choice)  # a held start marker was text
+        if choice.aligner is not None:
+            aligned = choice.aligner.flush(text)
+            self._delta(choice, aligned.text, aligned.tokens, events)
+        elif choice.text_aligner is not None:
+            self._text_delta(choice, choice.text_aligner.flush(text), events)
+
+    def _release_held(self, choice: ChoiceState) -> None:
+        """The tokens held as a possible start marker are content after all:
+        into the aligner, their ends with the text that releases them."""
+        aligner = choice.aligner
+        assert aligner is not None, "held logprobs come with an aligner"
+        for held in choice.held_logprobs:
+            aligner.feed("", held, None)
+        choice.held_logprobs.clear()
+
+    def _delta(
+        self,
+        choice: ChoiceState,
+        text: str,
+        tokens: tuple[tuple[TokenLogprob, int], ...],
+        events: list[StreamEvent],
+    ) -> None:
+        """Append a ``Delta`` of ``text`` with its tokens' logprobs, if any."""
+        if not text and not tokens:
+            return
+        offset, pieces = len(choice.echo), self._pieces
+        logprobs = tuple(
+            describe_logprob(pieces, logprob, offset + start)
+            for logprob, start in tokens
+        )
+        events.append(Delta(choice.index, text, logprobs, self._tally.so_far()))
+
+    def _text_delta(
+        self,
+        choice: ChoiceState,
+        aligned: AlignedStep[LogprobToken | None],
+        events: list[StreamEvent],
+    ) -> None:
+        """A ``Delta`` of a text engine's aligned text, its tokens' offsets
+        counted in the choice's text (echo included)."""
+        if not aligned.text and not aligned.tokens:
+            return
+        offset = len(choice.echo)
+        logprobs = tuple(
+            dataclasses.replace(token, text_offset=offset + start)
+            for token, start in aligned.tokens
+            if token is not None
+        )
+        events.append(Delta(choice.index, aligned.text, logprobs, self._tally.so_far()))
