@@ -92,6 +92,7 @@ def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, ServerProce
     ports = {name: free_port() for name in SYSTEMS}
     ours = [sys.executable, "-m", "sluicegate", "serve", "--port"]
     ours += [str(ports["sluicegate"]), "--parallel", par, "--n-ctx", ctx]
+    ours += ["--prefix-cache"]  # as llama-server's cache_prompt, on by default there
     ours += ["--threads", t, "--log-level", "warning"]
     ours += shlex.split(args.sluicegate_args)
     theirs = [binary, "-m", model, "--port", str(ports["llama-server"])]

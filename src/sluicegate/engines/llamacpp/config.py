@@ -31,7 +31,10 @@ class EngineConfig:
             decodes (``None``: ``step_tokens``).
         n_threads: llama.cpp threads; ``None``: the cores this process may use.
         prefix_cache: keep finished sequences' KV cells for prompts that start
-            with the same tokens.
+            with the same tokens. Off by default: a prompt partly read from
+            cells gets logits that differ in the last bits from one read whole
+            (llama.cpp's kernels depend on how many tokens a step holds), so a
+            temperature-0 answer could change between two identical requests.
     """
 
     n_ctx: int = 8192
@@ -39,7 +42,7 @@ class EngineConfig:
     step_tokens: int = 512
     chunk_tokens: int | None = 32
     n_threads: int | None = None
-    prefix_cache: bool = True
+    prefix_cache: bool = False
 
     def kwargs(self) -> dict[str, Any]:
         """These settings as ``LlamaCppEngine`` keyword arguments."""
@@ -55,7 +58,7 @@ _DEFAULT = EngineConfig()
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--n-ctx``, ``--parallel``, ``--step-tokens``, ``--chunk-tokens``,
-    ``--threads`` and ``--no-prefix-cache`` to ``parser``, with the defaults of
+    ``--threads`` and ``--prefix-cache`` to ``parser``, with the defaults of
     ``EngineConfig``."""
     add = parser.add_argument
     add("--n-ctx", type=int, default=_DEFAULT.n_ctx, help="KV cells (tokens)")
@@ -74,9 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--threads", type=int, default=_DEFAULT.n_threads, help="llama.cpp threads")
     add(
-        "--no-prefix-cache",
+        "--prefix-cache",
         action="store_true",
-        help="do not keep finished sequences' KV cells for prompts that start alike",
+        help="keep finished sequences' KV cells for prompts that start alike "
+        "(temperature-0 answers may then differ between identical requests)",
     )
 
 
@@ -88,5 +92,5 @@ def from_args(args: argparse.Namespace) -> EngineConfig:
         step_tokens=args.step_tokens,
         chunk_tokens=args.chunk_tokens,
         n_threads=args.threads,
-        prefix_cache=not args.no_prefix_cache,
+        prefix_cache=args.prefix_cache,
     )

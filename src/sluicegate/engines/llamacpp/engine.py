@@ -98,7 +98,8 @@ class LlamaCppEngine:
         queue_limit: requests that may wait for admission; more raise
             ``EngineUnavailable`` from ``generate``.
         prefix_cache: keep the KV cells of finished sequences for prompts
-            that start with the same tokens (16 or more).
+            that start with the same tokens (16 or more); off by default
+            (``config.EngineConfig`` says why).
 
     Raises:
         FileNotFoundError: ``model_path`` cannot be loaded.
@@ -115,7 +116,7 @@ class LlamaCppEngine:
         chunk_tokens: int | None = None,
         n_threads: int | None = None,
         queue_limit: int = 64,
-        prefix_cache: bool = True,
+        prefix_cache: bool = False,
     ) -> None:
         quiet_logs()
         path = Path(model_path)
