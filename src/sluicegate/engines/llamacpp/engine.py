@@ -97,9 +97,8 @@ class LlamaCppEngine:
             process may run on, ``batch.usable_cores``).
         queue_limit: requests that may wait for admission; more raise
             ``EngineUnavailable`` from ``generate``.
-        prefix_cache: keep the KV cells of finished sequences for prompts
-            that start with the same tokens (16 or more); off by default
-            (``config.EngineConfig`` says why).
+        prefix_cache: keep finished sequences' KV cells for prompts that
+            start alike (16 tokens or more; ``EngineConfig`` says why it is off).
 
     Raises:
         FileNotFoundError: ``model_path`` cannot be loaded.
