@@ -797,7 +797,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeat < 1:
         raise SystemExit(f"expected --repeat >= 1, got {args.repeat}")
     if args.quick:
-        args.n, args.duration_s, args.ramp_s = [4, 16], 1.5, 0.2
+        args.n, args.duration_s, args.ramp_s = [4, 16], 0.8, 0.1
     if args.resumable:
         args.servers = list(dict.fromkeys(["sluicegate", *args.servers]))
         store = "sluicegate-redis" if args.store == "redis" else "sluicegate-resumable"

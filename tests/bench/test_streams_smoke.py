@@ -28,6 +28,7 @@ ROW_KEYS = {
     "errored",
     "rejected",
     "load_cpu_share",
+    "loadavg_1m",
     "server_cpu_share",
     "server_cpu_us_per_token",
     "server_rss_mib",

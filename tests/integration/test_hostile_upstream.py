@@ -306,11 +306,17 @@ def test_a_flood_of_empty_chunks_never_stalls_the_gateway(harness: Harness) -> N
     stream ends by the hostile model's time to first token limit (15 s) or the
     reader's bound on a body's bytes (256 MiB), whichever comes first; the
     other streams stay live the whole time (the attack that costs the gateway
-    most CPU per second)."""
+    most CPU per second). The upstream answered 200, so the client's head may
+    go before the end (a heartbeat's worth after the upstream's 200): then the
+    end is one in-band error, not a status."""
     with harness.client() as client, harness.attack("flood:empty") as measured:
         seen = send(client, "attack:flood:empty")
     assert seen.elapsed_s < FIRST_TOKEN_LIMIT_S + ANSWERED_WITHIN_S, seen.elapsed_s
-    refused(seen, {502, 504})
+    if seen.status == 200:
+        assert seen.text == ""
+        assert seen.in_band_error()["code"], seen.events[-3:]
+    else:
+        refused(seen, {502, 504})
     measured.assert_row_matches(seen)
     measured.assert_memory_bounded()
     measured.assert_live()

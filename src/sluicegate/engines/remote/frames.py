@@ -30,7 +30,7 @@ import pickle
 import struct
 from typing import Final
 
-from sluicegate.core.errors import SluicegateError
+from sluicegate.core.errors import RemoteProtocolError
 
 __all__ = [
     "ABORT",
@@ -87,7 +87,7 @@ about 5 MB)."""
 _LENGTH = struct.Struct(">I")
 
 
-class FrameTooLarge(SluicegateError):
+class FrameTooLarge(RemoteProtocolError):
     """A frame announced more than ``MAX_FRAME_BYTES``: the peer is not ours."""
 
 
