@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -60,6 +61,14 @@ test_closing_a_stream_after_the_first_token_aborts_the_engine = (
 )
 
 
+def _has_content(data: str) -> bool:
+    """Whether an SSE ``data`` string is a chat chunk with some content."""
+    if data == "[DONE]":
+        return False
+    choices = json.loads(data).get("choices") or [{}]
+    return bool(choices[0].get("delta", {}).get("content"))
+
+
 def test_sigkill_of_the_engine_process_ends_each_stream_in_one_error(
     remote_server: ServerProcess, http: httpx.Client, ledger_path: Path
 ) -> None:
@@ -69,17 +78,23 @@ def test_sigkill_of_the_engine_process_ends_each_stream_in_one_error(
     assert engine is not None
     body = {**disconnect.STORY, "max_tokens": 512, "stream": True}
 
+    streaming = threading.Semaphore(0)  # released once per stream's first content
+
     def run() -> list[dict[str, Any]]:
+        datas: list[str] = []
+        seen_content = False
         with (
             httpx.Client(base_url=remote_server.base_url, timeout=60) as client,
             client.stream("POST", "/v1/chat/completions", json=body) as live,
         ):
             assert live.status_code == 200
-            datas = [
-                line[5:].strip()
-                for line in live.iter_lines()
-                if line.startswith("data:")
-            ]
+            for line in live.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                datas.append(line[5:].strip())
+                if not seen_content and _has_content(datas[-1]):
+                    seen_content = True
+                    streaming.release()
         assert "[DONE]" not in datas
         return [json.loads(d) for d in datas]
 
@@ -88,6 +103,8 @@ def test_sigkill_of_the_engine_process_ends_each_stream_in_one_error(
         futures = [pool.submit(run) for _ in range(PARALLEL)]
         assert eventually(lambda: engine_stats(http)["running"] == PARALLEL)
         assert eventually(lambda: engine_stats(http)["generated_tokens"] > before)
+        for _ in range(PARALLEL):  # every stream has had a token: its row counts it
+            assert streaming.acquire(timeout=60)
         os.kill(engine, signal.SIGKILL)
         streams = [f.result(timeout=60) for f in futures]
     for chunks in streams:
