@@ -500,3 +500,47 @@ def test_a_text_engines_split_reasoning_tokens_carry_no_logprobs() -> None:
         ("The", b"The"),
         (" answer", b" answer"),
     ]
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["The", " answer"],  # content at once: its first token is whole
+        ["<", "Hi"],  # a held start marker ruled out by the next token
+        ["<th", "Hi", "!"],
+        ["<", "thi"],  # ruled out only by the end of the stream
+        ["<", "think>", "p", "</thi", "nk>A"],  # it opened: the answer's only
+        ["<think>p</think>", "A"],
+    ],
+)
+def test_a_text_engines_held_start_marker_tokens_keep_their_logprobs(
+    pieces: list[str],
+) -> None:
+    """Tokens an upstream sent that the splitter held as a possible start
+    marker are content tokens, with their logprobs, when no marker opens: the
+    reported tokens' bytes join to the content, as for token ids."""
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=0, logprobs=True, reasoning=QWEN3
+    )
+    events: list[StreamEvent] = []
+    for piece in pieces:
+        token = LogprobToken(piece, piece.encode(), -1.0, 0)
+        events += decoder.feed(0, TextOutput(piece, logprobs=(token,)))
+    events += decoder.feed(0, TextOutput("", LENGTH, 0))
+    content = _channels(events)[1]
+    assert b"".join(_logprob_pieces(events)) == content.encode()
+    assert content == "".join(pieces).rpartition("</think>")[2]
+
+
+def test_a_text_engines_crossing_step_without_logprobs_carries_none() -> None:
+    """A step that ends the reasoning but came without logprobs (an upstream
+    may leave them out of a chunk) reports no token for its content."""
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=0, logprobs=True, reasoning=R1
+    )
+    events = list(decoder.feed(0, TextOutput("plan</think>The")))
+    token = LogprobToken(" end", b" end", -0.5, 0)
+    events += decoder.feed(0, TextOutput(" end", logprobs=(token,)))
+    events += decoder.feed(0, TextOutput("", STOP, 0))
+    assert _channels(events) == ("plan", "The end")
+    assert _logprob_pieces(events) == [b" end"]

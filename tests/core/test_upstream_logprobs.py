@@ -181,6 +181,15 @@ def test_the_reader_aligns_a_cumulative_upstreams_tokens() -> None:
     assert tokens == ["He", "l", "lo"]
 
 
+def test_a_token_whose_character_ends_in_text_without_tokens_is_dropped() -> None:
+    """A token that ends inside a character, whose character then comes in a
+    chunk with no logprobs (a last chunk without them): its text never comes
+    with a token, so it is dropped and the text goes on without logprobs."""
+    texts = TokenTexts(8)
+    assert texts.feed("", (_token(CAT[:2]),), repeated=False) == []
+    assert texts.feed("\u732b!", None, repeated=False) == [TokenRun("\u732b!")]
+
+
 def test_a_special_token_the_text_does_not_hold_is_dropped() -> None:
     marker, hi, end = _token(b"<x>"), _token(b"Hi"), _token(b"</s>")
     texts = TokenTexts(8)

@@ -108,9 +108,11 @@ class TextChoiceDecoder:
         return self._splitter is not None
 
     @property
-    def in_content(self) -> bool:
-        """Whether text fed now is content (no splitter, or past the reasoning)."""
-        return self._splitter is None or self._splitter.phase is ReasoningPhase.CONTENT
+    def phase(self) -> ReasoningPhase:
+        """The splitter's phase now (``CONTENT`` without one: all is content)."""
+        return (
+            ReasoningPhase.CONTENT if self._splitter is None else self._splitter.phase
+        )
 
     @property
     def reasoning_tokens(self) -> int:
@@ -151,7 +153,7 @@ class TextChoiceDecoder:
         holds); its logprob and alternatives unchanged."""
         answer = text + self._stops.held
         at = -1 if token is None or not answer else token.token.rfind(answer)
-        if token is None or at <= 0:  # pragma: no cover - not reached by a full run yet
+        if token is None or at <= 0:  # no logprobs, or no text before its answer
             return token
         data = answer.encode()
         return dataclasses.replace(token, token=token.token[at:], token_bytes=data)
@@ -258,6 +260,7 @@ class ChoiceState:
         held_logprobs: with logprobs and a reasoning splitter, the tokens whose
             text the splitter holds as a possible start marker: content tokens
             if the marker is ruled out, dropped if it opens the reasoning.
+        held_tokens: ``held_logprobs`` of a text engine's choice.
     """
 
     index: int
@@ -272,6 +275,7 @@ class ChoiceState:
     engine_stop: str | None = None
     text_aligner: LogprobAligner[LogprobToken | None] | None = None
     held_logprobs: list[TokenLogprob] = field(default_factory=list)
+    held_tokens: list[LogprobToken | None] = field(default_factory=list)
 
 
 def new_choice(

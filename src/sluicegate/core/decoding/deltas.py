@@ -175,12 +175,23 @@ class LogprobDeltas:
         step, count = ChoiceStep(""), item.completion_tokens
         reasoning = ""  # a splitter's (the upstream's own comes apart)
         for text, token in pieces:
-            content = decoder.in_content
+            before = decoder.phase
             step, count = decoder.feed(text, count), 0
             reasoning += step.reasoning
-            if not content and not step.text:
-                continue  # a reasoning token (or marker): logprobs are the content's
-            if not content:  # it ended the reasoning: its content part only
+            if before is not ReasoningPhase.CONTENT:
+                # As for token ids (feed_tokens): a token spent inside the
+                # reasoning carries no logprob; the one that ends it carries
+                # its content part; held ones are content if no marker opens.
+                after = decoder.phase
+                if after is ReasoningPhase.START:
+                    choice.held_tokens.append(token)
+                    continue
+                if after is ReasoningPhase.REASONING or not step.text:
+                    choice.held_tokens.clear()  # the reasoning opened, or ended
+                    continue
+                if not step.reasoning:
+                    self._release_held_tokens(choice)  # the start marker ruled out
+                choice.held_tokens.clear()
                 token = decoder.answer_token(token, step.text)
             choice.released_chars += len(step.text)
             end: int | None = choice.released_chars + len(decoder.held)
@@ -198,6 +209,8 @@ class LogprobDeltas:
         follows them."""
         if text and choice.held_logprobs:
             self._release_held(choice)  # a held start marker was text
+        if text and choice.held_tokens:
+            self._release_held_tokens(choice)
         if choice.aligner is not None:
             aligned = choice.aligner.flush(text)
             self._delta(choice, aligned.text, aligned.tokens, events)
@@ -212,6 +225,14 @@ class LogprobDeltas:
         for held in choice.held_logprobs:
             aligner.feed("", held, None)
         choice.held_logprobs.clear()
+
+    def _release_held_tokens(self, choice: ChoiceState) -> None:
+        """``_release_held`` for a text engine's tokens."""
+        aligner = choice.text_aligner
+        assert aligner is not None, "held tokens come with an aligner"
+        for held in choice.held_tokens:
+            aligner.feed("", held, None)
+        choice.held_tokens.clear()
 
     def _delta(
         self,

@@ -256,7 +256,7 @@ def _runs(pieces: list[tuple[str, LogprobToken | None]]) -> list[TokenRun]:
 
     def close() -> None:
         while carried and not carried[-1][0]:
-            carried.pop()  # pragma: no cover - not reached by a full run yet
+            carried.pop()  # its character came with no token: nothing to carry
         if carried:
             texts = tuple(p for p, _ in carried)
             runs.append(TokenRun("".join(texts), tuple(t for _, t in carried), texts))

@@ -10,9 +10,10 @@ constrains and parses the calls itself, and splits its own reasoning), and a
 reasoning budget goes under vLLM's and llama.cpp's names, and is enforced here
 too (the reasoning cut at the budget). With
 ``serve --reasoning-parser NAME`` (not ``auto``) the upstream's plain content is
-split here at that family's markers, for an upstream without a parser. What needs the
-model's vocabulary (``logprobs``, ``stop_token_ids``, the echo of a token-id
-prompt) is refused with a 400.
+split here at that family's markers, for an upstream without a parser.
+``logprobs`` are asked of the upstream in the API's own fields. What needs the
+model's vocabulary (``stop_token_ids``, the echo of a token-id prompt) is
+refused with a 400.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def text_chat_plan(
     """The plan of a chat request for an engine that takes text: its messages.
 
     Raises:
-        RequestError: 400: ``logprobs`` or ``stop_token_ids`` asked for.
+        RequestError: 400: ``stop_token_ids`` asked for.
     """
     messages = tuple(_message_json(m) for m in request.messages)
     text = TextPrompt(
@@ -123,8 +124,8 @@ def text_completion_plan(
     """The plan of a completions request for an engine that takes text.
 
     Raises:
-        RequestError: 400: the echo of a token-id prompt, ``logprobs`` or
-            ``stop_token_ids`` asked for.
+        RequestError: 400: the echo of a token-id prompt or ``stop_token_ids``
+            asked for.
     """
     texts: list[TextPrompt] = []
     echoes: list[str] = []
