@@ -40,6 +40,7 @@ class Stream:
         token_times_s: seconds from sending to each text event, in order.
         cached_tokens: ``usage.prompt_tokens_details.cached_tokens`` (0 if absent).
         done: the stream ended with ``[DONE]``.
+        status: the HTTP status (a stream that was refused has no tokens).
     """
 
     tokens: int
@@ -47,6 +48,7 @@ class Stream:
     token_times_s: tuple[float, ...]
     cached_tokens: int
     done: bool
+    status: int = 200
 
     @property
     def gaps_s(self) -> list[float]:
@@ -104,7 +106,10 @@ async def stream_once(
 def _parse(raw: bytes, times: tuple[float, ...]) -> Stream:
     usage: dict[str, Any] | None = None
     done = False
-    for event in SSEDecoder().feed(_response_body(raw)):
+    status, body = _response_body(raw)
+    if status != 200:
+        return Stream(0, math.nan, (), 0, False, status)
+    for event in SSEDecoder().feed(body):
         if event.data == "[DONE]":
             done = True
             continue
@@ -121,27 +126,25 @@ def _parse(raw: bytes, times: tuple[float, ...]) -> Stream:
     return Stream(tokens, ttft, times, cached, done)
 
 
-def _response_body(raw: bytes) -> bytes:
-    """The body of one raw HTTP/1.1 response (chunked or not), parsed by h11.
-
-    Raises:
-        RuntimeError: the status was not 200.
-    """
+def _response_body(raw: bytes) -> tuple[int, bytes]:
+    """The status and body of one raw HTTP/1.1 response (chunked or not),
+    parsed by h11; status 0 when no response head came."""
     conn = h11.Connection(h11.CLIENT)
     conn.send(h11.Request(method="POST", target="/", headers=[("Host", "x")]))
     conn.receive_data(raw)
     conn.receive_data(b"")  # the server closed the connection
     parts: list[bytes] = []
+    status = 0
     while True:
         event = conn.next_event()
-        if isinstance(event, h11.Response) and event.status_code != 200:
-            raise RuntimeError(f"status {event.status_code}")
+        if isinstance(event, h11.Response):
+            status = event.status_code
         if isinstance(event, h11.Data):
             parts.append(bytes(event.data))
         if event is h11.NEED_DATA or isinstance(
             event, h11.EndOfMessage | h11.ConnectionClosed
         ):
-            return b"".join(parts)
+            return status, b"".join(parts)
 
 
 async def run_streams(
@@ -165,11 +168,15 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def summary(runs: Sequence[tuple[list[Stream], float]]) -> dict[str, float]:
-    """tok/s (median over runs), TTFT and gap p50/p99 (ms, over all streams)."""
+    """tok/s (median over runs), TTFT and gap p50/p99 (ms, over all streams);
+    streams unfinished (no [DONE]), refused (not 200) and empty (200, no token)."""
     rates = [sum(s.tokens for s in streams) / wall for streams, wall in runs]
-    ttfts = [s.ttft_s for streams, _ in runs for s in streams]
+    ttfts = [s.ttft_s for streams, _ in runs for s in streams if s.tokens]
     gaps = [g for streams, _ in runs for s in streams for g in s.gaps_s]
-    unfinished = sum(1 for streams, _ in runs for s in streams if not s.done)
+    every = [s for streams, _ in runs for s in streams]
+    unfinished = sum(1 for s in every if not s.done and s.status == 200)
+    refused = sum(1 for s in every if s.status != 200)
+    empty = sum(1 for s in every if s.status == 200 and s.tokens == 0)
     return {
         "tok_s": statistics.median(rates),
         "ttft_p50_ms": 1000 * percentile(ttfts, 50),
@@ -177,4 +184,6 @@ def summary(runs: Sequence[tuple[list[Stream], float]]) -> dict[str, float]:
         "gap_p50_ms": 1000 * percentile(gaps, 50),
         "gap_p99_ms": 1000 * percentile(gaps, 99),
         "unfinished": unfinished,
+        "refused": refused,
+        "empty": empty,
     }
