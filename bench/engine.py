@@ -92,7 +92,8 @@ def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, ServerProce
     ports = {name: free_port() for name in SYSTEMS}
     ours = [sys.executable, "-m", "sluicegate", "serve", "--port"]
     ours += [str(ports["sluicegate"]), "--parallel", par, "--n-ctx", ctx]
-    ours += ["--prefix-cache"]  # as llama-server's cache_prompt, on by default there
+    if not args.no_prefix_cache:
+        ours += ["--prefix-cache"]  # as cache_prompt, on by default in llama-server
     ours += ["--threads", t, "--log-level", "warning"]
     ours += shlex.split(args.sluicegate_args)
     theirs = [binary, "-m", model, "--port", str(ports["llama-server"])]
@@ -250,6 +251,12 @@ def main() -> int:
     parser.add_argument("--sluicegate-args", default="")
     parser.add_argument("--llama-server-args", default="")
     parser.add_argument("--no-extras", action="store_true", help="cells only")
+    parser.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="sluicegate as `serve` has it by default (finished sequences' KV cells "
+        "freed), not with --prefix-cache",
+    )
     parser.add_argument(
         "--extra-tokens", type=int, default=200, help="per stream, among the 15"
     )
