@@ -11,10 +11,10 @@ Invariants:
       and its prompt plus ``max_tokens`` fits in the KV cells not yet reserved;
       nobody overtakes it. So a running sequence never runs out of cells.
     - A step holds one token per decoding sequence, then prompt chunks of the
-      prefilling ones, ``step_tokens`` tokens at most, and at most
-      ``chunk_tokens`` of one prompt while any sequence decodes: a long prompt
-      lengthens the steps of running sequences by a bounded chunk, and short
-      prompts arriving together are still read in one step.
+      prefilling ones, ``step_tokens`` tokens at most, and while any sequence
+      decodes one chunk of each prompt (``chunk_tokens``, or the pacer's, sized
+      from step times): a long prompt lengthens the steps of running sequences
+      by a bounded chunk, and short prompts arriving together are read at once.
     - ``abort()`` ends a queued sequence at once; a prefilling or decoding one is
       flagged and leaves at the next ``reap()``. Tokens accepted after the flag
       are waste: they end nothing and are never delivered.
@@ -35,6 +35,7 @@ from typing import Generic, TypeVar
 
 from sluicegate.core.errors import EngineUnavailable, RequestError
 from sluicegate.core.events import FinishReason
+from sluicegate.core.pacing import PrefillPacer
 from sluicegate.core.prefix_cache import PrefixCache
 
 __all__ = ["BatchScheduler", "Phase", "PlannedChunk", "Scheduled"]
@@ -135,8 +136,9 @@ class BatchScheduler(Generic[_S]):
         step_tokens: tokens in one step, decode tokens and prefill chunks
             together (>= ``slots``).
         chunk_tokens: tokens of one prompt in one step while any sequence
-            decodes (>= 1; default ``step_tokens``): what a long prompt read
-            among running streams adds to each of their steps.
+            decodes (>= 1; default ``step_tokens``); with a ``pacer``, only
+            until it has measured both kinds of step.
+        pacer: sizes that chunk from the step times given to ``advance``.
         queue_limit: sequences that may wait for admission.
         prefix_cache: where the cells of sequences that left are held for
             reuse; default: none held (every slot left is trimmed).
@@ -154,6 +156,7 @@ class BatchScheduler(Generic[_S]):
         queue_limit: int,
         chunk_tokens: int | None = None,
         prefix_cache: PrefixCache | None = None,
+        pacer: PrefillPacer | None = None,
     ) -> None:
         if slots < 1 or step_tokens < slots:
             raise ValueError(
@@ -162,6 +165,7 @@ class BatchScheduler(Generic[_S]):
         self.kv_cells = kv_cells
         self.step_tokens = step_tokens
         self.chunk_tokens = max(1, chunk_tokens or step_tokens)
+        self.pacer = pacer
         self.queue_limit = queue_limit
         self.waiting: deque[_S] = deque()
         """Sequences waiting for admission, oldest first."""
@@ -291,8 +295,8 @@ class BatchScheduler(Generic[_S]):
     def plan(self) -> list[PlannedChunk[_S]]:
         """The next step's batch: every decoding sequence's last token, then
         prompt chunks of the prefilling ones in admission order, within
-        ``step_tokens`` (and ``chunk_tokens`` of each prompt when any sequence
-        decodes). Empty when nothing runs."""
+        ``step_tokens`` (and one chunk of each prompt when any sequence decodes:
+        ``chunk_tokens``, or the pacer's). Empty when nothing runs."""
         plan: list[PlannedChunk[_S]] = []
         budget = self.step_tokens
         running = self.running.values()
@@ -301,7 +305,9 @@ class BatchScheduler(Generic[_S]):
                 pos = len(seq.prompt) + seq.n_generated - 1
                 plan.append(PlannedChunk(seq, (seq.last_token,), pos, True))
                 budget -= 1
-        most = self.chunk_tokens if plan else budget
+        most, pacer = budget, self.pacer
+        if plan:
+            most = pacer.chunk_tokens(len(plan)) if pacer else self.chunk_tokens
         for seq in running:
             if seq.phase is not Phase.PREFILL or budget <= 0:
                 continue
@@ -312,13 +318,14 @@ class BatchScheduler(Generic[_S]):
             budget -= len(chunk)
         return plan
 
-    def advance(self, plan: list[PlannedChunk[_S]]) -> int:
-        """``plan``'s step ran: its prompt chunks are in the KV cache.
+    def advance(self, plan: list[PlannedChunk[_S]], elapsed_s: float = -1.0) -> int:
+        """``plan``'s step ran, in ``elapsed_s`` seconds (told to the pacer, if
+        any; negative: not measured): its prompt chunks are in the KV cache.
 
         Returns:
             The prompt tokens the step read (tokens).
         """
-        read = 0
+        read, decoding = 0, sum(c.seq.phase is Phase.DECODE for c in plan)
         for chunk in plan:
             seq = chunk.seq
             if seq.phase is Phase.PREFILL:
@@ -326,6 +333,8 @@ class BatchScheduler(Generic[_S]):
                 read += len(chunk.tokens)
                 if seq.n_prompt_done == len(seq.prompt):
                     seq.phase = Phase.DECODE
+        if self.pacer is not None:
+            self.pacer.observe(decoding, read, elapsed_s)
         return read
 
     def accept(self, seq: _S, token: int) -> FinishReason | None:
@@ -384,8 +393,7 @@ class BatchScheduler(Generic[_S]):
 
     def __iter__(self) -> Iterator[_S]:
         """The held sequences: running ones, then queued ones."""
-        yield from self.running.values()
-        yield from self.waiting
+        return iter([*self.running.values(), *self.waiting])
 
     def _forget(self, seq: _S) -> None:
         seq.phase = Phase.DONE

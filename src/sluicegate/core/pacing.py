@@ -1,0 +1,119 @@
+"""How many prompt tokens a step that also decodes may read, from measured step times.
+
+A step that reads part of a prompt while other sequences decode delays each of
+their next tokens by the whole step. ``PrefillPacer`` sizes that part so that
+such a mixed step takes about ``step_ratio`` times a decode-only step: it learns
+what a decode-only step costs and what a prompt token adds to a mixed one from
+the step times the engine reports, so the chunk fits the machine it runs on (a
+faster core reads more of the prompt per step, a loaded one less) and shrinks
+as a long prompt's later tokens attend over more cells. It owns no clock: the
+engine reports each step's wall time in seconds (``observe``), so tests feed it
+made-up times.
+
+Invariants:
+    - Until a decode-only step and then a mixed one have been observed, the
+      chunk is ``first_chunk_tokens``: a guess, and the size the first mixed
+      steps are measured at.
+    - A decode-only step is taken to cost the same per decoding sequence (the
+      median of the last ``window`` such steps). With fewer sequences than were
+      measured, its fixed cost is then counted as the prompt's, which makes the
+      chunk smaller, not larger.
+    - What a prompt token adds is the mixed steps' time beyond the decode-only
+      estimate, summed over the last ``window`` mixed steps and divided by their
+      prompt tokens, so one step slowed by other work moves it by a share.
+    - The chunk is at least 1 token (a prompt always advances) and at most twice
+      the largest chunk among those mixed steps (one fast step cannot make the
+      next one long).
+
+Deliberate divergence: the bound is on a step's expected time, not on the gap a
+client sees; a step slowed by other work on the machine is longer than planned.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+__all__ = ["PrefillPacer"]
+
+
+class PrefillPacer:
+    """Sizes the prompt chunk of a step in which other sequences decode.
+
+    Args:
+        step_ratio: the time a mixed step may take, as a multiple of a
+            decode-only step of the same sequences (> 1).
+        first_chunk_tokens: the chunk before both kinds of step have been
+            observed (tokens, >= 1).
+        window: steps of each kind the estimates are taken over (>= 1).
+
+    Raises:
+        ValueError: ``step_ratio`` <= 1, ``first_chunk_tokens`` < 1 or
+            ``window`` < 1.
+    """
+
+    def __init__(
+        self, *, step_ratio: float, first_chunk_tokens: int, window: int = 16
+    ) -> None:
+        if step_ratio <= 1 or first_chunk_tokens < 1 or window < 1:
+            raise ValueError(
+                "expected step_ratio > 1, first_chunk_tokens >= 1 and window >= 1; "
+                f"got {step_ratio!r}, {first_chunk_tokens!r}, {window!r}"
+            )
+        self.step_ratio = step_ratio
+        self.first_chunk_tokens = first_chunk_tokens
+        self._decode_s_per_seq: deque[float] = deque(maxlen=window)
+        self._mixed: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def decode_step_s(self, decoding: int) -> float | None:
+        """The expected time of a decode-only step of ``decoding`` sequences
+        (seconds), or ``None`` before one was observed."""
+        if not self._decode_s_per_seq:
+            return None
+        return statistics.median(self._decode_s_per_seq) * decoding
+
+    def prompt_token_s(self) -> float | None:
+        """What one prompt token adds to a mixed step (seconds), or ``None``
+        before a mixed step was observed after a decode-only one (or while the
+        mixed steps took no longer than the estimate)."""
+        tokens = sum(n for n, _ in self._mixed)
+        extra_s = sum(s for _, s in self._mixed)
+        if not tokens or extra_s <= 0:
+            return None
+        return extra_s / tokens
+
+    def chunk_tokens(self, decoding: int) -> int:
+        """Prompt tokens of one prompt in the next step, in which ``decoding``
+        sequences (>= 1) decode.
+
+        Returns:
+            ``first_chunk_tokens`` until both kinds of step were observed, else
+            what fits in ``step_ratio - 1`` decode-only steps at the measured
+            cost per prompt token, between 1 and twice the largest recent chunk.
+        """
+        decode_s = self.decode_step_s(decoding)
+        if decode_s is None or not self._mixed:
+            return self.first_chunk_tokens
+        most = 2 * max(n for n, _ in self._mixed)
+        token_s = self.prompt_token_s()
+        if token_s is None:
+            return most
+        fits = int((self.step_ratio - 1) * decode_s / token_s)
+        return max(1, min(most, fits))
+
+    def observe(self, decoding: int, prompt_tokens: int, elapsed_s: float) -> None:
+        """A step ran: ``decoding`` sequences decoded one token each and
+        ``prompt_tokens`` prompt tokens were read, in ``elapsed_s`` seconds.
+
+        A step with nothing decoding (prompts alone) or nothing at all teaches
+        nothing here and is ignored, as is a mixed step before any decode-only
+        one (there is nothing to subtract yet).
+        """
+        if decoding <= 0 or elapsed_s < 0:
+            return
+        if prompt_tokens <= 0:
+            self._decode_s_per_seq.append(elapsed_s / decoding)
+            return
+        decode_s = self.decode_step_s(decoding)
+        if decode_s is not None:
+            self._mixed.append((prompt_tokens, elapsed_s - decode_s))

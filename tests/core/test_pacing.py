@@ -1,0 +1,233 @@
+"""PrefillPacer and BatchScheduler's paced chunks, fed made-up step times.
+
+The times are exact binary fractions (or a linear model of a step's cost), so
+no assertion depends on a machine's speed or on floating-point rounding beyond
+a relative 1e-9.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sluicegate.core.pacing import PrefillPacer
+from sluicegate.core.scheduling import BatchScheduler, Phase, Scheduled
+
+EOS = 99
+
+
+def _pacer(ratio: float = 2.0, first: int = 8) -> PrefillPacer:
+    return PrefillPacer(step_ratio=ratio, first_chunk_tokens=first)
+
+
+def test_the_first_chunk_holds_until_both_kinds_of_step_were_seen() -> None:
+    pacer = _pacer()
+    assert pacer.chunk_tokens(4) == 8
+    pacer.observe(4, 8, 0.5)  # mixed, but nothing to subtract from it yet
+    assert pacer.chunk_tokens(4) == 8
+    assert pacer.prompt_token_s() is None
+    pacer.observe(4, 0, 0.25)
+    assert pacer.decode_step_s(4) == 0.25
+    assert pacer.chunk_tokens(4) == 8
+
+
+def test_the_chunk_fills_the_budget_at_the_measured_cost_and_grows_by_doubling() -> (
+    None
+):
+    # 4 sequences decode in 0.25 s; a prompt token adds 1/128 s. Ratio 2: a
+    # mixed step may add 0.25 s, which is 32 prompt tokens.
+    pacer = _pacer()
+    pacer.observe(4, 0, 0.25)
+    sizes = []
+    for _ in range(4):
+        chunk = pacer.chunk_tokens(4)
+        sizes.append(chunk)
+        pacer.observe(4, chunk, 0.25 + chunk / 128)
+    assert sizes == [8, 16, 32, 32]
+    assert pacer.prompt_token_s() == 1 / 128
+
+
+def test_a_costlier_prompt_token_shrinks_the_chunk_and_a_lower_ratio_too() -> None:
+    pacer = _pacer(ratio=1.5, first=32)
+    pacer.observe(4, 0, 0.25)
+    pacer.observe(4, 32, 0.25 + 32 / 64)  # 1/64 s per token
+    # 0.125 s of room at 1/64 s a token
+    assert pacer.chunk_tokens(4) == 8
+
+
+def test_fewer_decoding_sequences_make_a_smaller_budget() -> None:
+    pacer = _pacer(first=16)
+    pacer.observe(4, 0, 0.25)
+    pacer.observe(4, 16, 0.25 + 16 / 128)
+    assert pacer.chunk_tokens(4) == 32
+    assert pacer.decode_step_s(2) == 0.125
+    assert pacer.chunk_tokens(2) == 16
+
+
+def test_a_slow_step_shrinks_the_chunk_to_one_token_at_least() -> None:
+    pacer = _pacer()
+    pacer.observe(4, 0, 0.25)
+    pacer.observe(4, 8, 1000.0)
+    assert pacer.chunk_tokens(4) == 1
+
+
+def test_mixed_steps_no_slower_than_decoding_alone_double_the_chunk() -> None:
+    pacer = _pacer()
+    pacer.observe(4, 0, 0.25)
+    pacer.observe(4, 8, 0.25)
+    assert pacer.prompt_token_s() is None
+    assert pacer.chunk_tokens(4) == 16
+
+
+def test_steps_with_nothing_decoding_or_no_time_teach_nothing() -> None:
+    pacer = _pacer()
+    pacer.observe(0, 512, 2.0)
+    pacer.observe(4, 0, -1.0)
+    assert pacer.decode_step_s(4) is None
+    assert pacer.chunk_tokens(4) == 8
+
+
+def test_the_decode_estimate_is_a_median_over_the_window() -> None:
+    pacer = PrefillPacer(step_ratio=2.0, first_chunk_tokens=8, window=3)
+    for elapsed_s in (0.125, 9.0, 0.25, 0.5):  # the first one leaves the window
+        pacer.observe(1, 0, elapsed_s)
+    assert pacer.decode_step_s(1) == 0.5  # 9.0, 0.25, 0.5: the slow step moves little
+    pacer.observe(1, 0, 0.25)
+    assert pacer.decode_step_s(1) == 0.25  # 0.25, 0.5, 0.25
+
+
+@pytest.mark.parametrize(
+    ("ratio", "first", "window"), [(1.0, 8, 4), (2.0, 0, 4), (2.0, 8, 0)]
+)
+def test_bad_settings_are_a_value_error(ratio: float, first: int, window: int) -> None:
+    with pytest.raises(ValueError, match="expected step_ratio > 1"):
+        PrefillPacer(step_ratio=ratio, first_chunk_tokens=first, window=window)
+
+
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, 16),
+            st.integers(0, 512),
+            st.floats(-1.0, 10.0, allow_nan=False),
+        ),
+        max_size=60,
+    ),
+    decoding=st.integers(1, 16),
+)
+def test_any_step_times_give_a_chunk_from_one_to_twice_the_largest_recent(
+    steps: list[tuple[int, int, float]], decoding: int
+) -> None:
+    pacer = _pacer()
+    mixed = [p for d, p, s in steps if d > 0 and p > 0 and s >= 0]
+    for d, p, s in steps:
+        pacer.observe(d, p, s)
+    chunk = pacer.chunk_tokens(decoding)
+    assert 1 <= chunk <= max(8, 2 * max(mixed[-16:], default=0))
+
+
+@given(
+    overhead_s=st.floats(0.0, 0.1),
+    seq_s=st.floats(1e-4, 0.1),
+    token_s=st.floats(1e-5, 0.05),
+    ratio=st.floats(1.1, 4.0),
+    decoding=st.integers(1, 16),
+)
+def test_with_a_linear_cost_the_mixed_step_stays_in_budget_and_fills_it(
+    overhead_s: float, seq_s: float, token_s: float, ratio: float, decoding: int
+) -> None:
+    decode_s = overhead_s + decoding * seq_s
+    pacer = _pacer(ratio=ratio)
+    pacer.observe(decoding, 0, decode_s)
+    pacer.observe(decoding, 8, decode_s + 8 * token_s)  # the first chunk, a guess
+    for _ in range(20):  # doubling from 8 tokens reaches any size in time
+        chunk = pacer.chunk_tokens(decoding)
+        within = decode_s + chunk * token_s <= ratio * decode_s * (1 + 1e-9)
+        assert within or chunk == 1
+        pacer.observe(decoding, chunk, decode_s + chunk * token_s)
+    ideal = int((ratio - 1) * decode_s / token_s)
+    assert pacer.chunk_tokens(decoding) in {max(1, ideal - 1), max(1, ideal)}
+
+
+def _paced_scheduler(step_tokens: int = 64) -> BatchScheduler[Scheduled]:
+    return BatchScheduler(
+        kv_cells=1000,
+        slots=3,
+        step_tokens=step_tokens,
+        queue_limit=4,
+        chunk_tokens=8,
+        pacer=PrefillPacer(step_ratio=2.0, first_chunk_tokens=8),
+    )
+
+
+def _step_time_s(plan_shape: list[tuple[Phase, int]]) -> float:
+    """A made-up cost: 1/16 s per decoding sequence, 1/256 s per prompt token."""
+    return sum(1 / 16 if phase is Phase.DECODE else n / 256 for phase, n in plan_shape)
+
+
+def test_the_scheduler_paces_a_long_prompt_among_decoding_sequences() -> None:
+    scheduler = _paced_scheduler()
+    first = Scheduled("a", (1, 2), 50, frozenset({EOS}))
+    scheduler.submit(first)
+    scheduler.admit()
+    chunks: list[int] = []
+    for step in range(8):
+        if step == 2:
+            scheduler.submit(Scheduled("long", tuple(range(300)), 5, frozenset()))
+            scheduler.admit()
+        plan = scheduler.plan()
+        shape = [(c.seq.phase, len(c.tokens)) for c in plan]
+        chunks += [n for phase, n in shape if phase is Phase.PREFILL and step > 0]
+        scheduler.advance(plan, _step_time_s(shape))
+        scheduler.accept(first, 7)
+    # One decoding sequence takes 1/16 s; ratio 2 leaves 1/16 s, 16 tokens.
+    assert chunks == [8, 16, 16, 16, 16, 16]
+
+
+def test_without_step_times_the_scheduler_keeps_chunk_tokens() -> None:
+    scheduler = _paced_scheduler()
+    first = Scheduled("a", (1, 2), 50, frozenset({EOS}))
+    scheduler.submit(first)
+    scheduler.admit()
+    scheduler.advance(scheduler.plan())
+    scheduler.accept(first, 7)
+    scheduler.submit(Scheduled("long", tuple(range(300)), 5, frozenset()))
+    scheduler.admit()
+    for _ in range(3):
+        plan = scheduler.plan()
+        assert [len(c.tokens) for c in plan] == [1, 8]
+        scheduler.advance(plan)
+        scheduler.accept(first, 7)
+
+
+@given(
+    prompts=st.lists(st.integers(1, 200), min_size=1, max_size=6),
+    times=st.lists(st.floats(0.0, 5.0, allow_nan=False), min_size=1, max_size=20),
+)
+def test_any_step_times_read_every_prompt_once_within_the_step_budget(
+    prompts: list[int], times: list[float]
+) -> None:
+    scheduler = _paced_scheduler(step_tokens=32)
+    seqs = [
+        Scheduled(f"s{i}", tuple(range(n)), 3, frozenset())
+        for i, n in enumerate(prompts)
+    ]
+    for seq in seqs[:4]:
+        scheduler.submit(seq)
+    read, steps = 0, 0
+    pending = seqs[4:]
+    while not scheduler.idle:
+        if pending and len(scheduler.waiting) < 4:
+            scheduler.submit(pending.pop(0))
+        scheduler.admit()
+        plan = scheduler.plan()
+        assert 0 < sum(len(c.tokens) for c in plan) <= 32
+        read += scheduler.advance(plan, times[steps % len(times)])
+        for chunk in plan:
+            if chunk.wants_logits and scheduler.accept(chunk.seq, 7) is not None:
+                scheduler.release(chunk.seq)
+        steps += 1
+        assert steps <= sum(prompts) + 3 * len(prompts)  # every step advances
+    assert read == sum(prompts)
+    assert all(seq.phase is Phase.DONE for seq in seqs)
