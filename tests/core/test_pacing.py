@@ -157,8 +157,15 @@ def _paced_scheduler(step_tokens: int = 64) -> BatchScheduler[Scheduled]:
         step_tokens=step_tokens,
         queue_limit=4,
         chunk_tokens=8,
-        pacer=PrefillPacer(step_ratio=2.0, first_chunk_tokens=8),
+        step_ratio=2.0,
     )
+
+
+def test_a_step_ratio_of_one_or_less_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="expected step_ratio > 1"):
+        BatchScheduler[Scheduled](
+            kv_cells=10, slots=1, step_tokens=4, queue_limit=1, step_ratio=1.0
+        )
 
 
 def _step_time_s(plan_shape: list[tuple[Phase, int]]) -> float:

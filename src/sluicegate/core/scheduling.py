@@ -29,101 +29,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Generic, TypeVar
 
 from sluicegate.core.errors import EngineUnavailable, RequestError
 from sluicegate.core.events import FinishReason
 from sluicegate.core.pacing import PrefillPacer
 from sluicegate.core.prefix_cache import PrefixCache
+from sluicegate.core.sequences import Phase, PlannedChunk, Scheduled
 
 __all__ = ["BatchScheduler", "Phase", "PlannedChunk", "Scheduled"]
 
-
-class Phase(StrEnum):
-    """Where a sequence is: waiting, reading its prompt, generating, or gone."""
-
-    QUEUED = "queued"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    DONE = "done"
-
-
-@dataclass(eq=False, slots=True)
-class Scheduled:
-    """One sequence as the scheduler sees it; engines subclass it for their own
-    state (sampler, output channel).
-
-    Attributes:
-        request_id: unique among the sequences the scheduler holds.
-        prompt: the prompt's token ids (never empty).
-        max_tokens: most tokens to generate (>= 1).
-        stop_ids: token ids that end the sequence (EOS unless ignored, and the
-            request's stop token ids).
-        phase: see ``Phase``.
-        slot: the batch slot (llama.cpp's sequence id) while running, else -1.
-        n_prompt_done: prompt tokens already in the KV cache.
-        n_cached: the part of ``n_prompt_done`` reused from an earlier
-            sequence's cells at admission (tokens).
-        n_generated: tokens sampled so far.
-        generated: the tokens sampled so far, in order.
-        last_token: the latest sampled token (fed back at the next step).
-        abort_requested: the sequence leaves at the next ``reap()``.
-    """
-
-    request_id: str
-    prompt: tuple[int, ...]
-    max_tokens: int
-    stop_ids: frozenset[int] = frozenset()
-    phase: Phase = Phase.QUEUED
-    slot: int = -1
-    n_prompt_done: int = 0
-    n_cached: int = 0
-    n_generated: int = 0
-    last_token: int = -1
-    abort_requested: bool = False
-    generated: list[int] = field(default_factory=list)
-
-    @property
-    def reserved_cells(self) -> int:
-        """KV cells reserved at admission: the prompt plus ``max_tokens``."""
-        return len(self.prompt) + self.max_tokens
-
-    @property
-    def kv_cells(self) -> int:
-        """Cells this sequence holds: the prompt so far, then every generated
-        token but the latest, which is fed back at the next step."""
-        return self.n_prompt_done + max(self.n_generated - 1, 0)
-
-    @property
-    def cell_tokens(self) -> tuple[int, ...]:
-        """The tokens of the cells it holds, by position (see ``kv_cells``)."""
-        done = self.prompt[: self.n_prompt_done]
-        if self.n_prompt_done < len(self.prompt) or self.n_generated < 2:
-            return done
-        return done + tuple(self.generated[: self.n_generated - 1])
-
-
 _S = TypeVar("_S", bound=Scheduled)
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedChunk(Generic[_S]):
-    """One sequence's part of the next batch.
-
-    Attributes:
-        seq: the sequence.
-        tokens: its token ids in this step (one to decode, or a prompt chunk).
-        first_pos: the position of ``tokens[0]`` in the sequence.
-        wants_logits: sample after the last of ``tokens`` (decoding, or the
-            chunk that ends the prompt).
-    """
-
-    seq: _S
-    tokens: tuple[int, ...]
-    first_pos: int
-    wants_logits: bool
 
 
 class BatchScheduler(Generic[_S]):
@@ -138,13 +54,16 @@ class BatchScheduler(Generic[_S]):
         chunk_tokens: tokens of one prompt in one step while any sequence
             decodes (>= 1; default ``step_tokens``); with a ``pacer``, only
             until it has measured both kinds of step.
-        pacer: sizes that chunk from the step times given to ``advance``.
+        step_ratio: size that chunk from the step times given to ``advance``
+            so that such a step takes about this multiple of a decode-only
+            one (> 1; ``PrefillPacer``); default: ``chunk_tokens`` always.
         queue_limit: sequences that may wait for admission.
         prefix_cache: where the cells of sequences that left are held for
             reuse; default: none held (every slot left is trimmed).
 
     Raises:
-        ValueError: ``slots`` < 1 or ``step_tokens`` < ``slots``.
+        ValueError: ``slots`` < 1, ``step_tokens`` < ``slots`` or
+            ``step_ratio`` <= 1.
     """
 
     def __init__(
@@ -156,7 +75,7 @@ class BatchScheduler(Generic[_S]):
         queue_limit: int,
         chunk_tokens: int | None = None,
         prefix_cache: PrefixCache | None = None,
-        pacer: PrefillPacer | None = None,
+        step_ratio: float | None = None,
     ) -> None:
         if slots < 1 or step_tokens < slots:
             raise ValueError(
@@ -165,7 +84,12 @@ class BatchScheduler(Generic[_S]):
         self.kv_cells = kv_cells
         self.step_tokens = step_tokens
         self.chunk_tokens = max(1, chunk_tokens or step_tokens)
-        self.pacer = pacer
+        self.pacer = None
+        """Sizes the chunk when ``step_ratio`` is given."""
+        if step_ratio is not None:
+            self.pacer = PrefillPacer(
+                step_ratio=step_ratio, first_chunk_tokens=self.chunk_tokens
+            )
         self.queue_limit = queue_limit
         self.waiting: deque[_S] = deque()
         """Sequences waiting for admission, oldest first."""
