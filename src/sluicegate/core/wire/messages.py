@@ -29,8 +29,9 @@ and writes Anthropic's streaming events, each ``event: <type>`` then one
 
 A text delta of an open text block comes from a template (``templates.py``);
 the objects the stream shares with the whole body are ``messages_bodies.py``'s.
-The states and their legal events are ``stream.TRANSITIONS``; ``outcome`` is
-``classify()`` of what was written, as for chat: finished once ``message_stop``
+The states, their legal events and when a block opens are
+``machine.BlockMachine``'s; ``outcome`` is ``classify()`` of what was written, as
+for chat: finished once ``message_stop``
 was written, errored once the error event was, aborted when the writing failed
 before either.
 
@@ -50,21 +51,18 @@ Spec: Anthropic API reference, "Messages" and "Streaming messages"; "Errors";
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from sluicegate.core.endstate import EndState
-from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
-    Delta,
-    End,
     Fail,
     Finish,
     FinishReason,
-    StreamEvent,
     ToolCallFragment,
     Usage,
 )
 from sluicegate.core.wire.chunks import ResponseHeader, dumps
+from sluicegate.core.wire.machine import REASONING, BlockMachine
 from sluicegate.core.wire.messages_bodies import (
     ERROR_TYPES,
     ThinkingDigest,
@@ -74,13 +72,8 @@ from sluicegate.core.wire.messages_bodies import (
     thinking_signature,
     usage_object,
 )
-from sluicegate.core.wire.padding import MIN_STEP_BYTES, EventPadder, Filler
-from sluicegate.core.wire.stream import TRANSITIONS, Start, StreamState
+from sluicegate.core.wire.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire.templates import TEXT_MARK, EventTemplate
-from sluicegate.core.wire.written import WriteRecord
-
-# The state where a ``Delta`` is legal, which it stays in (see ``stream.py``).
-_DELTA_STATE = StreamState.STREAMING
 
 __all__ = [
     "ERROR_TYPES",
@@ -104,13 +97,16 @@ def _event(name: str, payload: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
-class MessagesStream:
+class MessagesStream(BlockMachine):
     """feed(event) -> Anthropic SSE frames (bytes); see the module docstring.
+
+    A ``machine.BlockMachine``: the states, the open content block and when the
+    next one opens are decided there; this class writes Anthropic's events.
 
     Args:
         header: the response's shared fields (``n`` must be 1;
             ``prompt_tokens`` is the usage's ``input_tokens``).
-        filler: pad every event (``padding.EventPadder``, an ``obfuscation``
+        filler: pad every event (``machine.BlockMachine``: an ``obfuscation``
             field that Anthropic's clients ignore); ``None`` for no padding.
         pad_step_bytes: the padding ladder's first step (bytes).
 
@@ -118,18 +114,9 @@ class MessagesStream:
         ValueError: ``header.n != 1``.
     """
 
-    __slots__ = (
-        "_block",
-        "_header",
-        "_index",
-        "_padder",
-        "_reason",
-        "_record",
-        "_state",
-        "_stop",
-        "_template",
-        "_thinking",
-    )
+    __slots__ = ("_index", "_stop", "_thinking")
+
+    _CHOICES = "a message has one output"
 
     def __init__(
         self,
@@ -137,70 +124,12 @@ class MessagesStream:
         filler: Filler | None = None,
         pad_step_bytes: int = MIN_STEP_BYTES,
     ) -> None:
-        if header.n != 1:
-            raise ValueError(f"a message has one output, got n={header.n!r}")
-        self._padder = (
-            EventPadder(filler, pad_step_bytes) if filler is not None else None
-        )
-        self._header = header
-        self._state = StreamState.NEW
-        self._reason: FinishReason | None = None
+        super().__init__(header, filler, pad_step_bytes)
         self._stop: str | None = None
-        # The open content block: None, "thinking", "text", or a call's index.
-        self._block: str | int | None = None
         self._thinking = ThinkingDigest()
         self._index = -1  # the open (or last) content block's index
-        self._template: EventTemplate | None = None  # the open text block's delta
-        self._record = WriteRecord()
 
-    @property
-    def header(self) -> ResponseHeader:
-        """The response's shared fields."""
-        return self._header
-
-    @property
-    def state(self) -> StreamState:
-        """The current state."""
-        return self._state
-
-    @property
-    def end_state(self) -> EndState | None:
-        """``FINISHED`` or ``ERRORED`` once terminal; ``None`` before."""
-        if self._state is StreamState.FINISHED:
-            return EndState.FINISHED
-        if self._state is StreamState.ERRORED:
-            return EndState.ERRORED
-        return None
-
-    @property
-    def outcome(self) -> EndState:
-        """The stream's end state from what was written (``WriteRecord``)."""
-        return self._record.outcome(1)
-
-    @property
-    def finish_reasons(self) -> tuple[FinishReason | None, ...]:
-        """The one output's finish reason (``None`` while it is open)."""
-        return (self._reason,)
-
-    def wrote(self) -> None:
-        """Report that every frame returned so far was written.
-
-        Raises:
-            LocalProtocolError: after ``write_failed()``.
-        """
-        self._record.wrote()
-
-    def write_failed(self) -> None:
-        """Report that writing stopped before the frames since ``wrote()``."""
-        self._record.write_failed()
-
-    def start(self) -> list[bytes]:
-        """``[message_start]``.
-
-        Raises:
-            LocalProtocolError: not in state ``NEW``.
-        """
-        self._state = self._next(Start())
+    def _opening(self) -> list[bytes]:
         header = self._header
         message: dict[str, Any] = {
             "id": header.id,
@@ -215,56 +144,6 @@ class MessagesStream:
         start = {"type": "message_start", "message": message}
         return [self._emit("message_start", start)]
 
-    def feed(self, event: StreamEvent) -> list[bytes]:
-        """Take one event; the frames to write now, in order (module docstring).
-
-        Raises:
-            LocalProtocolError: the event is not allowed in this state, or names
-                a choice other than 0; nothing changes.
-        """
-        template = self._template
-        if (
-            template is not None
-            and type(event) is Delta
-            and self._state is _DELTA_STATE
-            and event.parts is None
-            and event.index == 0
-            and event.text
-        ):
-            # Once per token: text added to the open text block, from its template.
-            return [template.frame(event.text)]
-        next_state = self._next(event)
-        frames: list[bytes] = []
-        match event:
-            case Delta(text=text, parts=parts):
-                if parts is not None and parts.reasoning:
-                    self._thought(parts.reasoning, frames)
-                if text:
-                    self._text(text, frames)
-                if parts is not None:
-                    for fragment in parts.tool_calls:
-                        self._call(fragment, frames)
-            case Finish(finish_reason=reason, stop_sequence=stop):
-                self._close(frames)
-                self._reason = reason
-                self._stop = stop
-                next_state = StreamState.AWAITING_END
-                self._record.add(finishes=1)
-            case End(usage=usage):
-                frames += self._end(usage)
-                self._record.add(done=True)
-            case Fail(message=message):
-                body = message_error_body(_status_of(event), message)
-                frames.append(self._emit("error", body))
-                self._record.add(error=body["error"])
-            case _:
-                padder = self._padder
-                frames.append(
-                    _PING if padder is None else padder.like_delta("ping", _ping())
-                )
-        self._state = next_state
-        return frames
-
     def _emit(
         self, name: str, payload: dict[str, Any], text: str | None = None
     ) -> bytes:
@@ -273,25 +152,8 @@ class MessagesStream:
             return self._padder.event(name, payload, text)
         return _event(name, payload)
 
-    def _next(self, event: StreamEvent | Start) -> StreamState:
-        next_state = TRANSITIONS.get((self._state, type(event)))
-        if next_state is None:
-            raise LocalProtocolError(
-                f"{type(event).__name__} is not allowed in state {self._state.name}"
-            )
-        if isinstance(event, Delta | Finish) and event.index != 0:
-            raise LocalProtocolError(
-                f"{type(event).__name__} for choice {event.index!r}, but a message"
-                " has one output"
-            )
-        return next_state
-
-    def _open(
-        self, block: str | int, content: dict[str, Any], frames: list[bytes]
-    ) -> None:
-        self._close(frames)
+    def _open(self, content: dict[str, Any], frames: list[bytes]) -> None:
         self._index += 1
-        self._block = block
         payload = {
             "type": "content_block_start",
             "index": self._index,
@@ -299,63 +161,56 @@ class MessagesStream:
         }
         frames.append(self._emit("content_block_start", payload))
 
-    def _close(self, frames: list[bytes]) -> None:
-        if self._block == "thinking":
+    def _block_delta(
+        self, delta: dict[str, Any], frames: list[bytes], text: str | None = None
+    ) -> None:
+        payload = {"type": _BLOCK_DELTA, "index": self._index, "delta": delta}
+        frames.append(self._emit(_BLOCK_DELTA, payload, text))
+
+    def _close_block(
+        self, block: str | int, reason: FinishReason | None, frames: list[bytes]
+    ) -> None:
+        if block == REASONING:
             delta = {"type": "signature_delta", "signature": self._thinking.signature}
-            payload = {
-                "type": "content_block_delta",
-                "index": self._index,
-                "delta": delta,
-            }
-            frames.append(self._emit("content_block_delta", payload))
-        if self._block is not None:
-            payload = {"type": "content_block_stop", "index": self._index}
-            frames.append(self._emit("content_block_stop", payload))
-            self._block = self._template = None
+            self._block_delta(delta, frames)
+        payload = {"type": "content_block_stop", "index": self._index}
+        frames.append(self._emit("content_block_stop", payload))
 
-    def _thought(self, text: str, frames: list[bytes]) -> None:
-        if self._block != "thinking":
-            block = {"type": "thinking", "thinking": "", "signature": ""}
-            self._open("thinking", block, frames)
-            self._thinking = ThinkingDigest()
+    def _open_reasoning(self, frames: list[bytes]) -> None:
+        self._open({"type": "thinking", "thinking": "", "signature": ""}, frames)
+        self._thinking = ThinkingDigest()
+
+    def _reasoning(self, text: str, frames: list[bytes]) -> None:
         self._thinking.add(text)
-        delta = {"type": "thinking_delta", "thinking": text}
-        payload = {"type": "content_block_delta", "index": self._index, "delta": delta}
-        frames.append(self._emit("content_block_delta", payload, text))
+        self._block_delta({"type": "thinking_delta", "thinking": text}, frames, text)
 
-    def _text(self, text: str, frames: list[bytes]) -> None:
-        template = self._template
-        if template is None:
-            self._open("text", {"type": "text", "text": ""}, frames)
-            delta = {"type": "text_delta", "text": TEXT_MARK}
-            payload = {"type": _BLOCK_DELTA, "index": self._index, "delta": delta}
-            template = self._template = EventTemplate(
-                _BLOCK_DELTA, payload, self._padder
-            )
-        frames.append(template.frame(text))
+    def _open_text(self, frames: list[bytes]) -> None:
+        self._open({"type": "text", "text": ""}, frames)
+        delta = {"type": "text_delta", "text": TEXT_MARK}
+        payload = {"type": _BLOCK_DELTA, "index": self._index, "delta": delta}
+        self._text_frame = EventTemplate(_BLOCK_DELTA, payload, self._padder).frame
 
-    def _call(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
-        if fragment.name is not None or self._block != fragment.index:
-            block = {
-                "type": "tool_use",
-                "id": fragment.id or "",
-                "name": fragment.name or "",
-                "input": {},
-            }
-            self._open(fragment.index, block, frames)
-        if fragment.arguments:
-            delta = {"type": "input_json_delta", "partial_json": fragment.arguments}
-            payload = {
-                "type": "content_block_delta",
-                "index": self._index,
-                "delta": delta,
-            }
-            arguments = fragment.arguments
-            frames.append(self._emit("content_block_delta", payload, arguments))
+    def _open_call(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
+        block = {
+            "type": "tool_use",
+            "id": fragment.id or "",
+            "name": fragment.name or "",
+            "input": {},
+        }
+        self._open(block, frames)
+
+    def _arguments(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
+        arguments = fragment.arguments
+        delta = {"type": "input_json_delta", "partial_json": arguments}
+        self._block_delta(delta, frames, arguments)
+
+    def _finish(self, event: Finish) -> list[bytes]:
+        self._stop = event.stop_sequence
+        return super()._finish(event)
 
     def _end(self, usage: Usage) -> list[bytes]:
         delta = {
-            "stop_reason": stop_reason(self._reason, self._stop),
+            "stop_reason": stop_reason(self._finish_reasons[0], self._stop),
             "stop_sequence": self._stop,
         }
         counts = usage_object(usage)
@@ -364,6 +219,14 @@ class MessagesStream:
             self._emit("message_delta", payload),
             self._emit("message_stop", {"type": "message_stop"}),
         ]
+
+    def _fail(self, event: Fail) -> tuple[list[bytes], Mapping[str, Any]]:
+        body = message_error_body(_status_of(event), event.message)
+        return [self._emit("error", body)], body["error"]
+
+    def _heartbeat(self) -> bytes:
+        padder = self._padder
+        return _PING if padder is None else padder.like_delta("ping", _ping())
 
 
 def _status_of(fail: Fail) -> int:

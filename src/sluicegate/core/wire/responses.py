@@ -37,11 +37,11 @@ adds to its deltas; a heartbeat comment has the last delta's size.
 
 The output items and their events are ``responses_items.OutputItems``' (a
 text delta of an open message from a template, ``templates.py``); every
-``response`` snapshot comes from ``response_object``. The states and
-their legal events are ``stream.TRANSITIONS``; ``outcome`` is ``classify()`` of
-what was written: finished once the terminal event was written (completed or
-incomplete), errored once ``response.failed`` was, aborted when the writing
-failed before either.
+``response`` snapshot comes from ``response_object``. The states, their legal
+events and when an item opens are ``machine.BlockMachine``'s; ``outcome`` is
+``classify()`` of what was written: finished once the terminal event was
+written (completed or incomplete), errored once ``response.failed`` was,
+aborted when the writing failed before either.
 
 The reasoning is the model's own text, so it is a ``reasoning_text`` content
 part of the reasoning item (the events OpenAI defines for open-weight models'
@@ -53,23 +53,22 @@ events" (``response.reasoning_text.delta``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from sluicegate.core.endstate import EndState
-from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import (
     CANCELLED,
     Delta,
     DeltaParts,
-    End,
     Fail,
     Finish,
     FinishReason,
-    StreamEvent,
+    ToolCallFragment,
     Usage,
 )
 from sluicegate.core.wire.chunks import ResponseHeader
-from sluicegate.core.wire.padding import MIN_STEP_BYTES, EventPadder, Filler
+from sluicegate.core.wire.machine import BlockMachine
+from sluicegate.core.wire.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire.responses_items import (
     ECHO_DEFAULTS,
     OutputItems,
@@ -77,8 +76,6 @@ from sluicegate.core.wire.responses_items import (
     usage_object,
 )
 from sluicegate.core.wire.sse import encode_comment
-from sluicegate.core.wire.stream import TRANSITIONS, Start, StreamState
-from sluicegate.core.wire.written import WriteRecord
 
 __all__ = [
     "ECHO_DEFAULTS",
@@ -89,32 +86,25 @@ __all__ = [
 ]
 
 _HEARTBEAT = encode_comment()
-# The state where a ``Delta`` is legal, which it stays in (see ``stream.py``).
-_DELTA_STATE = StreamState.STREAMING
 
 
-class ResponsesStream:
+class ResponsesStream(BlockMachine):
     """feed(event) -> Responses API SSE frames (bytes); see the module docstring.
+
+    A ``machine.BlockMachine``: the states, the open item and when the next one
+    opens are decided there; the items and their events are ``OutputItems``'.
 
     Args:
         header: the response's shared fields (``n`` must be 1).
-        filler: pad every event (``padding.EventPadder``, the ``obfuscation``
-            field); ``None`` for no padding.
+        filler: pad every event (``machine.BlockMachine``); ``None`` for no
+            padding.
         pad_step_bytes: the padding ladder's first step (bytes).
 
     Raises:
         ValueError: ``header.n != 1``.
     """
 
-    __slots__ = (
-        "_header",
-        "_items",
-        "_padder",
-        "_reason",
-        "_record",
-        "_snapshot",
-        "_state",
-    )
+    __slots__ = ("_items", "_snapshot")
 
     def __init__(
         self,
@@ -122,46 +112,9 @@ class ResponsesStream:
         filler: Filler | None = None,
         pad_step_bytes: int = MIN_STEP_BYTES,
     ) -> None:
-        if header.n != 1:
-            raise ValueError(f"a response has one output, got n={header.n!r}")
-        self._padder = (
-            EventPadder(filler, pad_step_bytes) if filler is not None else None
-        )
-        self._header = header
-        self._state = StreamState.NEW
-        self._reason: FinishReason | None = None
+        super().__init__(header, filler, pad_step_bytes)
         self._items = OutputItems(header, self._padder)
-        self._record = WriteRecord()
         self._snapshot: dict[str, Any] | None = None
-
-    @property
-    def header(self) -> ResponseHeader:
-        """The response's shared fields."""
-        return self._header
-
-    @property
-    def state(self) -> StreamState:
-        """The current state."""
-        return self._state
-
-    @property
-    def end_state(self) -> EndState | None:
-        """``FINISHED`` or ``ERRORED`` once terminal; ``None`` before."""
-        if self._state is StreamState.FINISHED:
-            return EndState.FINISHED
-        if self._state is StreamState.ERRORED:
-            return EndState.ERRORED
-        return None
-
-    @property
-    def outcome(self) -> EndState:
-        """The stream's end state from what was written (``WriteRecord``)."""
-        return self._record.outcome(1)
-
-    @property
-    def finish_reasons(self) -> tuple[FinishReason | None, ...]:
-        """The one output's finish reason (``None`` while it is open)."""
-        return (self._reason,)
 
     @property
     def snapshot(self) -> dict[str, Any] | None:
@@ -174,25 +127,7 @@ class ResponsesStream:
         """The output items so far, as the ``response`` object lists them."""
         return self._items.output()
 
-    def wrote(self) -> None:
-        """Report that every frame returned so far was written.
-
-        Raises:
-            LocalProtocolError: after ``write_failed()``.
-        """
-        self._record.wrote()
-
-    def write_failed(self) -> None:
-        """Report that writing stopped before the frames since ``wrote()``."""
-        self._record.write_failed()
-
-    def start(self) -> list[bytes]:
-        """``[response.created, response.in_progress]``.
-
-        Raises:
-            LocalProtocolError: not in state ``NEW``.
-        """
-        self._state = self._next(Start())
+    def _opening(self) -> list[bytes]:
         snapshot = self._snapshot = response_object(self._header, "in_progress", [])
         event = self._items.event
         return [
@@ -200,74 +135,30 @@ class ResponsesStream:
             event("response.in_progress", {"response": snapshot}),
         ]
 
-    def feed(self, event: StreamEvent) -> list[bytes]:
-        """Take one event; the frames to write now, in order (module docstring).
+    def _open_reasoning(self, frames: list[bytes]) -> None:
+        self._items.open_reasoning(frames)
 
-        Raises:
-            LocalProtocolError: the event is not allowed in this state, or names
-                a choice other than 0; nothing changes.
-        """
-        if (
-            type(event) is Delta
-            and self._state is _DELTA_STATE
-            and event.parts is None
-            and event.index == 0
-            and event.text
-        ):
-            # Once per token: text added to the open message, from its template.
-            frame = self._items.text_frame(event.text)
-            if frame is not None:
-                return [frame]
-        next_state = self._next(event)
-        frames: list[bytes] = []
-        items = self._items
-        match event:
-            case Delta(text=text, parts=parts):
-                if parts is not None and parts.reasoning:
-                    items.thought(parts.reasoning, frames)
-                if text:
-                    items.text(text, frames)
-                if parts is not None:
-                    for fragment in parts.tool_calls:
-                        items.fragment(fragment, frames)
-            case Finish(finish_reason=reason):
-                self._reason = reason
-                items.close(reason, frames)
-                next_state = StreamState.AWAITING_END
-                self._record.add(finishes=1)
-            case End(usage=usage):
-                frames.append(self._terminal(usage))
-                self._record.add(done=True)
-            case Fail(message=message, code=code):
-                error = {"code": code or "server_error", "message": message}
-                status = "cancelled" if code == CANCELLED else "failed"
-                snapshot = self._snapshot = response_object(
-                    self._header, status, items.cut(), error=error
-                )
-                frames.append(items.event("response.failed", {"response": snapshot}))
-                self._record.add(error=error)
-            case _:
-                padder = self._padder
-                frames.append(_HEARTBEAT if padder is None else padder.keep_alive())
-        self._state = next_state
-        return frames
+    def _reasoning(self, text: str, frames: list[bytes]) -> None:
+        self._items.thought(text, frames)
 
-    def _next(self, event: StreamEvent | Start) -> StreamState:
-        next_state = TRANSITIONS.get((self._state, type(event)))
-        if next_state is None:
-            raise LocalProtocolError(
-                f"{type(event).__name__} is not allowed in state {self._state.name}"
-            )
-        if isinstance(event, Delta | Finish) and event.index != 0:
-            raise LocalProtocolError(
-                f"{type(event).__name__} for choice {event.index!r}, but a response"
-                " has one output"
-            )
-        return next_state
+    def _open_text(self, frames: list[bytes]) -> None:
+        self._items.open_message(frames)
+        self._text_frame = self._items.text_frame
 
-    def _terminal(self, usage: Usage) -> bytes:
+    def _open_call(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
+        self._items.open_call(fragment, frames)
+
+    def _arguments(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
+        self._items.arguments(fragment, frames)
+
+    def _close_block(
+        self, block: str | int, reason: FinishReason | None, frames: list[bytes]
+    ) -> None:
+        self._items.close(reason, frames)
+
+    def _end(self, usage: Usage) -> list[bytes]:
         output = self._items.output()
-        if self._reason is FinishReason.LENGTH:
+        if self._finish_reasons[0] is FinishReason.LENGTH:
             snapshot = self._snapshot = response_object(
                 self._header,
                 "incomplete",
@@ -275,11 +166,25 @@ class ResponsesStream:
                 usage,
                 incomplete_reason="max_output_tokens",
             )
-            return self._items.event("response.incomplete", {"response": snapshot})
+            return [self._items.event("response.incomplete", {"response": snapshot})]
         snapshot = self._snapshot = response_object(
             self._header, "completed", output, usage
         )
-        return self._items.event("response.completed", {"response": snapshot})
+        return [self._items.event("response.completed", {"response": snapshot})]
+
+    def _fail(self, event: Fail) -> tuple[list[bytes], Mapping[str, Any]]:
+        code = event.code
+        error = {"code": code or "server_error", "message": event.message}
+        status = "cancelled" if code == CANCELLED else "failed"
+        items = self._items
+        snapshot = self._snapshot = response_object(
+            self._header, status, items.cut(), error=error
+        )
+        return [items.event("response.failed", {"response": snapshot})], error
+
+    def _heartbeat(self) -> bytes:
+        padder = self._padder
+        return _HEARTBEAT if padder is None else padder.keep_alive()
 
 
 def response_body(header: ResponseHeader, whole: Any) -> dict[str, Any]:

@@ -2,10 +2,11 @@
 open, grow and close each item of one stream.
 
 ``OutputItems`` numbers every event of its stream (``sequence_number`` from 0 by
-one) and pads it when given a padder; ``ResponsesStream`` (``responses.py``)
-decides which of its methods a core event calls. A text delta of an open message
-comes from a template (``templates.EventTemplate``): the JSON of its text and
-its sequence number between prebuilt bytes. An item's text is kept as pieces,
+one) and pads it when given a padder; ``ResponsesStream`` (``responses.py``, a
+``machine.BlockMachine``) decides which of its methods a core event calls. A
+text delta of an open message comes from a template
+(``templates.EventTemplate``): the JSON of its text and its sequence number
+between prebuilt bytes. An item's text is kept as pieces,
 joined when the item closes or its output is read, so a long answer costs no
 copy per token.
 
@@ -97,11 +98,12 @@ class OutputItems:
         header: the response's id (the items' ids derive from it).
         padder: pads every event (``EventPadder``), or ``None``.
 
-    Each method appends the frames of what it did to ``frames``.
+    ``ResponsesStream`` (a ``machine.BlockMachine``) decides when an item opens
+    and closes; it opens one only while none is open. Each method appends the
+    frames of what it did to ``frames``.
     """
 
     __slots__ = (
-        "_call",
         "_header",
         "_item",
         "_output",
@@ -117,7 +119,6 @@ class OutputItems:
         self._seq = 0
         self._output: list[dict[str, Any]] = []
         self._item: dict[str, Any] | None = None  # the open output item
-        self._call: int | None = None  # the open item's tool-call index
         self._pieces: list[str] = []  # the open item's part text, not joined yet
         self._template: EventTemplate | None = None  # the open message's delta
 
@@ -144,80 +145,77 @@ class OutputItems:
             self._item["status"] = "incomplete"
         return self.output()
 
-    def text_frame(self, text: str) -> bytes | None:
+    def text_frame(self, text: str) -> bytes:
         """The delta of non-empty ``text`` added to the open message, from its
-        template; ``None`` when no message is open (``text`` opens one)."""
+        template (``open_message`` opened it)."""
         template = self._template
-        if template is None:
-            return None
+        assert template is not None
         self._pieces.append(text)
         seq = self._seq
         self._seq = seq + 1
         return template.frame(text, seq)
 
-    def text(self, text: str, frames: list[bytes]) -> None:
-        """``text`` added to the open message (opened first when none is)."""
-        frame = self.text_frame(text)
-        if frame is None:
-            part = {"type": "output_text", "text": "", "annotations": []}
-            kept = {**part, "logprobs": []}
-            fields = {"role": "assistant"}
-            item = self._open_with_part("message", "msg", fields, part, frames)
-            item["content"].append(kept)
-            delta = {"content_index": 0, "delta": TEXT_MARK, "logprobs": []}
-            payload = {
-                "type": _TEXT_DELTA,
-                "sequence_number": NUMBER_MARK,
-                **self._at(item),
-                **delta,
-            }
-            self._template = EventTemplate(_TEXT_DELTA, payload, self._padder)
-            frame = self.text_frame(text)
-            assert frame is not None
-        frames.append(frame)
+    def open_message(self, frames: list[bytes]) -> None:
+        """Open a message item and its ``output_text`` part (``text_frame`` then
+        writes its deltas)."""
+        part = {"type": "output_text", "text": "", "annotations": []}
+        kept = {**part, "logprobs": []}
+        fields = {"role": "assistant"}
+        item = self._open_with_part("message", "msg", fields, part, frames)
+        item["content"].append(kept)
+        delta = {"content_index": 0, "delta": TEXT_MARK, "logprobs": []}
+        payload = {
+            "type": _TEXT_DELTA,
+            "sequence_number": NUMBER_MARK,
+            **self._at(item),
+            **delta,
+        }
+        self._template = EventTemplate(_TEXT_DELTA, payload, self._padder)
+
+    def open_reasoning(self, frames: list[bytes]) -> None:
+        """Open a reasoning item and its ``reasoning_text`` part."""
+        part = {"type": "reasoning_text", "text": ""}
+        fields: dict[str, Any] = {"summary": []}
+        item = self._open_with_part("reasoning", "rs", fields, part, frames)
+        item["content"].append(dict(part))
 
     def thought(self, text: str, frames: list[bytes]) -> None:
-        """Reasoning ``text`` added to the open reasoning item (opened first)."""
+        """Reasoning ``text`` added to the open reasoning item."""
         item = self._item
-        if item is None or item["type"] != "reasoning":
-            part = {"type": "reasoning_text", "text": ""}
-            fields: dict[str, Any] = {"summary": []}
-            item = self._open_with_part("reasoning", "rs", fields, part, frames)
-            item["content"].append(dict(part))
+        assert item is not None  # ``open_reasoning`` opened it
         self._pieces.append(text)
         delta = {**self._at(item), "content_index": 0, "delta": text}
         frames.append(self.event("response.reasoning_text.delta", delta, text))
 
-    def fragment(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
-        """A piece of a tool call: a ``function_call`` item opens on a call's
-        first fragment (closing the open item), then grows its arguments."""
+    def open_call(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
+        """Open the ``function_call`` item of ``fragment``'s call."""
+        call_id = fragment.id or f"call_{len(self._output)}"
+        item = {
+            "id": f"fc_{call_id.removeprefix('call_')}",
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": call_id,
+            "name": fragment.name or "",
+            "arguments": "",
+        }
+        self._open(item, frames)
+
+    def arguments(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
+        """``fragment``'s arguments added to the open ``function_call`` item."""
         item = self._item
-        if fragment.name is not None or self._call != fragment.index or item is None:
-            call_id = fragment.id or f"call_{len(self._output)}"
-            item = {
-                "id": f"fc_{call_id.removeprefix('call_')}",
-                "type": "function_call",
-                "status": "in_progress",
-                "call_id": call_id,
-                "name": fragment.name or "",
-                "arguments": "",
-            }
-            self._open(item, frames)
-            self._call = fragment.index
-        if fragment.arguments:
-            item["arguments"] += fragment.arguments
-            delta = {**self._at(item), "delta": fragment.arguments}
-            kind = "response.function_call_arguments.delta"
-            frames.append(self.event(kind, delta, fragment.arguments))
+        assert item is not None  # ``open_call`` opened it
+        item["arguments"] += fragment.arguments
+        delta = {**self._at(item), "delta": fragment.arguments}
+        kind = "response.function_call_arguments.delta"
+        frames.append(self.event(kind, delta, fragment.arguments))
 
     def close(self, reason: FinishReason | None, frames: list[bytes]) -> None:
-        """Close the open item, if any: its done events (``incomplete`` when
-        the output was cut by the length limit)."""
+        """Close the open item: its done events (``incomplete`` when the output
+        was cut by the length limit)."""
         item = self._item
-        if item is None:
-            return
+        assert item is not None
         self._join()
-        self._item, self._call, self._template = None, None, None
+        self._item, self._template = None, None
         at = self._at(item)
         item["status"] = "incomplete" if reason is FinishReason.LENGTH else "completed"
         if item["type"] == "function_call":
@@ -242,7 +240,6 @@ class OutputItems:
         return {"item_id": item["id"], "output_index": len(self._output) - 1}
 
     def _open(self, item: dict[str, Any], frames: list[bytes]) -> None:
-        self.close(None, frames)
         self._item = item
         self._output.append(item)
         added = {"output_index": len(self._output) - 1, "item": _copy(item)}
@@ -268,7 +265,6 @@ class OutputItems:
             "content": [],
         }
         self._open(item, frames)
-        self._call = None
         self._pieces = []
         added = {**self._at(item), "content_index": 0, "part": part}
         frames.append(self.event("response.content_part.added", added))
