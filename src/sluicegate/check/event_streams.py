@@ -7,13 +7,21 @@ grade the missing-API case (an answer of 404) as ``not-observable``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sluicegate.check.transcript import Transcript, json_body, parse
 from sluicegate.check.verdicts import ProbeResult, fail, not_observable, passed
 
-__all__ = ["Events", "each_stream", "events_of", "unavailable"]
+__all__ = [
+    "Events",
+    "content_type",
+    "each_stream",
+    "error_object",
+    "events_of",
+    "streams_of",
+    "unavailable",
+]
 
 Events = list[tuple[str, Mapping[str, Any]]]
 """``[(type, event object)]`` in stream order."""
@@ -53,6 +61,33 @@ def unavailable(recording: Mapping[str, Transcript], name: str) -> ProbeResult |
     return None
 
 
+def content_type(recording: Mapping[str, Transcript], name: str) -> ProbeResult:
+    """``name``'s stream is answered with ``Content-Type: text/event-stream``
+    (``not-observable`` as ``unavailable`` says).
+
+    Spec: WHATWG HTML, "9.2 Server-sent events" (the MIME type).
+    """
+    missing = unavailable(recording, name)
+    if missing:
+        return missing
+    kind = recording[name].headers.get("content-type", "")
+    if kind.split(";")[0].strip() != "text/event-stream":
+        return fail(f"content-type {kind!r} (status {recording[name].status})")
+    return passed(kind)
+
+
+def streams_of(
+    recording: Mapping[str, Transcript], names: tuple[str, ...]
+) -> Iterator[tuple[str, Events, str | None]]:
+    """Each named exchange streamed with status 200, in ``names`` order: its
+    name, its typed events and their first framing problem (``events_of``)."""
+    for name in names:
+        t = recording.get(name)
+        if t is not None and t.status == 200 and t.streamed:
+            events, problem = events_of(t)
+            yield name, events, problem
+
+
 def each_stream(
     recording: Mapping[str, Transcript],
     names: tuple[str, ...],
@@ -63,11 +98,7 @@ def each_stream(
     Spec: WHATWG HTML, "9.2.6 Interpreting an event stream".
     """
     judged = 0
-    for name in names:
-        t = recording.get(name)
-        if t is None or t.status != 200 or not t.streamed:
-            continue
-        events, problem = events_of(t)
+    for name, events, problem in streams_of(recording, names):
         problem = problem or judge(events)
         if problem:
             return fail(f"{name}: {problem}")

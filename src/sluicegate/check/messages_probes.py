@@ -12,6 +12,7 @@ from typing import Any
 
 from sluicegate.check.event_streams import (
     Events,
+    content_type,
     each_stream,
     events_of,
     unavailable,
@@ -52,13 +53,7 @@ def messages_content_type(recording: Mapping[str, Transcript]) -> ProbeResult:
 
     Spec: Anthropic API, "Streaming Messages".
     """
-    missing = unavailable(recording, STREAM)
-    if missing:
-        return missing
-    kind = recording[STREAM].headers.get("content-type", "")
-    if kind.split(";")[0].strip() != "text/event-stream":
-        return fail(f"content-type {kind!r} (status {recording[STREAM].status})")
-    return passed(kind)
+    return content_type(recording, STREAM)
 
 
 def _blocks(events: Events) -> str | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sluicegate.check.event_streams import Events, events_of
+from sluicegate.check.event_streams import Events, streams_of
 from sluicegate.check.transcript import Transcript
 from sluicegate.check.verdicts import ProbeResult, clip, fail, not_observable, passed
 
@@ -130,11 +130,7 @@ def _grade(
 ) -> ProbeResult:
     """Apply ``judge`` to each named 200 stream; graded on those that reason."""
     seen = 0
-    for name in names:
-        t = recording.get(name)
-        if t is None or t.status != 200 or not t.streamed:
-            continue
-        events, problem = events_of(t)
+    for name, events, problem in streams_of(recording, names):
         if problem:
             return fail(f"{name}: {problem}")
         deltas, problem = judge(events)

@@ -12,6 +12,7 @@ from typing import Any
 
 from sluicegate.check.event_streams import (
     Events,
+    content_type,
     each_stream,
     error_object,
     events_of,
@@ -56,13 +57,7 @@ def responses_content_type(recording: Mapping[str, Transcript]) -> ProbeResult:
 
     Spec: OpenAI API reference, "Responses: streaming events".
     """
-    missing = unavailable(recording, STREAM)
-    if missing:
-        return missing
-    kind = recording[STREAM].headers.get("content-type", "")
-    if kind.split(";")[0].strip() != "text/event-stream":
-        return fail(f"content-type {kind!r} (status {recording[STREAM].status})")
-    return passed(kind)
+    return content_type(recording, STREAM)
 
 
 def _order(events: Events) -> str | None:
