@@ -61,7 +61,7 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.wire.chunks import ResponseHeader, dumps
+from sluicegate.core.wire.chunks import ResponseHeader
 from sluicegate.core.wire.machine import REASONING, BlockMachine
 from sluicegate.core.wire.messages_bodies import (
     ERROR_TYPES,
@@ -72,7 +72,7 @@ from sluicegate.core.wire.messages_bodies import (
     thinking_signature,
     usage_object,
 )
-from sluicegate.core.wire.padding import MIN_STEP_BYTES, Filler
+from sluicegate.core.wire.padding import MIN_STEP_BYTES, Filler, typed_event
 from sluicegate.core.wire.templates import TEXT_MARK, EventTemplate
 
 __all__ = [
@@ -91,10 +91,6 @@ _BLOCK_DELTA = "content_block_delta"
 
 def _ping() -> dict[str, Any]:
     return {"type": "ping"}
-
-
-def _event(name: str, payload: dict[str, Any]) -> bytes:
-    return b"event: " + name.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
 class MessagesStream(BlockMachine):
@@ -150,7 +146,7 @@ class MessagesStream(BlockMachine):
         """One event, padded when a filler was given (``text``: a delta's)."""
         if self._padder is not None:
             return self._padder.event(name, payload, text)
-        return _event(name, payload)
+        return typed_event(name, payload)
 
     def _open(self, content: dict[str, Any], frames: list[bytes]) -> None:
         self._index += 1
@@ -205,8 +201,9 @@ class MessagesStream(BlockMachine):
         self._block_delta(delta, frames, arguments)
 
     def _finish(self, event: Finish) -> list[bytes]:
+        frames = super()._finish(event)
         self._stop = event.stop_sequence
-        return super()._finish(event)
+        return frames
 
     def _end(self, usage: Usage) -> list[bytes]:
         delta = {

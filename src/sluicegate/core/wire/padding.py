@@ -61,6 +61,7 @@ __all__ = [
     "frame_floor",
     "split_padded_frame",
     "step_bytes",
+    "typed_event",
 ]
 
 PAD_FIELD = "obfuscation"
@@ -247,6 +248,17 @@ class EventPadder:
     def _encode(kind: str, payload: dict[str, Any]) -> tuple[bytes, bytes]:
         payload[PAD_FIELD] = ""
         return b"event: " + kind.encode() + b"\ndata: ", dumps(payload)
+
+
+def typed_event(kind: str, payload: dict[str, Any]) -> bytes:
+    """One typed event of the Responses or Messages API, unpadded: ``event:
+    kind``, then ``payload``'s compact JSON on one ``data:`` line, then a blank
+    line (``EventPadder.event`` is the padded one).
+
+    Raises:
+        TypeError: ``payload`` holds what JSON cannot encode.
+    """
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
 
 
 def content_chunk(

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from sluicegate.core.events import FinishReason, ToolCallFragment, Usage
-from sluicegate.core.wire.chunks import ResponseHeader, dumps
-from sluicegate.core.wire.padding import EventPadder
+from sluicegate.core.wire.chunks import ResponseHeader
+from sluicegate.core.wire.padding import EventPadder, typed_event
 from sluicegate.core.wire.templates import NUMBER_MARK, TEXT_MARK, EventTemplate
 
 __all__ = ["ECHO_DEFAULTS", "OutputItems", "response_object", "usage_object"]
@@ -131,7 +131,7 @@ class OutputItems:
         self._seq += 1
         if self._padder is not None:
             return self._padder.event(kind, payload, text)
-        return b"event: " + kind.encode() + b"\ndata: " + dumps(payload) + b"\n\n"
+        return typed_event(kind, payload)
 
     def output(self) -> list[dict[str, Any]]:
         """The output items so far, each as it is now (copies)."""

@@ -34,6 +34,7 @@ from sluicegate.core.wire.padding import (
     FramePadder,
     content_chunk,
     split_padded_frame,
+    typed_event,
 )
 from sluicegate.core.wire.sse import encode_event
 
@@ -119,8 +120,7 @@ class EventTemplate:
             ``None``.
 
     ``frame(text, number)`` is the same bytes as ``EventPadder.event(kind,
-    payload with text and number, text)`` (``b"event: " + kind + b"\\ndata: " +
-    dumps(payload) + b"\\n\\n"`` unpadded).
+    payload with text and number, text)`` (``padding.typed_event`` unpadded).
     """
 
     __slots__ = (
@@ -139,7 +139,7 @@ class EventTemplate:
         fields = dict(payload)
         if padder is not None:
             fields[PAD_FIELD] = _PAD_MARK
-        frame = b"event: " + kind.encode() + b"\ndata: " + dumps(fields) + b"\n\n"
+        frame = typed_event(kind, fields)
         head, _, tail = frame.rpartition(dumps(TEXT_MARK))
         self._between = b""
         if padder is not None:
