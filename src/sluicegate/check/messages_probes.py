@@ -155,10 +155,9 @@ def messages_matches_plain(recording: Mapping[str, Transcript]) -> ProbeResult:
     if missing:
         return missing
     body = json_body(recording[PLAIN])
-    content = body.get("content") if isinstance(body, dict) else None
-    if not isinstance(content, list):
+    if not isinstance(body, dict) or not isinstance(body.get("content"), list):
         return fail(f"non-streamed body {clip(recording[PLAIN].body)}")
-    text = "".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+    text = plain_text(body)
     got, reason = streamed_text(recording[STREAM]), _stop_reason(recording[STREAM])
     if got != text or reason != body.get("stop_reason"):
         return fail(f"{clip(got)}/{reason} != {clip(text)}/{body.get('stop_reason')}")
@@ -196,13 +195,18 @@ def _first_met(text: str, stops: list[Any]) -> set[str]:
     return {s for s, end in ends.items() if end == first}
 
 
+def plain_text(body: Any) -> str:
+    """The text of a non-streamed message body: its content blocks' ``text``,
+    joined (``""`` for a body that is not a message)."""
+    content = body.get("content") if isinstance(body, dict) else None
+    blocks = content if isinstance(content, list) else []
+    return "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+
+
 def _plain_stop(t: Transcript) -> tuple[str, Any, Any]:
     body = json_body(t)
     body = body if isinstance(body, dict) else {}
-    content = body.get("content")
-    blocks = content if isinstance(content, list) else []
-    text = "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
-    return text, body.get("stop_reason"), body.get("stop_sequence")
+    return plain_text(body), body.get("stop_reason"), body.get("stop_sequence")
 
 
 def messages_stop_sequences(recording: Mapping[str, Transcript]) -> ProbeResult:

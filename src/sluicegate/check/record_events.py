@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from sluicegate.check.messages_probes import plain_text
 from sluicegate.check.responses_probes import ECHO_TOOL
 from sluicegate.check.transcript import Transcript, json_body
 from sluicegate.client import Client
@@ -121,10 +122,7 @@ def _stops(out: dict[str, Transcript]) -> list[str]:
 
 
 def _plain_text(out: dict[str, Transcript]) -> str:
-    body = json_body(out["messages_plain"])
-    content = body.get("content") if isinstance(body, dict) else None
-    blocks = content if isinstance(content, list) else []
-    return "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+    return plain_text(json_body(out["messages_plain"]))
 
 
 def _stop(out: dict[str, Transcript]) -> list[str]:
