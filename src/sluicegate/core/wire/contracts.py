@@ -3,11 +3,12 @@
 Every API the server speaks is an encoder of the same stream events
 (``Delta``, ``Finish``, ``End``, ``Fail``, ``Heartbeat``): chat and text
 completions (``stream.StreamMachine``: OpenAI chunks, ``[DONE]``), the Responses
-API (``responses_wire``: typed events with sequence numbers, one terminal
-event) and Anthropic's Messages API (``messages_wire``: content blocks,
-``message_stop``). Each machine has the interface ``Wire`` names; the server's
-writers, its resumable producer and its ledger use only that, so the holdback,
-the end states, abort and heartbeats are the same for every API.
+API (``responses.ResponsesStream``: typed events with sequence numbers, one
+terminal event) and Anthropic's Messages API (``messages.MessagesStream``:
+content blocks, ``message_stop``), each a ``machine.WireMachine``. Each machine
+has the interface ``Wire`` names; the server's writers, its resumable producer
+and its ledger use only that, so the holdback, the end states, abort and
+heartbeats are the same for every API.
 
 ``whole_body`` and ``error_body`` are the non-streamed answers: the one JSON
 object of a finished response, and the error body of one that failed before
@@ -39,7 +40,7 @@ __all__ = ["Whole", "Wire", "error_body", "stream_machine", "whole_body"]
 
 
 class Wire(Protocol):
-    """What the server asks of a stream machine (``StreamMachine`` is one).
+    """What the server asks of a stream machine (every ``machine.WireMachine``).
 
     ``start()`` returns the frames after the headers, ``feed(event)`` the frames
     of one event, in order; ``wrote()``/``write_failed()`` report what became of
