@@ -98,9 +98,7 @@ MAX_LINES = 400
 # The modules still over MAX_LINES, each with the most lines it may have: its
 # count when it was listed. A listed module may not grow, none may join, and one
 # split to MAX_LINES or fewer (or gone) must leave: the list only shrinks.
-OVER_MAX_LINES: dict[str, int] = {
-    "engines/llamacpp/engine.py": 437,
-}
+OVER_MAX_LINES: dict[str, int] = {}
 
 # What core may import besides the standard library: one fast JSON encoder, and
 # typing_extensions for ``@override`` on Python 3.11.

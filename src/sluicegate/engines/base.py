@@ -31,20 +31,22 @@ probes an engine's attributes, nor those of its outputs.
 A ``TextEngine`` gets its prompt as ``GenerateRequest.text_prompt`` (messages
 or a completions prompt, in the API's terms) and counts the prompt's tokens
 itself (``TextOutput.prompt_tokens``).
+``TokenEngineBase`` is what the token engines here share, written once.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from sluicegate.core.decoding.choice_setup import Vocabulary
 from sluicegate.core.decoding.response import OutputItem
 from sluicegate.core.events import EngineOutput, TextOutput, Usage
 from sluicegate.engines.pool_values import UpstreamCounters
 from sluicegate.engines.values import (
+    Capabilities,
     EngineStats,
     GenerateRequest,
     Grammar,
@@ -70,6 +72,7 @@ __all__ = [
     "TextEngine",
     "TextPrompt",
     "TokenEngine",
+    "TokenEngineBase",
     "Tokenizer",
 ]
 
@@ -173,48 +176,6 @@ class Tokenizer(Vocabulary, Protocol):
     def encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         """Token ids of ``text``; ``add_special`` prepends BOS where the model does."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class Capabilities:
-    """What one engine can do beyond its protocol, declared by the engine.
-
-    The server reads these instead of probing the engine's attributes.
-
-    Attributes:
-        grammars: it enforces ``SamplingParams.grammar``, and its
-            ``compile_grammar`` compiles one ahead (llama.cpp); ``False``: it
-            ignores grammars, and ``compile_grammar`` does nothing.
-        logprobs: its outputs carry the logprobs ``SamplingParams.logprobs``
-            asks for; ``False``: a request for logprobs is refused (400).
-        upstreams: it serves from a pool of upstream servers, and
-            ``upstream_counters()`` has a row per upstream; ``False``: always
-            ``[]``.
-        counts_prompts: its ``count_prompt`` counts a prompt's tokens with the
-            model's own tokenizer (an upstream's tokenize endpoint); ``False``:
-            it always answers ``None``.
-        listenable: every ``generate`` returns ``ListenableOutputs``, which the
-            server listens to; ``False``: ``ClosableOutputs``, read by a task.
-        late_acceptance: every ``generate`` returns ``AcceptingOutputs``: the
-            engine may still refuse the sequence, and the server awaits
-            ``accepted()`` before its status line; ``False``: ``generate``
-            accepts or raises.
-        shared_stats: its ``stats()`` already count every worker's requests
-            (an engine process that all workers share); ``False``: this
-            process's only, summed over the workers of ``serve --workers``.
-        reasoning_budgets: it enforces ``SamplingParams.reasoning_budget``: at
-            the budget it forces the end marker into the sequence; ``False``:
-            the server ends the reasoning channel at the budget itself.
-    """
-
-    grammars: bool = False
-    logprobs: bool = False
-    upstreams: bool = False
-    counts_prompts: bool = False
-    listenable: bool = False
-    late_acceptance: bool = False
-    shared_stats: bool = False
-    reasoning_budgets: bool = False
 
 
 class _EngineBase(Protocol):
@@ -337,3 +298,70 @@ class TextEngine(_EngineBase, Protocol):
 Engine = TokenEngine | TextEngine
 """Any engine; ``output_kind`` tells which protocol it follows (and narrows the
 type), so the server chooses its decoding stage from it."""
+
+
+_T = TypeVar("_T", bound=Tokenizer)
+_O = TypeVar("_O")
+
+
+class TokenEngineBase(abc.ABC, Generic[_T, _O]):
+    """What the ``TokenEngine``s here share (llama.cpp, scripted, remote): the
+    protocol's properties, outputs that abort their sequence when closed early
+    (``_open``), and the ids a request's sampling stops on (``_stop_ids``). Each
+    subclass keeps its own queue, admission and ``abort``.
+
+    Args:
+        model: the served model.
+        tokenizer: its vocabulary.
+        capabilities: what the engine declares beyond the protocol.
+        outputs: makes one sequence's outputs from the callback that aborts
+            it (``SequenceOutputs``, ``outputs.py``, or a subclass).
+    """
+
+    def __init__(
+        self,
+        model: ModelInfo,
+        tokenizer: _T,
+        capabilities: Capabilities,
+        outputs: Callable[[Callable[[], None]], _O],
+    ) -> None:
+        self._model = model
+        self._tokenizer = tokenizer
+        self._capabilities = capabilities
+        self._outputs = outputs
+
+    @property
+    def model(self) -> ModelInfo:
+        """The served model: id, context length (tokens), created (Unix seconds)."""
+        return self._model
+
+    @property
+    def tokenizer(self) -> _T:
+        """The model's vocabulary."""
+        return self._tokenizer
+
+    @property
+    def output_kind(self) -> Literal[OutputKind.TOKENS]:
+        """``OutputKind.TOKENS``: a ``TokenEngine``."""
+        return OutputKind.TOKENS
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this engine declares beyond the protocol (its module says why)."""
+        return self._capabilities
+
+    @abc.abstractmethod
+    def abort(self, request_id: str, *, stopped: bool = False) -> None:
+        """Stop ``request_id`` at the next step (``TokenEngine.abort``)."""
+
+    def _open(self, request_id: str) -> _O:
+        """New outputs for ``request_id``: closing them before the sequence
+        ended aborts it (``abort(request_id)``)."""
+        return self._outputs(lambda: self.abort(request_id))
+
+    def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        """The token ids that end a sequence of ``params``: its
+        ``stop_token_ids``, and the vocabulary's stop ids unless ``ignore_eos``."""
+        if params.ignore_eos:
+            return params.stop_token_ids
+        return params.stop_token_ids | self._tokenizer.stop_ids

@@ -2,7 +2,8 @@
 
 ``GenerateRequest`` (one sequence: its prompt, as token ids or as a
 ``TextPrompt``, and its ``SamplingParams``, with an optional ``Grammar``),
-``ModelInfo`` (the served model) and ``EngineStats`` (a snapshot of load and
+``ModelInfo`` (the served model), ``Capabilities`` (what an engine declares it
+can do beyond its protocol) and ``EngineStats`` (a snapshot of load and
 counters). The protocols themselves are in ``base.py``, which re-exports these.
 """
 
@@ -17,6 +18,7 @@ from sluicegate.core.wire.chunks import Endpoint
 
 __all__ = [
     "RECENT_IDS",
+    "Capabilities",
     "EngineStats",
     "GenerateRequest",
     "Grammar",
@@ -140,6 +142,48 @@ class GenerateRequest:
 RECENT_IDS = 256
 """Aborted request ids an engine remembers for ``EngineStats.aborted_ids`` (the
 newest)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What one engine can do beyond its protocol, declared by the engine.
+
+    The server reads these instead of probing the engine's attributes.
+
+    Attributes:
+        grammars: it enforces ``SamplingParams.grammar``, and its
+            ``compile_grammar`` compiles one ahead (llama.cpp); ``False``: it
+            ignores grammars, and ``compile_grammar`` does nothing.
+        logprobs: its outputs carry the logprobs ``SamplingParams.logprobs``
+            asks for; ``False``: a request for logprobs is refused (400).
+        upstreams: it serves from a pool of upstream servers, and
+            ``upstream_counters()`` has a row per upstream; ``False``: always
+            ``[]``.
+        counts_prompts: its ``count_prompt`` counts a prompt's tokens with the
+            model's own tokenizer (an upstream's tokenize endpoint); ``False``:
+            it always answers ``None``.
+        listenable: every ``generate`` returns ``ListenableOutputs``, which the
+            server listens to; ``False``: ``ClosableOutputs``, read by a task.
+        late_acceptance: every ``generate`` returns ``AcceptingOutputs``: the
+            engine may still refuse the sequence, and the server awaits
+            ``accepted()`` before its status line; ``False``: ``generate``
+            accepts or raises.
+        shared_stats: its ``stats()`` already count every worker's requests
+            (an engine process that all workers share); ``False``: this
+            process's only, summed over the workers of ``serve --workers``.
+        reasoning_budgets: it enforces ``SamplingParams.reasoning_budget``: at
+            the budget it forces the end marker into the sequence; ``False``:
+            the server ends the reasoning channel at the budget itself.
+    """
+
+    grammars: bool = False
+    logprobs: bool = False
+    upstreams: bool = False
+    counts_prompts: bool = False
+    listenable: bool = False
+    late_acceptance: bool = False
+    shared_stats: bool = False
+    reasoning_budgets: bool = False
 
 
 @dataclass(frozen=True, slots=True)

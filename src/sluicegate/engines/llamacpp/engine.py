@@ -46,7 +46,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import llama_cpp as llama
 
@@ -60,7 +60,7 @@ from sluicegate.engines.base import (
     GenerateRequest,
     Grammar,
     ModelInfo,
-    OutputKind,
+    TokenEngineBase,
 )
 from sluicegate.engines.llamacpp.batch import fill_batch, new_context, trim_memory
 from sluicegate.engines.llamacpp.grammar import GrammarCompiler, GrammarError
@@ -81,8 +81,9 @@ _CAPABILITIES = Capabilities(
 _Plan = list[PlannedChunk[_Sequence]]
 
 
-class LlamaCppEngine:
-    """A ``TokenEngine`` over a GGUF model in llama.cpp (CPU by default).
+class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutput]]):
+    """A ``TokenEngine`` over a GGUF model in llama.cpp (CPU by default): grammars
+    (compiled ahead by ``compile_grammar``), logprobs, listenable outputs.
 
     Args:
         model_path: a GGUF file.
@@ -123,8 +124,8 @@ class LlamaCppEngine:
         self._model_ptr = llama.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model_ptr:
             raise FileNotFoundError(f"cannot load a GGUF model from {str(path)!r}")
-        self._tokenizer = LlamaTokenizer(self._model_ptr)
-        self._grammars = GrammarCompiler(self._tokenizer)
+        tokenizer = LlamaTokenizer(self._model_ptr)
+        self._grammars = GrammarCompiler(tokenizer)
         # llguidance's view of the vocabulary takes about a second to build:
         # built beside the start-up, not in the worker on the first constrained
         # request (where every stream would wait for it).
@@ -141,13 +142,10 @@ class LlamaCppEngine:
             llama.llama_model_free(self._model_ptr)
             raise EngineError(f"llama.cpp could not create a context of {n_ctx} cells")
         self._memory = llama.llama_get_memory(self._ctx)
-        self._sampling = Sampling(self._ctx, self._tokenizer, self._grammars)
+        self._sampling = Sampling(self._ctx, tokenizer, self._grammars)
         self._batch = llama.llama_batch_init(self._step_tokens, 0, 1)
-        self._model_info = ModelInfo(
-            id=model_id or path.stem,
-            context_length=self._n_ctx,
-            created=int(path.stat().st_mtime),
-        )
+        model = ModelInfo(model_id or path.stem, self._n_ctx, int(path.stat().st_mtime))
+        super().__init__(model, tokenizer, _CAPABILITIES, SequenceOutputs[EngineOutput])
         self._queue_limit = queue_limit
         self._lock = threading.Condition()
         self._scheduler = BatchScheduler[_Sequence](
@@ -172,27 +170,6 @@ class LlamaCppEngine:
 
     # -- the TokenEngine protocol --------------------------------------------
 
-    @property
-    def model(self) -> ModelInfo:
-        """The served model: id, context length (tokens), created (Unix seconds)."""
-        return self._model_info
-
-    @property
-    def tokenizer(self) -> LlamaTokenizer:
-        """The model's vocabulary."""
-        return self._tokenizer
-
-    @property
-    def output_kind(self) -> Literal[OutputKind.TOKENS]:
-        """``OutputKind.TOKENS``: a ``TokenEngine``."""
-        return OutputKind.TOKENS
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """Grammars (compiled ahead by ``compile_grammar``), logprobs, and
-        listenable outputs (``SequenceOutputs``)."""
-        return _CAPABILITIES
-
     def generate(self, request: GenerateRequest) -> SequenceOutputs[EngineOutput]:
         """Queue ``request`` now; its outputs hold one ``EngineOutput`` per step.
 
@@ -207,7 +184,26 @@ class LlamaCppEngine:
                 can never fit in the KV cells, or the request id is running.
             EngineError: from the iterator, when a decode step failed.
         """
-        return self._submit(request).outputs
+        params = request.params
+        self._scheduler.check(request.prompt_token_ids, params.max_tokens)
+        seq = _Sequence(
+            request.request_id,
+            request.prompt_token_ids,
+            params.max_tokens,
+            self._stop_ids(params),
+            request=request,
+            loop=asyncio.get_running_loop(),
+            outputs=self._open(request.request_id),
+        )
+        with self._lock:
+            if self._failure is not None:
+                raise EngineUnavailable(f"the engine stopped: {self._failure}")
+            if self._closed:
+                raise EngineUnavailable("the engine is shutting down")
+            self._scheduler.submit(seq)
+            self._submitter = seq.loop
+            self._lock.notify_all()
+        return seq.outputs
 
     def abort(self, request_id: str, *, stopped: bool = False) -> None:
         """Stop ``request_id`` before the next step and free its KV cells.
@@ -259,35 +255,6 @@ class LlamaCppEngine:
         with self._lock:
             self._fault = error
             self._lock.notify_all()
-
-    # -- submission (event loop side) ----------------------------------------
-
-    def _submit(self, request: GenerateRequest) -> _Sequence:
-        params = request.params
-        self._scheduler.check(request.prompt_token_ids, params.max_tokens)
-        request_id = request.request_id
-        outputs = SequenceOutputs[EngineOutput](lambda: self.abort(request_id))
-        stop_ids = params.stop_token_ids
-        if not params.ignore_eos:
-            stop_ids = stop_ids | self._tokenizer.stop_ids
-        seq = _Sequence(
-            request_id,
-            request.prompt_token_ids,
-            params.max_tokens,
-            stop_ids,
-            request=request,
-            loop=asyncio.get_running_loop(),
-            outputs=outputs,
-        )
-        with self._lock:
-            if self._failure is not None:
-                raise EngineUnavailable(f"the engine stopped: {self._failure}")
-            if self._closed:
-                raise EngineUnavailable("the engine is shutting down")
-            self._scheduler.submit(seq)
-            self._submitter = seq.loop
-            self._lock.notify_all()
-        return seq
 
     # -- the worker thread ---------------------------------------------------
 
@@ -353,10 +320,7 @@ class LlamaCppEngine:
     def _reap_aborted(self) -> None:
         for seq in self._scheduler.reap():
             self._sampling.stop(seq)
-            counters = self._counters
-            stopped = seq.request_id in counters.stopped_ids
-            counters.stopped_ids.discard(seq.request_id)
-            counters.count_abort(seq.request_id, stopped)
+            self._counters.count_reaped(seq.request_id)
             self._handoff.emit(seq, ABORTED)
         self._refresh_kv_cells()
 
@@ -376,10 +340,7 @@ class LlamaCppEngine:
             return
         elapsed = time.perf_counter() - started
         with self._lock:
-            self._counters.steps += 1
-            self._counters.step_time_s += elapsed
-            self._counters.last_step_tokens = n
-            self._counters.prompt_tokens += self._scheduler.advance(plan)
+            self._counters.count_step(n, elapsed, self._scheduler.advance(plan))
             for seq, token, logprob in sampled:
                 if isinstance(logprob, EngineError):  # its grammar failed: it alone
                     self._release(seq)

@@ -45,6 +45,21 @@ class Counters:
             self.aborted += 1
             self.aborted_ids.append(request_id)
 
+    def count_reaped(self, request_id: str) -> None:
+        """A flagged request that left the batch: finished when a stop string
+        had matched (``stopped_ids``), else aborted."""
+        stopped = request_id in self.stopped_ids
+        self.stopped_ids.discard(request_id)
+        self.count_abort(request_id, stopped)
+
+    def count_step(self, tokens: int, elapsed_s: float, prompt_tokens: int) -> None:
+        """One decode step of ``tokens`` tokens (``prompt_tokens`` of them from
+        prompts) that took ``elapsed_s`` seconds."""
+        self.steps += 1
+        self.step_time_s += elapsed_s
+        self.last_step_tokens = tokens
+        self.prompt_tokens += prompt_tokens
+
     def snapshot(
         self,
         scheduler: BatchScheduler[Any],

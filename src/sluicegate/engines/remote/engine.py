@@ -32,7 +32,7 @@ import logging
 import socket
 import time
 from pathlib import Path
-from typing import Literal, cast
+from typing import cast
 
 from sluicegate.core.errors import (
     EngineCrashed,
@@ -41,7 +41,7 @@ from sluicegate.core.errors import (
     RequestError,
 )
 from sluicegate.core.events import EngineOutput
-from sluicegate.engines.base import Capabilities, OutputKind, Tokenizer
+from sluicegate.engines.base import Capabilities, TokenEngineBase, Tokenizer
 from sluicegate.engines.remote.frames import (
     ABORT,
     ACCEPTED,
@@ -96,8 +96,12 @@ class _Link(asyncio.Protocol):
         self._engine._lost(self)
 
 
-class RemoteEngine:
+class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
     """A ``TokenEngine`` served by the engine process listening at ``path``.
+
+    Its capabilities are the engine's, with ``late_acceptance``
+    (``RemoteOutputs``) and ``shared_stats`` (the engine process counts every
+    worker's requests).
 
     Made by ``connect`` (which waits for the engine and reads what it serves);
     one connection, opened on the event loop by the first ``generate``.
@@ -118,12 +122,11 @@ class RemoteEngine:
         tokenizer: Tokenizer,
         stats: EngineStats,
     ) -> None:
-        self._path = path
-        self._model = model
-        self._capabilities = dataclasses.replace(
+        capabilities = dataclasses.replace(
             capabilities, late_acceptance=True, shared_stats=True
         )
-        self._tokenizer = tokenizer
+        super().__init__(model, tokenizer, capabilities, RemoteOutputs)
+        self._path = path
         self._stats = stats
         self._link: _Link | None = None
         self._connecting: asyncio.Future[None] | None = None
@@ -169,27 +172,6 @@ class RemoteEngine:
 
     # -- the TokenEngine protocol --------------------------------------------
 
-    @property
-    def model(self) -> ModelInfo:
-        """The served model, as the engine process said."""
-        return self._model
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The model's vocabulary, loaded in this process."""
-        return self._tokenizer
-
-    @property
-    def output_kind(self) -> Literal[OutputKind.TOKENS]:
-        """``OutputKind.TOKENS``: a ``TokenEngine``."""
-        return OutputKind.TOKENS
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """The engine's, with ``late_acceptance`` (``RemoteOutputs``) and
-        ``shared_stats`` (the engine process counts every worker's requests)."""
-        return self._capabilities
-
     def generate(self, request: GenerateRequest) -> RemoteOutputs:
         """Send ``request`` to the engine process; await ``accepted()`` next.
 
@@ -202,9 +184,7 @@ class RemoteEngine:
         """
         if self._closed:
             raise EngineUnavailable("the engine is closed")
-        request_id = request.request_id
-        outputs = RemoteOutputs(lambda: self.abort(request_id))
-        self._sequences[request_id] = outputs
+        outputs = self._sequences[request.request_id] = self._open(request.request_id)
         self._send((GENERATE, request))
         return outputs
 

@@ -47,7 +47,6 @@ import logging
 import random
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Literal
 
 from sluicegate.core.errors import EngineError, EngineUnavailable
 from sluicegate.core.events import EngineOutput, FinishReason
@@ -57,7 +56,7 @@ from sluicegate.engines.base import (
     GenerateRequest,
     Grammar,
     ModelInfo,
-    OutputKind,
+    TokenEngineBase,
 )
 from sluicegate.engines.clocks import Timers
 from sluicegate.engines.heap_clock import HeapClock
@@ -88,8 +87,10 @@ logger = logging.getLogger(__name__)
 _CAPABILITIES = Capabilities(logprobs=True, listenable=True)
 
 
-class ScriptedEngine:
-    """A ``TokenEngine`` that replays scripts instead of running a model.
+class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOutput]]):
+    """A ``TokenEngine`` that replays scripts instead of running a model: the
+    scripted model (``owned_by`` "sluicegate"), logprobs, listenable outputs;
+    no grammars (a grammar is ignored).
 
     Args:
         script: what every sequence generates: text (encoded with special tokens
@@ -142,9 +143,11 @@ class ScriptedEngine:
     ) -> None:
         if tokens_per_s <= 0:
             raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s!r}")
-        self._tokenizer = tokenizer or ScriptedTokenizer()
-        self._scripts = Scripts(script, self._tokenizer, never_finishes=never_finishes)
-        self._model = ModelInfo(model_id, context_length, created=1_700_000_000)
+        model = ModelInfo(model_id, context_length, created=1_700_000_000)
+        tokenizer = tokenizer or ScriptedTokenizer()
+        outputs = SequenceOutputs[EngineOutput]
+        super().__init__(model, tokenizer, _CAPABILITIES, outputs)
+        self._scripts = Scripts(script, tokenizer, never_finishes=never_finishes)
         self._step_s = 1.0 / tokens_per_s
         self._prefill_delay_s = prefill_delay_s
         self._stall = (stall_at_step, stall_s)
@@ -167,26 +170,6 @@ class ScriptedEngine:
         self._clock: HeapClock[ScriptedSequence] | None = None
         if clock is not None:
             self._clock = HeapClock(clock)
-
-    @property
-    def model(self) -> ModelInfo:
-        """The scripted model (``owned_by`` "sluicegate")."""
-        return self._model
-
-    @property
-    def tokenizer(self) -> ScriptedTokenizer:
-        """The toy vocabulary."""
-        return self._tokenizer
-
-    @property
-    def output_kind(self) -> Literal[OutputKind.TOKENS]:
-        """``OutputKind.TOKENS``: a ``TokenEngine``."""
-        return OutputKind.TOKENS
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """Logprobs, listenable outputs; no grammars (a grammar is ignored)."""
-        return _CAPABILITIES
 
     def compile_grammar(self, grammar: Grammar) -> None:
         """Nothing: the scripted engine ignores grammars."""
@@ -224,16 +207,11 @@ class ScriptedEngine:
             loop = asyncio.get_running_loop()
             if self._clock is None or self._clock.timers is not loop:
                 self._clock = HeapClock(loop)
-        outputs: SequenceOutputs[EngineOutput] = SequenceOutputs(
-            lambda: self.abort(request_id)
-        )
+        outputs = self._open(request_id)
         seq = ScriptedSequence(request, self._scripts.for_request(request), outputs)
-        params = request.params
-        seq.stop_ids = params.stop_token_ids
-        if not params.ignore_eos:
-            seq.stop_ids = seq.stop_ids | self._tokenizer.stop_ids
+        seq.stop_ids = self._stop_ids(request.params)
         room = self._model.context_length - len(request.prompt_token_ids)
-        seq.most_generated = min(params.max_tokens, room)
+        seq.most_generated = min(request.params.max_tokens, room)
         if self._fail_at_step is not None and (
             self._fail_rate >= 1.0 or self._rng.random() < self._fail_rate
         ):
