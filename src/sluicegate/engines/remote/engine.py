@@ -2,10 +2,10 @@
 
 The engine process (``host.py``) runs llama.cpp (or any
 ``TokenEngine``); each worker holds one ``RemoteEngine`` with one Unix-socket
-connection to it (frames: ``frames.py``). The worker sends requests and
-aborts and receives token ids; the detokenizer, the stop matcher and the
-framing run in the worker, on its own core, with the vocabulary it loads from
-the model file (``load_vocab``: no weights).
+connection to it (frames: ``frames.py``, read and written by ``link.py``). The
+worker sends requests and aborts and receives token ids; the detokenizer, the
+stop matcher and the framing run in the worker, on its own core, with the
+vocabulary it loads from the model file (``load_vocab``: no weights).
 
 Acceptance is late (``Capabilities.late_acceptance``): ``generate`` returns at
 once, and the server awaits ``accepted()`` (the engine's ``ACCEPTED``, one
@@ -32,7 +32,6 @@ import logging
 import socket
 import time
 from pathlib import Path
-from typing import cast
 
 from sluicegate.core.errors import (
     EngineCrashed,
@@ -54,10 +53,9 @@ from sluicegate.engines.remote.frames import (
     OUTPUT,
     REFUSED,
     STATS,
-    FrameReader,
-    FrameTooLarge,
     encode_frames,
 )
+from sluicegate.engines.remote.link import FrameLink
 from sluicegate.engines.remote.outputs import FrameStream, RemoteOutputs, hello
 from sluicegate.engines.values import EngineStats, GenerateRequest, Grammar, ModelInfo
 
@@ -69,30 +67,16 @@ _RESTARTING = "the engine is restarting; retry shortly"
 _CRASHED = "the engine process stopped; the request was lost with it"
 
 
-class _Link(asyncio.Protocol):
+class _Link(FrameLink):
     def __init__(self, engine: RemoteEngine) -> None:
+        super().__init__("engine")
         self._engine = engine
-        self._reader = FrameReader()
-        self.transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            messages = self._reader.feed(data)
-        except FrameTooLarge as exc:
-            logger.error("engine link closed: %s", exc)
-            assert self.transport is not None
-            self.transport.abort()
-            return
-        receive = self._engine._receive
-        for message in messages:
-            receive(message)
+    def receive(self, message: tuple[object, ...]) -> None:
+        self._engine._receive(message)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
+        super().connection_lost(exc)
         self._engine._lost(self)
 
 
@@ -131,8 +115,6 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
         self._link: _Link | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._backlog: list[tuple[object, ...]] = []
-        self._pending: list[tuple[object, ...]] = []
-        self._flush_due = False
         self._sequences: dict[str, RemoteOutputs] = {}
         self._asks = itertools.count()
         self._closed = False
@@ -204,9 +186,9 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
         self._closed = True
         for request_id in list(self._sequences):
             self.abort(request_id)
-        self._flush()
         link = self._link
         if link is not None and link.transport is not None:
+            link.flush()
             link.transport.close()
 
     def compile_grammar(self, grammar: Grammar) -> None:
@@ -253,17 +235,7 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
             if self._connecting is None:
                 self._connecting = asyncio.ensure_future(self._connect())
             return
-        self._pending.append(message)
-        if not self._flush_due:
-            self._flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_due = False
-        pending, self._pending = self._pending, []
-        link = self._link
-        if pending and link is not None and link.transport is not None:
-            link.transport.write(encode_frames(pending))
+        link.send(message)
 
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
@@ -298,7 +270,6 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
         if link is not self._link:
             return
         self._link = None
-        self._pending = []
         stats = self._stats
         self._stats = dataclasses.replace(
             stats, queued=0, running=0, kv_cells_used=0, running_ids=()

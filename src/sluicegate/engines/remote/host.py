@@ -20,7 +20,8 @@ connection, with the frames of ``frames.py``:
 
 The outputs of one engine step reach the loop in one callback
 (``engines/llamacpp/handoff.py``), so their frames are gathered per connection and
-written once per loop pass: one ``write`` per worker per step.
+written once per loop pass: one ``write`` per worker per step (``link.py``'s
+``FrameLink``, the frame loop a worker's ``RemoteEngine`` uses too).
 
 A connection that closes (its worker died or stopped) aborts every request it
 started, so their KV cells are freed at the next step; so does one that left
@@ -40,7 +41,6 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import cast
 
 from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
 from sluicegate.core.events import EngineOutput
@@ -59,10 +59,8 @@ from sluicegate.engines.remote.frames import (
     OUTPUT,
     REFUSED,
     STATS,
-    FrameReader,
-    FrameTooLarge,
-    encode_frames,
 )
+from sluicegate.engines.remote.link import FrameLink
 from sluicegate.engines.values import EngineStats, GenerateRequest, Grammar
 
 __all__ = ["MAX_UNREAD_BYTES", "STATS_INTERVAL_S", "serve_engine"]
@@ -77,45 +75,31 @@ MAX_UNREAD_BYTES = 64 * 1024 * 1024
 requests are then aborted, as when the worker dies)."""
 
 
-class _Link(asyncio.Protocol):
+class _Link(FrameLink):
     """One worker's connection: its frames in, its requests' outputs out."""
 
     def __init__(self, host: _Host) -> None:
+        super().__init__("worker", MAX_UNREAD_BYTES)
         self._host = host
-        self._reader = FrameReader()
-        self._transport: asyncio.Transport | None = None
-        self._pending: list[tuple[object, ...]] = []
-        self._flush_due = False
         self.outputs: dict[str, SequenceOutputs[EngineOutput]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses
-        self._transport = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
         self._host.links.add(self)
         engine = self._host.engine
         self.send((HELLO, engine.model, engine.capabilities, self._host.vocab))
         self.send((STATS, engine.stats()))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
         self._host.links.discard(self)
-        self._transport = None
         outputs, self.outputs = self.outputs, {}
         for request_id, sequence in outputs.items():
             sequence.close()  # the engine aborts it at its next step
             logger.info("worker gone: aborted %s", request_id)
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            messages = self._reader.feed(data)
-        except FrameTooLarge as exc:
-            logger.error("worker link closed: %s", exc)
-            assert self._transport is not None
-            self._transport.abort()
-            return
-        for message in messages:
-            self._receive(message)
-
-    def _receive(self, message: tuple[object, ...]) -> None:
+    def receive(self, message: tuple[object, ...]) -> None:
+        """One frame's message from the worker."""
         kind = message[0]
         engine = self._host.engine
         if kind == GENERATE:
@@ -173,28 +157,6 @@ class _Link(asyncio.Protocol):
 
             errors = await asyncio.to_thread(grammar_errors, str(what))
         self.send((GRAMMAR_DONE, ask_id, errors))
-
-    def send(self, message: tuple[object, ...]) -> None:
-        """Queue ``message``; the queue is written once this loop pass ends."""
-        if self._transport is None:
-            return
-        self._pending.append(message)
-        if not self._flush_due:
-            self._flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_due = False
-        pending, self._pending = self._pending, []
-        transport = self._transport
-        if transport is None or not pending:
-            return
-        transport.write(encode_frames(pending))
-        if transport.get_write_buffer_size() > MAX_UNREAD_BYTES:
-            # A worker that stopped reading (its loop is stuck): its requests
-            # are aborted rather than buffered here without end.
-            logger.error("worker link closed: %d bytes unread", MAX_UNREAD_BYTES)
-            transport.abort()
 
 
 class _Host:
@@ -259,8 +221,8 @@ async def serve_engine(
         ticker.cancel()
         server.close()
         for link in list(host.links):
-            if link._transport is not None:
-                link._transport.close()
+            if link.transport is not None:
+                link.transport.close()
         await engine.aclose()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a socket: no disk write to wait for
