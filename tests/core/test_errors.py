@@ -17,6 +17,9 @@ from sluicegate.core.errors import (
     StreamClosed,
     StreamConsumed,
     StreamError,
+    UpstreamFailed,
+    UpstreamsBusy,
+    UpstreamTimedOut,
     bounded_repr,
 )
 
@@ -142,6 +145,15 @@ def test_an_engine_refusal_carries_its_status_and_picks_the_error_type() -> None
         "invalid_value"
     )
     assert isinstance(limited, EngineError)
+
+
+def test_a_gateway_refusal_leaves_its_status_and_type_to_its_class() -> None:
+    busy = UpstreamsBusy("every upstream is busy", retry_after_s=1.0)
+    assert isinstance(busy, EngineRefused)
+    assert (busy.status, busy.error_type, busy.retry_after_s) == (None, None, 1.0)
+    timed_out = UpstreamTimedOut("late", code="timeout")
+    assert (timed_out.status, timed_out.error_code) == (None, "timeout")
+    assert UpstreamFailed("broke", error_type="oops").error_type == "oops"
 
 
 @pytest.mark.parametrize("status", [200, 302, 399, 600])

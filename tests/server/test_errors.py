@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import sluicegate.engines
 import sluicegate.server
 from sluicegate.core import errors as core_errors
 from sluicegate.core.errors import (
@@ -28,6 +29,9 @@ from sluicegate.core.errors import (
     StreamClosed,
     StreamError,
     UnsupportedMediaType,
+    UpstreamFailed,
+    UpstreamsBusy,
+    UpstreamTimedOut,
 )
 from sluicegate.core.events import Fail
 from sluicegate.core.wire.chunks import Endpoint
@@ -62,6 +66,9 @@ from sluicegate.server.http.errors import (
         (EngineError("broke"), 500),
         (EngineUnavailable("busy"), 503),
         (EngineTimeout("late"), 500),  # no entry of its own: EngineError's
+        (UpstreamFailed("no stream"), 502),
+        (UpstreamsBusy("all busy", retry_after_s=2.0), 503),
+        (UpstreamTimedOut("late"), 504),
     ],
 )
 def test_each_error_class_has_its_status(error: SluicegateError, status: int) -> None:
@@ -71,6 +78,19 @@ def test_each_error_class_has_its_status(error: SluicegateError, status: int) ->
 @pytest.mark.parametrize("status", [400, 429, 503])
 def test_an_engine_refusal_is_answered_with_its_own_status(status: int) -> None:
     assert status_of(EngineRefused("upstream said no", status)) == status
+
+
+def test_a_gateway_refusal_takes_its_rows_status_and_type_but_its_own_code() -> None:
+    refusal = UpstreamsBusy("every upstream is busy", retry_after_s=1.5, code="busy")
+    described = answers.describe(refusal)
+    assert (described.status, described.error_type) == (503, "server_error")
+    assert (described.code, described.retry_after_s) == ("busy", 2)
+    failed = answers.describe(UpstreamFailed("broke", error_type="upstream_oops"))
+    assert (failed.status, failed.error_type, failed.code) == (
+        502,
+        "upstream_oops",
+        None,
+    )
 
 
 def test_a_subclass_without_an_entry_takes_its_nearest_base_status() -> None:
@@ -184,6 +204,9 @@ _STATUS_ARGS = {
     "RedirectResponse": (1, "status_code"),
     "HTTPException": (0, "status_code"),
     "EngineRefused": (1, "status"),
+    "UpstreamFailed": (1, "status"),
+    "UpstreamsBusy": (1, "status"),
+    "UpstreamTimedOut": (1, "status"),
     "answered": (0, "status"),
     "record": (1, "status"),
 }
@@ -244,6 +267,18 @@ def test_no_answer_writes_its_status_by_hand() -> None:
         for name, tree in _server_modules()
         if name != errors.__name__
         for line in _literal_statuses(tree)
+    ]
+    assert found == []
+
+
+def test_no_engine_refuses_with_a_status_written_by_hand() -> None:
+    """An engine's own refusals name their class (a row of ``KINDS``); only an
+    upstream's status, read through its table, is passed on as a number."""
+    engines = Path(sluicegate.engines.__file__).parent
+    found = [
+        f"{path.relative_to(engines)}:{line}"
+        for path in sorted(engines.rglob("*.py"))
+        for line in _literal_statuses(ast.parse(path.read_text(), str(path)))
     ]
     assert found == []
 

@@ -16,6 +16,9 @@
     │   ├── EngineTimeout        a time limit ran out (retryable)
     │   ├── UpstreamProtocolError an upstream's stream broke the protocol or a bound
     │   └── EngineRefused        refused before any output, with its own status
+    │       ├── UpstreamFailed   no upstream answered usably before any content
+    │       ├── UpstreamsBusy    no upstream could take it (an EngineUnavailable)
+    │       └── UpstreamTimedOut an upstream's time ran out before any content
     └── StreamError              client API misuse
         ├── StreamConsumed       iterated a response twice
         └── StreamClosed         read after close
@@ -52,7 +55,10 @@ __all__ = [
     "StreamConsumed",
     "StreamError",
     "UnsupportedMediaType",
+    "UpstreamFailed",
     "UpstreamProtocolError",
+    "UpstreamTimedOut",
+    "UpstreamsBusy",
     "bounded_repr",
 ]
 
@@ -311,13 +317,17 @@ class EngineRefused(EngineError):
     An upstream server answers some requests with a status instead of a stream:
     a 429 or 503 with ``Retry-After``, a 400 for a prompt over its context
     window. Raised before the response's first byte, it becomes that response's
-    status and an error body carrying ``message``.
+    status and an error body carrying ``message``. A refusal of the gateway's
+    own (a subclass) gives no status: its class's row in the server's error
+    table (``server/http/errors.py``, ``KINDS``) has it.
 
     Attributes:
-        status: the HTTP status to answer with (400-599).
+        status: the HTTP status to answer with (400-599), or ``None`` for the
+            status of the class's row.
         retry_after_s: seconds the client should wait (``Retry-After``), or ``None``.
         error_type: the OpenAI error type of the body (``invalid_request_error``
-            for a 4xx, ``server_error`` otherwise, unless the engine says).
+            for a 4xx, ``server_error`` otherwise, unless the engine says), or
+            ``None`` for the type of the class's row.
         error_code: the body's machine-readable code (the upstream's own), or
             ``None``.
         param: the request parameter at fault, or ``None``.
@@ -328,7 +338,7 @@ class EngineRefused(EngineError):
     def __init__(
         self,
         message: str,
-        status: int,
+        status: int | None = None,
         *,
         retry_after_s: float | None = None,
         error_type: str | None = None,
@@ -336,15 +346,31 @@ class EngineRefused(EngineError):
         param: str | None = None,
     ) -> None:
         super().__init__(message)
-        if not 400 <= status <= 599:
+        if status is not None and not 400 <= status <= 599:
             raise ValueError(f"expected an error status (400-599), got {status}")
+        if status is not None and error_type is None:
+            error_type = "invalid_request_error" if status < 500 else "server_error"
         self.status = status
         self.retry_after_s = retry_after_s
-        self.error_type = error_type or (
-            "invalid_request_error" if status < 500 else "server_error"
-        )
+        self.error_type = error_type
         self.error_code = code
         self.param = param
+
+
+class UpstreamFailed(EngineRefused):
+    """No upstream answered usably before any content: its 200's stream failed
+    first, or its answer was not HTTP (the server's 502)."""
+
+
+class UpstreamsBusy(EngineRefused, EngineUnavailable):
+    """No upstream of the pool could take the request: none healthy, all busy
+    with the queue full, or none free in time: an engine unavailable (the
+    server's 503), with the pool's ``retry_after_s``."""
+
+
+class UpstreamTimedOut(EngineRefused):
+    """An upstream's time limit ran out before its first content (the server's
+    504)."""
 
 
 class StreamError(SluicegateError):

@@ -49,9 +49,9 @@ import orjson
 
 from sluicegate.core.errors import (
     EngineError,
-    EngineRefused,
     EngineTimeout,
     EngineUnavailable,
+    UpstreamTimedOut,
 )
 from sluicegate.engines.base import (
     Capabilities,
@@ -339,7 +339,7 @@ class UpstreamEngine:
                     message = f"the {seq.timed_out} ran out"
                     error: EngineError = EngineTimeout(message)
                     if not seq.accept.done():  # no content yet: a status
-                        error = EngineRefused(message, 504, code=error.code)
+                        error = UpstreamTimedOut(message, code=error.code)
                     end(seq, "failed", error)
             if seq.timed_out is None:
                 raise

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from sluicegate.core.errors import EngineError, EngineRefused
+from sluicegate.core.errors import EngineError, UpstreamsBusy
 from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.engines.base import ModelInfo
 from sluicegate.engines.upstream.config import UpstreamConfig, request_body
@@ -144,9 +144,7 @@ async def _lease(
             RefusalReason.QUEUE_FULL: "every upstream is busy and the queue full",
             RefusalReason.QUEUE_TIMEOUT: "no upstream was free in time",
         }[why.reason]
-        future.set_exception(
-            EngineRefused(message, 503, retry_after_s=why.retry_after_s)
-        )
+        future.set_exception(UpstreamsBusy(message, retry_after_s=why.retry_after_s))
 
     ticket = pool.request(future.set_result, refuse, tried)
     try:

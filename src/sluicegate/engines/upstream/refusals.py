@@ -31,6 +31,7 @@ from sluicegate.core.errors import (
     EngineError,
     EngineRefused,
     EngineUnavailable,
+    UpstreamFailed,
     UpstreamProtocolError,
 )
 from sluicegate.core.upstream.hop_answers import (
@@ -158,9 +159,8 @@ def failure_before_content(
     protocol = code == PROTOCOL_ERROR_CODE
     if protocol:  # the reader's own words (quoting the upstream, redacted)
         text = f"{text}: {redacted}"
-    refusal = EngineRefused(
+    refusal = UpstreamFailed(
         text,
-        502,
         error_type=upstream.redactor.token(kind),
         code=PROTOCOL_ERROR_CODE if protocol else None,
     )
@@ -182,8 +182,8 @@ def hop_failure(
     logger.warning("%s", error)
     if isinstance(error, HopConnectError):
         return EngineUnavailable("the upstream could not be reached"), Outcome.FAILURE
-    refusal = EngineRefused(
-        _MESSAGES[Fault.BROKEN].format(status="no valid HTTP response"), 502
+    refusal = UpstreamFailed(
+        _MESSAGES[Fault.BROKEN].format(status="no valid HTTP response")
     )
     return refusal, Outcome.FAILURE
 

@@ -6,9 +6,10 @@ OpenAI ``type``, default ``code``) with the message, ``param``, ``code`` and
 (``core.wire.error_body``): ``{"error": {"message", "type", "param", "code"}}``
 for chat, completions and Responses; ``{"type": "error", "error": {"type",
 "message"}}`` for Messages, its ``type`` from the status
-(``core.messages_wire.ERROR_TYPES``). After the first byte an error is in band:
-a ``Fail`` that the API's stream machine frames; ``status_of`` gives the status
-of a non-streamed response a ``Fail`` ended (``errors.STATUS_OF_CODE``).
+(``core/wire/messages_bodies.py``: ``ERROR_TYPES``). After the first byte an
+error is in band: a ``Fail`` that the API's stream machine frames;
+``status_of`` gives the status of a non-streamed response a ``Fail`` ended
+(``errors.STATUS_OF_CODE``).
 ``server_error`` and ``http_error`` are Starlette's exception handlers (a bug:
 ``InternalError``; a routing error: ``RouteNotFound`` or ``MethodNotAllowed``).
 
@@ -137,8 +138,9 @@ def describe(exc: SluicegateError, retry_after_s: int | None = None) -> Describe
     Returns:
         ``kind_of`` its class, with the message, ``param``, ``code`` (its own,
         else the row's) and ``Retry-After`` it carries. An ``EngineRefused``
-        keeps its own status, type and wait (rounded up to whole seconds); a
-        ``StoreError`` gets the fixed message of its code.
+        keeps its own status and type when it carries them, and its own code
+        and wait (rounded up to whole seconds); a ``StoreError`` gets the
+        fixed message of its code.
 
     Raises:
         LookupError: ``exc`` is not an error the server answers.
@@ -147,8 +149,8 @@ def describe(exc: SluicegateError, retry_after_s: int | None = None) -> Describe
     if isinstance(exc, EngineRefused):
         wait = exc.retry_after_s
         return Described(
-            exc.status,
-            exc.error_type,
+            kind.status if exc.status is None else exc.status,
+            exc.error_type or kind.error_type,
             str(exc),
             exc.param,
             exc.error_code,
@@ -219,14 +221,15 @@ def status_of(error: SluicegateError | Fail) -> int:
             ended a non-streamed response.
 
     Returns:
-        An ``EngineRefused``'s own status; ``kind_of`` any other exception's
-        class; ``STATUS_OF_CODE`` for a ``Fail`` (500 for a code not there).
+        An ``EngineRefused``'s own status, when it carries one; ``kind_of``
+        any other exception's class; ``STATUS_OF_CODE`` for a ``Fail`` (500
+        for a code not there).
 
     Raises:
         LookupError: an exception the server never answers.
     """
     if isinstance(error, Fail):
         return STATUS_OF_CODE.get(error.code or "", kind_of(EngineError).status)
-    if isinstance(error, EngineRefused):
+    if isinstance(error, EngineRefused) and error.status is not None:
         return error.status  # the engine's own (an upstream server's answer)
     return kind_of(type(error)).status

@@ -28,7 +28,8 @@ answered with.
     │   └── Unavailable           503 server_error (draining, a full queue, ...)
     ├── EngineError (core)        500 server_error engine_error
     │   ├── EngineUnavailable     503 engine_unavailable
-    │   └── EngineRefused         its own status (an upstream server's answer)
+    │   └── EngineRefused         its own status (an upstream's), else its row's
+    │       ├── UpstreamFailed    502; UpstreamTimedOut 504; UpstreamsBusy 503
     ├── StoreError                503 resume_store_unavailable
     │   ├── StoreFull             503 resume_store_full
     │   ├── RedisUnavailable      (as StoreError); RedisFull (as StoreFull)
@@ -72,6 +73,8 @@ from sluicegate.core.errors import (
     RequestError,
     SluicegateError,
     UnsupportedMediaType,
+    UpstreamFailed,
+    UpstreamTimedOut,
 )
 
 __all__ = [
@@ -115,8 +118,7 @@ __all__ = [
 ]
 
 CLIENT_CLOSED = 499
-"""The status recorded when the client left before any status was sent (nginx's
-convention; it never goes on the wire)."""
+"""The status recorded for a client gone before any status (nginx's; never sent)."""
 
 FIRST_TOKEN_TIMEOUT = "first_token_timeout"
 """Error code: no token within ``StreamLimits.first_token_timeout_s``."""
@@ -147,8 +149,7 @@ class ErrorKind:
 
     Attributes:
         status: the HTTP status before the first byte (400-599).
-        error_type: the OpenAI error ``type`` (Messages takes its own from
-            ``status``: ``core.messages_wire.ERROR_TYPES``).
+        error_type: the OpenAI ``type`` (Messages: by status, ``messages_bodies.py``).
         code: the ``code`` of an error that carries none of its own.
     """
 
@@ -345,6 +346,8 @@ KINDS: dict[type[SluicegateError], ErrorKind] = {
     Unavailable: ErrorKind(503, _SERVER),
     EngineError: ErrorKind(500, _SERVER, EngineError.code),
     EngineUnavailable: ErrorKind(503, _SERVER, EngineUnavailable.code),
+    UpstreamFailed: ErrorKind(502, _SERVER),
+    UpstreamTimedOut: ErrorKind(504, _SERVER),
     StoreError: ErrorKind(503, _SERVER, STORE_UNAVAILABLE),
     StoreFull: ErrorKind(503, _SERVER, STORE_FULL),
     LogNotFound: ErrorKind(404, _INVALID, "not_found"),
@@ -354,7 +357,7 @@ KINDS: dict[type[SluicegateError], ErrorKind] = {
     InternalError: ErrorKind(500, _SERVER, INTERNAL_ERROR),
 }
 """Error class -> how it is answered; a class not listed takes its nearest
-listed base's row. An ``EngineRefused`` keeps its own status and type."""
+listed base's row. An ``EngineRefused`` keeps the status and type it carries."""
 
 STATUS_OF_CODE: dict[str, int] = {
     EngineUnavailable.code: 503,
