@@ -15,12 +15,18 @@ import pytest
 from starlette.applications import Starlette
 
 from sluicegate.core.endstate import EndState
+from sluicegate.core.errors import RequestError
 from sluicegate.engines.base import GenerateRequest, SamplingParams
 from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.apis.openapi import openapi_document
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger.ledger import Ledger
 from sluicegate.server.schemas.chat import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from sluicegate.server.schemas.parse import (
+    parse_chat_request,
+    parse_completion_request,
+)
 
 from .asgi import CHAT, COMPLETIONS, HELLO, Exchange
 
@@ -223,6 +229,22 @@ async def test_invalid_completion_parameters_are_400(
     error = _error(await client.post(COMPLETIONS, json=extra), 400)
     assert error["param"] == param
     assert fragment in error["message"]
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_both_endpoints_take_max_completion_tokens_from_their_shared_fields(
+    path: str,
+) -> None:
+    """One field of the shared base, beside ``max_tokens`` in /openapi.json; a
+    body wrong in it and in a field of the endpoint's own names it first."""
+    paths = openapi_document()["paths"]
+    body = paths[path]["post"]["requestBody"]["content"]["application/json"]
+    names = list(body["schema"]["properties"])
+    assert names[names.index("max_tokens") + 1] == "max_completion_tokens"
+    parse = parse_chat_request if path == CHAT else parse_completion_request
+    with pytest.raises(RequestError) as refused:
+        parse({"messages": [], "prompt": "", "max_completion_tokens": 0})
+    assert refused.value.param == "max_completion_tokens"
 
 
 @pytest.mark.parametrize(

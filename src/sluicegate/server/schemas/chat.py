@@ -126,7 +126,6 @@ class ChatCompletionRequest(RequestFields):
     """
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True
@@ -190,20 +189,6 @@ class ChatCompletionRequest(RequestFields):
         return variables
 
     @property
-    def requested_max_tokens(self) -> int | None:
-        """``max_completion_tokens``, else the older ``max_tokens`` (tokens)."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
-
-    @property
-    def max_tokens_param(self) -> str:
-        """The name of the parameter that set ``requested_max_tokens``."""
-        if self.max_completion_tokens is not None:
-            return "max_completion_tokens"
-        return "max_tokens"
-
-    @property
     @override
     def top_logprobs_k(self) -> int | None:
         """``top_logprobs`` (0 when absent) if ``logprobs`` is true, else ``None``."""
@@ -221,12 +206,6 @@ class CompletionRequest(RequestFields):
     """
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_completion_tokens: int | None = Field(None, ge=1)
-    """Not in OpenAI's legacy completions API; taken as chat takes it (it wins
-    over ``max_tokens``), so a client that sends it everywhere is not ignored.
-
-    .. versionchanged:: 0.2.0
-       Honoured; it was silently ignored."""
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
@@ -258,20 +237,6 @@ class CompletionRequest(RequestFields):
         if isinstance(prompt, str) or _is_ids(prompt):
             return [prompt]  # type: ignore[list-item]
         return list(prompt)  # type: ignore[arg-type]
-
-    @property
-    def requested_max_tokens(self) -> int | None:
-        """``max_completion_tokens``, else ``max_tokens`` (tokens), or ``None``."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
-
-    @property
-    def max_tokens_param(self) -> str:
-        """The name of the parameter that set ``requested_max_tokens``."""
-        if self.max_completion_tokens is not None:
-            return "max_completion_tokens"
-        return "max_tokens"
 
     @property
     @override

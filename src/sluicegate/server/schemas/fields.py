@@ -94,6 +94,13 @@ class RequestFields(BaseModel):
     n: int = Field(1, ge=1)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
     max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """Chat's newer name for ``max_tokens``, which it wins over. Not in OpenAI's
+    legacy completions API; taken there as chat takes it, so a client that
+    sends it everywhere is not ignored.
+
+    .. versionchanged:: 0.2.0
+       Honoured by completions; it was silently ignored."""
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
@@ -185,6 +192,20 @@ class RequestFields(BaseModel):
         """``stream_options.stream_interval``, ``None`` when not given."""
         options = self.stream_options
         return None if options is None else options.stream_interval
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens``, else ``max_tokens`` (tokens), or ``None``."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    @property
+    def max_tokens_param(self) -> str:
+        """The name of the parameter that set ``requested_max_tokens``."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return "max_tokens"
 
     @property
     def top_logprobs_k(self) -> int | None:
