@@ -91,3 +91,29 @@ async def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+@pytest.mark.anyio
+async def test_waiting_for_a_deadline_returns_once_it_passes() -> None:
+    clock = ManualClock()
+    deadline = Deadline(clock, 2.0)
+    task = asyncio.create_task(deadline.passed())
+    await asyncio.sleep(0)
+    clock.advance(1.9)
+    await asyncio.sleep(0)
+    assert not task.done()
+    clock.advance(0.1)
+    await task
+    assert deadline.expired
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_wait_for_a_deadline_leaves_no_callback() -> None:
+    clock = ManualClock()
+    task = asyncio.create_task(Deadline(clock, 1.0).passed())
+    await asyncio.sleep(0)
+    assert clock.next_due == 1.0
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert clock.next_due == float("inf")

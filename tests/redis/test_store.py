@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from sluicegate.engines.clocks import ManualClock, Timer
 from sluicegate.server.http.errors import (
     CursorEvicted,
     LogNotFound,
@@ -20,6 +21,7 @@ from sluicegate.server.http.errors import (
     StoreFull,
 )
 from sluicegate.server.redis import store as redis_store
+from sluicegate.server.redis.cancel import RETRY_S, CancelChannel
 from sluicegate.server.redis.client import connect
 from sluicegate.server.redis.store import RedisEventStore
 from sluicegate.testing import free_port
@@ -460,3 +462,38 @@ async def test_the_first_reader_of_a_new_local_log_reads_nothing_back(
     assert await xrange_calls(redis_url) == before  # no replay, no catch-up
     # A later reader of the same log replays it from Redis.
     assert await read_all(store) == list(enumerate(frames("a", "b", "c")))
+
+
+class _Armed(ManualClock):
+    """A ``ManualClock`` that says when a timer is set on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = asyncio.Event()
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
+        self.armed.set()
+        return super().call_at(when, callback)
+
+    async def next_timer(self) -> float:
+        """When the next timer set on it is due (waits for one)."""
+        with anyio.fail_after(10):
+            await self.armed.wait()
+        self.armed.clear()
+        return self.next_due
+
+
+async def test_the_cancel_listener_retries_on_its_clock_while_redis_is_away() -> None:
+    clock = _Armed()
+    client = connect(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens
+    channel = CancelChannel(client, "away:")
+    channel.timers = clock
+    channel.listen(lambda response_id: None)
+    try:
+        channel.start()
+        assert await clock.next_timer() == RETRY_S  # its subscribe was refused
+        clock.advance(RETRY_S)  # the next attempt, refused too
+        assert await clock.next_timer() == 2 * RETRY_S
+    finally:
+        await channel.aclose()
+        await client.aclose()

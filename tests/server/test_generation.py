@@ -3,7 +3,9 @@ aborts, abort_unfinished, and engines that yield text."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
@@ -17,6 +19,7 @@ from sluicegate.core.events import (
     Finish,
     FinishReason,
     StreamEvent,
+    Usage,
 )
 from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
 from sluicegate.engines.base import (
@@ -25,11 +28,13 @@ from sluicegate.engines.base import (
     GenerateRequest,
     SamplingParams,
 )
+from sluicegate.engines.clocks import ManualClock
+from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.engines.scripted.text import ScriptedTextEngine
 from sluicegate.server.prepare.tokens import ChoicePlan, Plan
 from sluicegate.server.streaming.buffer import Outbox
-from sluicegate.server.streaming.generation import Generation
+from sluicegate.server.streaming.generation import COUNT_WAIT_S, Generation
 
 pytestmark = pytest.mark.anyio
 
@@ -160,3 +165,90 @@ async def test_logprobs_from_a_text_engine_are_refused_before_any_byte() -> None
         generation.start()
     assert caught.value.param == "logprobs"
     assert engine.stats().running == 0
+
+
+class _LongPrefill(ScriptedTextEngine):
+    """An upstream behind a long prefill: it answers (``responded()``) at once
+    but accepts only once ``accept`` is set, and its prompt counter never
+    answers."""
+
+    def __init__(self) -> None:
+        super().__init__(tokens_per_s=10_000)
+        self.accept = asyncio.Event()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(listenable=True, late_acceptance=True, counts_prompts=True)
+
+    def generate(self, request: GenerateRequest) -> Any:
+        return _Answered(super().generate(request), self.accept)
+
+    async def count_prompt(self, *args: Any, **kwargs: Any) -> int | None:
+        await asyncio.Event().wait()  # never set: given up on by the server
+        return None
+
+
+class _Answered:
+    def __init__(self, outputs: SequenceOutputs[Any], accept: asyncio.Event) -> None:
+        self._outputs = outputs
+        self._accept = accept
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._outputs, name)
+
+    async def accepted(self) -> Usage | None:
+        await self._accept.wait()
+        return None
+
+    async def responded(self) -> None:
+        return None
+
+
+async def _accepting(
+    clock: ManualClock, generation: Generation, patience_s: float | None
+) -> asyncio.Task[None]:
+    generation.start()
+    waiting = asyncio.ensure_future(generation.accepted(patience_s))
+    await _settle()
+    return waiting
+
+
+async def _settle() -> None:
+    """Let the loop run what is ready (no timer: the clock is stepped)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def _advance(clock: ManualClock, seconds: float) -> None:
+    clock.advance(seconds)
+    await _settle()
+
+
+async def test_a_response_without_acceptance_waits_its_patience_on_the_clock() -> None:
+    clock = ManualClock()
+    generation = Generation(_LongPrefill(), _plan(), clock)
+    waiting = await _accepting(clock, generation, patience_s=0.5)
+    await _advance(clock, 0.4)
+    assert not waiting.done()
+    await _advance(clock, 0.1)
+    assert waiting.done()
+    assert waiting.result() is None  # out of patience: the headers go out
+    generation.abort_unfinished()
+
+
+async def test_a_prompt_count_that_never_comes_is_given_up_on_the_clock() -> None:
+    engine = _LongPrefill()
+    engine.accept.set()
+    header = ResponseHeader("msg-t", 1, "scripted", Endpoint.MESSAGES, 1)
+    choice = ChoicePlan(0, SamplingParams(max_tokens=5))
+    plan = Plan(header, (PROMPT,), (choice,), stream=True)
+    clock = ManualClock()
+    generation = Generation(engine, plan, clock)
+    waiting = await _accepting(clock, generation, patience_s=None)
+    await _advance(clock, COUNT_WAIT_S * 0.9)
+    assert not waiting.done()
+    await _advance(clock, COUNT_WAIT_S * 0.1)
+    assert waiting.done()
+    waiting.result()
+    assert generation.header == plan.header  # the first event goes without it
+    generation.abort_unfinished()

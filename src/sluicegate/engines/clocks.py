@@ -8,7 +8,8 @@ tests then step time instead of sleeping, and what they see does not depend on
 how busy the machine is. The model-free engines, the upstream pool and the
 server's timers (a stream's write watch, a resumable stream's grace, the
 ledger's progress writes, the loop-lag sampler, a connection's read deadlines,
-the waits of a cancel, a count and a shutdown) take one.
+the waits of a cancel, a count and a shutdown, a gateway response's patience
+for its first content, the Redis cancel listener's retries) take one.
 
 Deliberate divergence: ``Deadline``'s ``async with`` is ``asyncio.timeout`` on
 a ``Timers`` clock rather than the running loop's, so that a test can make it
@@ -54,8 +55,8 @@ class Deadline:
     ``call(callback)`` runs ``callback`` once when it passes; ``async with
     deadline:`` cancels its body then and raises ``TimeoutError`` in its place
     (``asyncio.timeout``'s semantics: a cancellation from elsewhere is not
-    turned into a ``TimeoutError``). A deadline already passed fires at the
-    clock's next step.
+    turned into a ``TimeoutError``); ``await deadline.passed()`` is a sleep
+    until it passes. A deadline already passed fires at the clock's next step.
 
     Args:
         timers: the clock (the running loop, or a ``ManualClock`` in tests).
@@ -96,6 +97,21 @@ class Deadline:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    async def passed(self) -> None:
+        """Return once the deadline has passed (at the clock's next step when
+        it already has); cancelling the wait forgets its callback."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        self.call(wake)
+        try:
+            await waiter
+        finally:
+            self.cancel()
 
     async def __aenter__(self) -> Deadline:
         task = asyncio.current_task()

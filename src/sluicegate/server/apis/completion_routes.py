@@ -337,7 +337,7 @@ class CompletionRoutes:
             except BaseException:
                 grant.refund()
                 raise
-        generation = Generation(engine, plan)
+        generation = Generation(engine, plan, self.limits.clock)
         try:
             generation.start()
             if generation.awaits_acceptance:

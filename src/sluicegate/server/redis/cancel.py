@@ -13,7 +13,8 @@ Invariants:
       caller waits for the response to end and answers a conflict when it does
       not.
     - The listener starts with the first ``start`` on a running loop, retries
-      every ``RETRY_S`` while Redis is unreachable, and ends with ``aclose``.
+      every ``RETRY_S`` (on ``timers``) while Redis is unreachable, and ends
+      with ``aclose``.
 
 Spec: Redis documentation, "Pub/Sub".
 """
@@ -26,6 +27,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.redis.client import redis_errors
 
 __all__ = ["RETRY_S", "CancelChannel"]
@@ -42,7 +44,12 @@ class CancelChannel:
     Args:
         client: a ``redis.asyncio`` client (the caller closes it).
         prefix: the start of the channel's name.
+
+    Attributes:
+        timers: the clock of the listener's retries (``None``: the running loop).
     """
+
+    timers: Timers | None = None
 
     def __init__(self, client: Any, prefix: str) -> None:
         self._client = client
@@ -95,4 +102,5 @@ class CancelChannel:
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()
-            await asyncio.sleep(RETRY_S)
+            timers = self.timers or asyncio.get_running_loop()
+            await Deadline(timers, RETRY_S).passed()

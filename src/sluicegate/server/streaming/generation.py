@@ -44,6 +44,7 @@ from sluicegate.engines.base import (
     OutputKind,
     TextEngine,
 )
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.prepare.tokens import Plan
 from sluicegate.server.streaming.buffer import Outbox
 
@@ -73,11 +74,14 @@ class Generation:
     Args:
         engine: the engine to run on.
         plan: the checked request (prompt ids, params, stop strings, ``n``).
+        clock: what ``accepted()``'s waits run on (the patience, the count of
+            the prompts); ``None``: the running loop.
     """
 
-    def __init__(self, engine: Engine, plan: Plan) -> None:
+    def __init__(self, engine: Engine, plan: Plan, clock: Timers | None = None) -> None:
         self._engine = engine
         self._plan = plan
+        self._clock = clock
         self._capabilities = engine.capabilities
         self._logprobs = self._capabilities.logprobs
         # The decoding stage, by the engine's protocol: token ids are
@@ -201,12 +205,13 @@ class Generation:
         prompts = [self._plan.choices[index].prompt_index for index, _ in accepting]
         every: asyncio.Future[Any] = asyncio.gather(*tasks)  # every exception
         patient: asyncio.Future[Any] | None = None
+        clock = self._clock or asyncio.get_running_loop()
         if patience_s is not None:
-            waiting = _responded_then(patience_s, [a for _, a in accepting])
+            waiting = _responded_then(clock, patience_s, [a for _, a in accepting])
             patient = asyncio.ensure_future(waiting)
         try:
-            if patient is not None:
-                await asyncio.wait({every, patient}, return_when="FIRST_COMPLETED")
+            waits = {every} if patient is None else {every, patient}
+            await asyncio.wait(waits, return_when="FIRST_COMPLETED")
             if not every.done():  # responded, then out of patience: go on
                 every.add_done_callback(_retrieved)
                 return
@@ -226,7 +231,7 @@ class Generation:
             counted: dict[int, Usage] = {}
             # A nicety, not worth a late first byte: a slow counter is skipped.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(COUNT_WAIT_S):
+                async with Deadline(clock, COUNT_WAIT_S):
                     await self._count_prompts(missing, counted)
             known |= counted
         if len(known) == len({c.prompt_index for c in self._plan.choices}):
@@ -365,11 +370,11 @@ class Generation:
 
 
 async def _responded_then(
-    patience_s: float, accepting: Sequence[AcceptingOutputs]
+    clock: Timers, patience_s: float, accepting: Sequence[AcceptingOutputs]
 ) -> None:
-    """Every choice has responded, then ``patience_s`` seconds passed."""
+    """Every choice has responded, then ``patience_s`` seconds passed on ``clock``."""
     await asyncio.gather(*(a.responded() for a in accepting))
-    await asyncio.sleep(patience_s)
+    await Deadline(clock, patience_s).passed()
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
