@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import re
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from sluicegate.server.ledger.locks import servers_dir
 from sluicegate.server.ledger.writer import LedgerWriter
 
 from .asgi import CHAT, HELLO, Exchange, exchange
+from .writer_clock import WriterClock
 
 pytestmark = pytest.mark.anyio
 
@@ -229,17 +229,19 @@ async def test_a_locked_ledger_neither_stalls_the_loop_nor_loses_rows(
 def test_close_waits_for_the_lock_and_commits_what_was_queued(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     ledger = Ledger(path)
+    clock = WriterClock(ledger)
     assert ledger.flush(5)
     with _locked(path) as holder:
         for i in range(3):
             ledger.record(_row(f"r{i}", EndState.FINISHED))
-        release = threading.Timer(0.3, holder.execute, ("ROLLBACK",))
-        release.start()
-        started = time.monotonic()
-        ledger.close()  # as the app's shutdown does
-        release.join()
+        clock.settle()  # the lock refused the rows: a retry waits
+        clock.close()
+        clock.advance(1.0)
+        clock.settle()  # retried, refused again: close waits on
+        assert not clock.closed.is_set()
+        holder.execute("ROLLBACK")
+        clock.step_until_closed(1.0)  # the next retry finds the file free
         holder.execute("BEGIN")  # for _locked's own ROLLBACK
-    assert time.monotonic() - started >= 0.25
     assert [r.request_id for r in read_rows(path)] == ["r0", "r1", "r2"]
 
 
@@ -247,11 +249,18 @@ def test_close_gives_up_on_a_lock_that_outlasts_it_and_logs_each_row(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "ledger.sqlite3"
-    ledger = Ledger(path, close_timeout_s=0.2)
+    ledger = Ledger(path, close_timeout_s=5.0)
+    clock = WriterClock(ledger)
     assert ledger.flush(5)
     with _locked(path), caplog.at_level(logging.ERROR):
         ledger.record(_row("r-kept-in-the-log", EndState.ABORTED))
-        ledger.close()
+        clock.settle()
+        clock.close()  # its limit: 5 s from now on the clock
+        clock.advance(4.9)
+        clock.settle()
+        assert not clock.closed.is_set()
+        clock.step_until_closed(0.1)  # at 5 s it gives up
+        assert clock.time() <= 5.1
     assert read_rows(path) == []
     lines = [r.getMessage() for r in caplog.records]
     assert any("not written" in m and "r-kept-in-the-log" in m for m in lines)

@@ -40,6 +40,7 @@ from sluicegate.server.ledger.pg_schema import columns, is_url, redact
 
 from ..postgres import PostgresCluster
 from .asgi import CHAT, HELLO, Exchange
+from .writer_clock import WriterClock
 
 pytestmark = pytest.mark.anyio
 
@@ -333,12 +334,18 @@ def test_rows_put_while_the_database_is_away_land_in_order_once_it_is_back(
 def test_close_gives_up_on_an_absent_database_and_logs_each_row(
     postgres: PostgresCluster, postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ledger = Ledger(url=postgres_url, close_timeout_s=0.3)
+    ledger = Ledger(url=postgres_url, close_timeout_s=5.0)
+    clock = WriterClock(ledger)
     assert ledger.flush(10)
     postgres.stop()
     with caplog.at_level(logging.ERROR):
         ledger.record(_row("r-kept-in-the-log", EndState.ABORTED))
-        ledger.close()
+        clock.settle()  # refused: a retry waits on the clock
+        clock.close()
+        clock.advance(4.9)
+        clock.settle()
+        assert not clock.closed.is_set()
+        clock.step_until_closed(0.1)  # at 5 s it gives up
     postgres.start()
     assert pg_read_rows(postgres_url) == []
     assert any("not written" in m and "r-kept-in-the-log" in m for m in caplog.messages)

@@ -1,6 +1,8 @@
 """Injectable time: the ``Timers`` protocol, ``ManualClock`` and ``Deadline``.
 
 ``Deadline`` is the one time limit type of the server's timers.
+``ThreadTimers`` is the clock of code that runs in a thread of its own (the
+ledger's writer thread), where no event loop is.
 
 An asyncio event loop is ``Timers`` (``time()``, ``call_at()``). A
 ``ManualClock`` is too, but its time moves only when a test says so: timing
@@ -22,11 +24,13 @@ import asyncio
 import heapq
 import itertools
 import math
+import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
-__all__ = ["Deadline", "ManualClock", "Timer", "Timers"]
+__all__ = ["Deadline", "ManualClock", "ThreadTimers", "Timer", "Timers"]
 
 
 class Timer(Protocol):
@@ -47,6 +51,23 @@ class Timers(Protocol):
     def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
         """Call ``callback()`` once, when ``time()`` reaches ``when`` (seconds)."""
         ...
+
+
+class ThreadTimers:
+    """``Timers`` for code in threads: the monotonic clock, and each callback
+    in a ``threading.Timer`` of its own (called in that thread)."""
+
+    def time(self) -> float:
+        """Now: ``time.monotonic()`` (seconds)."""
+        return time.monotonic()
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
+        """Call ``callback()`` once, ``when`` (seconds on ``time()``) or at
+        once if that has passed."""
+        timer = threading.Timer(max(when - time.monotonic(), 0.0), callback)
+        timer.daemon = True
+        timer.start()
+        return timer
 
 
 class Deadline:

@@ -24,6 +24,9 @@ Invariants:
       thread.
     - ``close`` waits ``close_timeout_s``, then logs what it could not write,
       one JSON line per statement.
+    - Its waits (the retries' back-off, ``close``'s limit) and the times it
+      logs run on ``timers``: ``ThreadTimers``, or a ``ManualClock`` a test
+      steps.
 
 Spec: docs/DESIGN.md, "Metering".
 """
@@ -33,12 +36,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from sluicegate.engines.clocks import Deadline, ThreadTimers, Timers
 from sluicegate.server.ledger.file import Statement
 from sluicegate.server.ledger.values import plain
 
@@ -115,7 +119,13 @@ class WriterThread:
         server_id: 32 hex digits naming this writer in its rows.
         close_timeout_s: how long ``close`` waits for the database (seconds).
         name: the thread's name.
+
+    Attributes:
+        timers: the clock of its waits and logged times (``ThreadTimers``;
+            callbacks may come from any thread).
     """
+
+    timers: Timers = ThreadTimers()
 
     def __init__(
         self,
@@ -132,6 +142,7 @@ class WriterThread:
         self.dropped = 0
         """Statements that could not be written and were dropped (logged)."""
         self._abandon = threading.Event()
+        self._woken = threading.Event()  # the back-off's wait, or close's end
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -165,10 +176,15 @@ class WriterThread:
         if not self._thread.is_alive():
             return
         self._queue.put(_Stop())
-        self._thread.join(self._close_timeout_s)
-        if self._thread.is_alive():
-            self._abandon.set()
-            self._thread.join()
+        limit = Deadline(self.timers, self._close_timeout_s)
+        limit.call(self._give_up)
+        self._thread.join()
+        limit.cancel()
+
+    def _give_up(self) -> None:
+        """``close`` waited long enough: the thread logs what it holds."""
+        self._abandon.set()
+        self._woken.set()
 
     # -- the thread ----------------------------------------------------------
 
@@ -258,15 +274,15 @@ class WriterThread:
         """``work()`` until the backend stops refusing it for a reason that may
         pass; what it broke is dropped (``recover``) before each wait."""
         backend = self._backend
-        delay_s, failed_at, logged_at = _FIRST_DELAY_S, 0.0, 0.0
+        delay_s, failed_at, logged_at = _FIRST_DELAY_S, None, -math.inf
         while True:
             try:
                 result = work()
             except backend.refused:
                 raise
             except backend.transient as exc:
-                now = time.monotonic()
-                failed_at = failed_at or now
+                now = self.timers.time()
+                failed_at = now if failed_at is None else failed_at
                 if now - logged_at >= _LOG_EVERY_S:
                     logged_at = now
                     logger.warning(
@@ -275,16 +291,28 @@ class WriterThread:
                         *(backend.where, what, now - failed_at, exc, self.backlog),
                     )
                 backend.recover()
-                if self._abandon.wait(delay_s):
+                if self._pause(delay_s):
                     raise _Abandoned from exc
                 delay_s = min(delay_s * 2, _MAX_DELAY_S)
                 continue
-            if failed_at:
+            if failed_at is not None:
                 logger.warning(
                     "ledger %s: could %s again after %.1f s",
-                    *(backend.where, what, time.monotonic() - failed_at),
+                    *(backend.where, what, self.timers.time() - failed_at),
                 )
             return result
+
+    def _pause(self, delay_s: float) -> bool:
+        """Wait ``delay_s`` seconds on ``timers``; whether ``close`` gave up
+        meanwhile (then at once)."""
+        woken = self._woken = threading.Event()
+        if self._abandon.is_set():  # after the swap: _give_up sets this one
+            return True
+        back_off = Deadline(self.timers, delay_s)
+        back_off.call(woken.set)
+        woken.wait()
+        back_off.cancel()
+        return self._abandon.is_set()
 
     def _log_unwritten(self) -> None:
         lost = 0
