@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
-from sluicegate.engines.clocks import Deadline, ManualClock
+from sluicegate.engines.clocks import Deadline, ManualClock, ThreadTimers
 
 
 @pytest.fixture
@@ -117,3 +118,19 @@ async def test_a_cancelled_wait_for_a_deadline_leaves_no_callback() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert clock.next_due == float("inf")
+
+
+def test_thread_timers_call_back_in_a_thread_of_their_own() -> None:
+    timers = ThreadTimers()
+    called = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def callback() -> None:
+        threads.append(threading.current_thread())
+        called.set()
+
+    timers.call_at(timers.time() - 1.0, callback)  # passed already: at once
+    assert called.wait(10)
+    assert threads[0] is not threading.current_thread()
+    timers.call_at(timers.time() + 3600.0, callback).cancel()
+    assert threads == threads[:1]
