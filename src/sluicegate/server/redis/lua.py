@@ -201,9 +201,13 @@ local after, reader, lease_ms = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 local now = now_ms()
 sweep(P, now)
 local meta = P .. 'meta:' .. R
-local m = redis.call('HMGET', meta, 'owner', 'first')
+local m = redis.call('HMGET', meta, 'owner', 'first', 'done', 'next')
 if not m[1] or m[1] ~= owner then return {'missing'} end
 if after + 1 < tonumber(m[2]) then return {'evicted', m[2]} end
+if m[3] == '1' and after + 1 >= tonumber(m[4]) then
+  redis.call('HINCRBY', meta, 'reads', 1)
+  return {'ended'}
+end
 local readers = P .. 'readers:' .. R
 redis.call('ZADD', readers, now + lease_ms, reader)
 redis.call('PEXPIRE', readers, math.max(redis.call('PTTL', meta), 1))
@@ -212,7 +216,9 @@ return {'ok'}
 """
 )
 """ARGV: prefix, id, owner, cursor, reader id, lease ms. Returns ``{'ok'}``
-(the reader is attached), ``{'missing'}`` or ``{'evicted', first kept seq}``."""
+(the reader is attached), ``{'missing'}``, ``{'evicted', first kept seq}`` or
+``{'ended'}`` (a finished log with no frame after the cursor: the read counts,
+and nothing is attached)."""
 
 REFRESH = (
     _COMMON

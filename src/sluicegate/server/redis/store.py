@@ -280,6 +280,8 @@ class RedisEventStore:
                 f"frame {after + 1} of {response_id!r} was dropped; the oldest kept "
                 f"is {int(reply[1])}"
             )
+        if reply[0] == b"ended":  # a cursor at or past a finished log's end
+            return
         follower = None
         self._readers[response_id] = self._readers.get(response_id, 0) + 1
         try:
