@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 from sluicegate.cli import main
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import FinishReason
-from sluicegate.engines.clocks import ManualClock
+from sluicegate.engines.clocks import ManualClock, Timer
 from sluicegate.engines.scripted.engine import ScriptedEngine
 from sluicegate.server.admission.keys import ApiKey
 from sluicegate.server.app.factory import create_app
@@ -237,37 +239,69 @@ async def test_an_open_row_gets_its_token_counts_until_it_ends(
     assert _states(postgres_url) == {"r0": "finished"}
 
 
+class _ArmedClock(ManualClock):
+    """A ``ManualClock`` that says when the writer thread set a timer on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = threading.Event()
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
+        if threading.current_thread() is not threading.main_thread():
+            self.armed.set()
+        return super().call_at(when, callback)
+
+
+def _leave_dead_server(url: str, request_id: str, server_id: str) -> None:
+    """What a replica killed mid-stream leaves: its open row, an expired lease."""
+    _query(
+        url,
+        "INSERT INTO requests SELECT %s, key_id, endpoint, model, 200, "
+        "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, 0, 0, 0, %s "
+        "FROM requests WHERE request_id = 'alive-0'",
+        (request_id, server_id),
+    )
+    _query(url, "INSERT INTO ledger_replicas VALUES (%s, 0, 1)", (server_id,))
+
+
 async def test_a_replica_marks_the_open_rows_of_servers_whose_lease_expired(
     postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     living = Ledger(url=postgres_url, lease_s=30)
     living.open(_row("alive-0", EndState.FINISHED), lambda: (9, 1.5))
     assert await living.aflush(10)
-    # What a replica killed mid-stream left: its open row and an expired lease.
-    _query(
-        postgres_url,
-        "INSERT INTO requests SELECT 'dead-0', key_id, endpoint, model, 200, "
-        "'open', 4, 17, finish_reasons, received_at, 1.5, 3.0, 0, 0, 0, %s "
-        "FROM requests",
-        (_DEAD,),
+    _leave_dead_server(postgres_url, "dead-0", _DEAD)
+    clock = _ArmedClock()
+    writer = PgLedgerWriter(
+        postgres_url, lease_s=30, heartbeat_interval_s=5, timers=clock
     )
-    _query(postgres_url, "INSERT INTO ledger_replicas VALUES (%s, 0, 1)", (_DEAD,))
-    writer = PgLedgerWriter(postgres_url, lease_s=30, heartbeat_interval_s=0.05)
     with caplog.at_level(logging.WARNING):
-        for _ in range(200):
-            if _states(postgres_url)["dead-0"] != OPEN:
-                break
-            await anyio.sleep(0.05)
+        assert writer.flush(10)  # its first heartbeat, when it connects
     assert _states(postgres_url) == {"alive-0": OPEN, "dead-0": "truncated"}
     (dead,) = pg_read_rows(postgres_url)
     assert (dead.status, dead.completion_tokens, dead.ended_at) == (200, 17, 3.0)
     assert any("1 requests of servers whose lease" in m for m in caplog.messages)
     assert _query(postgres_url, "SELECT count(*) FROM ledger_replicas") == [(2,)]
+    # A server that dies later is marked at the next heartbeat, on the clock,
+    # with no row to write: the heartbeat's timer wakes the thread.
+    _leave_dead_server(postgres_url, "dead-1", "f" * 32)
+    assert clock.armed.wait(10)
+    clock.armed.clear()
+    clock.advance(4.9)
+    assert writer.flush(10)
+    assert _states(postgres_url)["dead-1"] == OPEN
+    clock.advance(0.1)
+    assert clock.armed.wait(10)  # it beat, then set the next beat's timer
+    assert _states(postgres_url)["dead-1"] == "truncated"
     living.record(_row("alive-0", EndState.FINISHED))
     await living.aclose()
     writer.close()
     writer.close()  # a second close does nothing
-    assert _states(postgres_url) == {"alive-0": "finished", "dead-0": "truncated"}
+    assert _states(postgres_url) == {
+        "alive-0": "finished",
+        "dead-0": "truncated",
+        "dead-1": "truncated",
+    }
 
 
 async def test_a_database_that_goes_away_is_behind_then_catches_up(

@@ -45,7 +45,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import time
 import uuid
 from collections.abc import Sequence
 
@@ -56,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - psycopg is in the dev set
         "a PostgreSQL ledger needs psycopg: pip install 'sluicegate[postgres]'"
     ) from exc
 
+from sluicegate.engines.clocks import Timers
 from sluicegate.server.ledger.file import Statement
 from sluicegate.server.ledger.pg_schema import (
     ensure_schema,
@@ -85,6 +85,8 @@ class PgLedgerWriter(WriterThread):
             expires.
         heartbeat_interval_s: seconds between renewals; default: a third of
             ``lease_s``, 1 s at most.
+        timers: the clock of the thread's waits and heartbeat (default:
+            ``ThreadTimers``; a test steps a ``ManualClock``).
 
     Raises:
         ValueError: ``url`` is not a libpq URL, or ``lease_s`` is not > 0.
@@ -97,20 +99,25 @@ class PgLedgerWriter(WriterThread):
         *,
         lease_s: float = 10.0,
         heartbeat_interval_s: float | None = None,
+        timers: Timers | None = None,
     ) -> None:
         server_id = uuid.uuid4().hex
         backend = PgBackend(url, server_id, lease_s, heartbeat_interval_s)
         self.url = url
         self.where = backend.where
         super().__init__(
-            backend, server_id, close_timeout_s, name="ledger-writer postgresql"
+            backend,
+            server_id,
+            close_timeout_s,
+            name="ledger-writer postgresql",
+            timers=timers,
         )
 
 
 class PgBackend:
     """A PostgreSQL ledger as a ``LedgerBackend``: one connection, made on first
-    use and again after it broke, and this server's lease, renewed between
-    batches.
+    use and again after it broke, and this server's lease, renewed at each
+    heartbeat.
 
     Args: as ``PgLedgerWriter``'s, and ``server_id``, the id its lease is under.
 
@@ -146,17 +153,17 @@ class PgBackend:
         self.where = redact(url)
         self._server_id = server_id
         self._lease_s = lease_s
-        self._heartbeat_s = heartbeat_interval_s or min(1.0, lease_s / 3)
+        self.heartbeat_s: float | None = heartbeat_interval_s or min(1.0, lease_s / 3)
         self._db: _Db | None = None
-        self._renewed_at = float("-inf")  # time.monotonic() of the last renewal
 
     def start(self, retry: Retry) -> None:
-        """Nothing before the first batch: ``idle`` connects and takes the lease."""
+        """Nothing before the first batch: the first ``beat`` connects and
+        takes the lease."""
 
-    def idle(self, retry: Retry) -> float:
-        """Renew the lease if due; seconds until it is due again."""
-        retry(self._renew_if_due, "renew the lease")
-        return self._renewed_at + self._heartbeat_s - time.monotonic()
+    def beat(self, retry: Retry) -> None:
+        """Renew the lease (connecting first when there is no connection: a
+        new one takes it) and mark the rows of servers whose lease expired."""
+        retry(self._renew_lease, "renew the lease")
 
     def write(self, batch: Sequence[Statement]) -> None:
         """``batch`` in one transaction; each run of one statement as one
@@ -201,14 +208,14 @@ class PgBackend:
         self._db = db
         return db
 
-    def _renew_if_due(self) -> None:
-        db = self._connection()
-        if time.monotonic() - self._renewed_at >= self._heartbeat_s:
-            self._renew(db)
+    def _renew_lease(self) -> None:
+        if self._db is None:
+            self._connection()
+        else:
+            self._renew(self._db)
 
     def _renew(self, db: _Db) -> None:
         marked = renew(db, self._server_id, self._lease_s)
-        self._renewed_at = time.monotonic()
         if marked:
             logger.warning(
                 "ledger %s: %d requests of servers whose lease expired marked "

@@ -2,7 +2,7 @@
 
 ``WriterThread`` owns the queue, the batching, the retries and what is dropped
 or logged; a ``LedgerBackend`` owns the database: its connection, its schema,
-its transaction and what it does between batches (SQLite: nothing;
+its transaction and its heartbeat, if it has one (SQLite: none;
 PostgreSQL: renew the lease). ``LedgerWriter`` (``writer.py``) and
 ``PgLedgerWriter`` (``pg.py``) are this thread over each backend.
 
@@ -24,9 +24,10 @@ Invariants:
       thread.
     - ``close`` waits ``close_timeout_s``, then logs what it could not write,
       one JSON line per statement.
-    - Its waits (the retries' back-off, ``close``'s limit) and the times it
-      logs run on ``timers``: ``ThreadTimers``, or a ``ManualClock`` a test
-      steps.
+    - Its waits (the retries' back-off, ``close``'s limit, the backend's
+      heartbeat) and the times it logs run on ``timers``: ``ThreadTimers``,
+      or a ``ManualClock`` a test steps. A heartbeat falls due on that clock,
+      whether or not rows come: its timer wakes the thread.
 
 Spec: docs/DESIGN.md, "Metering".
 """
@@ -71,6 +72,7 @@ class LedgerBackend(Protocol):
         where: the ledger in log lines (a path, a URL without its secrets).
         away: what kept rows out at shutdown, for the log ("stayed locked").
         max_batch: statements per transaction, at most.
+        heartbeat_s: seconds between two ``beat()`` calls (None: no heartbeat).
         transient: the errors that may pass: retried.
         refused: the errors about a statement itself (among ``transient``'s
             subclasses): never retried.
@@ -79,14 +81,15 @@ class LedgerBackend(Protocol):
     where: str
     away: str
     max_batch: int
+    heartbeat_s: float | None
     transient: type[Exception]
     refused: tuple[type[Exception], ...]
 
     def start(self, retry: Retry) -> None:
         """Before any row: open the database, make its schema, mark dead servers."""
 
-    def idle(self, retry: Retry) -> float | None:
-        """Between batches: do what is due; seconds until more is (None: never)."""
+    def beat(self, retry: Retry) -> None:
+        """Before the first batch, then every ``heartbeat_s`` between batches."""
 
     def write(self, batch: Sequence[Statement]) -> None:
         """Commit ``batch`` in one transaction, or raise and commit none of it."""
@@ -107,6 +110,14 @@ class _Stop:
     pass
 
 
+class _Wake:
+    """The heartbeat fell due: the thread stops waiting for statements."""
+
+
+_WAKE = _Wake()
+_Item = Statement | _Flush | _Stop | _Wake
+
+
 class _Abandoned(Exception):
     """``close`` stopped waiting: the thread logs what it holds and ends."""
 
@@ -119,10 +130,8 @@ class WriterThread:
         server_id: 32 hex digits naming this writer in its rows.
         close_timeout_s: how long ``close`` waits for the database (seconds).
         name: the thread's name.
-
-    Attributes:
-        timers: the clock of its waits and logged times (``ThreadTimers``;
-            callbacks may come from any thread).
+        timers: the clock of its waits, heartbeat and logged times (default:
+            ``ThreadTimers``; callbacks may come from any thread).
     """
 
     timers: Timers = ThreadTimers()
@@ -133,11 +142,16 @@ class WriterThread:
         server_id: str,
         close_timeout_s: float,
         name: str,
+        timers: Timers | None = None,
     ) -> None:
+        if timers is not None:
+            self.timers = timers
         self.server_id = server_id
         self._backend = backend
         self._close_timeout_s = close_timeout_s
-        self._queue: queue.SimpleQueue[Statement | _Flush | _Stop] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._next_beat: Deadline | None = None
+        self._woken_to_beat = False
         self._in_hand = 0  # statements taken off the queue, not committed yet
         self.dropped = 0
         """Statements that could not be written and were dropped (logged)."""
@@ -196,20 +210,20 @@ class WriterThread:
         except _Abandoned:
             self._log_unwritten()
         finally:
+            if self._next_beat is not None:
+                self._next_beat.cancel()
             self._backend.close()
 
     def _serve(self) -> bool:
-        """Do what is due, then commit one batch; False once told to stop."""
-        wait_s = self._backend.idle(self._retry)
-        try:
-            item = self._queue.get(
-                timeout=None if wait_s is None else max(wait_s, 0.001)
-            )
-        except queue.Empty:
-            return True
+        """Beat if due, then commit one batch; False once told to stop."""
+        self._beat_if_due()
+        item = self._queue.get()
         batch: list[Statement] = []
         markers: list[_Flush | _Stop] = []
         while True:
+            if isinstance(item, _Wake):
+                self._woken_to_beat = True
+                break  # the heartbeat before what was put after it
             if isinstance(item, _Flush | _Stop):
                 markers.append(item)
             else:
@@ -233,9 +247,23 @@ class WriterThread:
                 marker.done.set()
         return not any(isinstance(m, _Stop) for m in markers)
 
+    def _beat_if_due(self) -> None:
+        """The backend's heartbeat, when its time has come; then a timer that
+        wakes the thread at the next."""
+        every_s, last = self._backend.heartbeat_s, self._next_beat
+        due = last is None or last.expired or self._woken_to_beat
+        if every_s is None or not due:
+            return
+        self._woken_to_beat = False
+        if last is not None:
+            last.cancel()  # due by the clock before its timer ran
+        self._backend.beat(self._retry)
+        self._next_beat = Deadline(self.timers, every_s)
+        self._next_beat.call(lambda: self._queue.put(_WAKE))
+
     def _requeue(self, batch: list[Statement], markers: list[_Flush | _Stop]) -> None:
         # What is in hand goes first among what _log_unwritten reads.
-        rest: list[Statement | _Flush | _Stop] = [*batch, *markers]
+        rest: list[_Item] = [*batch, *markers]
         with contextlib.suppress(queue.Empty):
             while True:
                 rest.append(self._queue.get_nowait())
@@ -321,7 +349,7 @@ class WriterThread:
                 item = self._queue.get_nowait()
                 if isinstance(item, _Flush):
                     item.done.set()
-                elif not isinstance(item, _Stop):
+                elif isinstance(item, tuple):  # a statement
                     lost += 1
                     logger.error("ledger: not written: %s", _describe(item))
         if lost:

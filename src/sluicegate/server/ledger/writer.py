@@ -93,6 +93,7 @@ class SqliteBackend:
 
     away = "stayed locked"
     max_batch = 4096
+    heartbeat_s: float | None = None
     transient: type[Exception] = sqlite3.Error
     refused: tuple[type[Exception], ...] = (
         sqlite3.IntegrityError,
@@ -118,9 +119,8 @@ class SqliteBackend:
         except OSError as exc:  # a lock file we may not read: rows come first
             logger.error("ledger %s: dead servers not marked: %s", self.path, exc)
 
-    def idle(self, retry: Retry) -> None:
-        """Nothing is due between batches."""
-        return None
+    def beat(self, retry: Retry) -> None:
+        """No heartbeat (``heartbeat_s`` is None): never called."""
 
     def write(self, batch: Sequence[Statement]) -> None:
         """``batch`` in one ``BEGIN IMMEDIATE`` transaction."""
