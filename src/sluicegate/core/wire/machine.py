@@ -12,12 +12,8 @@ record is decided once, in ``WireMachine._step``. An illegal step (a pair not in
 the table, a ``Delta`` or ``Finish`` for an index outside ``0..n-1`` or for a
 choice that has finished) raises ``LocalProtocolError`` and changes nothing.
 
-``BlockMachine`` is the base of the two APIs of one output written as blocks
-that open, grow and close (the Responses API's output items, the Messages API's
-content blocks): which block is open, when a delta opens the next one (closing
-the open one first), and its text deltas' fast path. Reasoning opens a reasoning
-block unless one is open; text a text block unless one is open; a tool call's
-fragment a call block when it names the call or another block is open.
+The machines of the APIs of one output written as blocks (Responses, Messages)
+share more: ``blocks.BlockMachine``.
 
 Spec: docs/DESIGN.md, "End states"; ARCHITECTURE.md, "The stream state machine".
 """
@@ -25,7 +21,7 @@ Spec: docs/DESIGN.md, "End states"; ARCHITECTURE.md, "The stream state machine".
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -40,17 +36,15 @@ from sluicegate.core.events import (
     FinishReason,
     Heartbeat,
     StreamEvent,
-    ToolCallFragment,
     Usage,
 )
 from sluicegate.core.wire.chunks import ResponseHeader
-from sluicegate.core.wire.padding import MIN_STEP_BYTES, EventPadder, Filler
+from sluicegate.core.wire.padding import MIN_STEP_BYTES, Filler
 from sluicegate.core.wire.written import WriteRecord
 
 __all__ = [
     "DELTA_STATE",
     "TRANSITIONS",
-    "BlockMachine",
     "Start",
     "StreamState",
     "WireMachine",
@@ -112,21 +106,42 @@ class WireMachine(ABC):
 
     Args:
         header: the response's shared fields (``n`` choices).
+        filler: pad every frame with its characters (``padding.py``); ``None``
+            sends frames unpadded.
+        pad_step_bytes: the padding ladder's first step (bytes, a power of two).
 
-    A subclass's ``feed`` takes its per-token fast path, if any, and hands every
-    other event to ``_step``.
+    Raises:
+        ValueError: ``header.n < 1``, or ``header.n != 1`` for an API of one
+            output (``_ONE_OUTPUT``).
+
+    A subclass sets up its padding and its own state in ``_prepare``; its
+    ``feed`` takes its per-token fast path, if any, and hands every other event
+    to ``_step``.
     """
 
     __slots__ = ("_finish_reasons", "_header", "_record", "_state")
 
     _CHOICES: ClassVar[str] = "the response has n={n}"
     """How a wrong choice index's error ends (``n``: the response's)."""
+    _ONE_OUTPUT: ClassVar[bool] = False
+    """Whether ``header.n`` must be 1 (else at least 1)."""
 
-    def __init__(self, header: ResponseHeader) -> None:
+    def __init__(
+        self,
+        header: ResponseHeader,
+        filler: Filler | None = None,
+        pad_step_bytes: int = MIN_STEP_BYTES,
+    ) -> None:
+        if header.n < 1 or (self._ONE_OUTPUT and header.n != 1):
+            rule = "a response has at least one choice"
+            if self._ONE_OUTPUT:
+                rule = self._CHOICES
+            raise ValueError(f"{rule}, got n={header.n!r}")
         self._header = header
         self._state = StreamState.NEW
         self._finish_reasons: list[FinishReason | None] = [None] * header.n
         self._record = WriteRecord()
+        self._prepare(filler, pad_step_bytes)
 
     @property
     def header(self) -> ResponseHeader:
@@ -227,6 +242,10 @@ class WireMachine(ABC):
         return next_state
 
     @abstractmethod
+    def _prepare(self, filler: Filler | None, pad_step_bytes: int) -> None:
+        """Set up the padding and the API's own state (once, from ``__init__``)."""
+
+    @abstractmethod
     def _opening(self) -> list[bytes]:
         """The frames of ``start()``."""
 
@@ -249,144 +268,3 @@ class WireMachine(ABC):
     @abstractmethod
     def _heartbeat(self) -> bytes:
         """One heartbeat frame."""
-
-
-REASONING = "reasoning"
-"""``BlockMachine``'s open block: a reasoning block."""
-TEXT = "text"
-"""``BlockMachine``'s open block: a text block (else a call's index)."""
-
-
-def _closed(text: str) -> None:
-    """The text frame while no text block is open: none."""
-    return None
-
-
-class BlockMachine(WireMachine):
-    """A ``WireMachine`` of one output written as blocks that open, grow, close.
-
-    Args:
-        header: the response's shared fields (``n`` must be 1).
-        filler: pad every event (``padding.EventPadder``, the ``obfuscation``
-            field); ``None`` for no padding.
-        pad_step_bytes: the padding ladder's first step (bytes).
-
-    Raises:
-        ValueError: ``header.n != 1``.
-
-    A subclass writes the frames of a block's opening (``_open_reasoning``,
-    ``_open_text``, ``_open_call``), growth (``_reasoning``, ``_arguments``; text
-    through ``_text_frame``, which ``_open_text`` sets) and closing
-    (``_close_block``).
-    """
-
-    __slots__ = ("_block", "_padder", "_text_frame")
-
-    _CHOICES = "a response has one output"
-
-    def __init__(
-        self,
-        header: ResponseHeader,
-        filler: Filler | None = None,
-        pad_step_bytes: int = MIN_STEP_BYTES,
-    ) -> None:
-        if header.n != 1:
-            raise ValueError(f"{self._CHOICES}, got n={header.n!r}")
-        super().__init__(header)
-        self._padder = (
-            EventPadder(filler, pad_step_bytes) if filler is not None else None
-        )
-        self._block: str | int | None = None  # REASONING, TEXT or a call's index
-        # The open text block's delta of some text (bytes), else ``None``.
-        self._text_frame: Callable[[str], bytes | None] = _closed
-
-    def feed(self, event: StreamEvent) -> list[bytes]:
-        """Take one event; the frames to write now, in order (the API's module
-        docstring).
-
-        Raises:
-            LocalProtocolError: the event is not allowed in this state, or names
-                a choice other than 0; nothing changes.
-        """
-        if (
-            type(event) is Delta
-            and self._state is DELTA_STATE
-            and event.parts is None
-            and event.index == 0
-            and event.text
-        ):
-            # Once per token: text added to the open text block, from its template.
-            frame = self._text_frame(event.text)
-            if frame is not None:
-                return [frame]
-        return self._step(event)
-
-    def _delta(self, event: Delta) -> list[bytes]:
-        frames: list[bytes] = []
-        text, parts = event.text, event.parts
-        if parts is not None and parts.reasoning:
-            if self._block != REASONING:
-                self._switch(REASONING, frames)
-                self._open_reasoning(frames)
-            self._reasoning(parts.reasoning, frames)
-        if text:
-            if self._block != TEXT:
-                self._switch(TEXT, frames)
-                self._open_text(frames)
-            frame = self._text_frame(text)
-            assert frame is not None  # ``_open_text`` set the text block's
-            frames.append(frame)
-        if parts is not None:
-            for fragment in parts.tool_calls:
-                if fragment.name is not None or self._block != fragment.index:
-                    self._switch(fragment.index, frames)
-                    self._open_call(fragment, frames)
-                if fragment.arguments:
-                    self._arguments(fragment, frames)
-        return frames
-
-    def _finish(self, event: Finish) -> list[bytes]:
-        frames: list[bytes] = []
-        self._close(event.finish_reason, frames)
-        return frames
-
-    def _switch(self, block: str | int, frames: list[bytes]) -> None:
-        """Close the open block; ``block`` opens next."""
-        self._close(None, frames)
-        self._block = block
-
-    def _close(self, reason: FinishReason | None, frames: list[bytes]) -> None:
-        block = self._block
-        if block is not None:
-            # Closed before its frames are built: a frame that cannot be
-            # encoded (a lone surrogate in the block's text) leaves no block open.
-            self._block = None
-            self._text_frame = _closed
-            self._close_block(block, reason, frames)
-
-    @abstractmethod
-    def _open_reasoning(self, frames: list[bytes]) -> None:
-        """Append the frames that open a reasoning block."""
-
-    @abstractmethod
-    def _reasoning(self, text: str, frames: list[bytes]) -> None:
-        """Append the frames of reasoning ``text`` in the open reasoning block."""
-
-    @abstractmethod
-    def _open_text(self, frames: list[bytes]) -> None:
-        """Append the frames that open a text block; set ``_text_frame``."""
-
-    @abstractmethod
-    def _open_call(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
-        """Append the frames that open the block of ``fragment``'s call."""
-
-    @abstractmethod
-    def _arguments(self, fragment: ToolCallFragment, frames: list[bytes]) -> None:
-        """Append the frames of ``fragment``'s non-empty arguments."""
-
-    @abstractmethod
-    def _close_block(
-        self, block: str | int, reason: FinishReason | None, frames: list[bytes]
-    ) -> None:
-        """Append the frames that close ``block``, the open block (``reason``:
-        the output's finish when it closes the output, else ``None``)."""

@@ -30,7 +30,7 @@ and writes Anthropic's streaming events, each ``event: <type>`` then one
 A text delta of an open text block comes from a template (``templates.py``);
 the objects the stream shares with the whole body are ``messages_bodies.py``'s.
 The states, their legal events and when a block opens are
-``machine.BlockMachine``'s; ``outcome`` is ``classify()`` of what was written, as
+``blocks.BlockMachine``'s; ``outcome`` is ``classify()`` of what was written, as
 for chat: finished once ``message_stop``
 was written, errored once the error event was, aborted when the writing failed
 before either.
@@ -61,8 +61,7 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.wire.chunks import ResponseHeader
-from sluicegate.core.wire.machine import REASONING, BlockMachine
+from sluicegate.core.wire.blocks import REASONING, BlockMachine
 from sluicegate.core.wire.messages_bodies import (
     ERROR_TYPES,
     ThinkingDigest,
@@ -72,7 +71,7 @@ from sluicegate.core.wire.messages_bodies import (
     thinking_signature,
     usage_object,
 )
-from sluicegate.core.wire.padding import MIN_STEP_BYTES, Filler, typed_event
+from sluicegate.core.wire.padding import Filler, typed_event
 from sluicegate.core.wire.templates import TEXT_MARK, EventTemplate
 
 __all__ = [
@@ -96,13 +95,13 @@ def _ping() -> dict[str, Any]:
 class MessagesStream(BlockMachine):
     """feed(event) -> Anthropic SSE frames (bytes); see the module docstring.
 
-    A ``machine.BlockMachine``: the states, the open content block and when the
+    A ``blocks.BlockMachine``: the states, the open content block and when the
     next one opens are decided there; this class writes Anthropic's events.
 
     Args:
         header: the response's shared fields (``n`` must be 1;
             ``prompt_tokens`` is the usage's ``input_tokens``).
-        filler: pad every event (``machine.BlockMachine``: an ``obfuscation``
+        filler: pad every event (``blocks.BlockMachine``: an ``obfuscation``
             field that Anthropic's clients ignore); ``None`` for no padding.
         pad_step_bytes: the padding ladder's first step (bytes).
 
@@ -114,13 +113,8 @@ class MessagesStream(BlockMachine):
 
     _CHOICES = "a message has one output"
 
-    def __init__(
-        self,
-        header: ResponseHeader,
-        filler: Filler | None = None,
-        pad_step_bytes: int = MIN_STEP_BYTES,
-    ) -> None:
-        super().__init__(header, filler, pad_step_bytes)
+    def _prepare(self, filler: Filler | None, pad_step_bytes: int) -> None:
+        super()._prepare(filler, pad_step_bytes)
         self._stop: str | None = None
         self._thinking = ThinkingDigest()
         self._index = -1  # the open (or last) content block's index

@@ -38,7 +38,7 @@ adds to its deltas; a heartbeat comment has the last delta's size.
 The output items and their events are ``responses_items.OutputItems``' (a
 text delta of an open message from a template, ``templates.py``); every
 ``response`` snapshot comes from ``response_object``. The states, their legal
-events and when an item opens are ``machine.BlockMachine``'s; ``outcome`` is
+events and when an item opens are ``blocks.BlockMachine``'s; ``outcome`` is
 ``classify()`` of what was written: finished once the terminal event was
 written (completed or incomplete), errored once ``response.failed`` was,
 aborted when the writing failed before either.
@@ -66,9 +66,9 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
+from sluicegate.core.wire.blocks import BlockMachine
 from sluicegate.core.wire.chunks import ResponseHeader
-from sluicegate.core.wire.machine import BlockMachine
-from sluicegate.core.wire.padding import MIN_STEP_BYTES, Filler
+from sluicegate.core.wire.padding import Filler
 from sluicegate.core.wire.responses_items import (
     ECHO_DEFAULTS,
     OutputItems,
@@ -91,12 +91,12 @@ _HEARTBEAT = encode_comment()
 class ResponsesStream(BlockMachine):
     """feed(event) -> Responses API SSE frames (bytes); see the module docstring.
 
-    A ``machine.BlockMachine``: the states, the open item and when the next one
+    A ``blocks.BlockMachine``: the states, the open item and when the next one
     opens are decided there; the items and their events are ``OutputItems``'.
 
     Args:
         header: the response's shared fields (``n`` must be 1).
-        filler: pad every event (``machine.BlockMachine``); ``None`` for no
+        filler: pad every event (``blocks.BlockMachine``); ``None`` for no
             padding.
         pad_step_bytes: the padding ladder's first step (bytes).
 
@@ -106,14 +106,9 @@ class ResponsesStream(BlockMachine):
 
     __slots__ = ("_items", "_snapshot")
 
-    def __init__(
-        self,
-        header: ResponseHeader,
-        filler: Filler | None = None,
-        pad_step_bytes: int = MIN_STEP_BYTES,
-    ) -> None:
-        super().__init__(header, filler, pad_step_bytes)
-        self._items = OutputItems(header, self._padder)
+    def _prepare(self, filler: Filler | None, pad_step_bytes: int) -> None:
+        super()._prepare(filler, pad_step_bytes)
+        self._items = OutputItems(self._header, self._padder)
         self._snapshot: dict[str, Any] | None = None
 
     @property

@@ -3,7 +3,7 @@ open, grow and close each item of one stream.
 
 ``OutputItems`` numbers every event of its stream (``sequence_number`` from 0 by
 one) and pads it when given a padder; ``ResponsesStream`` (``responses.py``, a
-``machine.BlockMachine``) decides which of its methods a core event calls. A
+``blocks.BlockMachine``) decides which of its methods a core event calls. A
 text delta of an open message comes from a template
 (``templates.EventTemplate``): the JSON of its text and its sequence number
 between prebuilt bytes. An item's text is kept as pieces,
@@ -98,7 +98,7 @@ class OutputItems:
         header: the response's id (the items' ids derive from it).
         padder: pads every event (``EventPadder``), or ``None``.
 
-    ``ResponsesStream`` (a ``machine.BlockMachine``) decides when an item opens
+    ``ResponsesStream`` (a ``blocks.BlockMachine``) decides when an item opens
     and closes; it opens one only while none is open. Each method appends the
     frames of what it did to ``frames``.
     """

@@ -81,7 +81,6 @@ from sluicegate.core.wire.machine import (
     WireMachine,
 )
 from sluicegate.core.wire.padding import (
-    MIN_STEP_BYTES,
     Filler,
     FramePadder,
     frame_floor,
@@ -123,15 +122,8 @@ class StreamMachine(WireMachine):
 
     __slots__ = ("_padder", "_text_frames")
 
-    def __init__(
-        self,
-        header: ResponseHeader,
-        filler: Filler | None = None,
-        pad_step_bytes: int = MIN_STEP_BYTES,
-    ) -> None:
-        if header.n < 1:
-            raise ValueError(f"a response has at least one choice, got n={header.n!r}")
-        super().__init__(header)
+    def _prepare(self, filler: Filler | None, pad_step_bytes: int) -> None:
+        header = self._header
         # Per open choice, its content frame around the JSON of the text: a
         # content chunk then costs one encode of its text, not of the whole chunk.
         self._padder: FramePadder | None = None
