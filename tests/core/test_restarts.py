@@ -1,9 +1,11 @@
 """RestartBudget: back-off doubling after short lives, reset after a healthy
-run, and a limit over a sliding window that, once reached, stays reached."""
+run, and a limit over a sliding window that, once reached, stays reached.
+StuckWatch: a child with no beat in time, or busy without progress, is stuck;
+one that is starting, idle or progressing is not."""
 
 import pytest
 
-from sluicegate.core.restarts import RestartBudget
+from sluicegate.core.restarts import Beat, RestartBudget, StuckWatch
 
 
 def test_the_delay_doubles_after_short_lives_up_to_the_cap() -> None:
@@ -48,3 +50,42 @@ def test_a_limit_of_zero_never_restarts() -> None:
 def test_out_of_range_settings_are_refused(fields: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="expected 0 < base_s"):
         RestartBudget(**fields)  # type: ignore[arg-type]
+
+
+def test_a_child_is_not_judged_before_its_first_beat() -> None:
+    watch = StuckWatch(heartbeat_s=1.0, step_deadline_s=5.0)
+    assert [watch.feed(t, None) for t in (0.0, 100.0, 1000.0)] == [None] * 3
+    assert watch.feed(1000.0, Beat(0, 0, busy=True)) is None  # armed now
+
+
+def test_a_child_whose_beats_stop_is_stuck_once_the_heartbeat_passes() -> None:
+    watch = StuckWatch(heartbeat_s=1.0, step_deadline_s=5.0)
+    beat = Beat(7, 3, busy=False)
+    assert watch.feed(0.0, beat) is None
+    assert watch.feed(0.99, beat) is None  # the same beat: stopped, or slow
+    assert watch.feed(0.99, None) is None  # unreadable: no news
+    assert watch.feed(0.99, Beat(7, 4, busy=False)) is None  # same tick: no beat
+    stuck = watch.feed(1.0, beat)
+    assert stuck is not None
+    assert stuck.startswith("no heartbeat for 1.0 s")
+
+
+def test_a_busy_child_without_progress_is_stuck_at_the_step_deadline() -> None:
+    watch = StuckWatch(heartbeat_s=1.0, step_deadline_s=5.0)
+    assert watch.feed(0.0, Beat(0, 10, busy=True)) is None
+    verdicts = [watch.feed(t / 2, Beat(t, 10, busy=True)) for t in range(1, 11)]
+    assert verdicts[:-1] == [None] * 9  # beating, but no step ends
+    assert verdicts[-1] is not None
+    assert verdicts[-1].startswith("busy without progress for 5.0 s")
+
+
+def test_progress_or_idleness_keeps_a_beating_child_live() -> None:
+    watch = StuckWatch(heartbeat_s=1.0, step_deadline_s=5.0)
+    for t in range(100):  # a step every beat
+        assert watch.feed(float(t) / 2, Beat(t, t, busy=True)) is None
+    for t in range(100, 200):  # idle: nothing to progress on
+        assert watch.feed(float(t) / 2, Beat(t, 99, busy=False)) is None
+    # busy again: the deadline counts from the last idle beat (at 99.5 s)
+    assert watch.feed(100.0, Beat(200, 99, busy=True)) is None
+    assert watch.feed(104.0, Beat(208, 99, busy=True)) is None
+    assert watch.feed(104.5, Beat(209, 99, busy=True)) is not None

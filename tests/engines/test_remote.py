@@ -1,6 +1,7 @@
 """RemoteEngine against a real engine host on a Unix socket, in this test's
 loop: the scripted engine served across the IPC, its acceptance, refusals,
-aborts and its loss; grammar checks compiled on the engine's side."""
+aborts, its loss and its return; grammar checks compiled on the engine's
+side; the host's beats of a stalled engine, judged stuck."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 
 from sluicegate.core.errors import EngineCrashed, EngineUnavailable
 from sluicegate.core.events import EngineOutput, FinishReason
+from sluicegate.core.restarts import Beat, StuckWatch
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.remote.engine import RemoteEngine
-from sluicegate.engines.remote.host import serve_engine
+from sluicegate.engines.remote.host import beat_path, read_beat, serve_engine
 from sluicegate.engines.scripted.engine import ScriptedEngine
 from sluicegate.engines.values import GenerateRequest, SamplingParams
 
@@ -123,3 +126,93 @@ async def test_grammars_are_checked_by_the_engine_process(served: Served) -> Non
     bad = "%llguidance {}\nstart: undefined_rule\n"
     assert await asyncio.to_thread(served.remote.grammar_errors, good) == []
     assert await asyncio.to_thread(served.remote.grammar_errors, bad)
+
+
+@pytest.mark.anyio
+async def test_the_engine_is_unavailable_while_its_process_is_away_then_back(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "engine.sock"
+
+    def serve(stop: asyncio.Event) -> asyncio.Future[int]:
+        engine = ScriptedEngine("a b c", tokens_per_s=200.0)
+        return asyncio.ensure_future(
+            serve_engine(engine, path, engine.tokenizer, stop=stop)
+        )
+
+    first_stop, second_stop = asyncio.Event(), asyncio.Event()
+    first = serve(first_stop)
+    remote = await asyncio.to_thread(RemoteEngine.connect, path, 10.0)
+    try:
+        with anyio.fail_after(10):
+            await remote.generate(_request("u-0")).accepted()
+        assert remote.stats().unavailable is None
+        first_stop.set()  # the engine process goes away
+        with anyio.fail_after(10):
+            await first
+            while remote.stats().unavailable is None:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            with pytest.raises(EngineUnavailable):
+                await remote.generate(_request("u-1")).accepted()
+        second = serve(second_stop)  # restarted on the same socket
+        with anyio.fail_after(10):
+            while remote.stats().unavailable is not None:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            await remote.generate(_request("u-2")).accepted()
+    finally:
+        await remote.aclose()
+        first_stop.set()
+        second_stop.set()
+    with anyio.fail_after(10):
+        await second
+
+
+async def _next_beat(path: Path, after: Beat | None) -> Beat:
+    """The first beat in ``path`` written after ``after`` (a later tick)."""
+    with anyio.fail_after(10):
+        while True:
+            beat = read_beat(path)
+            if beat is not None and (after is None or beat.tick > after.tick + 1):
+                return beat
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.anyio
+async def test_a_stalled_engine_beats_busy_without_progress_and_is_judged_stuck(
+    tmp_path: Path,
+) -> None:
+    """The scripted engine's stall fault, on a clock the test moves: the engine
+    process still beats, but its step never comes; the supervisor's watch says
+    stuck at the step deadline, not before."""
+    clock = ManualClock()
+    engine = ScriptedEngine(
+        "a b c d e f", tokens_per_s=10.0, stall_at_step=2, stall_s=3600.0, clock=clock
+    )
+    path = tmp_path / "engine.sock"
+    stop = asyncio.Event()
+    host = asyncio.ensure_future(
+        serve_engine(engine, path, engine.tokenizer, stop=stop)
+    )
+    remote = await asyncio.to_thread(RemoteEngine.connect, path, 10.0)
+    watch = StuckWatch(heartbeat_s=3600.0, step_deadline_s=30.0)
+    try:
+        outputs = remote.generate(_request("s-0", max_tokens=100))
+        with anyio.fail_after(10):
+            await outputs.accepted()
+        clock.advance(0.25)  # steps 0 and 1; step 2 waits an hour
+        assert engine.stats().generated_tokens == 2
+        beat = await _next_beat(beat_path(path), None)
+        assert beat.busy
+        verdicts = [watch.feed(clock.time(), beat)]
+        for _ in range(3):
+            clock.advance(10.0)
+            beat = await _next_beat(beat_path(path), beat)
+            verdicts.append(watch.feed(clock.time(), beat))
+    finally:
+        await remote.aclose()
+        stop.set()
+        with anyio.fail_after(10):
+            await host
+    assert verdicts[:3] == [None, None, None]
+    assert verdicts[3] is not None
+    assert verdicts[3].startswith("busy without progress for 30.0 s")

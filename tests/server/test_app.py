@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import anyio
@@ -12,6 +13,7 @@ from starlette.types import Message
 from sluicegate.core.errors import EngineUnavailable, RequestError
 from sluicegate.engines.base import GenerateRequest, SamplingParams
 from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.engines.values import EngineStats
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.prepare.tokens import fit_max_tokens
@@ -41,6 +43,25 @@ async def test_models_lists_the_served_model(client: httpx.AsyncClient) -> None:
 async def test_health_is_ok(client: httpx.AsyncClient) -> None:
     response = await client.get("/health")
     assert (response.status_code, response.json()) == (200, {"status": "ok"})
+
+
+class _Restarting(ScriptedEngine):
+    """An engine whose process is being restarted (``EngineStats.unavailable``)."""
+
+    def stats(self) -> EngineStats:
+        return dataclasses.replace(super().stats(), unavailable="restarting")
+
+
+async def test_an_engine_being_restarted_is_not_ready_but_alive() -> None:
+    app = create_app(_Restarting(), ServerConfig(retry_after_s=3))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        ready = await client.get("/ready")
+        health = await client.get("/health")
+    assert ready.status_code == 503
+    assert ready.headers["retry-after"] == "3"
+    assert ready.json()["error"]["code"] == "engine_unavailable"
+    assert (health.status_code, health.json()) == (200, {"status": "engine_restarting"})
 
 
 async def test_engine_stats_reflect_finished_requests(

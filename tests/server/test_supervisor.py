@@ -1,5 +1,7 @@
 """WorkerSupervisor with real child processes that exit at once: restarts
-until the budget's limit, then it gives up and exits 1; ``--workers`` values."""
+until the budget's limit, then it gives up and exits 1; ``--workers`` values;
+an engine process that stops beating is killed with SIGKILL and restarted
+(its time limit judged on a clock the test moves, not by waiting)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.core.restarts import RestartBudget
+from sluicegate.core.restarts import RestartBudget, StuckWatch
+from sluicegate.engines.remote.host import read_beat
 from sluicegate.server.app.supervisor import WorkerSupervisor
 from sluicegate.server.app.workers import parse_workers, worker_count
 
@@ -91,3 +94,60 @@ def test_a_signal_stops_the_workers_first_and_the_engine_once_they_are_gone(
     threading.Thread(target=signal_once_ready, daemon=True).start()
     assert supervisor.run() == 0
     assert Path(log).read_text() == "wwe"  # both workers drained, then the engine
+
+
+def _beating(beat: Path) -> list[str]:
+    """An engine process that is idle and beats every 10 ms, as the host does."""
+    code = (
+        "import os, sys, time\n"
+        "from sluicegate.engines.remote.host import write_beat\n"
+        "from sluicegate.engines.values import EngineStats\n"
+        "idle = EngineStats(0, 0, 0, 1, 0, 0, 0, 0, 0, 0)\n"
+        f"fd = os.open({str(beat)!r}, os.O_WRONLY | os.O_CREAT, 0o600)\n"
+        "for tick in range(100_000):\n"
+        "    write_beat(fd, tick, idle)\n"
+        "    time.sleep(0.01)\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_an_engine_process_that_stops_beating_is_killed_and_restarted(
+    tmp_path: Path,
+) -> None:
+    beat = tmp_path / "engine.sock.beat"
+    now = [0.0]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    supervisor = WorkerSupervisor(
+        sleeper,
+        [0],
+        dict(os.environ),
+        engine_command=_beating(beat),
+        budget=_budget,
+        clock=lambda: now[0],
+        engine_beat=beat,
+        watch=lambda: StuckWatch(heartbeat_s=5.0, step_deadline_s=60.0),
+    )
+    engine = supervisor.engine
+    assert engine is not None
+    seen: list[int] = []
+
+    def stop_the_engine_then_the_supervisor() -> None:
+        while engine.process is None or read_beat(beat) is None:
+            time.sleep(0.01)  # started, and beating
+        seen.append(engine.process.pid)
+        os.kill(engine.process.pid, signal.SIGSTOP)  # alive, and not working
+        while not engine.kills:  # time passes on the supervisor's clock only
+            now[0] += 1.0
+            time.sleep(0.06)  # a poll of the supervisor's
+        while engine.process is None or engine.process.pid == seen[0]:
+            now[0] += 1.0  # past the restart's back-off
+            time.sleep(0.06)
+        seen.append(engine.process.pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_the_engine_then_the_supervisor, daemon=True).start()
+    assert supervisor.run() == 0
+    assert engine.exits[0] == -signal.SIGKILL
+    assert engine.kills[0].startswith("no heartbeat for ")
+    assert len(seen) == 2  # restarted: a new engine process
+    assert now[0] >= 5.0  # not before the heartbeat limit

@@ -1,10 +1,13 @@
-"""When to restart a child process that exited: back-off, and a limit.
+"""When to restart a child process (back-off, a limit), and when to kill a stuck one.
 
 A supervisor (``serve --workers``'s front-end workers, the engine process)
 reports each unexpected exit with the time it happened and how long the child
 had run; ``RestartBudget`` answers how many seconds to wait before the next
 start, or ``None`` once the limit is reached (the supervisor then gives up,
-says so, and exits). Pure: the caller owns the clock.
+says so, and exits). ``StuckWatch`` reads the beats of a child that is alive
+but may not be working (the engine process: stopped, or in a step that never
+returns) and says when it is to be killed, which turns it into an exit.
+Pure: the caller owns the clock.
 
 Invariants:
     - The delay doubles from ``base_s`` with each exit that follows a short
@@ -14,7 +17,8 @@ Invariants:
       past it gets ``None``, and so does every later one.
 
 Spec: the exponential back-off of systemd's ``RestartSec``/``StartLimitBurst``
-and Kubernetes' ``CrashLoopBackOff``, in miniature.
+and Kubernetes' ``CrashLoopBackOff``, in miniature; ``StuckWatch`` is
+systemd's ``WatchdogSec`` (no beat in time: killed) plus a progress deadline.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["RestartBudget"]
+__all__ = ["Beat", "RestartBudget", "StuckWatch"]
 
 
 @dataclass(slots=True)
@@ -79,3 +83,72 @@ class RestartBudget:
             self._delay_s = min(self._delay_s * 2, self.max_s)
         self._starts.append(now_s + self._delay_s)
         return self._delay_s
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a watched child last wrote about itself.
+
+    Attributes:
+        tick: a count it moves on at every beat (a live event loop).
+        progress: a count that moves whenever its engine does work (steps,
+            tokens read or generated, requests ended).
+        busy: whether its engine has requests queued or running.
+    """
+
+    tick: int
+    progress: int
+    busy: bool
+
+
+@dataclass(slots=True)
+class StuckWatch:
+    """Whether a child that beats is stuck.
+
+    Unarmed until the first beat (the child is still starting: loading a
+    model takes its time). Then it is stuck when no new beat has come for
+    ``heartbeat_s`` seconds (stopped, or its loop blocked), or when it has
+    been busy for ``step_deadline_s`` seconds without progress (a step that
+    never returns); an idle child needs no progress.
+
+    Attributes:
+        heartbeat_s: the longest time between two beats, in seconds.
+        step_deadline_s: the longest time busy without progress, in seconds.
+    """
+
+    heartbeat_s: float = 10.0
+    step_deadline_s: float = 60.0
+    _last: Beat | None = field(default=None, init=False)
+    _beat_at_s: float = field(default=0.0, init=False)
+    _progress_at_s: float = field(default=0.0, init=False)
+
+    def feed(self, now_s: float, beat: Beat | None) -> str | None:
+        """Take the child's beat as read at ``now_s``; say whether it is stuck.
+
+        Args:
+            now_s: the time of the read, on any monotonic clock (seconds).
+            beat: what the child last wrote, or ``None``: nothing readable.
+
+        Returns:
+            ``None`` while the child is live (or not yet armed), else why it
+            is stuck, in words.
+        """
+        last = self._last
+        if beat is not None and beat != last:
+            if last is None or beat.tick != last.tick:
+                self._beat_at_s = now_s
+            if last is None or beat.progress != last.progress or not beat.busy:
+                self._progress_at_s = now_s
+            self._last = last = beat
+        if last is None:
+            return None
+        quiet_s = now_s - self._beat_at_s
+        if quiet_s >= self.heartbeat_s:
+            return f"no heartbeat for {quiet_s:.1f} s (limit {self.heartbeat_s:g} s)"
+        idle_s = now_s - self._progress_at_s
+        if last.busy and idle_s >= self.step_deadline_s:
+            return (
+                f"busy without progress for {idle_s:.1f} s "
+                f"(limit {self.step_deadline_s:g} s)"
+            )
+        return None

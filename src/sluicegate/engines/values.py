@@ -195,7 +195,10 @@ class EngineStats:
     ``step_time_s`` is their total wall time in seconds; ``last_step_tokens`` is
     the batch size (tokens) of the latest step. ``failure`` is ``None`` while the
     engine serves, and otherwise says why it stopped for good (its worker died):
-    a server that sees it should exit. ``submit_limit`` is how many sequences an
+    a server that sees it should exit. ``unavailable`` is ``None`` while the
+    engine takes requests, and otherwise says why it cannot for now but will
+    again (its process is being restarted): the server is not ready meanwhile.
+    ``submit_limit`` is how many sequences an
     idle engine accepts at once before ``generate`` raises ``EngineUnavailable``
     (its queue, plus the slots a sequence starts in at submission; ``None``: no
     such bound): a request with more choices can never be admitted.
@@ -218,6 +221,7 @@ class EngineStats:
     last_step_tokens: int = 0
     failure: str | None = None
     submit_limit: int | None = None
+    unavailable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

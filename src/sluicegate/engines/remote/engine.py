@@ -15,10 +15,11 @@ When the engine process dies (its socket closes), every request in flight
 ends at once with one ``EngineCrashed`` (the in-band ``engine_crashed`` error,
 no ``[DONE]``; the ledger closes its row as an engine error with the tokens
 it had), and each request not yet accepted gets ``EngineUnavailable`` (503
-with ``Retry-After``). The next ``generate`` connects again; until the
-supervisor has restarted the engine, that fails at once with the same 503.
-``stats()`` is the engine's last pushed snapshot (``STATS``), shared by every
-worker; while the engine is away it shows nothing running.
+with ``Retry-After``). Until the socket answers again (tried every
+``RECONNECT_S``), ``generate`` fails at once with the same 503 and
+``stats().unavailable`` says why (``/ready`` is 503). ``stats()`` is the
+engine's last pushed snapshot (``STATS``), shared by every worker; while the
+engine is away it shows nothing running.
 
 Spec: docs/serving.md, "The engine process"; ``engines/base.py``.
 """
@@ -59,9 +60,12 @@ from sluicegate.engines.remote.link import FrameLink
 from sluicegate.engines.remote.outputs import FrameStream, RemoteOutputs, hello
 from sluicegate.engines.values import EngineStats, GenerateRequest, Grammar, ModelInfo
 
-__all__ = ["RemoteEngine", "RemoteOutputs"]
+__all__ = ["RECONNECT_S", "RemoteEngine", "RemoteOutputs"]
 
 logger = logging.getLogger(__name__)
+
+RECONNECT_S = 0.1
+"""Seconds between two tries of the socket of an engine process that went away."""
 
 _RESTARTING = "the engine is restarting; retry shortly"
 _CRASHED = "the engine process stopped; the request was lost with it"
@@ -114,6 +118,7 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
         self._stats = stats
         self._link: _Link | None = None
         self._connecting: asyncio.Future[None] | None = None
+        self._returning: asyncio.Future[None] | None = None
         self._backlog: list[tuple[object, ...]] = []
         self._sequences: dict[str, RemoteOutputs] = {}
         self._asks = itertools.count()
@@ -184,6 +189,8 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
         """Abort this worker's requests and close the connection; the engine
         process goes on serving the other workers."""
         self._closed = True
+        if self._returning is not None:
+            self._returning.cancel()
         for request_id in list(self._sequences):
             self.abort(request_id)
         link = self._link
@@ -247,33 +254,47 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
             logger.warning("engine process unreachable: %s", exc)
             self._connecting = None
             self._refuse_backlog()
+            self._away()
             return
         self._link = link
         self._connecting = None
+        self._stats = dataclasses.replace(self._stats, unavailable=None)
         backlog, self._backlog = self._backlog, []
         for message in backlog:
             self._send(message)
 
+    def _away(self) -> None:
+        """The engine process is away: unavailable until its socket answers."""
+        self._stats = dataclasses.replace(self._stats, unavailable=_RESTARTING)
+        if self._returning is None and not self._closed:
+            self._returning = asyncio.ensure_future(self._await_return())
+
+    async def _await_return(self) -> None:
+        while not self._closed and self._link is None:
+            await asyncio.sleep(RECONNECT_S)
+            connecting = self._connecting or asyncio.ensure_future(self._connect())
+            self._connecting = connecting
+            await asyncio.shield(connecting)
+        self._returning = None
+
     def _refuse_backlog(self) -> None:
         backlog, self._backlog = self._backlog, []
         for message in backlog:
-            if message[0] != GENERATE:
-                continue
             request = message[1]
-            assert isinstance(request, GenerateRequest)
-            outputs = self._sequences.pop(request.request_id, None)
-            if outputs is not None:
-                outputs.settle(EngineUnavailable(_RESTARTING))
-                outputs.fail(EngineUnavailable(_RESTARTING))
+            if message[0] == GENERATE and isinstance(request, GenerateRequest):
+                outputs = self._sequences.pop(request.request_id, None)
+                if outputs is not None:
+                    outputs.settle(EngineUnavailable(_RESTARTING))
+                    outputs.fail(EngineUnavailable(_RESTARTING))
 
     def _lost(self, link: _Link) -> None:
         if link is not self._link:
             return
         self._link = None
-        stats = self._stats
         self._stats = dataclasses.replace(
-            stats, queued=0, running=0, kv_cells_used=0, running_ids=()
+            self._stats, queued=0, running=0, kv_cells_used=0, running_ids=()
         )
+        self._away()
         sequences, self._sequences = self._sequences, {}
         if sequences and not self._closed:
             logger.error(
@@ -288,12 +309,12 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
     def _receive(self, message: tuple[object, ...]) -> None:
         kind = message[0]
         if kind == OUTPUT:
-            outputs = self._sequences.get(_about(message))
+            outputs = self._sequences.get(str(message[1]))
             output = message[2]
             assert isinstance(output, EngineOutput)
             if outputs is not None:
                 if output.finish_reason is not None:
-                    del self._sequences[_about(message)]
+                    del self._sequences[str(message[1])]
                 outputs.push(output)
         elif kind == STATS:
             stats = message[1]
@@ -302,14 +323,14 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
             # restarted: not a reason for this worker to exit.
             self._stats = dataclasses.replace(stats, failure=None)
         elif kind == ACCEPTED:
-            outputs = self._sequences.get(_about(message))
+            outputs = self._sequences.get(str(message[1]))
             if outputs is not None:
                 outputs.settle(None)
         elif kind in (FAIL, END, REFUSED):
             self._ended(message)
 
     def _ended(self, message: tuple[object, ...]) -> None:
-        outputs = self._sequences.pop(_about(message), None)
+        outputs = self._sequences.pop(str(message[1]), None)
         if outputs is None:
             return
         if message[0] == END:
@@ -328,8 +349,3 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
             error = EngineError(text)
         outputs.settle(error)
         outputs.fail(error if isinstance(error, EngineError) else EngineError(text))
-
-
-def _about(message: tuple[object, ...]) -> str:
-    """The request id a frame from the engine is about."""
-    return str(message[1])

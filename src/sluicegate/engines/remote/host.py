@@ -16,7 +16,10 @@ connection, with the frames of ``frames.py``:
   that may crash takes this process down, not a worker), then
   ``GRAMMAR_DONE``;
 - every ``STATS_INTERVAL_S`` the engine's ``stats()``, when they changed, go
-  to every worker as ``STATS`` (a worker's ``/engine/stats`` reads the last).
+  to every worker as ``STATS`` (a worker's ``/engine/stats`` reads the last),
+  and a beat is written to the beat file (``write_beat``): a tick, the
+  engine's progress and whether it is busy, which the supervisor reads to
+  kill an engine process that is stuck (``core/restarts.py``, ``StuckWatch``).
 
 The outputs of one engine step reach the loop in one callback
 (``engines/llamacpp/handoff.py``), so their frames are gathered per connection and
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -44,6 +48,7 @@ from pathlib import Path
 
 from sluicegate.core.errors import EngineError, EngineUnavailable, RequestError
 from sluicegate.core.events import EngineOutput
+from sluicegate.core.restarts import Beat
 from sluicegate.engines.base import OutputItem, TokenEngine
 from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.engines.remote.frames import (
@@ -63,7 +68,14 @@ from sluicegate.engines.remote.frames import (
 from sluicegate.engines.remote.link import FrameLink
 from sluicegate.engines.values import EngineStats, GenerateRequest, Grammar
 
-__all__ = ["MAX_UNREAD_BYTES", "STATS_INTERVAL_S", "serve_engine"]
+__all__ = [
+    "MAX_UNREAD_BYTES",
+    "STATS_INTERVAL_S",
+    "beat_path",
+    "read_beat",
+    "serve_engine",
+    "write_beat",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -168,13 +180,14 @@ class _Host:
         self.failure: str | None = None
         self._last: EngineStats | None = None
 
-    def push_stats(self) -> None:
+    def push_stats(self) -> EngineStats:
         stats = self.engine.stats()
         self.failure = stats.failure
         if stats != self._last:
             self._last = stats
             for link in self.links:
                 link.send((STATS, stats))
+        return stats
 
 
 async def serve_engine(
@@ -187,7 +200,8 @@ async def serve_engine(
     """Serve ``engine`` on the Unix socket ``path`` until SIGTERM or SIGINT
     (or until ``parent_pid`` is no longer this process's parent, or the
     engine failed for good: ``stats().failure``), then close the engine
-    (every KV cell freed) and remove the socket.
+    (every KV cell freed) and remove the socket. A beat goes to
+    ``beat_path(path)`` every ``STATS_INTERVAL_S`` meanwhile.
 
     Returns:
         0, or 1 when the engine failed (its workers' requests then end as if
@@ -203,7 +217,7 @@ async def serve_engine(
             run this in their own loop pass one).
 
     Raises:
-        OSError: the socket cannot be made at ``path``.
+        OSError: the socket or the beat file cannot be made at ``path``.
     """
     loop = asyncio.get_running_loop()
     host = _Host(engine, vocab)
@@ -214,7 +228,8 @@ async def serve_engine(
     server = await loop.create_unix_server(lambda: _Link(host), str(path))
     os.chmod(path, 0o600)
     logger.info("engine %s serving on %s", engine.model.id, path)
-    ticker = asyncio.ensure_future(_push_stats(host, parent_pid, stop))
+    beats = os.open(beat_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    ticker = asyncio.ensure_future(_push_stats(host, parent_pid, stop, beats))
     try:
         await stop.wait()
     finally:
@@ -224,15 +239,53 @@ async def serve_engine(
             if link.transport is not None:
                 link.transport.close()
         await engine.aclose()
+        os.close(beats)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a socket: no disk write to wait for
     return 0 if host.failure is None else 1
 
 
-async def _push_stats(host: _Host, parent_pid: int | None, stop: asyncio.Event) -> None:
-    while True:
+def beat_path(socket_path: Path) -> Path:
+    """The beat file of the engine process serving at ``socket_path``."""
+    return socket_path.with_name(socket_path.name + ".beat")
+
+
+_BEAT_BYTES = 44  # "%020d %020d %d\n"
+
+
+def write_beat(fd: int, tick: int, stats: EngineStats) -> None:
+    """Write one beat (``Beat``) of an engine whose stats are ``stats`` to the
+    beat file open at ``fd``: one ``pwrite`` of a fixed size, in place."""
+    progress = (
+        stats.steps
+        + stats.prompt_tokens
+        + stats.generated_tokens
+        + stats.finished_requests
+        + stats.aborted_requests
+        + stats.failed_requests
+    )
+    busy = stats.queued + stats.running > 0
+    os.pwrite(fd, b"%020d %020d %d\n" % (tick, progress, busy), 0)
+
+
+def read_beat(path: Path) -> Beat | None:
+    """The last beat in the beat file at ``path``; ``None``: none is readable
+    (not written yet, or a write seen half done)."""
+    try:
+        with open(path, "rb") as file:
+            fields = file.read(_BEAT_BYTES).split()
+        tick, progress, busy = (int(f) for f in fields)
+    except (OSError, ValueError):
+        return None
+    return Beat(tick, progress, bool(busy))
+
+
+async def _push_stats(
+    host: _Host, parent_pid: int | None, stop: asyncio.Event, beats: int
+) -> None:
+    for tick in itertools.count():
         await asyncio.sleep(STATS_INTERVAL_S)
-        host.push_stats()
+        write_beat(beats, tick, host.push_stats())
         if host.failure is not None:
             logger.critical("the engine failed (%s): stopping", host.failure)
             stop.set()

@@ -2,9 +2,11 @@
 
 ``InfoRoutes`` answers ``GET /v1/models`` (every served model, OpenAI list
 shape, plus ``context_length``), ``GET /health`` (liveness: ``ok``, ``draining``,
-or 503 ``engine_failed`` once an engine's worker died; with ``serve --workers``,
-also the ``pid`` of the worker process that answered), ``GET /ready`` (200, or
-503 with ``Retry-After`` once the server drains), ``GET /metrics`` (Prometheus
+``engine_restarting`` while an engine process is being restarted, or 503
+``engine_failed`` once an engine's worker died; with ``serve --workers``, also
+the ``pid`` of the worker process that answered), ``GET /ready`` (200, or 503
+with ``Retry-After`` once the server drains, and while an engine is
+unavailable: ``EngineStats.unavailable``), ``GET /metrics`` (Prometheus
 text), ``GET /engine/stats`` (one engine's ``EngineStats`` as JSON, summed over the
 workers of ``serve --workers``: ``worker_stats.py``; 404 for an unknown
 ``?model=``) and ``GET /openapi.json``. None of them touches an engine
@@ -23,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.status import HTTP_503_SERVICE_UNAVAILABLE
 
-from sluicegate.core.errors import ModelNotFound
+from sluicegate.core.errors import EngineUnavailable, ModelNotFound
 from sluicegate.server.apis.openapi import openapi_document
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.http.answers import error_answer, json_answer
@@ -93,8 +95,12 @@ class InfoRoutes:
                 if len(self.models) > 1:
                     payload["model"] = served.id
                 return json_answer(payload, HTTP_503_SERVICE_UNAVAILABLE)
+        # An engine process being restarted leaves this process alive: a
+        # liveness probe must not have the worker restarted as well.
+        restarting = any(s.engine.stats().unavailable for s in self.models)
+        state = "engine_restarting" if restarting else "ok"
         status: dict[str, object] = {
-            "status": "draining" if self.drain.draining else "ok"
+            "status": "draining" if self.drain.draining else state
         }
         if self.config.workers > 1:
             status["pid"] = os.getpid()
@@ -103,6 +109,11 @@ class InfoRoutes:
     async def ready(self, request: Request) -> Response:
         if self.drain.draining:
             return error_answer(shutting_down(self.config))
+        for served in self.models:
+            unavailable = served.engine.stats().unavailable
+            if unavailable is not None:
+                error = EngineUnavailable(f"model {served.id!r}: {unavailable}")
+                return error_answer(error, self.config.retry_after_s)
         return json_answer({"status": "ready"})
 
     async def metrics(self, request: Request) -> Response:

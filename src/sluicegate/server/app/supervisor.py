@@ -8,6 +8,14 @@ logged which child and the limit. On SIGTERM or SIGINT it signals every worker
 once per signal (the first drains, a second ends them), and the engine process
 only once every worker has exited, so that draining streams keep their engine.
 
+The engine process may also be alive and not working: stopped, its loop
+blocked, or in a step that never returns. It writes a beat every 50 ms
+(``engines/remote/host.py``); a ``StuckWatch`` (``core/restarts.py``) reads
+them, and an engine process with no beat for ``heartbeat_s`` seconds, or busy
+with no progress for ``step_deadline_s``, is killed with SIGKILL: its
+workers' streams end with the in-band ``engine_crashed`` error, and it is
+restarted as after any other exit.
+
 Each child runs in its own session: a terminal's Ctrl-C reaches only the
 parent, which forwards it once.
 
@@ -16,15 +24,18 @@ Spec: docs/serving.md, "Workers" and "The engine process".
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 
-from sluicegate.core.restarts import RestartBudget
+from sluicegate.core.restarts import RestartBudget, StuckWatch
+from sluicegate.engines.remote.host import read_beat
 
 __all__ = ["WorkerSupervisor"]
 
@@ -44,6 +55,9 @@ class _Slot:
     restart_at_s: float | None = None
     exits: list[int] = field(default_factory=list)
     signalled: bool = False
+    beat: Path | None = None  # the engine process's beat file
+    watch: StuckWatch | None = None
+    kills: list[str] = field(default_factory=list)  # why each stuck one was
 
 
 class WorkerSupervisor:
@@ -59,6 +73,8 @@ class WorkerSupervisor:
         engine_command: the engine process's command line; ``None``: none.
         budget: a fresh ``RestartBudget`` per child.
         clock: a monotonic clock in seconds.
+        engine_beat: the engine process's beat file (``None``: not watched).
+        watch: a fresh ``StuckWatch`` per start of the engine process.
     """
 
     def __init__(
@@ -69,7 +85,10 @@ class WorkerSupervisor:
         engine_command: Sequence[str] | None = None,
         budget: Callable[[], RestartBudget] = RestartBudget,
         clock: Callable[[], float] = time.monotonic,
+        engine_beat: Path | None = None,
+        watch: Callable[[], StuckWatch] = StuckWatch,
     ) -> None:
+        self._new_watch = watch
         self._env = dict(env)
         self._clock = clock
         self.workers = [
@@ -84,7 +103,7 @@ class WorkerSupervisor:
         self.engine = (
             None
             if engine_command is None
-            else _Slot("engine process", engine_command, (), budget())
+            else _Slot("engine process", engine_command, (), budget(), beat=engine_beat)
         )
         self._signals = 0
         self._forwarded = 0
@@ -154,6 +173,7 @@ class WorkerSupervisor:
             return
         code = slot.process.poll()
         if code is None:
+            self._watch_beat(slot, now)
             return
         slot.process = None
         slot.exits.append(code)
@@ -184,9 +204,24 @@ class WorkerSupervisor:
         )
         slot.restart_at_s = now + delay
 
+    def _watch_beat(self, slot: _Slot, now: float) -> None:
+        if slot.watch is None or slot.beat is None or slot.process is None:
+            return
+        stuck = slot.watch.feed(now, read_beat(slot.beat))
+        if stuck is None:
+            return
+        logger.critical("%s is stuck (%s): killing it", slot.name, stuck)
+        slot.kills.append(stuck)
+        slot.watch = None  # one kill; its exit restarts it as any other
+        slot.process.kill()
+
     def _start(self, slot: _Slot) -> None:
         slot.restart_at_s = None
         slot.started_s = self._clock()
+        if slot.beat is not None:  # a beat of the last one is no beat of this one
+            with contextlib.suppress(FileNotFoundError):
+                slot.beat.unlink()
+            slot.watch = self._new_watch()
         slot.process = subprocess.Popen(
             slot.command,
             pass_fds=slot.fds,

@@ -48,7 +48,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sluicegate.core.restarts import StuckWatch
 from sluicegate.engines.base import Engine, OutputKind
+from sluicegate.engines.remote.host import beat_path
 from sluicegate.server.app.supervisor import WorkerSupervisor
 from sluicegate.server.metering.metrics import MULTIPROC_DIR
 from sluicegate.server.metering.worker_stats import RUN_DIR
@@ -112,6 +114,22 @@ def add_worker_options(serve: argparse.ArgumentParser) -> None:
         help="run the local engine in a process of its own, which the workers"
         " reach over a Unix socket; a crash there ends its streams with an"
         " error, and it is restarted (always so for llama.cpp above one worker)",
+    )
+    add(
+        "--engine-heartbeat-s",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="an engine process that wrote no beat for S seconds (stopped, its"
+        " loop blocked) is killed and restarted (default: %(default)s)",
+    )
+    add(
+        "--engine-step-deadline-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="an engine process with requests and no progress for S seconds (a"
+        " step that never returns) is killed and restarted (default: %(default)s)",
     )
     # Set by the parent (workers.py) on the command lines of its children.
     add("--listen-fd", type=int, help=argparse.SUPPRESS)
@@ -204,14 +222,19 @@ def run_workers(args: argparse.Namespace) -> int:
     base = [sys.executable, "-m", "sluicegate", *args.argv]
     engine_command = None
     worker_command = base
+    engine_socket = run_dir / "engine.sock"
     if separate:
-        engine_socket = str(run_dir / "engine.sock")
-        engine_command = [*base, "--engine-serve", engine_socket]
-        worker_command = [*base, "--engine-socket", engine_socket]
+        engine_command = [*base, "--engine-serve", str(engine_socket)]
+        worker_command = [*base, "--engine-socket", str(engine_socket)]
     port = sockets[0].getsockname()[1]
     logger.info("serving on http://%s:%d with %d workers", args.host, port, count)
     supervisor = WorkerSupervisor(
-        worker_command, [sock.fileno() for sock in sockets], env, engine_command
+        worker_command,
+        [sock.fileno() for sock in sockets],
+        env,
+        engine_command,
+        engine_beat=beat_path(engine_socket) if separate else None,
+        watch=lambda: StuckWatch(args.engine_heartbeat_s, args.engine_step_deadline_s),
     )
     try:
         return supervisor.run()
