@@ -1,20 +1,36 @@
-"""``/metrics``: Prometheus text with request, token, stream and engine metrics."""
+"""``/metrics``: Prometheus text with request, token, stream and engine metrics;
+under ``serve --workers``, the scrape-time series summed over the workers."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import re
+from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 
+from sluicegate.engines.base import Capabilities
 from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted.engine import ScriptedEngine
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
-from sluicegate.server.metering.metrics import LOOP_LAG_INTERVAL_S, LoopLag
+from sluicegate.server.metering.metrics import (
+    LOOP_LAG_INTERVAL_S,
+    MULTIPROC_DIR,
+    LoopLag,
+    Metrics,
+)
+from sluicegate.server.metering.worker_metrics import SummedCollector, WorkerMetrics
+from sluicegate.server.streaming.buffer import LiveStreams
 from tests.polling import wait_until
 
 from .asgi import CHAT, HELLO, Exchange, exchange
@@ -135,3 +151,82 @@ async def test_resumable_streams_are_counted_at_every_scrape() -> None:
     assert _value(text, "sluicegate_resumable_given_up_total") == 1
     assert _value(text, "sluicegate_resumable_producers") == 0
     assert _value(text, "sluicegate_resumable_store_bytes") > 0  # two kept logs
+
+
+class _Series(Collector):
+    """One worker's scrape-time series: a gauge, a counter, a labelled gauge."""
+
+    def __init__(self, streams: int, heartbeats: int, upstreams: dict[str, int]):
+        self.streams = streams
+        self.heartbeats = heartbeats
+        self.upstreams = upstreams
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("sluicegate_active_streams", "s", value=self.streams)
+        yield CounterMetricFamily(
+            "sluicegate_heartbeats_sent", "h", value=self.heartbeats
+        )
+        flights = GaugeMetricFamily("sluicegate_upstream_in_flight", "u", labels=["u"])
+        for name, value in self.upstreams.items():
+            flights.add_metric([name], value)
+        yield flights
+
+
+def _text(collector: Collector) -> bytes:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return generate_latest(registry)
+
+
+async def test_a_scrape_sums_the_series_each_worker_reads_when_asked(
+    tmp_path: Path,
+) -> None:
+    mine = _Series(3, 10, {"a": 1})
+    theirs = _Series(4, 20, {"a": 2, "b": 5})
+    here = WorkerMetrics(tmp_path, lambda: _text(mine), pid=os.getpid())
+    there = WorkerMetrics(tmp_path, lambda: _text(theirs), pid=os.getppid())
+    (tmp_path / "1.sock").write_bytes(b"")  # a live pid, and no socket: left out
+    (tmp_path / "999999999.sock").write_bytes(b"")  # no such process: skipped
+    await here.start()
+    await there.start()
+    try:
+        theirs.streams = 6  # read when the scrape asks, not before
+        with anyio.fail_after(10):
+            others = await here.gather()
+    finally:
+        here.close()
+        there.close()
+    left = sorted(p.name for p in tmp_path.iterdir())  # noqa: ASYNC240
+    assert left == ["1.sock", "999999999.sock"]  # each socket removed
+    text = _text(SummedCollector([mine], others)).decode()
+    assert _value(text, "sluicegate_active_streams") == 3 + 6
+    assert _value(text, "sluicegate_heartbeats_sent_total") == 10 + 20
+    assert _value(text, 'sluicegate_upstream_in_flight{u="a"}') == 1 + 2
+    assert _value(text, 'sluicegate_upstream_in_flight{u="b"}') == 5  # theirs only
+    assert _value(text, "sluicegate_scraped_workers") == 2
+
+
+class _SharedEngine(ScriptedEngine):
+    """An engine whose stats count every worker's requests (the engine process)."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return dataclasses.replace(super().capabilities, shared_stats=True)
+
+
+def test_an_engine_every_worker_shares_is_read_once_not_summed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(MULTIPROC_DIR, str(tmp_path))
+    own, shared = ScriptedEngine(), _SharedEngine(kv_cells_total=777)
+    mine = Metrics(shared, LiveStreams())
+    other = Metrics(shared, LiveStreams()).local().decode()
+    assert "sluicegate_kv_cells_total" not in other  # the answering worker's alone
+    assert "sluicegate_active_streams" in other
+    text = mine.render([other.encode()] * 2).decode()
+    assert _value(text, "sluicegate_kv_cells_total") == 777
+    assert _value(text, "sluicegate_scraped_workers") == 3
+    per_worker = Metrics(own, LiveStreams())  # an engine in each worker: summed
+    total = own.stats().kv_cells_total
+    text = per_worker.render([per_worker.local()]).decode()
+    assert _value(text, "sluicegate_kv_cells_total") == 2 * total

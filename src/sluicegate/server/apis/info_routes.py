@@ -9,7 +9,8 @@ with ``Retry-After`` once the server drains, and while an engine is
 unavailable: ``EngineStats.unavailable``), ``GET /metrics`` (Prometheus
 text), ``GET /engine/stats`` (one engine's ``EngineStats`` as JSON, summed over the
 workers of ``serve --workers``: ``worker_stats.py``; 404 for an unknown
-``?model=``) and ``GET /openapi.json``. None of them touches an engine
+``?model=``) and ``GET /openapi.json``. Under ``serve --workers``, ``/metrics``
+sums every worker's series (``worker_metrics.py``). None of them touches an engine
 beyond its ``model`` and ``stats()``.
 
 Spec: OpenAI API reference, "Models".
@@ -31,6 +32,7 @@ from sluicegate.server.config import ServerConfig
 from sluicegate.server.http.answers import error_answer, json_answer
 from sluicegate.server.http.errors import Unavailable
 from sluicegate.server.metering.metrics import CONTENT_TYPE, Metrics
+from sluicegate.server.metering.worker_metrics import WorkerMetrics
 from sluicegate.server.metering.worker_stats import RUN_DIR, WorkerStats
 from sluicegate.server.prepare.models import ServedModels
 from sluicegate.server.streaming.shutdown import Drain
@@ -63,10 +65,14 @@ class InfoRoutes:
         self.config = config
         self._openapi = openapi_document()
         folder = os.environ.get(RUN_DIR)
+        shared = Path(folder) if folder and config.workers > 1 else None
         self.worker_stats = (
-            WorkerStats(Path(folder), {s.id: s.engine for s in models})
-            if folder and config.workers > 1
-            else None
+            None
+            if shared is None
+            else WorkerStats(shared, {s.id: s.engine for s in models})
+        )
+        self.worker_metrics = (
+            None if shared is None else WorkerMetrics(shared, metrics.local)
         )
 
     async def list_models(self, request: Request) -> Response:
@@ -117,7 +123,9 @@ class InfoRoutes:
         return json_answer({"status": "ready"})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(self.metrics_.render(), media_type=CONTENT_TYPE)
+        workers = self.worker_metrics
+        others = [] if workers is None else await workers.gather()
+        return Response(self.metrics_.render(others), media_type=CONTENT_TYPE)
 
     async def engine_stats(self, request: Request) -> Response:
         try:

@@ -110,10 +110,14 @@ def create_app(
         worker_stats = info.worker_stats
         if worker_stats is not None:  # serve --workers: for the others to sum
             worker_stats.start(asyncio.get_running_loop())
+        if info.worker_metrics is not None:
+            await info.worker_metrics.start()
         yield
         loop_lag.stop()
         if worker_stats is not None:
             worker_stats.close()
+        if info.worker_metrics is not None:
+            info.worker_metrics.close()
         await routes.resumable.aclose()  # producers record their rows first
         for served in routes.models:
             await served.engine.aclose()

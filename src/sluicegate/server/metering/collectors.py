@@ -1,10 +1,11 @@
 """The series ``/metrics`` reads at scrape time: engines, live streams, stores, ledger.
 
 Each collector reads its source when Prometheus scrapes, not per request: the
-engine's ``EngineStats`` and the app's ``LiveStreams`` (``SnapshotCollector``),
-the resumable streams and the memory store's bytes (``ResumableCollector``), the
-ledger's dropped statements and repaired rows (``LedgerCollector``), and the
-per-upstream series of engines that serve from a pool (``UpstreamsCollector``).
+app's ``LiveStreams`` (``LiveCollector``), the engine's ``EngineStats``
+(``EngineCollector``), the resumable streams and the memory store's bytes
+(``ResumableCollector``), the ledger's dropped statements and repaired rows
+(``LedgerCollector``), and the per-upstream series of engines that serve from
+a pool (``UpstreamsCollector``).
 ``metrics.Metrics`` registers them.
 
 Spec: docs/DESIGN.md, "Metrics"; Prometheus, "Exposition formats" (text 0.0.4).
@@ -27,31 +28,50 @@ from sluicegate.engines.base import Engine, TextEngine
 from sluicegate.server.streaming.buffer import LiveStreams
 
 __all__ = [
+    "EngineCollector",
     "LedgerCollector",
     "LedgerCounts",
+    "LiveCollector",
     "ResumableCollector",
     "ResumableCounts",
-    "SnapshotCollector",
     "UpstreamsCollector",
 ]
 
 
-class SnapshotCollector(Collector):
-    """Gauges and counters read from the engine and the live streams per scrape."""
+class LiveCollector(Collector):
+    """Gauges and counters read from the app's live streams per scrape."""
 
-    def __init__(self, engine: Engine, live: LiveStreams) -> None:
-        self._engine = engine
+    def __init__(self, live: LiveStreams) -> None:
         self._live = live
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._engine.stats()
         live = self._live
+        yield GaugeMetricFamily(
+            "sluicegate_active_streams", "Responses now running", value=len(live)
+        )
+        yield GaugeMetricFamily(
+            "sluicegate_stream_buffer_bytes",
+            "Bytes waiting for slow clients (content plus per-event cost)",
+            value=live.pending_bytes,
+        )
+        counters = {
+            "heartbeats_sent": ("Keep-alive comments written", live.heartbeats_sent),
+            "coalesced_events": ("Deltas merged into others", live.coalesced_events),
+            "slow_client_aborts": ("Streams aborted: slow client", live.aborted_slow),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(f"sluicegate_{name}", doc, value=value)
+
+
+class EngineCollector(Collector):
+    """Gauges and counters read from the engine's stats per scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.stats()
         gauges = {
-            "active_streams": ("Responses now running", len(live)),
-            "stream_buffer_bytes": (
-                "Bytes waiting for slow clients (content plus per-event cost)",
-                live.pending_bytes,
-            ),
             "engine_queue_depth": ("Requests queued", stats.queued),
             "engine_running": ("Sequences running", stats.running),
             "kv_cells_used": ("KV cells (tokens) in use", stats.kv_cells_used),
@@ -60,9 +80,6 @@ class SnapshotCollector(Collector):
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(f"sluicegate_{name}", doc, value=value)
         counters = {
-            "heartbeats_sent": ("Keep-alive comments written", live.heartbeats_sent),
-            "coalesced_events": ("Deltas merged into others", live.coalesced_events),
-            "slow_client_aborts": ("Streams aborted: slow client", live.aborted_slow),
             "engine_generated_tokens": ("Engine tokens", stats.generated_tokens),
             "engine_wasted_tokens": ("Tokens after an abort", stats.wasted_tokens),
             "engine_aborted_requests": ("Engine aborts", stats.aborted_requests),

@@ -12,7 +12,8 @@ queue depth, running sequences, KV cells used and total, and its generated,
 wasted and aborted counters (``EngineStats``); resumable streams' producers,
 resumes, streams given up and the memory store's bytes (``ResumableStreams``);
 the ledger's statements dropped and rows repaired (``Ledger``); those
-collectors are ``collectors.py``'s.
+collectors are ``collectors.py``'s. Under ``serve --workers`` both kinds are
+summed over every worker (``render``; ``worker_metrics.py``).
 
 Sampled while the app runs (``Metrics.watch_loop``): how late the event loop runs
 a timer, ``sluicegate_event_loop_lag_seconds``. One core runs every stream's
@@ -47,13 +48,15 @@ from sluicegate.engines.base import Engine, OutputKind
 from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.ledger.ledger import LedgerRow
 from sluicegate.server.metering.collectors import (
+    EngineCollector,
     LedgerCollector,
     LedgerCounts,
+    LiveCollector,
     ResumableCollector,
     ResumableCounts,
-    SnapshotCollector,
     UpstreamsCollector,
 )
+from sluicegate.server.metering.worker_metrics import SummedCollector
 from sluicegate.server.streaming.buffer import LiveStreams
 
 __all__ = [
@@ -146,10 +149,19 @@ class Metrics:
         self._refused_by: dict[str, Counter] = {}
         # Under serve --workers, the series above are kept in files of this
         # folder (prometheus-client picks that at import) and every worker's
-        # are summed at a scrape; those read at scrape time stay this worker's.
+        # are summed at a scrape; those read at scrape time are summed over
+        # the workers' answers (worker_metrics.py), but for an engine whose
+        # stats count every worker's requests already (the engine process).
         self._shared_dir = os.environ.get(MULTIPROC_DIR)
         self._scraped: list[Collector] = []
-        self._watch(SnapshotCollector(engine, live))
+        self._alone: list[Collector] = []
+        self._watch(LiveCollector(live))
+        engine_series = EngineCollector(engine)
+        if engine.capabilities.shared_stats:
+            self.registry.register(engine_series)
+            self._alone.append(engine_series)
+        else:
+            self._watch(engine_series)
         pools = [
             e
             for e in engines
@@ -217,14 +229,27 @@ class Metrics:
         self.registry.register(collector)
         self._scraped.append(collector)
 
-    def render(self) -> bytes:
-        """The text exposition of every metric (``CONTENT_TYPE``); under
-        ``serve --workers``, the per-request series summed over every worker
-        (``MULTIPROC_DIR``), the ones read at scrape time this worker's."""
+    def render(self, others: Sequence[bytes] = ()) -> bytes:
+        """The text exposition of every metric (``CONTENT_TYPE``).
+
+        Under ``serve --workers`` (``MULTIPROC_DIR``): the per-request series
+        summed over every worker's files, and the ones read at scrape time
+        summed with ``others`` (the other workers' ``local()``, read now), but
+        for an engine whose stats already count every worker's requests.
+        """
         if self._shared_dir is None:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
         MultiProcessCollector(registry, self._shared_dir)  # type: ignore[no-untyped-call]
+        registry.register(SummedCollector(self._scraped, others))
+        for collector in self._alone:
+            registry.register(collector)
+        return generate_latest(registry)
+
+    def local(self) -> bytes:
+        """This worker's series read at scrape time that ``render`` sums over
+        the workers, as Prometheus text, read now."""
+        registry = CollectorRegistry()
         for collector in self._scraped:
             registry.register(collector)
         return generate_latest(registry)

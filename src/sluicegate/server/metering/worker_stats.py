@@ -28,7 +28,7 @@ from sluicegate.engines.base import Engine
 from sluicegate.engines.clocks import Timer, Timers
 from sluicegate.engines.values import EngineStats
 
-__all__ = ["PUBLISH_INTERVAL_S", "RUN_DIR", "WorkerStats"]
+__all__ = ["PUBLISH_INTERVAL_S", "RUN_DIR", "WorkerStats", "alive"]
 
 PUBLISH_INTERVAL_S = 0.5
 """Seconds between two writes of a worker's stats file."""
@@ -80,7 +80,7 @@ class WorkerStats:
         if engine is None or engine.capabilities.shared_stats:
             return summed
         for path in self._folder.glob("*.json"):
-            if path == self._path or not _alive(path.stem):
+            if path == self._path or not alive(path.stem):
                 continue
             with contextlib.suppress(OSError, ValueError):
                 other = json.loads(path.read_text()).get(model)
@@ -97,7 +97,8 @@ class WorkerStats:
             self._path.unlink()
 
 
-def _alive(name: str) -> bool:
+def alive(name: str) -> bool:
+    """Whether ``name`` (a file's stem) is the pid of a running process."""
     if not name.isdigit():
         return False
     try:
