@@ -216,3 +216,45 @@ async def test_a_stalled_engine_beats_busy_without_progress_and_is_judged_stuck(
     assert verdicts[:3] == [None, None, None]
     assert verdicts[3] is not None
     assert verdicts[3].startswith("busy without progress for 30.0 s")
+
+
+class _SlowToClose(ScriptedEngine):
+    """A scripted engine whose ``aclose`` waits for the test (a step in
+    flight that closing waits for)."""
+
+    def __init__(self) -> None:
+        super().__init__("a b c")
+        self.closing = asyncio.Event()
+        self.closed = asyncio.Event()
+
+    async def aclose(self) -> None:
+        self.closing.set()
+        await self.closed.wait()
+        await super().aclose()
+
+
+@pytest.mark.anyio
+async def test_the_engine_process_beats_until_its_engine_is_closed(
+    tmp_path: Path,
+) -> None:
+    """Told to stop, the host goes on beating while the engine closes, so the
+    supervisor does not take a slow close for a stuck process."""
+    engine = _SlowToClose()
+    path = tmp_path / "engine.sock"
+    stop = asyncio.Event()
+    host = asyncio.ensure_future(
+        serve_engine(engine, path, engine.tokenizer, stop=stop)
+    )
+    try:
+        await _next_beat(beat_path(path), None)
+        stop.set()
+        with anyio.fail_after(10):
+            await engine.closing.wait()
+        closing = read_beat(beat_path(path))
+        assert closing is not None
+        later = await _next_beat(beat_path(path), closing)
+        assert later.tick > closing.tick
+    finally:
+        engine.closed.set()
+        with anyio.fail_after(10):
+            await host

@@ -201,7 +201,8 @@ async def serve_engine(
     (or until ``parent_pid`` is no longer this process's parent, or the
     engine failed for good: ``stats().failure``), then close the engine
     (every KV cell freed) and remove the socket. A beat goes to
-    ``beat_path(path)`` every ``STATS_INTERVAL_S`` meanwhile.
+    ``beat_path(path)`` every ``STATS_INTERVAL_S`` meanwhile, until the
+    engine is closed.
 
     Returns:
         0, or 1 when the engine failed (its workers' requests then end as if
@@ -233,12 +234,14 @@ async def serve_engine(
     try:
         await stop.wait()
     finally:
-        ticker.cancel()
         server.close()
         for link in list(host.links):
             if link.transport is not None:
                 link.transport.close()
+        # Still beating: closing waits for the step in flight, which on a busy
+        # machine may take longer than the supervisor's heartbeat limit.
         await engine.aclose()
+        ticker.cancel()
         os.close(beats)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a socket: no disk write to wait for
@@ -285,6 +288,9 @@ async def _push_stats(
 ) -> None:
     for tick in itertools.count():
         await asyncio.sleep(STATS_INTERVAL_S)
+        if stop.is_set():  # closing: no worker to tell, the beats go on
+            write_beat(beats, tick, host.engine.stats())
+            continue
         write_beat(beats, tick, host.push_stats())
         if host.failure is not None:
             logger.critical("the engine failed (%s): stopping", host.failure)
