@@ -1,10 +1,12 @@
 """``serve --engine-process``: the engine in a process of its own, reached by
-the worker over a Unix socket; its aborts, its death and its restart.
+the worker over a Unix socket; its aborts, its death, readiness while it is
+away, and its restart.
 
 The scripted engine runs in the engine process (paced, with a half-second
 prefill), so that the tests control when a request is queued, in prefill or
-decoding; one worker (``--workers 1``), so no Redis. The test that
-kills the engine runs last: the others then see a fresh engine.
+decoding; two workers share it (the engine's stats count both), with Redis
+and one PostgreSQL ledger that both write. The test that kills the engine
+runs last: the others then see a fresh engine.
 """
 
 from __future__ import annotations
@@ -12,34 +14,44 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
+
+from sluicegate.core.endstate import EndState
+from sluicegate.server.ledger.pg_read import read_rows
+from sluicegate.server.ledger.rows import LedgerRow
+from tests.postgres import PostgresCluster
+from tests.redis_server import RedisServer
 
 from .servers import ServerProcess
 from .wire import engine_stats
-from .workers import engine_pid, eventually
+from .workers import client_on, engine_pid, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 40}
 STREAMS = 8
 """Streams in flight when the engine process is killed."""
+LOAD = 32
+"""Concurrent requests of the ledger test."""
 
 
 @pytest.fixture(scope="module")
-def ledger_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("ledger") / "ledger.sqlite3"
+def ledger_url(postgres: PostgresCluster) -> str:
+    return postgres.create_schema("engine_process")
 
 
 @pytest.fixture(scope="module")
 def server(
-    ledger_path: Path, tmp_path_factory: pytest.TempPathFactory
+    redis_server: RedisServer,
+    ledger_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("engine-process")
     text = folder / "text.txt"
@@ -47,9 +59,10 @@ def server(
     process = ServerProcess(
         "engine-process",
         [
-            "--engine-process", "--engine", "scripted", "--scripted-text", str(text),
+            "--engine-process", "--workers", "2", "--redis", redis_server.url,
+            "--engine", "scripted", "--scripted-text", str(text),
             "--scripted-rate", "40", "--scripted-max-running", "16",
-            "--scripted-max-queued", "16", "--ledger", str(ledger_path),
+            "--scripted-max-queued", "16", "--ledger", ledger_url,
             "--fault", "prefill-delay:0.5",
         ],
         folder,
@@ -162,14 +175,54 @@ def test_a_client_gone_while_queued_aborts_in_the_engine_process(
     assert engine_stats(http)["running"] == 0
 
 
-def _chunks(response: httpx.Response) -> tuple[list[dict[str, Any]], list[str]]:
-    datas = _data(response.iter_lines())
-    parsed = [json.loads(d) for d in datas if d != "[DONE]"]
-    return parsed, datas
+def test_no_ledger_row_is_lost_when_both_workers_write_to_postgresql(
+    server: ServerProcess, ledger_url: str
+) -> None:
+    body = {**CHAT, "max_tokens": 2}
+
+    def ask(client: httpx.Client) -> tuple[str, int]:
+        answer = client.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["id"]), answer.json()["usage"]["completion_tokens"]
+
+    # 16 connections at once, which the kernel spreads over the two workers
+    with (
+        httpx.Client(base_url=server.base_url, timeout=60) as client,
+        ThreadPoolExecutor(16) as pool,
+    ):
+        asked = dict(pool.map(ask, [client] * LOAD))
+    assert len(asked) == LOAD
+    rows: dict[str, LedgerRow] = {}
+
+    def all_ended() -> bool:  # each worker's writer thread commits on its own
+        rows.update((r.request_id, r) for r in read_rows(ledger_url))
+        return set(asked) <= set(rows)
+
+    assert eventually(all_ended), set(asked) - set(rows)
+    for request_id, tokens in asked.items():
+        row = rows[request_id]
+        assert (row.end_state, row.completion_tokens) == (EndState.FINISHED, tokens)
+    with psycopg.connect(ledger_url) as db:
+        servers = {
+            server_id
+            for request_id, server_id in db.execute(
+                "SELECT request_id, server_id FROM requests"
+            )
+            if request_id in asked
+        }
+    assert len(servers) == 2  # both workers wrote
+
+
+def _has_content(data: str) -> bool:
+    """Whether an SSE ``data`` string is a chat chunk with some content."""
+    if data == "[DONE]":
+        return False
+    choices = json.loads(data).get("choices") or [{}]
+    return bool(choices[0].get("delta", {}).get("content"))
 
 
 def test_sigkill_of_the_engine_ends_every_stream_with_one_error_then_it_restarts(
-    server: ServerProcess, http: httpx.Client, ledger_path: Path
+    server: ServerProcess, http: httpx.Client, ledger_url: str
 ) -> None:
     engine = engine_pid(server.pid)
     assert engine is not None
@@ -178,18 +231,46 @@ def test_sigkill_of_the_engine_ends_every_stream_with_one_error_then_it_restarts
         httpx.Client(base_url=server.base_url, timeout=30) for _ in range(STREAMS)
     ]
 
+    streaming = threading.Semaphore(0)  # released once per stream's first content
+
     def run(client: httpx.Client) -> tuple[list[dict[str, Any]], list[str]]:
+        datas: list[str] = []
+        seen_content = False
         with client.stream("POST", "/v1/chat/completions", json=body) as live:
             assert live.status_code == 200
-            return _chunks(live)
+            for line in live.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                datas.append(line[5:].strip())
+                if not seen_content and _has_content(datas[-1]):
+                    seen_content = True
+                    streaming.release()
+        return [json.loads(d) for d in datas if d != "[DONE]"], datas
 
-    with ThreadPoolExecutor(STREAMS) as pool:
-        futures = [pool.submit(run, c) for c in clients]
-        assert eventually(lambda: engine_stats(http)["running"] == STREAMS)
-        assert eventually(lambda: engine_stats(http)["generated_tokens"] > STREAMS * 3)
-        os.kill(engine, signal.SIGKILL)
-        results = [f.result(timeout=30) for f in futures]
-    refused = http.post("/v1/chat/completions", json=CHAT)
+    first, first_pid = client_on(server.base_url)
+    second, _ = client_on(server.base_url, not_pid=first_pid)
+    workers = [first, second]
+    # The supervisor stopped: it cannot restart the engine until SIGCONT, so
+    # the test sees the workers while the engine is away, whatever the timing.
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(STREAMS) as pool:
+            futures = [pool.submit(run, c) for c in clients]
+            assert eventually(lambda: engine_stats(http)["running"] == STREAMS)
+            for _ in range(STREAMS):  # every stream has had a token: its row counts it
+                assert streaming.acquire(timeout=30)
+            os.kill(engine, signal.SIGKILL)
+            results = [f.result(timeout=30) for f in futures]
+        away = [
+            (
+                worker.post("/v1/chat/completions", json=CHAT),
+                worker.get("/ready"),
+                worker.get("/health"),
+            )
+            for worker in workers
+        ]
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
     for client in clients:
         client.close()
     ids = []
@@ -205,25 +286,28 @@ def test_sigkill_of_the_engine_ends_every_stream_with_one_error_then_it_restarts
             if c.get("choices") and c["choices"][0]["delta"].get("content")
         ]
         ids.append((chunks[0]["id"], len(deltas)))
-    # Until the engine is back, a new request is refused with a status to retry.
-    if refused.status_code != 200:
-        assert refused.status_code == 503
+    # Until the engine is back, a new request to either worker is refused with
+    # a status to retry, the worker is not ready, and it is alive.
+    for refused, not_ready, alive in away:
+        assert refused.status_code == 503, refused.text
         assert refused.headers["retry-after"]
+        assert not_ready.status_code == 503, not_ready.text
+        assert not_ready.headers["retry-after"]
+        assert not_ready.json()["error"]["code"] == "engine_unavailable"
+        assert alive.status_code == 200
+        assert alive.json()["status"] == "engine_restarting"
     assert eventually(lambda: engine_pid(server.pid) not in (None, engine))
-    assert eventually(
-        lambda: http.post("/v1/chat/completions", json=CHAT).status_code == 200
-    )
-    db = sqlite3.connect(ledger_path)
-    try:
-        rows = {
-            rid: (state, tokens)
-            for rid, state, tokens in db.execute(
-                "SELECT request_id, end_state, completion_tokens FROM requests"
-            )
-        }
-    finally:
-        db.close()
+    for worker in workers:
+
+        def ready(worker: httpx.Client = worker) -> bool:
+            return bool(worker.get("/ready").status_code == 200)
+
+        assert eventually(ready)
+        assert worker.get("/health").json()["status"] == "ok"
+        assert worker.post("/v1/chat/completions", json=CHAT).status_code == 200
+        worker.close()
+    rows = {row.request_id: row for row in read_rows(ledger_url)}
     for response_id, streamed in ids:
-        state, tokens = rows[response_id]
-        assert state == "errored"
-        assert tokens >= streamed > 0  # the tokens streamed before the crash
+        row = rows[response_id]  # from whichever worker streamed it
+        assert row.end_state == EndState.ERRORED
+        assert row.completion_tokens >= streamed > 0  # streamed before the crash

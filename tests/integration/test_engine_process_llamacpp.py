@@ -1,19 +1,22 @@
-"""The real model in an engine process of its own: an abort across the socket
+"""The real model in an engine process of its own: aborts across the socket
+while a request waits in the engine's queue, is in its prefill and decodes,
 and a SIGKILL of the engine process mid-stream.
 
-The abort test is ``test_disconnect.py``'s, run against a server whose
-llama.cpp engine is in its own process (``--engine-process``): the same
-contract (aborted within 1 s or a few steps, KV cells freed) holds across the
-IPC (queue and prefill aborts: ``test_engine_process.py``, scripted). The kill
-test runs last (the engine then loads the model again).
+The prefill and decode aborts are ``test_disconnect.py``'s, run against a
+server whose llama.cpp engine is in its own process (``--engine-process``):
+the same contract (aborted within 1 s or a few steps, KV cells freed) holds
+across the IPC. The kill test runs last (the engine then loads the model
+again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,10 +27,12 @@ import pytest
 
 from . import test_disconnect as disconnect
 from .servers import N_CTX, PARALLEL, ServerProcess, StartServer
-from .wire import NO_END_TOKENS, engine_stats
+from .wire import NO_END_TOKENS, RawExchange, engine_stats, wait_until
 from .workers import engine_pid, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
+
+CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +64,76 @@ def http(base_url: str) -> Iterator[httpx.Client]:
 test_closing_a_stream_after_the_first_token_aborts_the_engine = (
     disconnect.test_closing_a_stream_after_the_first_token_aborts_the_engine
 )
+test_closing_during_a_long_prefill_aborts_before_any_token = (
+    disconnect.test_closing_during_a_long_prefill_aborts_before_any_token
+)
+
+
+def test_a_client_gone_while_queued_aborts_in_the_engine_process(
+    base_url: str, http: httpx.Client
+) -> None:
+    """Every sequence of the engine is taken; one more request waits in its
+    queue, and its client leaves: the engine drops it from the queue, and the
+    running ones go on."""
+    before, _ = wait_until(
+        http,
+        disconnect.idle,
+        started_s=time.monotonic(),
+        give_up_s=disconnect.GIVE_UP_S,
+    )
+    assert before is not None, engine_stats(http)
+    # 512 tokens each: every request's cells fit at once, so the one more
+    # waits for a sequence slot, not for cells
+    body = {**disconnect.STORY, "max_tokens": 512, "stream": True}
+    with contextlib.ExitStack() as held:
+        started_s = time.monotonic()
+        for _ in range(PARALLEL):
+            running = held.enter_context(RawExchange(base_url, CHAT, body))
+            assert running.read_response().status_code == 200
+        busy, _ = wait_until(
+            http,
+            lambda s: s["running"] == PARALLEL,
+            started_s=started_s,
+            give_up_s=disconnect.GIVE_UP_S,
+        )
+        assert busy is not None, engine_stats(http)
+        with RawExchange(base_url, CHAT, body) as waiting:
+            assert waiting.read_response().status_code == 200  # in the queue
+            queued, _ = wait_until(
+                http,
+                lambda s: s["queued"] == 1,
+                started_s=waiting.sent_at_s,
+                give_up_s=disconnect.GIVE_UP_S,
+            )
+            assert queued is not None, engine_stats(http)
+            closed_at_s = waiting.close()
+        at_close = engine_stats(http)
+        stats, elapsed_s = wait_until(
+            http,
+            lambda s: (
+                s["queued"] == 0
+                and s["aborted_requests"] == before["aborted_requests"] + 1
+            ),
+            started_s=closed_at_s,
+            give_up_s=disconnect.GIVE_UP_S,
+        )
+        assert stats is not None, engine_stats(http)
+        steps = stats["steps"] - at_close["steps"]
+        assert (
+            elapsed_s <= disconnect.ABORT_WITHIN_S
+            or steps <= disconnect.STEPS_AFTER_CLOSE
+        ), (elapsed_s, steps, stats)
+        (request_id,) = set(stats["aborted_ids"]) - set(before["aborted_ids"])
+        assert request_id not in queued["running_ids"]  # it never ran
+        assert set(stats["running_ids"]) == set(queued["running_ids"])
+    # the running streams' clients leave too: every cell is freed
+    freed, _ = wait_until(
+        http,
+        disconnect.idle,
+        started_s=time.monotonic(),
+        give_up_s=disconnect.GIVE_UP_S,
+    )
+    assert freed is not None, engine_stats(http)
 
 
 def _has_content(data: str) -> bool:

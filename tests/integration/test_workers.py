@@ -1,5 +1,6 @@
 """``serve --workers 2``: two real worker processes on one port, one Redis,
-one SQLite ledger, driven over HTTP.
+one SQLite ledger, driven over HTTP (two workers on one PostgreSQL ledger:
+``test_engine_process.py``).
 
 The scripted engine, paced, keeps streams running while a test resumes one on
 the other worker, kills a worker, or drains the server. The tests of the
@@ -182,7 +183,14 @@ def test_metrics_sum_the_requests_of_both_workers(server: ServerProcess) -> None
             assert total() - before == 2
 
 
-def test_engine_stats_count_the_streams_of_both_workers(server: ServerProcess) -> None:
+def _gauge(text: str, name: str) -> float:
+    (line,) = [line for line in text.splitlines() if line.startswith(name + " ")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_engine_stats_and_metrics_count_the_streams_of_both_workers(
+    server: ServerProcess,
+) -> None:
     first, first_pid = client_on(server.base_url)
     second, _ = client_on(server.base_url, not_pid=first_pid)
     asker, _ = client_on(server.base_url)
@@ -204,6 +212,13 @@ def test_engine_stats_count_the_streams_of_both_workers(server: ServerProcess) -
             return seen[-1] == 2
 
         assert eventually(both), seen
+        # A scrape reads each worker's live series when it is asked: both
+        # streams, whichever worker answers, with no wait.
+        for client in (first, second, asker):
+            text = client.get("/metrics").text
+            assert _gauge(text, "sluicegate_scraped_workers") == 2
+            assert _gauge(text, "sluicegate_active_streams") == 2
+            assert _gauge(text, "sluicegate_engine_running") == 2
 
 
 def _state(ledger_path: Path, request_id: str) -> str | None:
@@ -230,6 +245,7 @@ def test_a_killed_worker_is_restarted_and_the_others_stream_is_untouched(
     ):
         lines = kept.iter_lines()
         head = _events(lines, stop_after=3)
+        kept_id = json.loads(head[0])["id"]
         with doomed.stream("POST", "/v1/chat/completions", json=body) as lost:
             lost_lines = lost.iter_lines()
             victim = _events(lost_lines, stop_after=3)
@@ -240,16 +256,19 @@ def test_a_killed_worker_is_restarted_and_the_others_stream_is_untouched(
         tail = _events(lines)
     assert head
     assert tail[-1] == "[DONE]"
+    assert not [e for e in tail[:-1] if "error" in json.loads(e)]
     assert json.loads(tail[-2])["choices"][0]["finish_reason"] == "length"
     new_pids = worker_pids(server.base_url)  # the slot is served again
     assert keep_pid in new_pids
     assert doomed_pid not in new_pids
-    # The new worker finds the dead one's open row and closes it as truncated.
+    # The new worker finds the dead one's open row and closes it as truncated;
+    # the other worker's row is its own, finished.
     assert eventually(lambda: _state(ledger_path, request_id) == "truncated")
+    assert eventually(lambda: _state(ledger_path, kept_id) == "finished")
 
 
 def test_sigterm_drains_every_worker_and_lets_their_streams_finish(
-    server: ServerProcess,
+    server: ServerProcess, ledger_path: Path
 ) -> None:
     first, first_pid = client_on(server.base_url)
     second, _ = client_on(server.base_url, not_pid=first_pid)
@@ -276,7 +295,11 @@ def test_sigterm_drains_every_worker_and_lets_their_streams_finish(
     for head, tail in zip(heads, tails, strict=True):
         assert head
         assert tail[-1] == "[DONE]"
+        assert json.loads(tail[-2])["choices"][0]["finish_reason"] == "length"
     assert server.process.wait(30) == 0
+    # Each worker closed its stream's row before it exited.
+    for head in heads:
+        assert _state(ledger_path, json.loads(head[0])["id"]) == "finished"
 
 
 def test_quotas_hold_across_workers(redis_url: str, tmp_path: Path) -> None:
