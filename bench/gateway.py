@@ -9,9 +9,7 @@ Each column gets a fresh upstream, ``sluicegate serve --engine scripted`` at
   written here (``--upstreams``): the same as ``--upstream
   http://127.0.0.1:PORT/v1`` but without the default per-upstream stream cap,
   which would queue the load (skipped, with a note, while ``sluicegate serve``
-  has no ``--upstream``). ``--client`` names the HTTP clients of the hop to
-  compare (``engines/upstream/http.py``), one column each: ``sluicegate`` for
-  the engine's default, ``sluicegate/NAME`` for another;
+  has no ``--upstream``);
 - ``sluicegate-before``: the same gateway run from ``--before-src``, the
   ``src`` folder of another checkout (a worktree of an older commit): the
   before/after of a change, in one run;
@@ -63,7 +61,7 @@ and writes ``bench/results/gateway.json``. Not a test: nothing here asserts a
 timing.
 
 Run: ``.venv/bin/python bench/gateway.py [--n 50 200] [--duration-s 10]
-[--columns direct sluicegate litellm] [--client aiohttp httpx] [--quick]``
+[--columns direct sluicegate litellm] [--quick]``
 """
 
 from __future__ import annotations
@@ -87,7 +85,6 @@ from typing import Any
 
 import httpx
 
-from sluicegate.engines.upstream.http import DEFAULT_HOP_CLIENT, HOP_CLIENTS
 from sluicegate.testing import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,12 +108,10 @@ EMPTY_CONTENT = b'"content":""'
 
 @dataclass(frozen=True)
 class Column:
-    """One way into the upstream: its name, why it was skipped (or ``""``), and
-    for a sluicegate column the HTTP client of its hop."""
+    """One way into the upstream: its name, and why it was skipped (or ``""``)."""
 
     name: str
     skipped: str = ""
-    client: str = DEFAULT_HOP_CLIENT
 
     @property
     def kind(self) -> str:
@@ -168,7 +163,7 @@ def _before_support() -> str:
     return ""
 
 
-def _columns(names: Sequence[str], clients: Sequence[str]) -> list[Column]:
+def _columns(names: Sequence[str]) -> list[Column]:
     checks = {
         "sluicegate": _gateway_support,
         "sluicegate-before": _before_support,
@@ -178,12 +173,7 @@ def _columns(names: Sequence[str], clients: Sequence[str]) -> list[Column]:
     columns = []
     for name in names:
         skipped = checks[name]() if name in checks else ""
-        if name != "sluicegate":
-            columns.append(Column(name, skipped))
-            continue
-        for client in clients:
-            label = name if client == DEFAULT_HOP_CLIENT else f"{name}/{client}"
-            columns.append(Column(label, skipped, client))
+        columns.append(Column(name, skipped))
     return columns
 
 
@@ -227,7 +217,7 @@ def _litellm_config(path: Path, upstream_port: int) -> Path:
     return path
 
 
-def _sluicegate_config(path: Path, upstream_port: int, client: str) -> Path:
+def _sluicegate_config(path: Path, upstream_port: int) -> Path:
     # The same as --upstream URL, but with no stream cap in the way: the
     # default per-upstream cap (64 streams) would queue the rest of the load,
     # and LiteLLM's column has none.
@@ -235,7 +225,6 @@ def _sluicegate_config(path: Path, upstream_port: int, client: str) -> Path:
         f'''[[models]]
 id = "{MODEL}"
 max_queued = 100000
-http_client = "{client}"
 
 [[models.upstreams]]
 url = "http://127.0.0.1:{upstream_port}/v1"
@@ -260,9 +249,7 @@ def _gateway_command(
         return [*command, f"--port={port}", "--headless"], {}, "/"
     if column.kind in ("sluicegate", "sluicegate-before"):
         before = column.kind == "sluicegate-before"
-        config = _sluicegate_config(
-            tmp / "upstreams.toml", upstream_port, column.client
-        )
+        config = _sluicegate_config(tmp / "upstreams.toml", upstream_port)
         return (
             [
                 PYTHON,
@@ -687,13 +674,6 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="the src folder of another checkout, which sluicegate-before runs",
     )
-    add(
-        "--client",
-        nargs="+",
-        default=[DEFAULT_HOP_CLIENT],
-        choices=HOP_CLIENTS,
-        help="HTTP clients of sluicegate's hop: one sluicegate column each",
-    )
     add("--upstream-cpu", default="0", help="taskset CPU list of the upstream")
     add("--gateway-cpu", default="1", help="taskset CPU list of a gateway")
     add("--load-cpu", default="1", help="taskset CPU list of the load process")
@@ -736,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.upstream_cpu = args.gateway_cpu = args.load_cpu = "0"
     if args.before_src is not None:
         _before_src[0] = str(args.before_src.resolve())
-    columns = _columns(args.columns, args.client)
+    columns = _columns(args.columns)
     rows: list[dict[str, Any]] = []
     probes: list[dict[str, Any]] = []
     with _quiet(not args.no_quiet), tempfile.TemporaryDirectory() as name:
@@ -777,7 +757,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "litellm_version": _litellm_version(),
         "portkey_version": _portkey_version(),
         "before_src": _before_src[0] or None,
-        "http_clients": list(args.client),
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "python": platform.python_version(),

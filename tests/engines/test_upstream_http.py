@@ -1,11 +1,11 @@
-"""The HTTP hop's clients (engines/upstream/http.py), each against real servers.
+"""The HTTP hop's client (engines/upstream/http.py) against real servers.
 
-Every test runs once per client in ``HOP_CLIENTS``. The raw upstream is an
-asyncio HTTP/1.1 server in the test's own loop that answers with the exact bytes
-each test gives it and records what it was sent, so status, headers, body bytes,
-resets and closes are checked on the wire. The last tests run ``UpstreamEngine``
-over each client against a real scripted sluicegate: the same outputs, and an
-abort that reaches the upstream, whichever client carries them.
+The raw upstream is an asyncio HTTP/1.1 server in the test's own loop that
+answers with the exact bytes each test gives it and records what it was sent,
+so status, headers, body bytes, resets and closes are checked on the wire. The
+last tests run ``UpstreamEngine`` against a real scripted sluicegate: its
+outputs, an abort that reaches the upstream, and a gateway's per-upstream
+metrics.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from sluicegate.engines.base import (
 from sluicegate.engines.upstream.config import UpstreamConfig, UpstreamTimeouts
 from sluicegate.engines.upstream.engine import UpstreamEngine
 from sluicegate.engines.upstream.http import (
-    DEFAULT_HOP_CLIENT,
-    HOP_CLIENTS,
+    AiohttpHop,
     HopClient,
     HopError,
     HopResponse,
-    hop_client,
 )
+from sluicegate.server.app.factory import create_app
+from sluicegate.server.config import ServerConfig
 from sluicegate.testing import ServerProcess, free_port, serve_command
 
 pytestmark = pytest.mark.anyio
@@ -50,12 +50,6 @@ protocol"), measured from ``close()``."""
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(params=HOP_CLIENTS)
-def client_name(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
 
 
 class RawUpstream:
@@ -114,21 +108,19 @@ def chunked(*pieces: bytes, end: bool = True) -> list[bytes | None]:
     return out
 
 
-def client_for(name: str, url: str, api_key: str | None = None) -> HopClient:
-    return hop_client(name, UpstreamConfig(url, api_key=api_key))
+def client_for(url: str, api_key: str | None = None) -> HopClient:
+    return AiohttpHop(UpstreamConfig(url, api_key=api_key))
 
 
 async def read_body(response: HopResponse) -> bytes:
     return b"".join([data async for data in response])
 
 
-async def test_a_stream_comes_back_byte_for_byte(
-    raw: tuple[RawUpstream, str], client_name: str
-) -> None:
+async def test_a_stream_comes_back_byte_for_byte(raw: tuple[RawUpstream, str]) -> None:
     upstream, url = raw
     pieces = [b"data: 1\n\n", b"data: \xc3", b"\xa9\n\n", b"data: [DONE]\n\n"]
     upstream.answers.append(chunked(*pieces))
-    client = client_for(client_name, url, api_key="k3y")
+    client = client_for(url, api_key="k3y")
     try:
         response = await client.post("chat/completions", b'{"stream":true}')
         assert response.status == 200
@@ -151,7 +143,7 @@ async def test_a_stream_comes_back_byte_for_byte(
 
 
 async def test_a_refusal_has_its_status_headers_and_body(
-    raw: tuple[RawUpstream, str], client_name: str
+    raw: tuple[RawUpstream, str],
 ) -> None:
     upstream, url = raw
     error = orjson.dumps({"error": {"message": "slow down"}})
@@ -162,7 +154,7 @@ async def test_a_refusal_has_its_status_headers_and_body(
             + error
         ]
     )
-    client = client_for(client_name, url)
+    client = client_for(url)
     try:
         response = await client.post("completions", b"{}")
         assert (response.status, response.header("Retry-After")) == (429, "7")
@@ -174,10 +166,10 @@ async def test_a_refusal_has_its_status_headers_and_body(
 
 
 async def test_a_finished_body_keeps_its_connection(
-    raw: tuple[RawUpstream, str], client_name: str
+    raw: tuple[RawUpstream, str],
 ) -> None:
     upstream, url = raw
-    client = client_for(client_name, url)
+    client = client_for(url)
     try:
         for i in range(3):
             upstream.answers.append(chunked(b"data: %d\n\n" % i))
@@ -190,11 +182,11 @@ async def test_a_finished_body_keeps_its_connection(
 
 
 async def test_closing_an_unfinished_body_closes_its_connection(
-    raw: tuple[RawUpstream, str], client_name: str
+    raw: tuple[RawUpstream, str],
 ) -> None:
     upstream, url = raw
     upstream.answers.append(chunked(b"data: 1\n\n", end=False))
-    client = client_for(client_name, url)
+    client = client_for(url)
     try:
         response = await client.post("chat/completions", b"{}")
         assert await anext(aiter(response)) == b"data: 1\n\n"
@@ -204,12 +196,10 @@ async def test_closing_an_unfinished_body_closes_its_connection(
         await client.aclose()
 
 
-async def test_a_reset_mid_body_is_a_hop_error(
-    raw: tuple[RawUpstream, str], client_name: str
-) -> None:
+async def test_a_reset_mid_body_is_a_hop_error(raw: tuple[RawUpstream, str]) -> None:
     upstream, url = raw
     upstream.answers.append([*chunked(b"data: 1\n\n", end=False), None])
-    client = client_for(client_name, url)
+    client = client_for(url)
     try:
         response = await client.post("chat/completions", b"{}")
         with pytest.raises(HopError, match="the body broke"):
@@ -219,14 +209,12 @@ async def test_a_reset_mid_body_is_a_hop_error(
         await client.aclose()
 
 
-async def test_a_body_cut_short_is_a_hop_error(
-    raw: tuple[RawUpstream, str], client_name: str
-) -> None:
+async def test_a_body_cut_short_is_a_hop_error(raw: tuple[RawUpstream, str]) -> None:
     upstream, url = raw
     upstream.answers.append(
         [b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\ndata: 1\n\n", None]
     )
-    client = client_for(client_name, url)
+    client = client_for(url)
     try:
         response = await client.post("chat/completions", b"{}")
         with pytest.raises(HopError):
@@ -236,8 +224,8 @@ async def test_a_body_cut_short_is_a_hop_error(
         await client.aclose()
 
 
-async def test_no_listener_is_a_hop_error(client_name: str) -> None:
-    client = client_for(client_name, f"http://127.0.0.1:{free_port()}/v1")
+async def test_no_listener_is_a_hop_error() -> None:
+    client = client_for(f"http://127.0.0.1:{free_port()}/v1")
     try:
         with pytest.raises(HopError, match="no response from"):
             await client.post("chat/completions", b"{}")
@@ -247,12 +235,10 @@ async def test_no_listener_is_a_hop_error(client_name: str) -> None:
         await client.aclose()
 
 
-async def test_a_malformed_head_is_a_hop_error(
-    raw: tuple[RawUpstream, str], client_name: str
-) -> None:
+async def test_a_malformed_head_is_a_hop_error(raw: tuple[RawUpstream, str]) -> None:
     upstream, url = raw
     upstream.answers.append([b"NOT HTTP AT ALL\r\n\r\n"])
-    client = client_for(client_name, url)
+    client = client_for(url)
     try:
         with pytest.raises(HopError):
             await client.post("chat/completions", b"{}")
@@ -260,12 +246,10 @@ async def test_a_malformed_head_is_a_hop_error(
         await client.aclose()
 
 
-async def test_the_health_check_gets_the_status(
-    raw: tuple[RawUpstream, str], client_name: str
-) -> None:
+async def test_the_health_check_gets_the_status(raw: tuple[RawUpstream, str]) -> None:
     upstream, url = raw
     upstream.answers.append([b"HTTP/1.1 503 X\r\ncontent-length: 4\r\n\r\nbusy"])
-    client = client_for(client_name, url)
+    client = client_for(url)
     try:
         assert await client.get_status("/models", 5.0) == 503
     finally:
@@ -274,11 +258,11 @@ async def test_the_health_check_gets_the_status(
 
 
 async def test_a_silent_health_check_runs_out_of_time(
-    raw: tuple[RawUpstream, str], client_name: str
+    raw: tuple[RawUpstream, str],
 ) -> None:
     upstream, url = raw
     upstream.answers.append([])  # read the request, never answer
-    client = client_for(client_name, url)
+    client = client_for(url)
     try:
         with pytest.raises(HopError):
             await client.get_status("/models", 0.2)
@@ -286,41 +270,7 @@ async def test_a_silent_health_check_runs_out_of_time(
         await client.aclose()
 
 
-def test_names_and_transports_are_checked() -> None:
-    config = UpstreamConfig("http://127.0.0.1:9/v1")
-    assert DEFAULT_HOP_CLIENT in HOP_CLIENTS
-    with pytest.raises(ValueError, match="expected an HTTP client"):
-        hop_client("urllib", config)
-    mock = httpx.MockTransport(lambda request: httpx.Response(204))
-    with pytest.raises(ValueError, match="needs the httpx client"):
-        hop_client("aiohttp", config, mock)
-    with pytest.raises(ValueError, match="expected an HTTP client"):
-        UpstreamEngine(MODEL, [config], http_client="urllib")
-    with_transport = UpstreamEngine(MODEL, [config], transport=mock)
-    assert type(with_transport._clients[0]).__name__ == "HttpxHop"
-    assert type(UpstreamEngine(MODEL, [config])._clients[0]).__name__ == "AiohttpHop"
-
-
-async def test_an_httpx_transport_carries_the_requests() -> None:
-    seen: list[httpx.Request] = []
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(200, stream=httpx.ByteStream(b"data: [DONE]\n\n"))
-
-    client = hop_client(
-        "httpx", UpstreamConfig("http://up.example/v1"), httpx.MockTransport(answer)
-    )
-    try:
-        response = await client.post("/chat/completions", b"{}")
-        assert await read_body(response) == b"data: [DONE]\n\n"
-        await response.aclose()
-    finally:
-        await client.aclose()
-    assert str(seen[0].url) == "http://up.example/v1/chat/completions"
-
-
-# -- the engine over each client, against a real scripted sluicegate -------------
+# -- the engine against a real scripted sluicegate --------------------------------
 
 MODEL = ModelInfo("scripted", 4096, 0)
 
@@ -354,37 +304,30 @@ def request(request_id: str, max_tokens: int) -> GenerateRequest:
     return GenerateRequest(request_id, (), SamplingParams(max_tokens), prompt)
 
 
-def engine_over(name: str, server: ServerProcess) -> UpstreamEngine:
+def engine_over(server: ServerProcess) -> UpstreamEngine:
     config = UpstreamConfig(
         server.base_url + "/v1", continuous_usage=True, timeouts=UpstreamTimeouts()
     )
-    return UpstreamEngine(MODEL, [config], health_interval_s=0, http_client=name)
+    return UpstreamEngine(MODEL, [config], health_interval_s=0)
 
 
-async def outputs_of(name: str, server: ServerProcess) -> list[TextOutput]:
-    engine = engine_over(name, server)
+async def test_the_engine_gives_the_upstreams_text_and_counts(
+    scripted: ServerProcess,
+) -> None:
+    engine = engine_over(scripted)
     try:
         outputs = engine.generate(request("r1", 24))
         await outputs.accepted()
-        return [output async for output in outputs]
+        got: list[TextOutput] = [output async for output in outputs]
     finally:
         await engine.aclose()
+    assert got[-1].finish_reason is FinishReason.LENGTH
+    assert sum(o.completion_tokens for o in got) == 24
+    assert "".join(o.text for o in got).startswith("once upon a time, caf\u00e9")
 
 
-async def test_every_client_gives_the_same_outputs(scripted: ServerProcess) -> None:
-    results = {name: await outputs_of(name, scripted) for name in HOP_CLIENTS}
-    default = results[DEFAULT_HOP_CLIENT]
-    assert default[-1].finish_reason is FinishReason.LENGTH
-    assert sum(o.completion_tokens for o in default) == 24
-    assert "".join(o.text for o in default).startswith("once upon a time, caf\u00e9")
-    for name, outputs in results.items():
-        assert outputs == default, name
-
-
-async def test_a_close_reaches_the_upstream_over_every_client(
-    scripted: ServerProcess, client_name: str
-) -> None:
-    engine = engine_over(client_name, scripted)
+async def test_a_close_reaches_the_upstream(scripted: ServerProcess) -> None:
+    engine = engine_over(scripted)
     admin = httpx.AsyncClient(base_url=scripted.base_url)
     try:
         before = (await admin.get("/engine/stats")).json()
@@ -409,22 +352,41 @@ async def test_a_close_reaches_the_upstream_over_every_client(
         await engine.aclose()
 
 
-def test_a_config_file_picks_the_client(tmp_path: Path) -> None:
+def test_a_config_file_that_names_an_http_client_is_refused(tmp_path: Path) -> None:
     from sluicegate.engines.upstream.file import engines_from_file
 
     path = tmp_path / "upstreams.toml"
-    for name in HOP_CLIENTS:
-        path.write_text(
-            f'[[models]]\nid = "m"\nhttp_client = "{name}"\n'
-            '[[models.upstreams]]\nurl = "http://127.0.0.1:9/v1"\n',
-            encoding="utf-8",
-        )
-        (engine,) = engines_from_file(path, {})
-        assert type(engine._clients[0]).__name__.lower().startswith(name)
     path.write_text(
-        '[[models]]\nid = "m"\nhttp_client = "curl"\n'
+        '[[models]]\nid = "m"\nhttp_client = "httpx"\n'
         '[[models.upstreams]]\nurl = "http://127.0.0.1:9/v1"\n',
         encoding="utf-8",
     )
-    with pytest.raises(ValueError, match="http_client"):
+    with pytest.raises(ValueError, match=r"unknown settings \['http_client'\]"):
         engines_from_file(path, {})
+
+
+async def test_metrics_have_each_upstreams_streams_and_first_tokens(
+    scripted: ServerProcess,
+) -> None:
+    url = scripted.base_url + "/v1"
+    config = UpstreamConfig(url, model="scripted", max_streams=7, health_path="")
+    engine = UpstreamEngine(
+        ModelInfo("pooled", 0, int(time.time())), [config], health_interval_s=0
+    )
+    app = create_app(engine, ServerConfig())
+    gateway = httpx.ASGITransport(app=app)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    async with httpx.AsyncClient(transport=gateway, base_url="http://t") as client:
+        for _ in range(2):
+            response = await client.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200, response.text
+        metrics = (await client.get("/metrics")).text
+    await engine.aclose()
+    labels = f'model="pooled",upstream="{url}"'
+    assert f"sluicegate_upstream_streams_total{{{labels}}} 2.0" in metrics
+    assert f"sluicegate_upstream_in_flight{{{labels}}} 0.0" in metrics
+    assert f"sluicegate_upstream_max_streams{{{labels}}} 7.0" in metrics
+    assert f"sluicegate_upstream_failures_total{{{labels}}} 0.0" in metrics
+    assert f"sluicegate_upstream_time_to_first_token_seconds_count{{{labels}}} 2.0" in (
+        metrics
+    )

@@ -1,4 +1,4 @@
-"""What an upstream's refusal becomes, over each HTTP client: statuses through
+"""What an upstream's refusal becomes over the hop: statuses through
 the table, redirects never followed, ``Retry-After`` clamped, in-band codes of
 any type, and no secret in anything the client or the log sees.
 
@@ -36,7 +36,6 @@ from sluicegate.engines.base import (
 )
 from sluicegate.engines.upstream.config import UpstreamConfig
 from sluicegate.engines.upstream.engine import UpstreamEngine
-from sluicegate.engines.upstream.http import HOP_CLIENTS
 from sluicegate.server.http.answers import status_of
 
 pytestmark = pytest.mark.anyio
@@ -51,12 +50,6 @@ Answer = Callable[[bytes], bytes]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(params=HOP_CLIENTS)
-def client_name(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
 
 
 class EchoUpstream:
@@ -126,9 +119,9 @@ def chat_request() -> GenerateRequest:
     return GenerateRequest("r1", (), SamplingParams(5), prompt)
 
 
-def engine_for(client_name: str, *urls: str, key: str | None = KEY) -> UpstreamEngine:
+def engine_for(*urls: str, key: str | None = KEY) -> UpstreamEngine:
     configs = [UpstreamConfig(u, model="toy", api_key=key) for u in urls]
-    return UpstreamEngine(MODEL, configs, health_interval_s=0, http_client=client_name)
+    return UpstreamEngine(MODEL, configs, health_interval_s=0)
 
 
 async def refusal(engine: UpstreamEngine) -> EngineError:
@@ -173,13 +166,13 @@ def error_body(message: bytes, **fields: bytes | str) -> bytes:
     ],
 )
 async def test_an_odd_status_never_reaches_the_client_as_it_came(
-    echo: tuple[EchoUpstream, str], client_name: str, status: int, client_status: int
+    echo: tuple[EchoUpstream, str], status: int, client_status: int
 ) -> None:
     upstream, url = echo
     upstream.answer = lambda head: http(
         b"HTTP/1.1 %d Odd" % status, error_body(b"odd", code="odd_code")
     )
-    error = await refusal(engine_for(client_name, url))
+    error = await refusal(engine_for(url))
     assert isinstance(error, EngineRefused)
     assert status_of(error) == client_status
     if client_status >= 500:
@@ -192,7 +185,6 @@ async def test_an_odd_status_never_reaches_the_client_as_it_came(
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
 async def test_a_redirect_is_a_502_and_never_followed(
     echo: tuple[EchoUpstream, str],
-    client_name: str,
     status: int,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -205,7 +197,7 @@ async def test_a_redirect_is_a_502_and_never_followed(
         b"HTTP/1.1 %d Moved" % status, b"", b"location: " + location.encode()
     )
     async with server:
-        error = await refusal(engine_for(client_name, url))
+        error = await refusal(engine_for(url))
         server.close()
     assert isinstance(error, EngineRefused)
     assert error.status == 502
@@ -231,7 +223,6 @@ async def test_a_redirect_is_a_502_and_never_followed(
 @pytest.mark.parametrize("status", [429, 503])
 async def test_an_overloaded_upstream_is_a_503_with_a_clamped_retry_after(
     echo: tuple[EchoUpstream, str],
-    client_name: str,
     status: int,
     header: bytes,
     seconds: float,
@@ -240,7 +231,7 @@ async def test_an_overloaded_upstream_is_a_503_with_a_clamped_retry_after(
     upstream.answer = lambda head: http(
         b"HTTP/1.1 %d Busy" % status, error_body(key_of(head)), header
     )
-    error = await refusal(engine_for(client_name, url))
+    error = await refusal(engine_for(url))
     assert isinstance(error, EngineRefused)
     assert (error.status, error.retry_after_s) == (503, seconds)
     assert str(error) == f"the upstream is overloaded ({status}); retry later"
@@ -266,13 +257,13 @@ async def test_an_overloaded_upstream_is_a_503_with_a_clamped_retry_after(
     ],
 )
 async def test_an_in_band_code_of_any_type_gives_a_status(
-    echo: tuple[EchoUpstream, str], client_name: str, code: object, client_status: int
+    echo: tuple[EchoUpstream, str], code: object, client_status: int
 ) -> None:
     upstream, url = echo
     error = {"message": "no", "type": "BadRequestError", "code": code}
     upstream.answer = lambda head: sse({"object": "error", **error})
     async with asyncio.timeout(10):
-        raised = await refusal(engine_for(client_name, url))
+        raised = await refusal(engine_for(url))
     assert isinstance(raised, EngineRefused)
     assert status_of(raised) == client_status
 
@@ -292,13 +283,12 @@ async def test_an_in_band_code_of_any_type_gives_a_status(
 )
 async def test_a_malformed_answer_is_a_502_without_its_bytes(
     echo: tuple[EchoUpstream, str],
-    client_name: str,
     answer: Answer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     upstream, url = echo
     upstream.answer = answer
-    error = await refusal(engine_for(client_name, url))
+    error = await refusal(engine_for(url))
     assert isinstance(error, EngineRefused)
     assert (status_of(error), str(error)) == (
         502,
@@ -308,13 +298,11 @@ async def test_a_malformed_answer_is_a_502_without_its_bytes(
     assert url in caplog.text
 
 
-async def test_no_connection_is_unavailable_and_names_no_address(
-    client_name: str,
-) -> None:
+async def test_no_connection_is_unavailable_and_names_no_address() -> None:
     _upstream, server, url = await started()
     server.close()
     await server.wait_closed()
-    error = await refusal(engine_for(client_name, url))
+    error = await refusal(engine_for(url))
     assert isinstance(error, EngineUnavailable)
     assert str(error) == "the upstream could not be reached"
 
@@ -325,7 +313,7 @@ async def test_metrics_and_logs_name_an_upstream_without_its_secrets(
     upstream, url = echo
     secret_url = url.replace("http://", "http://user:pw-secret@") + "?key=q-secret"
     upstream.answer = lambda head: http(b"HTTP/1.1 500 X", head)
-    engine = engine_for("aiohttp", secret_url, key=None)  # aiohttp: one or other
+    engine = engine_for(secret_url, key=None)  # userinfo or a key: aiohttp takes one
     try:
         outputs = engine.generate(chat_request())
         with pytest.raises(EngineRefused):
@@ -378,7 +366,7 @@ def echoing(answer: Answer, head: bytes) -> bytes:
 async def client_view(url: str, key: str) -> str:
     """Everything the client may read of one request: the error's message,
     type, code and param, and every output's text."""
-    engine = engine_for("aiohttp", url, key=key)
+    engine = engine_for(url, key=key)
     seen: list[str] = []
     try:
         outputs = engine.generate(chat_request())

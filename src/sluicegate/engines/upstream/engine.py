@@ -7,8 +7,7 @@ POSTs ``<url>/chat/completions`` or ``<url>/completions`` with ``stream: true``
 and usage included, and pushes ``TextOutput`` into the sequence's
 ``UpstreamOutputs`` as the upstream's bytes are read (``core/upstream/reader.py``
 decides what they mean). Each upstream has one pool of HTTP/1.1 keep-alive
-connections, a ``HopClient`` (``engines/upstream/http.py``: aiohttp's by
-default, or httpx's).
+connections, a ``HopClient`` (``engines/upstream/http.py``: aiohttp's).
 
 Before any content, the sequence may still be refused: ``accepted()`` raises
 ``EngineRefused`` (the upstream's 429 or 503 with its ``Retry-After``, its 4xx
@@ -44,7 +43,6 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import httpx
 import orjson
 
 from sluicegate.core.errors import (
@@ -70,10 +68,7 @@ from sluicegate.engines.upstream.count import count_prompt
 from sluicegate.engines.upstream.estimate import COUNT_BEFORE_ESTIMATE_S, PromptEstimate
 from sluicegate.engines.upstream.failover import serve
 from sluicegate.engines.upstream.health import check_health
-from sluicegate.engines.upstream.http import (
-    DEFAULT_HOP_CLIENT,
-    hop_client,
-)
+from sluicegate.engines.upstream.http import AiohttpHop
 from sluicegate.engines.upstream.limits import arm
 from sluicegate.engines.upstream.pool import (
     PoolMember,
@@ -98,15 +93,9 @@ class UpstreamEngine:
         max_queued, queue_timeout_s, eject_after_failures, cooldown_s,
             retry_after_s: the pool's (``UpstreamPool``).
         health_interval_s: seconds between active health checks (``0``: none).
-        http_client: the HTTP client of every upstream, one of
-            ``HOP_CLIENTS`` (``engines/upstream/http.py``); ``None``:
-            ``"httpx"`` with a ``transport``, else ``DEFAULT_HOP_CLIENT``.
-        transport: an httpx transport for every upstream (tests; httpx's
-            client only); ``None``: httpx's own.
 
     Raises:
-        ValueError: no upstream, a setting out of range, or an unknown
-            ``http_client``.
+        ValueError: no upstream, or a setting out of range.
     """
 
     def __init__(
@@ -120,8 +109,6 @@ class UpstreamEngine:
         cooldown_s: float = 10.0,
         retry_after_s: float = 1.0,
         health_interval_s: float = 5.0,
-        http_client: str | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not upstreams:
             raise ValueError("expected at least one upstream, got none")
@@ -130,9 +117,7 @@ class UpstreamEngine:
         self._pool_options = (max_queued, queue_timeout_s, eject_after_failures)
         self._pool_times = (cooldown_s, retry_after_s)
         self._health_interval_s = health_interval_s
-        if http_client is None:
-            http_client = DEFAULT_HOP_CLIENT if transport is None else "httpx"
-        self._clients = [hop_client(http_client, u, transport) for u in self._upstreams]
+        self._clients = [AiohttpHop(u) for u in self._upstreams]
         self._pool: UpstreamPool | None = None
         self._health: asyncio.Task[None] | None = None
         self._sequences: dict[str, UpstreamSequence] = {}

@@ -16,7 +16,6 @@ unique.
     eject_after_failures = 3           # passive ejection ...
     cooldown_s = 10                    # ... and how long it lasts
     health_interval_s = 5              # active checks (0: none)
-    http_client = "aiohttp"            # or "httpx" (engines/upstream/http.py)
 
     [[models.upstreams]]
     url = "http://10.0.0.5:8000/v1"    # an OpenAI-compatible API base (required)
@@ -52,7 +51,6 @@ import httpx
 from sluicegate.core.redact import redact_url
 from sluicegate.engines.base import ModelInfo
 from sluicegate.engines.upstream.engine import UpstreamEngine
-from sluicegate.engines.upstream.http import HOP_CLIENTS
 
 __all__ = [
     "MODELS_MAX_BYTES",
@@ -218,7 +216,7 @@ def engines_from_file(path: Path, environ: Mapping[str, str]) -> list[UpstreamEn
 def _engine(entry: Any, environ: Mapping[str, str]) -> UpstreamEngine:
     if not isinstance(entry, dict):
         raise ValueError(f"expected a table, got {entry!r}")
-    known = {"id", "context_length", "upstreams", "http_client", *_MODEL_KEYS}
+    known = {"id", "context_length", "upstreams", *_MODEL_KEYS}
     unknown = sorted(set(entry) - known)
     if unknown:
         raise ValueError(f"unknown settings {unknown}; known: {sorted(known)}")
@@ -238,13 +236,6 @@ def _engine(entry: Any, environ: Mapping[str, str]) -> UpstreamEngine:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"expected a number as {key}, got {value!r}")
             options[key] = kind(value)
-    if "http_client" in entry:
-        client = entry["http_client"]
-        if client not in HOP_CLIENTS:
-            raise ValueError(
-                f"expected http_client in {list(HOP_CLIENTS)}, got {client!r}"
-            )
-        options["http_client"] = client
     return UpstreamEngine.from_config(
         _model_info(model_id, context_length), upstreams, environ, **options
     )

@@ -3,18 +3,18 @@
 ``UpstreamEngine`` talks to each upstream through a ``HopClient``: ``post``
 sends one request and returns once the response's head arrived, as a
 ``HopResponse`` (its status, its headers, an async iterator of its body's bytes
-as they arrive, ``aclose()``); ``get_status`` is the health check's GET. Two
-implementations, each a thin adapter over one client library:
+as they arrive, ``aclose()``); ``get_status`` is the health check's GET.
+``AiohttpHop`` is the one implementation, a thin adapter over aiohttp's
+``ClientSession``: its HTTP parser is compiled, and one read returns every body
+byte that has arrived.
 
-- ``AiohttpHop`` (the default): aiohttp's ``ClientSession``; its HTTP parser is
-  compiled, and one read returns every body byte that has arrived;
-- ``HttpxHop``: httpx's ``AsyncClient``, which hands each HTTP chunk up through
-  h11 (pure Python) and a stack of async iterators, one frame each per chunk.
-
-``bench/gateway.py --client aiohttp httpx`` measures both on the same load:
+Why aiohttp and not httpx, which the hop also spoke until it was measured
+against aiohttp on the same load (``bench/gateway.py``, docs/upstreams.md):
 after the writes to its own clients, the client library is the largest share
-of a gateway's CPU per token, and the whole hop costs about 40% less over
-aiohttp than over httpx there.
+of a gateway's CPU per token, and httpx hands each HTTP chunk up through h11
+(pure Python) and a stack of async iterators; the hop cost 30-40% more CPU per
+token over httpx, and at 200 streams on a busy machine httpx fell behind the
+streams' rate where aiohttp kept up.
 
 What the engine needs, and each adapter gives:
 
@@ -41,7 +41,7 @@ never the exception's text (a malformed status or header line, or a
 ``Location`` the library could not parse, may quote the key, whole or in
 part). Cancellation passes through untouched.
 
-Redirects are never followed, by either client: a 3xx is a response like any
+Redirects are never followed: a 3xx is a response like any
 other (``core/upstream/hop_answers.py`` makes it a 502). Following one would re-send the
 request, with its ``Authorization``, to whatever host the upstream names (and
 as a GET after a 301, 302 or 303).
@@ -54,22 +54,17 @@ from collections.abc import Iterator
 from typing import Final, Protocol
 
 import aiohttp
-import httpx
 
 from sluicegate.core.errors import EngineError
 from sluicegate.engines.upstream.config import UpstreamConfig
 
 __all__ = [
-    "DEFAULT_HOP_CLIENT",
-    "HOP_CLIENTS",
     "KEEPALIVE_S",
     "AiohttpHop",
     "HopClient",
     "HopConnectError",
     "HopError",
     "HopResponse",
-    "HttpxHop",
-    "hop_client",
 ]
 
 KEEPALIVE_S: Final = 4.0
@@ -178,8 +173,8 @@ def _aiohttp_errors(upstream: UpstreamConfig, what: str) -> Iterator[None]:
 
 def _message(upstream: UpstreamConfig, what: str, exc: Exception) -> str:
     # The exception's class only: its text may quote a piece of a secret the
-    # redactor cannot know as one (httpx quotes the part of a Location's
-    # userinfo that it could not read as a port).
+    # redactor cannot know as one (a client library may quote the part of a
+    # Location's userinfo that it could not read as a port).
     return f"{what} {upstream.name}: {type(exc).__name__}"
 
 
@@ -218,7 +213,11 @@ class _AiohttpResponse:
 
 class AiohttpHop:
     """``HopClient`` over one aiohttp ``ClientSession`` (made on first use: it
-    needs the running event loop)."""
+    needs the running event loop).
+
+    Args:
+        upstream: the upstream (its URL, key, stream cap and connect limit).
+    """
 
     def __init__(self, upstream: UpstreamConfig) -> None:
         self._upstream = upstream
@@ -268,123 +267,3 @@ class AiohttpHop:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
-
-
-# -- httpx -----------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _httpx_errors(upstream: UpstreamConfig, what: str) -> Iterator[None]:
-    try:
-        yield
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-        raise HopConnectError(_message(upstream, what, exc)) from exc
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        raise HopError(_message(upstream, what, exc)) from exc
-
-
-class _HttpxResponse:
-    """``HopResponse`` over an httpx ``Response`` opened with ``stream=True``."""
-
-    __slots__ = ("_chunks", "_response", "_upstream", "status")
-
-    def __init__(self, response: httpx.Response, upstream: UpstreamConfig) -> None:
-        self._response = response
-        self._chunks = response.aiter_raw()
-        self._upstream = upstream
-        self.status = response.status_code
-
-    def header(self, name: str) -> str | None:
-        value: str | None = self._response.headers.get(name)
-        return value
-
-    def __aiter__(self) -> _HttpxResponse:
-        return self
-
-    async def __anext__(self) -> bytes:
-        with _httpx_errors(self._upstream, "the body broke from"):
-            return await anext(self._chunks)
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
-
-
-class HttpxHop:
-    """``HopClient`` over one httpx ``AsyncClient``.
-
-    Args:
-        upstream: the upstream.
-        transport: an httpx transport to use instead of httpx's own (tests).
-    """
-
-    def __init__(
-        self,
-        upstream: UpstreamConfig,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self._upstream = upstream
-        connections = _connections(upstream)
-        self._client = httpx.AsyncClient(
-            base_url=upstream.url.rstrip("/") + "/",
-            headers=_headers(upstream),
-            timeout=httpx.Timeout(None, connect=upstream.timeouts.connect_s),
-            limits=httpx.Limits(
-                max_connections=connections,
-                max_keepalive_connections=connections,
-                keepalive_expiry=KEEPALIVE_S,
-            ),
-            transport=transport,
-            trust_env=False,
-            follow_redirects=False,
-        )
-
-    async def post(self, path: str, body: bytes) -> HopResponse:
-        client = self._client
-        request = client.build_request("POST", path.lstrip("/"), content=body)
-        with _httpx_errors(self._upstream, "no response from"):
-            response = await client.send(request, stream=True, follow_redirects=False)
-        return _HttpxResponse(response, self._upstream)
-
-    async def get_status(self, path: str, timeout_s: float) -> int:
-        with _httpx_errors(self._upstream, "no answer from"):
-            response = await self._client.get(
-                path.lstrip("/"), timeout=timeout_s, follow_redirects=False
-            )
-        return response.status_code
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-
-# -- choosing one ------------------------------------------------------------------
-
-HOP_CLIENTS: Final = ("aiohttp", "httpx")
-"""The names ``hop_client`` knows."""
-
-DEFAULT_HOP_CLIENT: Final = "aiohttp"
-"""The client the engine uses unless told otherwise (the cheaper per token in
-``bench/gateway.py``)."""
-
-
-def hop_client(
-    name: str,
-    upstream: UpstreamConfig,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> HopClient:
-    """The ``HopClient`` called ``name`` (one of ``HOP_CLIENTS``) for ``upstream``.
-
-    Args:
-        name: ``"aiohttp"`` or ``"httpx"``.
-        upstream: the upstream (its URL, key, stream cap and connect limit).
-        transport: an httpx transport (``"httpx"`` only; tests).
-
-    Raises:
-        ValueError: an unknown name, or a transport for another client.
-    """
-    if name == "httpx":
-        return HttpxHop(upstream, transport)
-    if transport is not None:
-        raise ValueError(f"an httpx transport needs the httpx client, not {name!r}")
-    if name == "aiohttp":
-        return AiohttpHop(upstream)
-    raise ValueError(f"expected an HTTP client in {list(HOP_CLIENTS)}, got {name!r}")
