@@ -70,9 +70,9 @@ async def test_the_watcher_hears_of_the_first_reader_and_of_the_last() -> None:
     assert await anext(second) == []  # a second reader: no call
     assert heard == [True]
     assert store.watch_readers("r", heard.append)
-    await first.aclose()  # type: ignore[attr-defined]  # an async generator
+    await first.aclose()
     assert heard == [True]  # one reader is still there
-    await second.aclose()  # type: ignore[attr-defined]
+    await second.aclose()
     assert heard == [True, False]
     third = store.read("r", "k", -1)
     assert await anext(third) == []
@@ -86,7 +86,7 @@ async def test_the_watcher_hears_of_the_first_reader_and_of_the_last() -> None:
     store.watch_readers("s", None)  # no more calls
     fourth = store.read("s", "k", -1)
     assert await anext(fourth) == []
-    await fourth.aclose()  # type: ignore[attr-defined]
+    await fourth.aclose()
     assert heard == [True, False, True, False]
 
 

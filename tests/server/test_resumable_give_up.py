@@ -153,7 +153,7 @@ async def test_a_reader_stops_the_grace_timer_and_its_leaving_starts_it() -> Non
     assert clock.next_due == math.inf  # a reader is attached: no timer runs
     clock.advance(0.4)
     assert producer.abandoned is None
-    await first.aclose()  # type: ignore[attr-defined]  # an async generator
+    await first.aclose()
     assert clock.next_due == 0.4 + 0.3
     clock.advance(0.2)
     again = store.read(ID, "k", -1)  # back before the grace ran out
@@ -161,7 +161,7 @@ async def test_a_reader_stops_the_grace_timer_and_its_leaving_starts_it() -> Non
     assert clock.next_due == math.inf
     clock.advance(0.4)
     assert producer.abandoned is None
-    await again.aclose()  # type: ignore[attr-defined]
+    await again.aclose()
     clock.advance(0.3)  # nobody came back this time: the timer ran
     assert clock.next_due == math.inf
     await asyncio.wait_for(task, 5)
@@ -182,7 +182,7 @@ async def test_a_finished_producer_stops_watching_its_readers() -> None:
     buffer.put(Finish(0, FinishReason.STOP))
     buffer.put(End(Usage(1, 1)))
     await task
-    await reader.aclose()  # type: ignore[attr-defined]
+    await reader.aclose()
     assert clock.next_due == math.inf  # no timer: nothing is given up after the end
     clock.advance(0.4)
     assert ended == [EndState.FINISHED]

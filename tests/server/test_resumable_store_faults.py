@@ -26,7 +26,7 @@ from sluicegate.server.http.errors import (
     store_error_code,
 )
 from sluicegate.server.resumable.producer import Producer
-from sluicegate.server.stores.event_store import EventStore
+from sluicegate.server.stores.event_store import EventStore, StoreCapabilities
 from sluicegate.server.stores.memory_store import MemoryEventStore
 from sluicegate.server.streaming.buffer import LiveStreams
 from sluicegate.server.streaming.generation import Generation
@@ -44,6 +44,7 @@ class SwitchedStore:
     """The memory store, every producer call failing once ``down`` is set."""
 
     def __init__(self) -> None:
+        self.capabilities = StoreCapabilities()  # it asks attached() on a timer
         self.inner = MemoryEventStore()
         self.down: StoreError | None = None
         self.checks = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -19,7 +19,7 @@ from sluicegate.server.config import ServerConfig
 from sluicegate.server.http.errors import ProducerLost
 from sluicegate.server.resumable.log_response import PRODUCER_LOST, LogStreamResponse
 from sluicegate.server.resumable.log_writes import BROKEN
-from sluicegate.server.stores.event_store import Bound, Frames
+from sluicegate.server.stores.event_store import Bound, Frames, StoreCapabilities
 from sluicegate.server.stores.memory_store import MemoryEventStore
 from sluicegate.server.streaming.shared import StreamLimits
 
@@ -40,9 +40,11 @@ RESUMABLE = {
 
 
 class TaskOnlyStore:
-    """A memory store without ``append_nowait``: its producer is fed by its task."""
+    """A memory store that declares no capabilities: its producer is fed by its
+    task (no ``eager_append``) and asks ``attached`` on a timer."""
 
     def __init__(self, store: MemoryEventStore, fail_appends: int = 0) -> None:
+        self.capabilities = StoreCapabilities()
         self._store = store
         self._fail_appends = fail_appends
 
@@ -69,7 +71,9 @@ class TaskOnlyStore:
     async def resumed(self, response_id: str) -> int:
         return await self._store.resumed(response_id)
 
-    def read(self, response_id: str, owner: str, after: int) -> AsyncIterator[Frames]:
+    def read(
+        self, response_id: str, owner: str, after: int
+    ) -> AsyncGenerator[Frames, None]:
         return self._store.read(response_id, owner, after)
 
     async def aclose(self) -> None:
@@ -288,7 +292,7 @@ async def test_a_reader_that_falls_behind_the_bound_is_cut() -> None:
 
 
 async def test_a_lost_producer_ends_the_reader_with_one_error_event() -> None:
-    async def batches() -> AsyncIterator[Frames]:
+    async def batches() -> AsyncGenerator[Frames, None]:
         yield [(0, b"data: 1\n\n")]
         raise ProducerLost("its replica died")
 
@@ -472,12 +476,13 @@ class BlindPusher:
     """A ``read_pushed`` whose push the test calls, whatever the reader does."""
 
     def __init__(self) -> None:
+        self.capabilities = StoreCapabilities(push_read=self)
         self.push: Callable[[Frames], bool] | None = None
         self.answers: list[bool] = []
 
     async def read_pushed(
         self, response_id: str, owner: str, after: int, push: Callable[[Frames], bool]
-    ) -> AsyncIterator[Frames]:
+    ) -> AsyncGenerator[Frames, None]:
         self.push = push
         yield []
         await asyncio.Event().wait()  # no frame but the pushed ones

@@ -163,7 +163,8 @@ class CompletionRoutes:
             self.limits,
             self.live,
         )
-        self.metrics_.watch_resumable(self.resumable, self.resumable.store)
+        kept_bytes = self.resumable.store.capabilities.kept_bytes
+        self.metrics_.watch_resumable(self.resumable, kept_bytes)
 
     async def close_redis(self) -> None:
         """Send the quota give-backs in flight, then close the Redis connections."""

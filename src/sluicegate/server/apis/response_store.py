@@ -52,7 +52,7 @@ from starlette.responses import Response
 from sluicegate.core.errors import RequestError
 from sluicegate.core.wire.chunks import Endpoint, ResponseHeader, dumps
 from sluicegate.core.wire.contracts import Wire
-from sluicegate.core.wire.responses import response_object
+from sluicegate.core.wire.responses import ResponsesStream, response_object
 from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.server.http.answers import error_answer, json_answer
 from sluicegate.server.http.errors import NotFound, ProducedElsewhere, StoreError
@@ -108,7 +108,9 @@ class Record:
 def final_snapshot(machine: Wire) -> dict[str, Any] | None:
     """The ``response`` object the Responses machine wrote last, when that one
     ended the response (``None`` otherwise: the writing stopped before)."""
-    snapshot: dict[str, Any] | None = getattr(machine, "snapshot", None)
+    if not isinstance(machine, ResponsesStream):
+        return None
+    snapshot = machine.snapshot
     if snapshot is None or snapshot.get("status") not in _ENDED:
         return None
     return snapshot

@@ -13,7 +13,7 @@ Spec: docs/DESIGN.md, "Metrics"; Prometheus, "Exposition formats" (text 0.0.4).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from prometheus_client.core import (
@@ -103,9 +103,11 @@ class ResumableCollector(Collector):
     answered, streams given up, and the store's bytes where it keeps a count
     (the memory store; a shared store's are Redis's own metrics)."""
 
-    def __init__(self, streams: ResumableCounts, store: object) -> None:
+    def __init__(
+        self, streams: ResumableCounts, kept_bytes: Callable[[], int] | None
+    ) -> None:
         self._streams = streams
-        self._store = store
+        self._kept_bytes = kept_bytes
 
     def collect(self) -> Iterator[Metric]:
         streams = self._streams
@@ -114,12 +116,11 @@ class ResumableCollector(Collector):
             "Resumable streams whose producer runs on this server",
             value=streams.producing,
         )
-        nbytes = getattr(self._store, "nbytes", None)
-        if isinstance(nbytes, int):
+        if self._kept_bytes is not None:
             yield GaugeMetricFamily(
                 "sluicegate_resumable_store_bytes",
                 "Bytes the resumable-stream store keeps (frames and records)",
-                value=nbytes,
+                value=self._kept_bytes(),
             )
         yield CounterMetricFamily(
             "sluicegate_resumable_resumes",

@@ -215,10 +215,12 @@ class Metrics:
         timers = self.timers or asyncio.get_running_loop()
         return LoopLag(timers, self._loop_lag.observe, interval_s)
 
-    def watch_resumable(self, streams: ResumableCounts, store: object) -> None:
-        """Export ``streams``'s counts, and ``store``'s bytes when it has an
-        ``nbytes`` count, at every scrape (``sluicegate_resumable_*``)."""
-        self._watch(ResumableCollector(streams, store))
+    def watch_resumable(
+        self, streams: ResumableCounts, kept_bytes: Callable[[], int] | None
+    ) -> None:
+        """Export ``streams``'s counts, and the store's bytes when it counts
+        them (``kept_bytes``), at every scrape (``sluicegate_resumable_*``)."""
+        self._watch(ResumableCollector(streams, kept_bytes))
 
     def watch_ledger(self, ledger: LedgerCounts) -> None:
         """Export ``ledger``'s write errors and repaired rows at every scrape

@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sluicegate.server.config import ServerConfig
@@ -55,7 +55,12 @@ from sluicegate.server.redis.lua import ATTACH, ATTACHED, CREATE, FORGET, SET_RE
 from sluicegate.server.redis.replay import catch_up, read_page
 from sluicegate.server.redis.tail import RedisTail
 from sluicegate.server.redis.writer import LogWriter
-from sluicegate.server.stores.event_store import Bound, Frames, Push
+from sluicegate.server.stores.event_store import (
+    Bound,
+    Frames,
+    Push,
+    StoreCapabilities,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -121,6 +126,11 @@ class RedisEventStore:
         self._writer = LogWriter(client, prefix, bounds, self._tail, self._live)
         self.cancels = CancelChannel(client, prefix)
         """Cancel requests between replicas (``RemoteCancel``)."""
+        self.capabilities = StoreCapabilities(
+            eager_append=self, push_read=self, remote_cancel=self
+        )
+        """Not ``reader_watch`` (readers may be on other replicas) nor
+        ``kept_bytes`` (Redis's own metrics tell)."""
         self._readers: dict[str, int] = {}  # readers on this server, per log
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -193,7 +203,9 @@ class RedisEventStore:
             reads = await self._client.hget(self._key("meta", response_id), "reads")
         return 0 if reads is None else max(0, int(reads) - 1)
 
-    def read(self, response_id: str, owner: str, after: int) -> AsyncIterator[Frames]:
+    def read(
+        self, response_id: str, owner: str, after: int
+    ) -> AsyncGenerator[Frames, None]:
         """See ``EventStore.read``. A cursor past the last frame reads only the
         frames appended after it (a finished log's read ends at once).
 
@@ -204,7 +216,7 @@ class RedisEventStore:
 
     def read_pushed(
         self, response_id: str, owner: str, after: int, push: Push
-    ) -> AsyncIterator[Frames]:
+    ) -> AsyncGenerator[Frames, None]:
         """See ``PushRead.read_pushed``: a log produced here pushes from
         ``append`` (and ``append_nowait``), one produced elsewhere from the
         tail's read."""
@@ -261,7 +273,7 @@ class RedisEventStore:
 
     async def _read(
         self, response_id: str, owner: str, after: int, push: Push | None
-    ) -> AsyncIterator[Frames]:
+    ) -> AsyncGenerator[Frames, None]:
         reader = secrets.token_hex(8)
         args: list[Any] = [
             self._prefix,

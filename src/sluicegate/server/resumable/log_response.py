@@ -46,7 +46,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from starlette.types import Receive, Scope, Send
 
@@ -92,7 +92,7 @@ class LogStreamResponse:
         self,
         response_id: str,
         first: Frames,
-        batches: AsyncIterator[Frames],
+        batches: AsyncGenerator[Frames, None],
         limits: StreamLimits,
     ) -> None:
         self.response_id = response_id
@@ -132,11 +132,12 @@ class LogStreamResponse:
         """
         empty: Frames = []
         response = cls(response_id, empty, _no_batches(), limits)
-        read_pushed = getattr(store, "read_pushed", None) if pushed else None
-        if read_pushed is None:
+        push_read = store.capabilities.push_read if pushed else None
+        if push_read is None:
             batches = store.read(response_id, owner, after)
         else:
-            batches = read_pushed(response_id, owner, after, response._source.push)
+            push = response._source.push
+            batches = push_read.read_pushed(response_id, owner, after, push)
         response._batches = batches
         try:
             response._first = await anext(batches)
@@ -235,14 +236,12 @@ async def _last(sink: FrameSink, payload: dict[str, object]) -> bool:
     return await sink.write([b"data: " + dumps(payload) + b"\n\n"])
 
 
-async def _no_batches() -> AsyncIterator[Frames]:
+async def _no_batches() -> AsyncGenerator[Frames, None]:
     """What ``open`` holds until the store's read is made."""
     none: tuple[Frames, ...] = ()
     for batch in none:
         yield batch
 
 
-async def _close(batches: AsyncIterator[Frames]) -> None:
-    aclose = getattr(batches, "aclose", None)
-    if aclose is not None:
-        await aclose()
+async def _close(batches: AsyncGenerator[Frames, None]) -> None:
+    await batches.aclose()

@@ -201,25 +201,24 @@ class Producer:
         if self._cancel_early:
             self._give_up(buffer, _CANCEL_REASON, CANCELLED)
         store, response_id = self._store, self._id
-        append_nowait = getattr(store, "append_nowait", None)
+        eager = store.capabilities.eager_append
         sink = FrameSink(
             functools.partial(store.append, response_id),
             None,
             on_pending=buffer.poke,
             at_once=(
                 None
-                if append_nowait is None
-                else functools.partial(append_nowait, response_id)
+                if eager is None
+                else functools.partial(eager.append_nowait, response_id)
             ),
             broken=(),  # a store's failure is the producer's to handle
         )
         clock = self._timers()
         source = EventFrames(
-            self._machine, buffer, sink, clock, eager=append_nowait is not None
+            self._machine, buffer, sink, clock, eager=eager is not None
         )
-        watch_readers: _WatchReaders | None = getattr(
-            self._store, "watch_readers", None
-        )
+        watch = self._store.capabilities.reader_watch
+        watch_readers = None if watch is None else watch.watch_readers
         with attached(self._generation, buffer, self._live, self._limits):
             watcher = None
             if watch_readers is None:

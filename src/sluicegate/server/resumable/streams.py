@@ -130,9 +130,9 @@ class ResumableStreams:
         self._whole = WholeRows()
         # id -> reads of its log made by the server itself (no resume)
         self._own_reads: dict[str, int] = {}
-        on_cancel = getattr(store, "on_cancel", None)  # a RemoteCancel store
-        if on_cancel is not None:  # from any replica (the requester checked the owner)
-            on_cancel(self.abort)
+        remote = store.capabilities.remote_cancel
+        if remote is not None:  # from any replica (the requester checked the owner)
+            remote.on_cancel(self.abort)
 
     def unavailable(self, exc: StoreError) -> Response:
         """The 503 of a store that failed (``Retry-After``), logged."""
@@ -358,11 +358,8 @@ class ResumableStreams:
         Raises:
             StoreError: the shared store cannot be reached.
         """
-        request_cancel = getattr(self.store, "request_cancel", None)
-        if request_cancel is None:
-            return False
-        sent: bool = await request_cancel(response_id)
-        return sent
+        remote = self.store.capabilities.remote_cancel
+        return remote is not None and await remote.request_cancel(response_id)
 
     def abort(self, response_id: str) -> None:
         """Cancel the producer of ``response_id`` if it runs here, as a cancel

@@ -36,20 +36,28 @@ Invariants:
       (never the body).
     - A log's record (``set_record``) lives and dies with the log, behind the
       same owner check; ``delete`` forgets both at once.
+
+What a store can do beyond this interface (append from a callback, push live
+frames to a waiting reader, watch its readers, carry cancels between replicas,
+count its bytes) it declares in ``capabilities``, each as the store seen
+through one more protocol: the server never probes a store's attributes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
     "Bound",
+    "EagerAppend",
     "EventStore",
     "Push",
     "PushRead",
     "ReaderWatch",
     "RemoteCancel",
+    "StoreCapabilities",
 ]
 
 
@@ -63,6 +71,11 @@ Frames = Sequence[tuple[int, bytes]]
 
 class EventStore(Protocol):
     """Logs of resumable streams, bounded, private to their owner (see module doc)."""
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """What this store can do beyond ``EventStore`` (fixed for its life)."""
+        ...
 
     async def create(
         self, response_id: str, owner: str, idempotency: Bound | None = None
@@ -103,7 +116,9 @@ class EventStore(Protocol):
         """How many reads of the log began after its first one (0 for none)."""
         ...
 
-    def read(self, response_id: str, owner: str, after: int) -> AsyncIterator[Frames]:
+    def read(
+        self, response_id: str, owner: str, after: int
+    ) -> AsyncGenerator[Frames, None]:
         """Batches after ``after``: replayed, then live; ends after a finished log's
         last frame. The first batch comes at once (maybe empty), later ones are
         never empty; a finished log with no frame after ``after`` (a reader
@@ -114,6 +129,8 @@ class EventStore(Protocol):
             CursorEvicted: frame ``after + 1`` is no longer kept.
         Raises later:
             ProducerLost: the producer's lease lapsed before ``finish``.
+
+        ``aclose()`` it when stopping before its end (the reader detaches).
         """
         ...
 
@@ -157,7 +174,7 @@ class PushRead(Protocol):
 
     def read_pushed(
         self, response_id: str, owner: str, after: int, push: Push
-    ) -> AsyncIterator[Frames]:
+    ) -> AsyncGenerator[Frames, None]:
         """``read``, offering live batches to ``push`` while the reader waits."""
         ...
 
@@ -192,3 +209,38 @@ class RemoteCancel(Protocol):
         """Ask whichever replica produces ``response_id`` to cancel it; whether
         any replica listens (delivery is at most once)."""
         ...
+
+
+class EagerAppend(Protocol):
+    """A store that takes frames from a synchronous call (the engine's
+    callback), queued for the same writes as ``append``'s."""
+
+    def append_nowait(self, response_id: str, frames: Sequence[bytes]) -> None:
+        """``append`` without waiting: the frames are queued in order with the
+        appends before and after them."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCapabilities:
+    """What a store can do beyond ``EventStore``: each field is the store
+    itself seen through one more protocol, or ``None`` where it cannot.
+
+    Attributes:
+        eager_append: frames from the engine's callback (else the producer's
+            task appends them).
+        push_read: live frames pushed to a waiting reader (else the reader's
+            task is woken per batch).
+        reader_watch: a call when a log gains its first reader or loses its
+            last (else the producer asks ``attached`` on a timer).
+        remote_cancel: cancels carried to the replica that produces a log
+            (else a cancel reaches only this server's producers).
+        kept_bytes: the bytes the store keeps now, for ``/metrics`` (else
+            the store's own metrics tell: Redis).
+    """
+
+    eager_append: EagerAppend | None = None
+    push_read: PushRead | None = None
+    reader_watch: ReaderWatch | None = None
+    remote_cancel: RemoteCancel | None = None
+    kept_bytes: Callable[[], int] | None = None

@@ -36,11 +36,16 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.http.errors import CursorEvicted, LogNotFound, StoreFull
-from sluicegate.server.stores.event_store import Bound, Frames, Push
+from sluicegate.server.stores.event_store import (
+    Bound,
+    Frames,
+    Push,
+    StoreCapabilities,
+)
 from sluicegate.server.stores.memory_log import MemoryLog, ParkedReader, frames_since
 
 __all__ = ["MemoryEventStore", "open_memory_store"]
@@ -81,6 +86,13 @@ class MemoryEventStore:
         self._bound: dict[tuple[str, str], str] = {}  # (owner, key) -> response id
         self.nbytes = 0
         """Bytes of frames kept now, over all logs."""
+        self.capabilities = StoreCapabilities(
+            eager_append=self,
+            push_read=self,
+            reader_watch=self,
+            kept_bytes=lambda: self.nbytes,
+        )
+        """All but ``remote_cancel``: one process sees every reader and producer."""
 
     def __len__(self) -> int:
         """Logs kept now (live and finished, expired ones not yet swept)."""
@@ -193,21 +205,23 @@ class MemoryEventStore:
         log = self._logs.get(response_id)
         return 0 if log is None else max(0, log.reads - 1)
 
-    def read(self, response_id: str, owner: str, after: int) -> AsyncIterator[Frames]:
+    def read(
+        self, response_id: str, owner: str, after: int
+    ) -> AsyncGenerator[Frames, None]:
         """See ``EventStore.read``. A cursor past the last frame reads only the
         frames appended after it (a finished log's read ends at once)."""
         return self._read(response_id, owner, after, None)
 
     def read_pushed(
         self, response_id: str, owner: str, after: int, push: Push
-    ) -> AsyncIterator[Frames]:
+    ) -> AsyncGenerator[Frames, None]:
         """See ``PushRead.read_pushed``: ``push`` is called from
         ``append_nowait`` (the engine's callback)."""
         return self._read(response_id, owner, after, push)
 
     async def _read(
         self, response_id: str, owner: str, after: int, push: Push | None
-    ) -> AsyncIterator[Frames]:
+    ) -> AsyncGenerator[Frames, None]:
         self._sweep()
         log = self._logs.get(response_id)
         if log is None or log.owner != owner:
