@@ -33,7 +33,7 @@ from sluicegate.server.metering.worker_metrics import SummedCollector, WorkerMet
 from sluicegate.server.streaming.buffer import LiveStreams
 from tests.polling import wait_until
 
-from .asgi import CHAT, HELLO, Exchange, exchange
+from .asgi import CHAT, HELLO, Exchange, on_clock
 
 RESUMABLE_BODY = {
     "messages": HELLO,
@@ -123,27 +123,31 @@ async def test_the_app_samples_its_loop_lag_while_it_runs(app: Starlette) -> Non
 
 
 async def test_resumable_streams_are_counted_at_every_scrape() -> None:
-    engine = ScriptedEngine(tokens_per_s=50)
-    app = create_app(engine, ServerConfig(resume_grace_s=0.05))
+    clock = ManualClock()
+    engine = ScriptedEngine(tokens_per_s=50, clock=clock)
+    app = create_app(engine, ServerConfig(resume_grace_s=0.05), clock=clock)
     body = {**RESUMABLE_BODY, "max_tokens": 2}
-    whole = await exchange(app, CHAT, body)  # read to its end, by its first reader
+    whole = Exchange(app, CHAT, body)  # read to its end, by its first reader
+    await on_clock(clock, whole.run, 0.01)
     response_id = re.search(rb'"id":"(chatcmpl-[^"]+)"', whole.body)
     assert response_id is not None
     resumed = Exchange(
         app, f"{CHAT}/{response_id[1].decode()}/events", b"", method="GET"
     )
-    with anyio.fail_after(5):
-        await resumed.run()
+    await on_clock(clock, resumed.run, 0.01)
     assert resumed.status == 200
     left = Exchange(app, CHAT, {**RESUMABLE_BODY, "max_tokens": 1000})
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(left.run)
-        await left.wait_for(lambda: left.status is not None)
+        content = lambda: b"data: " in left.body  # noqa: E731
+        await on_clock(clock, anyio.sleep_forever, 0.01, content)
         assert left.status == 200, left.body
-        await left.wait_for(lambda: b"data: " in left.body)
         left.leave()  # nobody resumes it: given up after the grace period
     metrics = app.state.metrics
-    await wait_until(lambda: b"given_up_total 1.0" in metrics.render(), 5)
+    left_at = clock.time()
+    given_up = lambda: b"given_up_total 1.0" in metrics.render()  # noqa: E731
+    await on_clock(clock, anyio.sleep_forever, 0.01, given_up)
+    assert 0.05 <= round(clock.time() - left_at, 6) < 0.07
     # and its task is done (its done callback runs one loop turn later)
     await wait_until(lambda: b"resumable_producers 0.0" in metrics.render(), 5)
     text = metrics.render().decode()

@@ -15,6 +15,7 @@ import pytest
 
 from sluicegate.core.endstate import EndState
 from sluicegate.core.wire.sse import SSEDecoder
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.scripted.engine import DEFAULT_TEXT, ScriptedEngine
 from sluicegate.server.admission.keys import ApiKey
 from sluicegate.server.app.factory import create_app
@@ -23,7 +24,7 @@ from sluicegate.server.http.errors import CLIENT_CLOSED, StoreError
 from sluicegate.server.stores.memory_store import MemoryEventStore
 
 from ..polling import wait_until
-from .asgi import Exchange
+from .asgi import Exchange, on_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -313,17 +314,21 @@ async def test_a_stored_response_that_fails_is_a_500_and_is_kept_failed() -> Non
 
 
 async def test_a_whole_answer_whose_client_left_is_a_499_in_the_ledger() -> None:
-    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200)
-    app = create_app(engine, ServerConfig(resume_grace_s=0.05))
+    clock = ManualClock()
+    engine = ScriptedEngine(never_finishes=True, tokens_per_s=200, clock=clock)
+    app = create_app(engine, ServerConfig(resume_grace_s=0.05), clock=clock)
     body = {"model": "scripted", "input": "Hi", "store": True}
     ex = Exchange(app, RESPONSES, body)
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(ex.run())
-        await ex.wait_for(lambda: engine.stats().generated_tokens >= 3)
+        tokens = lambda: engine.stats().generated_tokens >= 3  # noqa: E731
+        await on_clock(clock, anyio.sleep_forever, 0.005, tokens)
         ex.leave()
     assert ex.messages == []  # nothing was sent
     ledger = app.state.ledger
-    await wait_until(lambda: len(ledger.rows) == 1, 5)  # the grace period ran out
+    left_at = clock.time()
+    await on_clock(clock, anyio.sleep_forever, 0.01, lambda: len(ledger.rows) == 1)
+    assert 0.05 <= round(clock.time() - left_at, 6) < 0.07  # the grace ran out
     rows = ledger.rows
     assert (rows[0].status, rows[0].end_state) == (CLIENT_CLOSED, EndState.ABORTED)
     assert rows[0].completion_tokens >= 3
