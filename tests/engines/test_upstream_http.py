@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from tests.polling import wait_until
 
 from sluicegate.core.events import FinishReason, TextOutput
 from sluicegate.core.wire.chunks import Endpoint
@@ -27,6 +28,7 @@ from sluicegate.engines.base import (
     SamplingParams,
     TextPrompt,
 )
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.upstream.config import UpstreamConfig, UpstreamTimeouts
 from sluicegate.engines.upstream.engine import UpstreamEngine
 from sluicegate.engines.upstream.http import (
@@ -268,6 +270,32 @@ async def test_a_silent_health_check_runs_out_of_time(
             await client.get_status("/models", 0.2)
     finally:
         await client.aclose()
+
+
+async def test_the_health_checks_run_on_the_engines_clock(
+    raw: tuple[RawUpstream, str],
+) -> None:
+    upstream, url = raw
+    busy = b"HTTP/1.1 503 X\r\ncontent-length: 4\r\n\r\nbusy"
+    upstream.answers += [[busy], [b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"]]
+    clock = ManualClock()
+    config = UpstreamConfig(url, health_path="/models")
+    engine = UpstreamEngine(MODEL, [config], health_interval_s=5, timers=clock)
+
+    def healthy() -> list[bool]:
+        return [c.healthy for c in engine.upstream_counters()]
+
+    try:
+        assert engine.pool is not None  # made on the loop: the checks start
+        await wait_until(lambda: healthy() == [False] and clock.next_due == 5.0, 5)
+        assert len(upstream.requests) == 1  # nothing more before the clock moves
+        clock.advance(5)
+        await wait_until(lambda: healthy() == [True], 5)
+    finally:
+        await engine.aclose()
+    assert [head.split(b"\r\n")[0] for head, _ in upstream.requests] == [
+        b"GET /v1/models HTTP/1.1"
+    ] * 2
 
 
 # -- the engine against a real scripted sluicegate --------------------------------

@@ -7,11 +7,12 @@ ledger's writer thread), where no event loop is.
 An asyncio event loop is ``Timers`` (``time()``, ``call_at()``). A
 ``ManualClock`` is too, but its time moves only when a test says so: timing
 tests then step time instead of sleeping, and what they see does not depend on
-how busy the machine is. The model-free engines, the upstream pool and the
-server's timers (a stream's write watch, a resumable stream's grace, the
-ledger's progress writes, the loop-lag sampler, a connection's read deadlines,
-the waits of a cancel, a count and a shutdown, a gateway response's patience
-for its first content, the Redis cancel listener's retries) take one.
+how busy the machine is. The model-free engines, the upstream engine (its
+pool and its health checks) and the server's timers (a stream's write watch, a
+resumable stream's grace, the ledger's progress writes, the loop-lag sampler, a
+connection's read deadlines, the waits of a cancel, a count and a shutdown, a
+gateway response's patience for its first content, the Redis cancel listener's
+retries) take one.
 
 Deliberate divergence: ``Deadline``'s ``async with`` is ``asyncio.timeout`` on
 a ``Timers`` clock rather than the running loop's, so that a test can make it

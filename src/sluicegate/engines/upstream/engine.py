@@ -58,6 +58,7 @@ from sluicegate.engines.base import (
     ModelInfo,
     OutputKind,
 )
+from sluicegate.engines.clocks import Timers
 from sluicegate.engines.upstream.config import (
     UpstreamConfig,
     request_body,
@@ -93,6 +94,9 @@ class UpstreamEngine:
         max_queued, queue_timeout_s, eject_after_failures, cooldown_s,
             retry_after_s: the pool's (``UpstreamPool``).
         health_interval_s: seconds between active health checks (``0``: none).
+        timers: the clock of the pool (queue waits, ejections) and of the
+            health checks; ``None``: the running event loop (tests step a
+            ``ManualClock``).
 
     Raises:
         ValueError: no upstream, or a setting out of range.
@@ -109,6 +113,7 @@ class UpstreamEngine:
         cooldown_s: float = 10.0,
         retry_after_s: float = 1.0,
         health_interval_s: float = 5.0,
+        timers: Timers | None = None,
     ) -> None:
         if not upstreams:
             raise ValueError("expected at least one upstream, got none")
@@ -117,6 +122,7 @@ class UpstreamEngine:
         self._pool_options = (max_queued, queue_timeout_s, eject_after_failures)
         self._pool_times = (cooldown_s, retry_after_s)
         self._health_interval_s = health_interval_s
+        self._timers = timers
         self._clients = [AiohttpHop(u) for u in self._upstreams]
         self._pool: UpstreamPool | None = None
         self._health: asyncio.Task[None] | None = None
@@ -212,12 +218,13 @@ class UpstreamEngine:
         """The pool (created on the first ``generate``, on the event loop)."""
         if self._pool is None:
             loop = asyncio.get_running_loop()
+            timers = self._timers or loop
             members = [PoolMember(u.name, u.max_streams) for u in self._upstreams]
             max_queued, queue_timeout_s, eject_after = self._pool_options
             cooldown_s, retry_after_s = self._pool_times
             self._pool = UpstreamPool(
                 members,
-                loop,
+                timers,
                 max_queued=max_queued,
                 queue_timeout_s=queue_timeout_s,
                 eject_after_failures=eject_after,
@@ -227,7 +234,7 @@ class UpstreamEngine:
             if self._health_interval_s > 0:
                 checks = (self._pool, self._upstreams, self._clients)
                 self._health = loop.create_task(
-                    check_health(*checks, self._health_interval_s)
+                    check_health(*checks, self._health_interval_s, timers)
                 )
         return self._pool
 
