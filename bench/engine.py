@@ -57,7 +57,8 @@ SYSTEMS = ("sluicegate", "llama-server")
 
 
 def _filler(n: int, tag: str) -> str:
-    """About ``37 * n`` tokens of varied, deterministic text (the default model)."""
+    """About ``26 * n`` tokens of varied, deterministic text (the default model;
+    more with a longer ``tag``)."""
     return " ".join(
         f"Keeper {tag} of lighthouse {i} counted {(i * 7) % 13} ships and "
         f"{(i * 11) % 17} gulls before the dawn of day {i}."
@@ -66,11 +67,12 @@ def _filler(n: int, tag: str) -> str:
 
 
 def prompt(kind: str, tag: str) -> str:
-    """A prompt of ``kind`` (``short`` ~20 tokens, ``long`` ~1,000) starting
-    with ``tag``, so that no two requests share more than a few tokens."""
+    """A prompt of ``kind`` (``short`` ~20 tokens, ``long`` 980-1,050 with this
+    script's tags) starting with ``tag``, so that no two requests share more
+    than a few tokens."""
     if kind == "short":
         return f"Note {tag}. {SHORT}"
-    return f"Note {tag}. {_filler(26, tag)} {SHORT}"
+    return f"Note {tag}. {_filler(32, tag)} {SHORT}"
 
 
 def cpu_s(pid: int) -> float:
@@ -181,21 +183,28 @@ def measure_cells(
 async def _interference(
     port: int, max_tokens: int, settle_s: float
 ) -> dict[str, float]:
-    """15 short streams decoding, then one ~4,000-token prompt among them."""
+    """15 short streams decoding, then one ~4,000-token prompt among them;
+    the 15 are closed once it has had its tokens."""
     start = time.perf_counter()
+    done = asyncio.Event()
     shorts = [
         asyncio.ensure_future(
             stream_once(
-                port, prompt("short", f"i{i}x{start:.0f}"), max_tokens, t0=start
+                port,
+                prompt("short", f"i{i}x{start:.0f}"),
+                max_tokens,
+                t0=start,
+                stop=done,
             )
         )
         for i in range(15)
     ]
     await asyncio.sleep(settle_s)  # all 15 decoding (3 s is plenty on a quiet machine)
-    long_text = f"Note L{start:.0f}. {_filler(106, 'L')}"
+    long_text = f"Note L{start:.0f}. {_filler(152, 'L')}"  # ~4,000 tokens
     arrived = time.perf_counter() - start
     long_stream = await stream_once(port, long_text, 16, t0=start)
     read_until = long_stream.ttft_s
+    done.set()
     streams = await asyncio.gather(*shorts)
     steady, during = [], []
     for s in streams:
@@ -210,13 +219,15 @@ async def _interference(
         "during_gap_p50_ms": 1000 * percentile(during, 50),
         "during_gap_p99_ms": 1000 * percentile(during, 99),
         "during_gap_max_ms": 1000 * max(during, default=float("nan")),
+        "p99_during_over_steady": percentile(during, 99) / percentile(steady, 99),
+        "gaps_during": len(during),
         "long_ttft_ms": 1000 * (long_stream.ttft_s - arrived),
     }
 
 
 async def _prefix(port: int, tag: str) -> dict[str, float]:
     """TTFT of a ~1,000-token prompt: read cold, then again with a new ending."""
-    shared = f"Note {tag}. {_filler(26, tag)}"
+    shared = f"Note {tag}. {_filler(32, tag)}"
     cold = await stream_once(port, f"{shared} Question one: who", 4)
     warm = await stream_once(port, f"{shared} Question two: what", 4)
     return {
@@ -252,13 +263,20 @@ def main() -> int:
     parser.add_argument("--llama-server-args", default="")
     parser.add_argument("--no-extras", action="store_true", help="cells only")
     parser.add_argument(
+        "--no-cells", action="store_true", help="the long prompt and prefix only"
+    )
+    parser.add_argument(
         "--no-prefix-cache",
         action="store_true",
         help="sluicegate as `serve` has it by default (finished sequences' KV cells "
         "freed), not with --prefix-cache",
     )
     parser.add_argument(
-        "--extra-tokens", type=int, default=200, help="per stream, among the 15"
+        "--extra-tokens",
+        type=int,
+        default=250,
+        help="most tokens per stream among the 15 (closed when the long prompt has "
+        "its tokens; 15 x 270 cells and the long prompt fill 8,192)",
     )
     parser.add_argument(
         "--settle-s", type=float, default=3.0, help="before the long prompt comes"
@@ -271,7 +289,8 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     extras: list[dict[str, Any]] = []
     try:
-        measure_cells(servers, args, rows)
+        if not args.no_cells:
+            measure_cells(servers, args, rows)
         for r in range(0 if args.no_extras else args.repeats):
             for name in SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]:
                 console.print(f"{name}: one long prompt among 15 streams; prefix reuse")
@@ -282,6 +301,7 @@ def main() -> int:
                     _interference(port, args.extra_tokens, args.settle_s)
                 )
                 extra |= asyncio.run(_prefix(port, f"P{r}{name[0]}{time.time():.0f}"))
+                extra["load_1m_after"] = os.getloadavg()[0]
                 extras.append(extra)
                 write_report(args, rows, extras)
     finally:

@@ -58,13 +58,20 @@ class Stream:
 
 
 async def stream_once(
-    port: int, prompt: str, max_tokens: int, *, t0: float | None = None
+    port: int,
+    prompt: str,
+    max_tokens: int,
+    *,
+    t0: float | None = None,
+    stop: asyncio.Event | None = None,
 ) -> Stream:
     """One streamed ``/v1/completions`` request: greedy, EOS ignored.
 
     Args:
         t0: the time (``time.perf_counter``) the times are counted from; the
             moment the request is sent when ``None``.
+        stop: once set, the stream is closed at its next bytes (the server
+            sees a disconnect) and what came so far is returned.
 
     Raises:
         RuntimeError: the status was not 200.
@@ -98,6 +105,8 @@ async def stream_once(
             events = (pending + data).split(b"\n\n")
             pending = events.pop()
             times.extend(now for event in events if _TEXT.search(event))
+            if stop is not None and stop.is_set():
+                break
     finally:
         writer.close()
     return _parse(b"".join(received), tuple(times))
