@@ -15,9 +15,18 @@ Modules that run the real model go first, then the other integration modules,
 then the rest: with each module on one worker (``--dist loadscope``), the long
 modules start while there is still other work for the second worker, and the
 run does not end on one worker running the longest module alone.
+
+No test speaks TLS, yet every httpx client made with the default ``verify``
+(ours, the ``openai`` and ``anthropic`` SDKs', ``httpx.get``) loads a whole CA
+bundle, about 50 ms of CPU, and the suite makes thousands of them in its own
+processes and the servers and tools it starts. ``SSL_CERT_FILE`` (which httpx
+and OpenSSL read) names a file of one CA certificate instead, set here, over
+any the environment gave, so that every process the run starts inherits it.
 """
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -26,6 +35,25 @@ from tests.postgres import postgres, postgres_url
 from tests.redis_server import redis_server, redis_url
 
 __all__ = ["postgres", "postgres_url", "redis_server", "redis_url"]
+
+
+def _one_ca_file() -> None:
+    """Set ``SSL_CERT_FILE`` to a file holding the first certificate of
+    certifi's bundle (see above), whatever it was."""
+    import certifi
+
+    end = "-----END CERTIFICATE-----"
+    bundle = Path(certifi.where()).read_text(encoding="ascii")
+    first = bundle[: bundle.index(end) + len(end)] + "\n"
+    path = Path(tempfile.gettempdir()) / "sluicegate-tests-one-ca.pem"
+    if not path.exists() or path.read_text(encoding="ascii") != first:
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(first, encoding="ascii")
+        partial.replace(path)
+    os.environ["SSL_CERT_FILE"] = str(path)
+
+
+_one_ca_file()
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=200, print_blob=True

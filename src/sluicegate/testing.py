@@ -133,7 +133,7 @@ class ServerProcess:
         path: str = "/health",
         *,
         timeout_s: float = READY_TIMEOUT_S,
-        interval_s: float = 0.2,
+        interval_s: float = 0.05,
     ) -> None:
         """Poll ``GET path`` every ``interval_s`` seconds until it answers 200.
 

@@ -11,6 +11,7 @@ A failing test gets the tail of every running server's log in its report.
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from collections.abc import Generator, Iterator
 
@@ -19,6 +20,8 @@ import openai
 import pytest
 
 pytest.register_assert_rewrite(f"{__package__}.wire")
+
+from sluicegate.testing import STOP_TIMEOUT_S  # noqa: E402
 
 from .servers import N_CTX, PARALLEL, ServerProcess, StartServer  # noqa: E402
 from .wire import engine_stats, wait_until  # noqa: E402
@@ -45,8 +48,19 @@ def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartServ
         return server
 
     yield start
+    # Every server is told to stop first, then each is waited for: their
+    # shutdowns run at once instead of one after another. (``stop`` would send
+    # a second SIGTERM, which tells a server to skip its graceful shutdown.)
+    for server in started:
+        if server.process.poll() is None:
+            server.process.send_signal(signal.SIGTERM)
     for server in reversed(started):
-        status = server.stop()
+        try:
+            server.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait()
+        status = server.process.returncode
         _running.remove(server)
         # 0 or -SIGTERM is a clean stop; anything else deserves a look.
         if status not in (0, -signal.SIGTERM):
