@@ -17,6 +17,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from sluicegate import testing
 from sluicegate.server.ledger.ledger import read_rows
 
 from .hostile import (
+    DISCOVERY_GIVE_UP_S,
     FIRST_TOKEN_LIMIT_S,
     HOSTILE,
     KEY_ENV,
@@ -267,3 +269,58 @@ def write_figures(figures: Mapping[str, Any]) -> None:
     target = os.environ.get("SLUICEGATE_LIVENESS_REPORT")
     if target:
         Path(target).write_text(json.dumps(figures, indent=2) + "\n")
+
+
+class DrippingStartUp:
+    """``sluicegate serve --upstream URL`` on the fake upstream's dripped model
+    list (one byte a second), run to its end in the background.
+
+    Start-up gives up only at its discovery deadline, and until then it only
+    waits, so it runs while the module's attacks do instead of after them.
+    """
+
+    def __init__(self, hostile_base: str) -> None:
+        self.url = f"{hostile_base}/drip/v1"
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "sluicegate", "serve", "--upstream", self.url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        self.stderr = ""
+        self.elapsed_s: float | None = None
+        """Seconds from start to exit; ``None`` while it runs."""
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        _, self.stderr = self.process.communicate()
+        self.elapsed_s = time.monotonic() - self.started
+
+    def wait(self, give_up_s: float) -> None:
+        """Wait until it exited, or ``give_up_s`` seconds after its start."""
+        self._waiter.join(max(0.0, self.started + give_up_s - time.monotonic()))
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self._waiter.join(10)
+
+
+@pytest.fixture(scope="module")
+def dripping_start_up(harness: Harness) -> Iterator[DrippingStartUp]:
+    """A ``DrippingStartUp``, returned once its discovery has begun (its own
+    start-up work done, so that it does not share the first attack's window)."""
+    start_up = DrippingStartUp(harness.hostile_base)
+    try:
+        while (
+            harness.upstream_stats()["drips"] == 0
+            and start_up.process.poll() is None
+            and time.monotonic() < start_up.started + DISCOVERY_GIVE_UP_S
+        ):
+            time.sleep(0.05)
+        yield start_up
+    finally:
+        start_up.close()

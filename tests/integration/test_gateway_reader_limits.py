@@ -5,8 +5,9 @@ a ledger file sits in front of it; clients are the official ``openai`` SDK and
 httpx (for the raw in-band error). Each case checks what the client got and the
 ledger's row: past a reader bound, or a call to a tool not offered, a 502
 before content and one in-band ``upstream_protocol_error`` after it; a usage
-that cannot be true billed as the gateway's own estimate; 200,000 deltas in
-one burst delivered whole to a client that reads.
+that cannot be true billed as the gateway's own estimate. (200,000 deltas in
+one burst, delivered whole to a client that reads, are ``many_deltas`` in
+``test_hostile_upstream.py``, under its liveness and memory checks too.)
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ pytestmark = pytest.mark.integration
 
 MODEL = "hostile"
 TOOLS: Any = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
-BURST = 200_000
 
 
 def tool_chunk(name: str) -> str:
@@ -64,8 +64,6 @@ def script(case: str) -> list[str]:
             usage_chunk(3, 9_000_000_000_000_000_000),
             "[DONE]",
         ],
-        # every event in one write: the gateway reads them as fast as it can
-        "burst": ["\n\ndata: ".join([chat_chunk(0, "x")] * BURST + done)],
     }[case]
 
 
@@ -232,21 +230,3 @@ def test_a_usage_past_64_bits_is_billed_as_our_own_estimate(
     ]
     assert len(rejected) == 1
     assert float(rejected[0].rsplit(" ", 1)[1]) >= 1
-
-
-def test_a_burst_of_one_character_deltas_reaches_a_fast_reader_whole(
-    gateway: ServerProcess, ledger: Path
-) -> None:
-    """200,000 deltas in one write: the gateway reads them faster than it
-    writes them one by one, yet a client that reads its socket as fast as it
-    can gets them all (coalesced), and the row says finished, not aborted."""
-    events = raw_stream(gateway, "burst", max_tokens=BURST + 10)
-    assert events[-1] == b"data: [DONE]"
-    chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
-    text = "".join(
-        c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]
-    )
-    assert text == "x" * BURST
-    row = row_of(ledger, chunks[0]["id"])
-    assert row.end_state is EndState.FINISHED
-    assert row.completion_tokens == BURST
