@@ -30,6 +30,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -415,6 +416,12 @@ def render_deploy_conf(listen_port: int, upstream_port: int) -> str:
     return text
 
 
+def chat_through(url: str) -> StreamResult:
+    """A chat with our client at ``url``, whatever its end."""
+    with Client(url) as client:
+        return client.chat(HELLO, model="scripted")
+
+
 def test_shipped_nginx_config_keeps_a_ten_second_prefill_alive_with_heartbeats(
     start_server: StartServer, tmp_path: Path
 ) -> None:
@@ -451,10 +458,15 @@ def test_shipped_nginx_config_keeps_a_ten_second_prefill_alive_with_heartbeats(
         render_deploy_conf(port, server.port)
         for port, server in zip(ports, (beating, silent), strict=True)
     ]
-    with running_nginx(tmp_path, blocks, [f"{url}/health" for url in urls]):
-        with Client(urls[1]) as client:
-            cut = client.chat(HELLO, model="scripted")
+    # The control waits out nginx's timeout while the heartbeat stream runs:
+    # each has its own server and nginx block, and the control only waits.
+    with (
+        running_nginx(tmp_path, blocks, [f"{url}/health" for url in urls]),
+        ThreadPoolExecutor(1) as control,
+    ):
+        cutting = control.submit(chat_through, urls[1])
         timed = read_timed(urls[0], {"messages": HELLO})
+        cut = cutting.result(timeout=60)
 
     assert cut.end_state is EndState.TRUNCATED, cut
     assert cut.status == 200
