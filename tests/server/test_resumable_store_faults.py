@@ -18,6 +18,7 @@ import pytest
 from sluicegate.core.endstate import EndState
 from sluicegate.core.events import Delta, End, Finish, FinishReason, Usage
 from sluicegate.core.wire.chunks import Endpoint, ResponseHeader
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.server.http.errors import (
     STORE_FULL,
     STORE_UNAVAILABLE,
@@ -27,6 +28,7 @@ from sluicegate.server.http.errors import (
 )
 from sluicegate.server.resumable.producer import Producer
 from sluicegate.server.stores.event_store import EventStore, StoreCapabilities
+from sluicegate.server.stores.memory_log import frames_since
 from sluicegate.server.stores.memory_store import MemoryEventStore
 from sluicegate.server.streaming.buffer import LiveStreams
 from sluicegate.server.streaming.generation import Generation
@@ -74,7 +76,7 @@ class SwitchedStore:
 
 
 async def _producer(
-    store: SwitchedStore,
+    store: SwitchedStore, clock: ManualClock | None = None
 ) -> tuple[FakeGeneration, asyncio.Task[None], list[EndState]]:
     await store.create(ID, "k")
     generation = FakeGeneration()
@@ -92,6 +94,7 @@ async def _producer(
         30.0,
         on_end,
         check_interval_s=0.01,
+        clock=clock,
     )
     task = asyncio.get_running_loop().create_task(producer.run())
     await asyncio.sleep(0)
@@ -103,14 +106,17 @@ async def test_a_store_failing_mid_stream_ends_it_errored_and_aborts_the_engine(
     None
 ):
     store = SwitchedStore()
-    generation, task, ended = await _producer(store)
+    clock = ManualClock()
+    generation, task, ended = await _producer(store, clock)
     assert generation.buffer is not None
     generation.buffer.put(Delta(0, "Hel"))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: any(b"Hel" in frame for frame in _kept_now(store)))
     store.down = StoreError("Redis failed while writing logs: host:port")
-    checks = store.checks
-    # The watcher meets the failure and goes on checking.
-    await wait_until(lambda: store.checks >= checks + 3)
+    # The watcher meets the failure and goes on checking, once a check interval.
+    for checks in range(1, 4):
+        clock.advance(0.01)
+        await wait_until(lambda: store.checks >= checks)  # noqa: B023
+    assert store.checks == 3
     assert not task.done()
     generation.buffer.put(Delta(0, "lo"))
     await asyncio.wait_for(task, 5)
@@ -121,6 +127,11 @@ async def test_a_store_failing_mid_stream_ends_it_errored_and_aborts_the_engine(
     frames = await asyncio.wait_for(_kept(store), 1)
     assert any(b"Hel" in frame for frame in frames)
     assert not any(b"error" in frame for frame in frames)
+
+
+def _kept_now(store: SwitchedStore) -> list[bytes]:
+    """The frames the inner store keeps now."""
+    return [frame for _, frame in frames_since(store.inner._logs[ID], -1)]
 
 
 async def _kept(store: SwitchedStore) -> list[bytes]:
@@ -137,7 +148,7 @@ async def test_a_store_failing_on_the_last_frames_still_records_errored() -> Non
     generation, task, ended = await _producer(store)
     assert generation.buffer is not None
     generation.buffer.put(Delta(0, "Hi"))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: any(b"Hi" in frame for frame in _kept_now(store)))
     store.down = StoreFull("Redis is full (maxmemory) while writing logs")
     generation.buffer.put(Finish(0, FinishReason.STOP))
     generation.buffer.put(End(Usage(1, 1)))
