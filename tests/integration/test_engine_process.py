@@ -17,6 +17,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from typing import Any
 
 import httpx
@@ -31,7 +32,7 @@ from tests.redis_server import RedisServer
 
 from .servers import ServerProcess
 from .wire import engine_stats
-from .workers import client_on, engine_pid, eventually
+from .workers import client_on, engine_pid, eventually, worker_pids
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,6 +41,9 @@ STREAMS = 8
 """Streams in flight when the engine process is killed."""
 LOAD = 32
 """Concurrent requests of the ledger test."""
+LEASE_S = 3.0
+"""The workers' ledger lease: a killed worker's open rows are marked
+truncated by the other this long after its last renewal (three renewals)."""
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +67,7 @@ def server(
             "--engine", "scripted", "--scripted-text", str(text),
             "--scripted-rate", "40", "--scripted-max-running", "16",
             "--scripted-max-queued", "16", "--ledger", ledger_url,
-            "--fault", "prefill-delay:0.5",
+            "--ledger-lease-s", str(LEASE_S), "--fault", "prefill-delay:0.5",
         ],
         folder,
     )  # fmt: skip
@@ -88,13 +92,13 @@ def _data(lines: Iterator[str], stop_after: int | None = None) -> list[str]:
     return out
 
 
-def _aborted(http: httpx.Client, request_id: str) -> bool:
+def _aborted(http: httpx.Client, request_id: str, *, cells_freed: bool = True) -> bool:
     def gone() -> bool:
         stats = engine_stats(http)
         return (
             request_id in stats["aborted_ids"]
             and request_id not in stats["running_ids"]
-            and stats["kv_cells_used"] == 0
+            and (stats["kv_cells_used"] == 0 or not cells_freed)
         )
 
     return eventually(gone)
@@ -211,6 +215,54 @@ def test_no_ledger_row_is_lost_when_both_workers_write_to_postgresql(
             if request_id in asked
         }
     assert len(servers) == 2  # both workers wrote
+
+
+def _row(ledger_url: str, request_id: str) -> LedgerRow | None:
+    rows = read_rows(ledger_url, request_id=request_id)
+    return rows[0] if rows else None
+
+
+def test_a_killed_worker_leaves_the_others_stream_and_the_engine_aborts_its_own(
+    server: ServerProcess, http: httpx.Client, ledger_url: str
+) -> None:
+    """SIGKILL of one worker mid-stream: the engine process aborts that
+    worker's request (its connection closed) and frees its cells; the other
+    worker's stream on the same engine runs to its end; the dead worker's row
+    is marked truncated by the living one, the other's is finished."""
+    body = {**CHAT, "max_tokens": 60, "stream": True}
+    keep, keep_pid = client_on(server.base_url)
+    doomed, doomed_pid = client_on(server.base_url, not_pid=keep_pid)
+    with (
+        closing(keep),
+        closing(doomed),
+        keep.stream("POST", "/v1/chat/completions", json=body) as kept,
+    ):
+        lines = kept.iter_lines()
+        kept_id = json.loads(_data(lines, stop_after=3)[0])["id"]
+        long = {**body, "max_tokens": 400}  # it cannot end before the kill
+        with doomed.stream("POST", "/v1/chat/completions", json=long) as lost:
+            lost_lines = lost.iter_lines()
+            lost_id = json.loads(_data(lost_lines, stop_after=3)[0])["id"]
+            os.kill(doomed_pid, signal.SIGKILL)
+            with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+                _data(lost_lines)  # cut: no [DONE], no error event
+            assert _aborted(http, f"{lost_id}-0", cells_freed=False)
+        tail = _data(lines)
+    assert tail[-1] == "[DONE]"
+    assert not [d for d in tail[:-1] if "error" in json.loads(d)]
+    assert json.loads(tail[-2])["choices"][0]["finish_reason"] == "length"
+    assert eventually(lambda: engine_stats(http)["kv_cells_used"] == 0)
+    # the slot is served again (the next tests reach both workers)
+    new_pids = worker_pids(server.base_url)
+    assert keep_pid in new_pids
+    assert doomed_pid not in new_pids
+
+    def closed(request_id: str, state: EndState) -> bool:
+        row = _row(ledger_url, request_id)
+        return row is not None and row.end_state == state
+
+    assert eventually(lambda: closed(lost_id, EndState.TRUNCATED))
+    assert eventually(lambda: closed(kept_id, EndState.FINISHED))
 
 
 def _has_content(data: str) -> bool:
