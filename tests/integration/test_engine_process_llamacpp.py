@@ -1,12 +1,16 @@
-"""The real model in an engine process of its own: aborts across the socket
-while a request waits in the engine's queue, is in its prefill and decodes,
-and a SIGKILL of the engine process mid-stream.
+"""The real model in an engine process of its own, reached by two workers:
+shared streaming cases, aborts across the socket while a request waits in the
+engine's queue, is in its prefill and decodes, and a SIGKILL of the engine
+process mid-stream.
 
-The prefill and decode aborts are ``test_disconnect.py``'s, run against a
-server whose llama.cpp engine is in its own process (``--engine-process``):
-the same contract (aborted within 1 s or a few steps, KV cells freed) holds
-across the IPC. The kill test runs last (the engine then loads the model
-again).
+``serve --workers 2`` puts llama.cpp in a process of its own; each worker
+detokenizes, holds back stop strings and writes frames. The cheapest of the
+shared cases that reach each of those (chunks, text, stop strings, headers)
+and the prefill and decode aborts are the one-process server's tests
+(``test_chunks.py``, ``test_disconnect.py``...), run against this server: the
+same contracts (aborted within 1 s or a few steps, KV cells freed) hold
+across the IPC, from whichever worker a connection reaches. The kill test
+runs last (the engine then loads the model again).
 """
 
 from __future__ import annotations
@@ -25,7 +29,15 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.redis_server import RedisServer
+
+from . import test_chunks as chunk_cases
 from . import test_disconnect as disconnect
+from . import test_headers as headers
+from . import test_openai_sdk as openai_sdk
+from . import test_stop_strings as stop_strings
+from . import test_text as text
+from .conftest import IDLE_TIMEOUT_S
 from .servers import N_CTX, PARALLEL, ServerProcess, StartServer
 from .wire import NO_END_TOKENS, RawExchange, engine_stats, wait_until
 from .workers import engine_pid, eventually
@@ -41,12 +53,14 @@ def ledger_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def remote_server(start_server: StartServer, ledger_path: Path) -> ServerProcess:
+def remote_server(
+    start_server: StartServer, ledger_path: Path, redis_server: RedisServer
+) -> ServerProcess:
     return start_server(
         "engine-process-llamacpp",
-        "--log-level", "warning", "--engine", "llamacpp", "--engine-process",
-        "--n-ctx", str(N_CTX), "--parallel", str(PARALLEL),
-        "--ledger", str(ledger_path),
+        "--log-level", "warning", "--engine", "llamacpp", "--workers", "2",
+        "--redis", redis_server.url, "--n-ctx", str(N_CTX),
+        "--parallel", str(PARALLEL), "--ledger", str(ledger_path),
     )  # fmt: skip
 
 
@@ -61,6 +75,49 @@ def http(base_url: str) -> Iterator[httpx.Client]:
         yield client
 
 
+@pytest.fixture(autouse=True)
+def engine_is_idle_after_test(http: httpx.Client) -> Iterator[None]:
+    """As for the one-process server: every stream a test opened has ended."""
+    yield
+    idle, _ = wait_until(
+        http, disconnect.idle, started_s=time.monotonic(), give_up_s=IDLE_TIMEOUT_S
+    )
+    assert idle is not None, f"engine busy after the test: {engine_stats(http)}"
+
+
+# The shared cases, through a worker and the engine process: those that cost
+# least and reach each part a worker runs (frames, usage and [DONE], a choice
+# per index, byte tokens joined into whole characters, a stop string held
+# back, the stream headers).
+test_tiny_max_tokens_streams_every_token = (
+    chunk_cases.test_tiny_max_tokens_streams_every_token
+)
+test_length_finish_is_the_last_choice_chunk = (
+    chunk_cases.test_length_finish_is_the_last_choice_chunk
+)
+test_done_is_sent_once_after_both_choices_finish = (
+    chunk_cases.test_done_is_sent_once_after_both_choices_finish
+)
+test_raw_stream_ends_with_done_after_usage = (
+    openai_sdk.test_raw_stream_ends_with_done_after_usage
+)
+
+
+def test_characters_split_across_byte_tokens_stream_whole(http: httpx.Client) -> None:
+    text.test_characters_split_across_byte_tokens_stream_whole(http, 24)
+
+
+def test_held_back_tail_is_flushed_before_the_finish_chunk(http: httpx.Client) -> None:
+    stop_strings.test_held_back_tail_is_flushed_before_the_finish_chunk(http, 2)
+
+
+def test_stream_headers_are_proxy_safe_and_never_compressed(
+    http: httpx.Client,
+) -> None:
+    headers.test_stream_headers_are_proxy_safe_and_never_compressed(http, CHAT)
+
+
+# The aborts across the IPC.
 test_closing_a_stream_after_the_first_token_aborts_the_engine = (
     disconnect.test_closing_a_stream_after_the_first_token_aborts_the_engine
 )
