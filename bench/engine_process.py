@@ -14,15 +14,22 @@ output tokens/s, TTFT p50/p99, and the ratios split/one. The order of the
 servers alternates between rounds.
 
 ``kill``: ``--streams`` scripted streams through ``--engine-process``
-(the scripted engine there, paced), then SIGKILL of the engine process:
-reported are the seconds from the kill to the last stream's in-band error,
-how many streams ended with exactly one ``engine_crashed`` error and no
-``[DONE]``, and the seconds to the first 200 after the kill.
+(the scripted engine there, paced; ``--workers`` front-end workers, with a
+Redis above one) and a SQLite ledger, then SIGKILL of the engine process once
+every stream has had a token: reported are the seconds from the kill to the
+last stream's in-band error, how many streams ended with exactly one
+``engine_crashed`` error and no ``[DONE]``, the seconds to the first 200
+after the kill, and the streams' ledger rows: how many were closed, how many
+as ``errored``, and how many of those count at least the tokens their client
+was sent.
 
-Not a test: nothing here asserts a timing. The machine's load average is
-printed with every figure (a shared machine makes them noisy).
+Each mode writes its results as JSON (``--json``; by default
+``bench/results/engine-process-<mode>.json``) with the machine's load
+averages before and after every figure, and prints them as it goes. Not a
+test: nothing here asserts a timing (a shared machine makes them noisy).
 
-Run: ``.venv/bin/python bench/engine_process.py [compare|kill] [--rounds 2]``
+Run: ``.venv/bin/python bench/engine_process.py [compare|kill] [--rounds 2]
+[--streams 100] [--json PATH]``
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -41,10 +49,14 @@ from typing import Any
 
 import httpx
 
+from sluicegate.server.ledger.read import read_rows
 from sluicegate.testing import ServerProcess, free_port, serve_command
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+RESULTS = ROOT / "bench" / "results"
+ROWS_GIVE_UP_S = 30.0
+"""How long the kill run waits for the streams' ledger rows after the first 200."""
 
 
 def _redis() -> tuple[str, subprocess.Popen[bytes]]:
@@ -85,7 +97,7 @@ def _serve(kind: str, redis: str, log: Path, threads: int | None) -> ServerProce
     return server
 
 
-def compare(args: argparse.Namespace) -> None:
+def compare(args: argparse.Namespace) -> dict[str, Any]:
     redis, redis_process = _redis()
     rows: list[dict[str, Any]] = []
     try:
@@ -97,14 +109,22 @@ def compare(args: argparse.Namespace) -> None:
                     with _serve(kind, redis, log, args.threads) as server:
                         url = server.base_url
                         _bench(url, args, Path(tmp) / "warm.json", 16)
-                        load = os.getloadavg()[0]
+                        load = os.getloadavg()
                         summary = _bench(url, args, Path(tmp) / "b.json", args.requests)
-                    row = {"round": round_, "server": kind, "load1": load, **summary}
+                    row = {
+                        "round": round_,
+                        "server": kind,
+                        "load1": load[0],
+                        "load_before": load,
+                        "load_after": os.getloadavg(),
+                        **summary,
+                    }
                     rows.append(row)
                     print(json.dumps(_short(row)), flush=True)
     finally:
         redis_process.terminate()
         redis_process.wait(10)
+    ratios = []
     for round_ in range(args.rounds):
         one, split = (
             next(r for r in rows if r["round"] == round_ and r["server"] == k)
@@ -112,7 +132,9 @@ def compare(args: argparse.Namespace) -> None:
         )
         tokens = split["output_tokens_per_s"] / one["output_tokens_per_s"]
         ttft = _p(split, "ttft_s", "p50") / _p(one, "ttft_s", "p50")
+        ratios.append({"round": round_, "tokens_per_s": tokens, "ttft_p50": ttft})
         print(f"round {round_}: tok/s split/one {tokens:.3f}, TTFT p50 {ttft:.3f}")
+    return {"rows": rows, "split_over_one": ratios}
 
 
 def _p(row: dict[str, Any], name: str, cut: str) -> float:
@@ -130,46 +152,63 @@ def _short(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _stream(client: httpx.AsyncClient, ended: list[float]) -> tuple[int, bool]:
+async def _stream(
+    client: httpx.AsyncClient, streaming: asyncio.Semaphore
+) -> dict[str, Any]:
+    """One stream to its end: its id, content chunks, errors, [DONE], end time."""
     body = {
         "messages": [{"role": "user", "content": "Go"}],
         "max_tokens": 2000,
         "stream": True,
     }
-    errors, done = 0, False
+    seen: dict[str, Any] = {"id": None, "deltas": 0, "errors": 0, "done": False}
     async with client.stream("POST", "/v1/chat/completions", json=body) as live:
         async for line in live.aiter_lines():
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data:") and '"error"' in line:
-                errors += '"engine_crashed"' in line
-    ended.append(time.monotonic())
-    return errors, done
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                seen["done"] = True
+                continue
+            chunk = json.loads(data)
+            seen["id"] = seen["id"] or chunk.get("id")
+            if "error" in chunk:
+                seen["errors"] += chunk["error"].get("code") == "engine_crashed"
+            elif chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                seen["deltas"] += 1
+                if seen["deltas"] == 1:
+                    streaming.release()
+    seen["ended_s"] = time.monotonic()
+    return seen
 
 
-async def _kill(base_url: str, parent: int, streams: int) -> None:
+async def _kill(base_url: str, parent: int, streams: int) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=streams + 8)
     async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits) as c:
-        ended: list[float] = []
-        tasks = [asyncio.ensure_future(_stream(c, ended)) for _ in range(streams)]
-        while (await c.get("/engine/stats")).json()["running"] < streams:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(1.0)
+        streaming = asyncio.Semaphore(0)
+        tasks = [asyncio.ensure_future(_stream(c, streaming)) for _ in range(streams)]
+        for _ in range(streams):  # every stream has had a token: its row counts it
+            await asyncio.wait_for(streaming.acquire(), 120)
+        load_before = os.getloadavg()
         engine = _engine_pid(parent)
         killed = time.monotonic()
         os.kill(engine, signal.SIGKILL)
         results = await asyncio.gather(*tasks)
-        last_error_s = max(ended) - killed
-        ok = sum(1 for errors, done in results if errors == 1 and not done)
+        last_error_s = max(r["ended_s"] for r in results) - killed
+        ok = sum(1 for r in results if r["errors"] == 1 and not r["done"])
         body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
         while (await c.post("/v1/chat/completions", json=body)).status_code != 200:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         back_s = time.monotonic() - killed
-    print(
-        f"load {os.getloadavg()[0]:.1f}: {ok}/{streams} streams ended with one "
-        f"engine_crashed and no [DONE]; last error {last_error_s:.3f} s after the "
-        f"kill; first 200 after {back_s:.2f} s"
-    )
+    return {
+        "streams": streams,
+        "one_engine_crashed_no_done": ok,
+        "last_error_after_kill_s": last_error_s,
+        "first_200_after_kill_s": back_s,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "results": results,
+    }
 
 
 def _engine_pid(parent: int) -> int:
@@ -187,23 +226,68 @@ def _engine_pid(parent: int) -> int:
     raise LookupError("no engine process")
 
 
-def kill(args: argparse.Namespace) -> None:
+def _rows(ledger: Path, results: list[dict[str, Any]]) -> dict[str, int]:
+    """The streams' ledger rows once all are written (or ``ROWS_GIVE_UP_S``)."""
+    streamed = {r["id"]: r["deltas"] for r in results}
+    deadline = time.monotonic() + ROWS_GIVE_UP_S
+    while True:
+        rows = {r.request_id: r for r in read_rows(ledger) if r.request_id in streamed}
+        if len(rows) == len(streamed) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    errored = [r for r in rows.values() if r.end_state == "errored"]
+    return {
+        "closed": len(rows),
+        "errored": len(errored),
+        "errored_with_streamed_tokens": sum(
+            1 for r in errored if r.completion_tokens >= streamed[r.request_id] > 0
+        ),
+        "missing": len(streamed) - len(rows),
+    }
+
+
+def kill(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
-    text = Path(tempfile.mkdtemp(prefix="sluicegate-bench-")) / "text.txt"
+    folder = Path(tempfile.mkdtemp(prefix="sluicegate-bench-"))
+    text = folder / "text.txt"
     text.write_text(" ".join(f"w{i}" for i in range(4000)))  # longer than the run
+    ledger = folder / "ledger.sqlite3"
+    redis, redis_process = _redis() if args.workers > 1 else ("", None)
+    workers = ["--workers", str(args.workers)]
+    if args.workers > 1:
+        workers += ["--redis", redis]
     command = serve_command(
-        port, "--engine-process", "--engine", "scripted", "--scripted-rate", "20",
-        "--scripted-text", str(text),
+        port, "--engine-process", *workers, "--engine", "scripted",
+        "--scripted-rate", "20", "--scripted-text", str(text),
         "--scripted-max-running", str(args.streams),
-        "--scripted-max-queued", str(args.streams), "--no-ledger",
+        "--scripted-max-queued", str(args.streams), "--ledger", str(ledger),
         "--log-level", "warning",
     )  # fmt: skip
-    with ServerProcess(command, port, name="kill", cwd=ROOT) as server:
-        server.wait_ready("/health", timeout_s=120)
-        asyncio.run(_kill(server.base_url, server.pid, args.streams))
+    try:
+        with ServerProcess(command, port, name="kill", cwd=ROOT) as server:
+            server.wait_ready("/health", timeout_s=120)
+            run = asyncio.run(_kill(server.base_url, server.pid, args.streams))
+            run["ledger_rows"] = _rows(ledger, run.pop("results"))
+    finally:
+        if redis_process is not None:
+            redis_process.terminate()
+            redis_process.wait(10)
+    run["workers"] = args.workers
+    rows = run["ledger_rows"]
+    print(
+        f"load {run['load_before'][0]:.1f} -> {run['load_after'][0]:.1f}: "
+        f"{run['one_engine_crashed_no_done']}/{args.streams} streams ended with one "
+        f"engine_crashed and no [DONE]; last error "
+        f"{run['last_error_after_kill_s']:.3f} s after the kill; first 200 after "
+        f"{run['first_200_after_kill_s']:.2f} s; ledger rows closed "
+        f"{rows['closed']}/{args.streams}, errored {rows['errored']}, with the "
+        f"tokens streamed {rows['errored_with_streamed_tokens']}",
+        flush=True,
+    )
+    return run
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "mode", nargs="?", choices=["compare", "kill"], default="compare"
@@ -213,14 +297,30 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-words", type=int, default=32)
     parser.add_argument("--streams", type=int, default=100)
+    parser.add_argument(
+        "--workers", type=int, default=1, help="front-end workers (kill)"
+    )
     parser.add_argument("--threads", type=int, help="llama.cpp threads (compare)")
-    args = parser.parse_args()
-    print(f"load average: {os.getloadavg()}")
-    if args.mode == "kill":
-        kill(args)
-    else:
-        compare(args)
+    parser.add_argument("--json", type=Path, help="where to write the results")
+    args = parser.parse_args(argv)
+    started = os.getloadavg()
+    print(f"load average: {started}", flush=True)
+    results = kill(args) if args.mode == "kill" else compare(args)
+    report = {
+        "benchmark": "engine_process",
+        "mode": args.mode,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "load_at_start": started,
+        "load_at_end": os.getloadavg(),
+        **results,
+    }
+    out = args.json or RESULTS / f"engine-process-{args.mode}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
