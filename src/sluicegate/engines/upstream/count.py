@@ -132,9 +132,7 @@ async def _post(client: HopClient, url: str, body: Mapping[str, Any]) -> Any:
     except HopError:
         return None
     data = bytearray()
-    try:
-        if answer.status != 200:
-            return None
+    try:  # read to its end, refusals too: the connection then stays in the pool
         async for piece in answer:
             data += piece
             if len(data) > MAX_BYTES:
@@ -143,6 +141,8 @@ async def _post(client: HopClient, url: str, body: Mapping[str, Any]) -> Any:
         return None
     finally:
         await answer.aclose()
+    if answer.status != 200:
+        return None
     try:
         return json.loads(data)
     except ValueError:
