@@ -11,6 +11,7 @@ completion".
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from sluicegate import __version__
@@ -43,8 +44,14 @@ def _operation(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@cache
 def openapi_document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document (a JSON-able dict) of the generation endpoints."""
+    """The OpenAPI 3.1 document (a JSON-able dict) of the generation endpoints.
+
+    Built once per process (pydantic's JSON schemas of the two request models
+    take about 8 ms of CPU, which every app created paid): every call returns
+    the same dict, which callers must not change.
+    """
     return {
         "openapi": "3.1.0",
         "info": {"title": "sluicegate", "version": __version__},
