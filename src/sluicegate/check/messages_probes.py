@@ -10,13 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sluicegate.check.event_streams import (
-    Events,
-    content_type,
-    each_stream,
-    events_of,
-    unavailable,
-)
+from sluicegate.check.event_streams import Events, events_of, unavailable
+from sluicegate.check.shared_probes import Answer, EventApi, shared_probes
 from sluicegate.check.transcript import Transcript, json_body
 from sluicegate.check.verdicts import (
     ProbeResult,
@@ -48,14 +43,6 @@ STREAMS = (STREAM, STOP, MAX, STOPS)
 _BLOCK = ("content_block_start", "content_block_delta", "content_block_stop")
 
 
-def messages_content_type(recording: Mapping[str, Transcript]) -> ProbeResult:
-    """A Messages stream is answered with ``Content-Type: text/event-stream``.
-
-    Spec: Anthropic API, "Streaming Messages".
-    """
-    return content_type(recording, STREAM)
-
-
 def _blocks(events: Events) -> str | None:
     state: dict[Any, str] = {}
     for i, (name, obj) in enumerate(events):
@@ -83,15 +70,6 @@ def _order(events: Events) -> str | None:
     if types.count("message_stop") != 1 or types.count("message_delta") != 1:
         return "message_delta and message_stop must come once each"
     return _blocks(events)
-
-
-def messages_event_order(recording: Mapping[str, Transcript]) -> ProbeResult:
-    """message_start first; blocks started before their deltas and stopped once;
-    one message_delta then one message_stop, last.
-
-    Spec: Anthropic API, "Streaming Messages: event flow".
-    """
-    return each_stream(recording, STREAMS, _order)
 
 
 def _delta(t: Transcript) -> Mapping[str, Any]:
@@ -145,23 +123,33 @@ def _stop_reason(t: Transcript) -> Any:
     return delta.get("stop_reason") if isinstance(delta, dict) else None
 
 
-def messages_matches_plain(recording: Mapping[str, Transcript]) -> ProbeResult:
-    """At temperature 0 the streamed text and stop_reason equal the
-    non-streamed message's.
-
-    Spec: Anthropic API, "Messages: create a message".
-    """
-    missing = unavailable(recording, STREAM) or unavailable(recording, PLAIN)
-    if missing:
-        return missing
-    body = json_body(recording[PLAIN])
+def _plain_answer(body: Any) -> Answer | None:
     if not isinstance(body, dict) or not isinstance(body.get("content"), list):
-        return fail(f"non-streamed body {clip(recording[PLAIN].body)}")
-    text = plain_text(body)
-    got, reason = streamed_text(recording[STREAM]), _stop_reason(recording[STREAM])
-    if got != text or reason != body.get("stop_reason"):
-        return fail(f"{clip(got)}/{reason} != {clip(text)}/{body.get('stop_reason')}")
-    return passed(clip(got))
+        return None
+    return plain_text(body), body.get("stop_reason")
+
+
+MESSAGES = EventApi(
+    name="messages",
+    title="Messages",
+    stream=STREAM,
+    plain=PLAIN,
+    streams=STREAMS,
+    order=_order,
+    answer=lambda t: (streamed_text(t), _stop_reason(t)),
+    plain_answer=_plain_answer,
+    content_type_spec='Anthropic API, "Streaming Messages".',
+    order_rule="message_start first; blocks started before their deltas and "
+    "stopped once; one message_delta then one message_stop, last.",
+    order_spec='Anthropic API, "Streaming Messages: event flow".',
+    plain_rule="At temperature 0 the streamed text and stop_reason equal the "
+    "non-streamed message's.",
+    plain_spec='Anthropic API, "Messages: create a message".',
+)
+"""What the probes shared with the Responses API read of this one."""
+messages_content_type, messages_event_order, messages_matches_plain = shared_probes(
+    MESSAGES
+)
 
 
 def messages_stop_sequence(recording: Mapping[str, Transcript]) -> ProbeResult:

@@ -12,12 +12,12 @@ from typing import Any
 
 from sluicegate.check.event_streams import (
     Events,
-    content_type,
     each_stream,
     error_object,
     events_of,
     unavailable,
 )
+from sluicegate.check.shared_probes import EventApi, shared_probes
 from sluicegate.check.transcript import Transcript, json_body
 from sluicegate.check.verdicts import ProbeResult, clip, fail, passed
 
@@ -52,14 +52,6 @@ _OPENS = {
 }
 
 
-def responses_content_type(recording: Mapping[str, Transcript]) -> ProbeResult:
-    """A Responses stream is answered with ``Content-Type: text/event-stream``.
-
-    Spec: OpenAI API reference, "Responses: streaming events".
-    """
-    return content_type(recording, STREAM)
-
-
 def _order(events: Events) -> str | None:
     types = [name for name, _ in events]
     if types[:2] != ["response.created", "response.in_progress"]:
@@ -72,15 +64,6 @@ def _order(events: Events) -> str | None:
         if opener and opener not in types[:i]:
             return f"{name} at {i} before {opener}"
     return None
-
-
-def responses_event_order(recording: Mapping[str, Transcript]) -> ProbeResult:
-    """Typed events: created, in_progress, items and parts opened before their
-    deltas, and exactly one terminal event, last.
-
-    Spec: OpenAI API reference, "Responses: streaming events".
-    """
-    return each_stream(recording, STREAMS, _order)
 
 
 def _sequence(events: Events) -> str | None:
@@ -127,14 +110,14 @@ def responses_usage(recording: Mapping[str, Transcript]) -> ProbeResult:
     return fail(problem) if problem else passed(clip(usage))
 
 
-def _plain_text(body: Any) -> str | None:
+def _plain_text(body: Any) -> tuple[str] | None:
     if not isinstance(body, dict) or not isinstance(body.get("output"), list):
         return None
-    return "".join(
+    return ("".join(
         str(part.get("text", ""))
         for item in body["output"] if isinstance(item, dict)
         for part in item.get("content") or [] if isinstance(part, dict)
-    )  # fmt: skip
+    ),)  # fmt: skip
 
 
 def streamed_text(t: Transcript) -> str:
@@ -144,19 +127,27 @@ def streamed_text(t: Transcript) -> str:
     return "".join(d for d in deltas if isinstance(d, str))
 
 
-def responses_matches_plain(recording: Mapping[str, Transcript]) -> ProbeResult:
-    """At temperature 0 the streamed text equals the non-streamed ``output`` text.
-
-    Spec: OpenAI API reference, "Responses: create a response".
-    """
-    missing = unavailable(recording, STREAM) or unavailable(recording, PLAIN)
-    if missing:
-        return missing
-    text = _plain_text(json_body(recording[PLAIN]))
-    if text is None:
-        return fail(f"non-streamed body {clip(recording[PLAIN].body)}")
-    got = streamed_text(recording[STREAM])
-    return passed(clip(got)) if got == text else fail(f"{clip(got)} != {clip(text)}")
+RESPONSES = EventApi(
+    name="responses",
+    title="Responses",
+    stream=STREAM,
+    plain=PLAIN,
+    streams=STREAMS,
+    order=_order,
+    answer=lambda t: (streamed_text(t),),
+    plain_answer=_plain_text,
+    content_type_spec='OpenAI API reference, "Responses: streaming events".',
+    order_rule="Typed events: created, in_progress, items and parts opened before "
+    "their deltas, and exactly one terminal event, last.",
+    order_spec='OpenAI API reference, "Responses: streaming events".',
+    plain_rule="At temperature 0 the streamed text equals the non-streamed "
+    "``output`` text.",
+    plain_spec='OpenAI API reference, "Responses: create a response".',
+)
+"""What the probes shared with the Messages API read of this one."""
+responses_content_type, responses_event_order, responses_matches_plain = shared_probes(
+    RESPONSES
+)
 
 
 def responses_max_tokens(recording: Mapping[str, Transcript]) -> ProbeResult:
