@@ -49,7 +49,7 @@ from sluicegate.engines.clocks import Timers
 from sluicegate.server.admission.access import API_KEY, Access
 from sluicegate.server.admission.keys import ANONYMOUS, Admission, ApiKey
 from sluicegate.server.apis.info_routes import shutting_down
-from sluicegate.server.apis.messages_routes import MESSAGES_PATHS
+from sluicegate.server.apis.messages_api import MESSAGES_PATHS
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.http.answers import error_answer, nothing, status_of
 from sluicegate.server.http.bodies import read_json_object

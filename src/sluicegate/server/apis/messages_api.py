@@ -44,10 +44,14 @@ from sluicegate.server.schemas.param_errors import request_error
 from sluicegate.server.schemas.parse import parse_chat_request
 
 __all__ = [
+    "MESSAGES_PATHS",
     "MessagesRequest",
     "parse_messages_request",
     "to_chat_request",
 ]
+
+MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+"""The paths whose refusals (the guard's too) are in Anthropic's shape."""
 
 MIN_THINKING_BUDGET = 1024
 """The least ``thinking.budget_tokens`` Anthropic's API takes (tokens)."""

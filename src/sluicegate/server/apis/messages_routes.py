@@ -9,10 +9,7 @@ Spec: Anthropic API reference, "Messages" and "Count message tokens".
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,33 +17,21 @@ from starlette.types import ASGIApp
 
 from sluicegate.core.errors import EngineError, RequestError
 from sluicegate.core.wire.chunks import Endpoint
-from sluicegate.core.wire.contracts import Wire
 from sluicegate.engines.base import OutputKind
 from sluicegate.engines.upstream.count import TRIED
 from sluicegate.server.admission.keys import ApiKey
 from sluicegate.server.apis.messages_api import parse_messages_request, to_chat_request
-from sluicegate.server.config import ServerConfig
+from sluicegate.server.apis.translated import named_as, plan_translated
 from sluicegate.server.http.answers import error_answer, json_answer
 from sluicegate.server.http.bodies import read_json_object
 from sluicegate.server.http.errors import AdmissionError
-from sluicegate.server.prepare.models import ServedModel, ServedModels
 from sluicegate.server.prepare.plan import Plan
 from sluicegate.server.prepare.tokens import plan_chat
-from sluicegate.server.schemas.chat import ChatCompletionRequest
 
-__all__ = [
-    "MESSAGES_PATHS",
-    "Generating",
-    "MessagesRoutes",
-    "named_as",
-    "with_endpoint",
-]
+if TYPE_CHECKING:
+    from sluicegate.server.apis.completion_routes import CompletionRoutes
 
-MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
-"""The paths whose refusals (the guard's too) are in Anthropic's shape."""
-
-_Planner = Callable[[dict[str, Any], str, ApiKey | None, bool], Awaitable[Plan]]
-
+__all__ = ["MessagesRoutes"]
 
 CHAT_NAMES = {
     "stop": "stop_sequences",
@@ -56,46 +41,10 @@ CHAT_NAMES = {
 """The Messages API's names of the chat parameters its requests become."""
 
 
-@contextlib.contextmanager
-def named_as(names: Mapping[str, str]) -> Iterator[None]:
-    """Inside: a ``RequestError`` from the chat checks an API's request goes
-    through names that API's parameters (``RequestError.rename_params``)."""
-    try:
-        yield
-    except RequestError as exc:
-        exc.rename_params(names)
-        raise
-
-
-class Generating(Protocol):
-    """What the routes need of the app's generation routes (``CompletionRoutes``)."""
-
-    models: ServedModels
-    config: ServerConfig
-
-    async def _generate(
-        self,
-        request: Request,
-        endpoint: Endpoint,
-        planner: _Planner,
-        ended: Callable[[Wire], Awaitable[None]] | None = None,
-    ) -> ASGIApp: ...
-
-    async def _check_admissible(
-        self, key: ApiKey | None, request: ChatCompletionRequest, small: bool
-    ) -> ServedModel: ...
-
-
-def with_endpoint(plan: Plan, endpoint: Endpoint) -> Plan:
-    """``plan``, its responses written by ``endpoint``'s stream machine."""
-    header = dataclasses.replace(plan.header, endpoint=endpoint)
-    return dataclasses.replace(plan, header=header)
-
-
 class MessagesRoutes:
     """The two Messages endpoints over the app's generation routes."""
 
-    def __init__(self, routes: Generating) -> None:
+    def __init__(self, routes: CompletionRoutes) -> None:
         self._routes = routes
 
     async def create(self, request: Request) -> ASGIApp:
@@ -105,15 +54,16 @@ class MessagesRoutes:
     async def _plan(
         self, body: dict[str, Any], response_id: str, key: ApiKey | None, small: bool
     ) -> Plan:
-        routes = self._routes
         request = parse_messages_request(body)
-        with named_as(CHAT_NAMES):
-            chat = to_chat_request(request)
-            served = await routes._check_admissible(key, chat, small)
-            plan = await plan_chat(
-                chat, response_id, served.engine, served.template, routes.config
-            )
-        return with_endpoint(plan, Endpoint.MESSAGES)
+        return await plan_translated(
+            self._routes,
+            Endpoint.MESSAGES,
+            CHAT_NAMES,
+            lambda: to_chat_request(request),
+            response_id,
+            key,
+            small,
+        )
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, the prompt's

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -38,7 +38,6 @@ from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.core.wire.contracts import Wire
 from sluicegate.core.wire.responses import response_object
 from sluicegate.server.admission.keys import ANONYMOUS, ApiKey
-from sluicegate.server.apis.messages_routes import Generating, named_as, with_endpoint
 from sluicegate.server.apis.response_store import StoredResponses
 from sluicegate.server.apis.responses_api import (
     ResponsesRequest,
@@ -47,6 +46,7 @@ from sluicegate.server.apis.responses_api import (
     response_echo,
     to_chat_request,
 )
+from sluicegate.server.apis.translated import plan_translated
 from sluicegate.server.apis.whole_from_log import WholeFromLog
 from sluicegate.server.http.answers import error_answer, json_answer
 from sluicegate.server.http.errors import (
@@ -56,10 +56,12 @@ from sluicegate.server.http.errors import (
     store_refusal_message,
 )
 from sluicegate.server.prepare.plan import Plan
-from sluicegate.server.prepare.tokens import plan_chat
 from sluicegate.server.resumable.log_response import LogStreamResponse
 from sluicegate.server.resumable.requests import owner_of
 from sluicegate.server.resumable.streams import ResumableStreams
+
+if TYPE_CHECKING:
+    from sluicegate.server.apis.completion_routes import CompletionRoutes
 
 __all__ = ["ResponsesRoutes"]
 
@@ -95,7 +97,7 @@ class ResponsesRoutes:
         resumable: the app's resumable streams (where stored responses go).
     """
 
-    def __init__(self, routes: Generating, resumable: ResumableStreams) -> None:
+    def __init__(self, routes: CompletionRoutes, resumable: ResumableStreams) -> None:
         self._routes = routes
         self._resumable = resumable
         self._stored = StoredResponses(resumable)
@@ -207,13 +209,15 @@ class ResponsesRoutes:
                     store_error_code(exc),
                     routes.config.retry_after_s,
                 ) from exc
-        with named_as(CHAT_NAMES):
-            chat = to_chat_request(ask, stored, history)
-            served = await routes._check_admissible(key, chat, small)
-            plan = await plan_chat(
-                chat, response_id, served.engine, served.template, routes.config
-            )
-        plan = with_endpoint(plan, Endpoint.RESPONSES)
+        plan = await plan_translated(
+            routes,
+            Endpoint.RESPONSES,
+            CHAT_NAMES,
+            lambda: to_chat_request(ask, stored, history),
+            response_id,
+            key,
+            small,
+        )
         plan = dataclasses.replace(
             plan,
             header=dataclasses.replace(plan.header, echo=response_echo(ask)),
