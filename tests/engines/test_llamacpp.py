@@ -31,6 +31,8 @@ def engine() -> Iterator[LlamaCppEngine]:
         n_ctx=4096,
         n_parallel=2,
         step_tokens=128,
+        chunk_tokens=32,
+        step_ratio=2.0,
         queue_limit=4,
         prefix_cache=True,
     )
@@ -158,6 +160,26 @@ async def test_two_sequences_decode_in_the_same_steps(engine: LlamaCppEngine) ->
     assert [sum(len(o.token_ids) for o in outs) for outs in together] == [8, 8]
     assert all(o[-1].finish_reason is FinishReason.LENGTH for o in together)
     assert engine.stats().steps - before < 16
+    assert (await wait_idle(engine)).kv_cells_used == 0
+
+
+async def test_a_prompt_read_among_a_decoding_sequence_is_paced_by_step_times(
+    engine: LlamaCppEngine,
+) -> None:
+    # What the chunks are depends on this machine's step times, so only that the
+    # worker reports them (the pacer has a decode-only step's time) and that
+    # both sequences come out whole is asserted.
+    decoding = engine.generate(request(engine, "paced-a", max_tokens=12))
+    await decoding.__anext__()
+    long_prompt = "lighthouse keeper " * 75  # about 150 tokens: 32 first, then paced
+    read = request(engine, "paced-b", text=long_prompt, max_tokens=2)
+    outs = await asyncio.gather(collect(decoding), collect(engine.generate(read)))
+    assert [sum(len(o.token_ids) for o in out) for out in outs] == [11, 2]
+    pacer = engine._scheduler.pacer  # the engine's own; no public view of it
+    assert pacer is not None
+    step_s = pacer.decode_step_s(1)
+    assert step_s is not None
+    assert step_s > 0
     assert (await wait_idle(engine)).kv_cells_used == 0
 
 

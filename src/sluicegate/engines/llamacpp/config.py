@@ -28,7 +28,11 @@ class EngineConfig:
         step_tokens: tokens in one step (decode tokens and prompt chunks); also
             llama.cpp's batch and micro-batch size.
         chunk_tokens: tokens of one prompt in one step while any sequence
-            decodes (``None``: ``step_tokens``).
+            decodes (``None``: ``step_tokens``); with ``step_ratio``, the first
+            such chunk, before step times are measured.
+        step_ratio: a step that reads a prompt while others decode takes about
+            this multiple of a decode-only step (the chunk sized from measured
+            step times, ``PrefillPacer``); ``None``: ``chunk_tokens`` always.
         n_threads: llama.cpp threads; ``None``: the cores this process may use.
         prefix_cache: keep finished sequences' KV cells for prompts that start
             with the same tokens. Off by default: a prompt partly read from
@@ -41,6 +45,7 @@ class EngineConfig:
     n_parallel: int = 16
     step_tokens: int = 512
     chunk_tokens: int | None = 32
+    step_ratio: float | None = 2.0
     n_threads: int | None = None
     prefix_cache: bool = False
 
@@ -58,8 +63,8 @@ _DEFAULT = EngineConfig()
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--n-ctx``, ``--parallel``, ``--step-tokens``, ``--chunk-tokens``,
-    ``--threads`` and ``--prefix-cache`` to ``parser``, with the defaults of
-    ``EngineConfig``."""
+    ``--step-ratio``, ``--threads`` and ``--prefix-cache`` to ``parser``, with
+    the defaults of ``EngineConfig``."""
     add = parser.add_argument
     add("--n-ctx", type=int, default=_DEFAULT.n_ctx, help="KV cells (tokens)")
     add("--parallel", type=int, default=_DEFAULT.n_parallel, help="sequences per step")
@@ -73,7 +78,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chunk-tokens",
         type=int,
         default=_DEFAULT.chunk_tokens,
-        help="tokens of one prompt per step while other streams decode",
+        help="tokens of one prompt per step while other streams decode "
+        "(with --step-ratio: the first such chunk)",
+    )
+    add(
+        "--step-ratio",
+        type=float,
+        default=_DEFAULT.step_ratio,
+        help="a step reading a prompt among decoding streams takes about this "
+        "multiple of a decode-only step (0: --chunk-tokens always)",
     )
     add("--threads", type=int, default=_DEFAULT.n_threads, help="llama.cpp threads")
     add(
@@ -91,6 +104,7 @@ def from_args(args: argparse.Namespace) -> EngineConfig:
         n_parallel=args.parallel,
         step_tokens=args.step_tokens,
         chunk_tokens=args.chunk_tokens,
+        step_ratio=args.step_ratio or None,
         n_threads=args.threads,
         prefix_cache=args.prefix_cache,
     )

@@ -1,10 +1,7 @@
 """LlamaCppEngine: continuous batching over llama.cpp, run in one worker thread.
 
-Each step is one ``llama_decode`` over the batch the scheduler plans
-(``BatchScheduler``, ``core/scheduling.py``: admission, step plans, KV cell
-reservation, aborts): one token per decoding sequence plus prompt chunks of those
-in prefill (``step_tokens`` in all, ``chunk_tokens`` of one prompt while others
-decode, so a long prompt lengthens running streams' steps by a bounded chunk).
+Each step is one ``llama_decode`` over the batch ``BatchScheduler`` plans (admission,
+KV cells, aborts, prompt chunks paced by the step times the worker reports).
 This module keeps what needs llama.cpp: the batch (``batch``), the samplers
 (``sampling``), the KV memory, the worker thread and the hand-off (``handoff``).
 
@@ -92,8 +89,10 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
             sequence (prompt + completion) the engine serves.
         n_parallel: sequences decoded together in one step.
         step_tokens: token budget of one step (decode tokens + prefill chunk).
-        chunk_tokens: prompt tokens in one step while any sequence decodes
-            (default ``step_tokens``; ``BatchScheduler``).
+        chunk_tokens: tokens of one prompt in a step while any sequence
+            decodes (default ``step_tokens``); the first such chunk with
+            ``step_ratio``, the multiple of a decode-only step's time such a
+            step may take (``BatchScheduler``, ``PrefillPacer``).
         n_threads: CPU threads for llama.cpp (default: one per core this
             process may run on, ``batch.usable_cores``).
         queue_limit: requests that may wait for admission; more raise
@@ -114,6 +113,7 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
         n_parallel: int = 4,
         step_tokens: int = 128,
         chunk_tokens: int | None = None,
+        step_ratio: float | None = None,
         n_threads: int | None = None,
         queue_limit: int = 64,
         prefix_cache: bool = False,
@@ -154,6 +154,7 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
             step_tokens=self._step_tokens,
             queue_limit=queue_limit,
             chunk_tokens=chunk_tokens,
+            step_ratio=step_ratio,
             prefix_cache=PrefixCache(enabled=prefix_cache),
         )
         self._leaked_cells = 0
@@ -340,7 +341,8 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
             return
         elapsed = time.perf_counter() - started
         with self._lock:
-            self._counters.count_step(n, elapsed, self._scheduler.advance(plan))
+            read = self._scheduler.advance(plan, elapsed)
+            self._counters.count_step(n, elapsed, read)
             for seq, token, logprob in sampled:
                 if isinstance(logprob, EngineError):  # its grammar failed: it alone
                     self._release(seq)
