@@ -124,3 +124,50 @@ async def test_any_parts_are_framed_as_h11_frames_them(parts: list[bytes]) -> No
     assert ours == await written(H11Protocol, streaming_app(parts), request_)
     (send,) = app.seen
     assert send._chunked
+
+
+def parts_now_app(parts: list[bytes], *, pause_at: int | None = None) -> Any:
+    """Like ``streaming_app``, each part written by ``write_now`` in two pieces
+    when it can (the frame sink's way), else by ``send``; with ``pause_at``,
+    the transport is paused before that part and resumed after it."""
+    seen: list[tuple[Any, bool]] = []  # (send, whether write_now wrote)
+
+    async def app(scope: Scope, receive: Receive, send: Any) -> None:
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        flow = send._cycle.flow
+        for at, part in enumerate(parts):
+            if at == pause_at:
+                flow.pause_writing()
+            wrote = send.write_now([part[:1], part[1:]])
+            seen.append((send, wrote))
+            if at == pause_at:
+                flow.resume_writing()
+            if not wrote:
+                await send(
+                    {"type": "http.response.body", "body": part, "more_body": True}
+                )
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    app.seen = seen  # type: ignore[attr-defined]
+    return app
+
+
+@pytest.mark.parametrize(
+    ("name", "request_"), requests(), ids=[n for n, _ in requests()]
+)
+async def test_write_now_writes_h11s_bytes_or_declines(
+    name: str, request_: bytes
+) -> None:
+    app = parts_now_app(PARTS)
+    ours = await written(LIMITED, app, request_)
+    assert ours == await written(H11Protocol, streaming_app(PARTS), request_)
+    chunked = name in ("http/1.1", "close")
+    assert [wrote for _, wrote in app.seen] == [chunked] * len(PARTS)
+
+
+async def test_write_now_declines_while_the_transport_is_paused() -> None:
+    app = parts_now_app(PARTS, pause_at=2)
+    ours = await written(LIMITED, app, requests()[0][1])
+    assert ours == await written(H11Protocol, streaming_app(PARTS), requests()[0][1])
+    assert [wrote for _, wrote in app.seen] == [True, True, False, True]

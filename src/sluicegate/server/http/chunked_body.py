@@ -10,11 +10,16 @@ writer would (``%x CRLF data CRLF``), and written to the transport
 peers, a paused or gone transport) goes through uvicorn's ``send`` as before.
 h11 keeps no count of chunked data, so its state stays the same.
 
+``ChunkedBodySend.write_now`` is the same write without a coroutine: a frame
+sink (``server/streaming/sink.py``) calls it once per token per stream, and
+falls back to ``send`` when it says it cannot write now.
+
 Spec: RFC 9112, "7.1. Chunked Transfer Coding".
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import h11
@@ -47,22 +52,45 @@ class ChunkedBodySend:
     async def __call__(self, message: Any) -> None:
         """``send(message)``: a body part that is not the last is written at once
         when the response is chunked and the transport takes writes."""
-        cycle = self._cycle
         if (
-            self._chunked
-            and message["type"] == "http.response.body"
-            and message.get("more_body", False)
-            and not cycle.flow.write_paused
-            and not cycle.disconnected
-            and not cycle.response_complete
+            message["type"] != "http.response.body"
+            or not message.get("more_body", False)
+            or not self.write_now((message.get("body", b""),))
         ):
-            body = message.get("body", b"")
-            if body:  # an empty part writes nothing (it would end the body)
-                cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
-            return
-        await self._send(message)
+            await self._send(message)
         if message["type"] == "http.response.start":
             self._chunked = self._frames_chunks(message)
+
+    def write_now(self, parts: Sequence[bytes]) -> bool:
+        """Write ``parts``, joined, as one body part that is not the last, now:
+        when the response is chunked and the transport takes writes (not
+        paused, not gone, the response not complete). An empty part writes
+        nothing (it would end the body).
+
+        Returns:
+            False when it cannot write now: nothing was written, and the part
+            goes through ``send`` (``__call__``), which may wait.
+
+        Raises:
+            Exception: what the transport's ``write`` raises.
+        """
+        cycle = self._cycle
+        if (
+            not self._chunked
+            or cycle.flow.write_paused
+            or cycle.disconnected
+            or cycle.response_complete
+        ):
+            return False
+        if len(parts) == 1:
+            body = parts[0]
+            if body:
+                cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+            return True
+        size = sum(map(len, parts))
+        if size:
+            cycle.transport.write(b"".join((b"%x\r\n" % size, *parts, b"\r\n")))
+        return True
 
     def _frames_chunks(self, start: Any) -> bool:
         """Whether h11 framed the response that ``start`` began as chunked."""

@@ -63,7 +63,7 @@ from sluicegate.server.stores.event_store import EventStore, Frames
 from sluicegate.server.streaming.disconnect import DisconnectRace
 from sluicegate.server.streaming.pump import pump
 from sluicegate.server.streaming.shared import StreamLimits
-from sluicegate.server.streaming.sink import FrameSink, body_writes
+from sluicegate.server.streaming.sink import FrameSink, body_writes, body_writes_now
 from sluicegate.server.streaming.sse_response import BODY_SEND, SSE_HEADERS
 from sluicegate.server.streaming.write_watch import WriteWatch
 
@@ -195,7 +195,9 @@ class LogStreamResponse:
                 clock,
             )
             broken = functools.partial(race.stop, BROKEN)
-            sink = FrameSink(body_writes(send), watch, on_broken=broken)
+            sink = FrameSink(
+                body_writes(send), watch, on_broken=broken, now=body_writes_now(send)
+            )
             source.follow(self._first, self._batches, sink)
             try:
                 if not await pump(source, sink):

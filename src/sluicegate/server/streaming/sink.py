@@ -12,7 +12,11 @@ finished later, by the owner's task (``settle``, after ``on_pending`` woke it)
 or by a task of the sink's own (an owner that waits on something it cannot be
 woken from, a log's reader). This is the work the task would do per token,
 minus waking it: a future, a loop callback and a task step per token per
-stream. The sink tells its ``WriteWatch`` when each write starts and ends.
+stream. A destination that can write without a coroutine (``now``: the
+server's ``ChunkedBodySend.write_now``, while its transport takes writes)
+is written that way first, from either side: no message, no coroutine and no
+``StopIteration`` per token. The sink tells its ``WriteWatch`` when each write
+starts and ends.
 
 Every step of a hand-driven write runs in one copy of the owner task's context,
 taken at construction: a wrapper around ``send`` that sets and resets a context
@@ -37,18 +41,16 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import enum
-import logging
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import CoroutineType
-from typing import Any
 
 from starlette.types import Send
 
+from sluicegate.server.http.chunked_body import ChunkedBodySend
+from sluicegate.server.streaming.resume import Resume, Steps
 from sluicegate.server.streaming.write_watch import WriteWatch
 
-__all__ = ["FrameSink", "Offered", "Resume", "Steps", "body_writes"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["FrameSink", "Offered", "Resume", "Steps", "body_writes", "body_writes_now"]
 
 Frames = Sequence[bytes]
 """Complete frames, in order (each an event or comment with its blank line)."""
@@ -81,6 +83,13 @@ def body_writes(send: Send) -> Callable[[Frames], Awaitable[None]]:
     return write
 
 
+def body_writes_now(send: Send) -> Callable[[Frames], bool] | None:
+    """The write of frames as one body part without a coroutine, for a ``send``
+    that has one (``ChunkedBodySend.write_now``: False when it cannot write
+    now); ``None`` for any other ``send``."""
+    return send.write_now if isinstance(send, ChunkedBodySend) else None
+
+
 class FrameSink:
     """The writes of one destination, from its owner's task or from callbacks.
 
@@ -100,6 +109,9 @@ class FrameSink:
         broken: what a write raises when its connection broke (reported as
             ``False``, not raised); ``()`` for a destination whose failures
             are all its owner's to handle (a log).
+        now: writes frames at once without a coroutine when it can
+            (``body_writes_now``), and says False when it cannot: ``start``
+            then writes them. The same bytes as ``start``'s.
 
     Attributes:
         pending: a write ``offer`` started that the owner's task finishes.
@@ -112,6 +124,7 @@ class FrameSink:
         "_broken",
         "_context",
         "_finisher",
+        "_now",
         "_on_broken",
         "_on_pending",
         "_start",
@@ -131,8 +144,10 @@ class FrameSink:
         on_broken: Callable[[], None] | None = None,
         at_once: Callable[[Frames], None] | None = None,
         broken: tuple[type[BaseException], ...] = (OSError,),
+        now: Callable[[Frames], bool] | None = None,
     ) -> None:
         self._start = start
+        self._now = now
         self._broken = broken
         self._watch = watch
         self._time = watch.clock.time if watch is not None else _no_time
@@ -180,6 +195,19 @@ class FrameSink:
             except Exception as exc:  # the owner's task raises it
                 return self._failed(exc)
             return WROTE
+        now = self._now
+        if now is not None:
+            try:
+                written = now(frames)
+            except Exception as exc:  # the owner raises it, as below
+                if lossy and isinstance(exc, self._broken):
+                    return FAILED
+                return self._failed(exc)
+            if written:  # as a send that did not suspend, below
+                watch = self._watch
+                if watch is not None:
+                    watch.last_write = self._time()
+                return WROTE
         try:
             sending = self._start(frames)
             steps: Steps = (
@@ -253,6 +281,16 @@ class FrameSink:
         if not frames:
             return True
         watch = self._watch
+        now = self._now
+        if now is not None:
+            try:
+                written = now(frames)
+            except self._broken:
+                return False
+            if written:
+                if watch is not None:
+                    watch.wrote()
+                return True
         self.sending = True
         if watch is not None:
             watch.writing()
@@ -316,67 +354,3 @@ class FrameSink:
 
 def _no_time() -> float:
     return 0.0
-
-
-Steps = Coroutine[Any, Any, Any] | Generator[Any, Any, Any]
-"""An awaitable's steps: a coroutine, or what ``__await__()`` returns."""
-
-
-class Resume:
-    """Awaits the rest of an awaitable that was started by hand and suspended.
-
-    ``steps`` is the awaitable's steps (a coroutine, or its ``__await__()``
-    iterator), ``waiting_on`` what it yielded (the future it waits for); the
-    awaiting task waits for that, then goes on driving ``steps`` in ``context``
-    (where it started), forwarding what the task sends or throws (cancellation
-    included) as ``await`` does.
-    """
-
-    __slots__ = ("_context", "_coro", "_waiting_on")
-
-    def __init__(
-        self,
-        steps: Steps,
-        waiting_on: Any,
-        context: contextvars.Context,
-    ) -> None:
-        self._coro = steps
-        self._waiting_on = waiting_on
-        self._context = context
-
-    def __await__(self) -> Generator[Any, Any, None]:
-        coro, waiting_on, run = self._coro, self._waiting_on, self._context.run
-        while True:
-            try:
-                sent = yield waiting_on
-            except BaseException as exc:  # forwarded, as ``await`` would
-                try:
-                    waiting_on = run(coro.throw, exc)
-                except StopIteration:
-                    return
-            else:
-                try:
-                    waiting_on = run(coro.send, sent)
-                except StopIteration:
-                    return
-
-    def close(self) -> None:
-        """End the awaitable without finishing it, as a cancelled task would.
-
-        ``CancelledError`` is thrown into it, in its context (so its ``finally``
-        blocks may reset context variables and even await once more); if it
-        waits again, it is closed. Nothing it raises escapes: the write is
-        abandoned either way.
-        """
-        run, coro = self._context.run, self._coro
-        try:
-            run(coro.throw, asyncio.CancelledError())
-        except (StopIteration, asyncio.CancelledError):
-            return
-        except Exception:  # its own failure while unwinding: nothing to add
-            logger.debug("an abandoned write raised while unwinding", exc_info=True)
-            return
-        try:  # it waits again: it cannot be finished without a task
-            run(coro.close)
-        except Exception:  # e.g. it ignored GeneratorExit
-            logger.debug("an abandoned write did not close", exc_info=True)

@@ -54,7 +54,7 @@ from sluicegate.server.streaming.disconnect import CLIENT_GONE, DisconnectRace
 from sluicegate.server.streaming.generation import Generation
 from sluicegate.server.streaming.pump import EventFrames, pump
 from sluicegate.server.streaming.shared import OnEnd, StreamLimits, attached
-from sluicegate.server.streaming.sink import FrameSink, body_writes
+from sluicegate.server.streaming.sink import FrameSink, body_writes, body_writes_now
 from sluicegate.server.streaming.write_watch import WriteWatch
 
 __all__ = ["BODY_SEND", "SSE_HEADERS", "EventStreamResponse"]
@@ -212,7 +212,12 @@ class EventStreamResponse:
             stuck,
             clock,
         )
-        sink = FrameSink(body_writes(send), watch, on_pending=buffer.poke)
+        sink = FrameSink(
+            body_writes(send),
+            watch,
+            on_pending=buffer.poke,
+            now=body_writes_now(send),
+        )
         source = EventFrames(
             self._machine,
             buffer,
