@@ -57,8 +57,10 @@ upstream when every probe request is aborted there and none runs.
 
 While it runs, ``/tmp/sluicegate-quiet`` exists (it waits, up to ten minutes,
 for one that another benchmark holds; ``--no-quiet``: neither). Prints a table
-and writes ``bench/results/gateway.json``. Not a test: nothing here asserts a
-timing.
+and writes ``bench/results/gateway.json``, each row with the 1-minute load
+average when it started. With ``--profile FILE``, py-spy (``PY_SPY``, else the
+venv's) records each gateway at the largest N into ``FILE.KIND.N`` (raw
+format). Not a test: nothing here asserts a timing.
 
 Run: ``.venv/bin/python bench/gateway.py [--n 50 200] [--duration-s 10]
 [--columns direct sluicegate litellm] [--quick]``
@@ -505,6 +507,7 @@ def _row(
     load: dict[str, Any],
     cpu_s: dict[str, float],
     wall_s: float,
+    loadavg: float,
 ) -> dict[str, Any]:
     tokens = max(load["events"], 1)
     hop = cpu_s.get("gateway", cpu_s["upstream"])
@@ -515,7 +518,21 @@ def _row(
         "hop_cpu_share": hop / wall_s,
         "hop_cpu_us_per_token": hop / tokens * 1e6,
         "upstream_cpu_us_per_token": cpu_s["upstream"] / tokens * 1e6,
+        "loadavg_1m": loadavg,
     }
+
+
+def _spy(pid: int, path: Path, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """py-spy recording ``pid`` over the window where every stream runs (raw
+    format, 250 Hz, into ``path``); ``PY_SPY`` names the binary, else the
+    venv's."""
+    spy = os.environ.get("PY_SPY") or str(Path(PYTHON).parent / "py-spy")
+    seconds = max(int(args.duration_s - args.ramp_s), 1)
+    command = [spy, "record", "--pid", str(pid), "--duration", str(seconds)]
+    command += ["--rate", "250", "--format", "raw", "-o", str(path)]
+    return subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def _measure_column(
@@ -567,12 +584,19 @@ def _measure_column(
         rows = []
         for n in args.n:
             _settle(upstream_port, timeout_s=args.duration_s + 10.0)
+            spy = None
+            if args.profile is not None and n == max(args.n) and column != "direct":
+                path = args.profile.with_name(f"{args.profile.name}.{spec.kind}.{n}")
+                spy = _spy(pids["gateway"], path, args)
+            loadavg = os.getloadavg()[0]
             cpu0 = {name: _cpu_s(pid) for name, pid in pids.items()}
             wall0 = time.perf_counter()
             load = _load(port, n, args)
             wall_s = time.perf_counter() - wall0
             cpu_s = {name: _cpu_s(pid) - cpu0[name] for name, pid in pids.items()}
-            rows.append(_row(column, n, load, cpu_s, wall_s))
+            if spy is not None:
+                spy.wait()
+            rows.append(_row(column, n, load, cpu_s, wall_s, loadavg))
         probes = [
             {"column": column, **_abort_probe(port, upstream_port, stream, args)}
             for stream in (True, False)
@@ -593,7 +617,8 @@ def _print(report: dict[str, Any]) -> None:
 
     table = Table(title="gateway: many streams over one scripted upstream")
     headers = "column N tok/s ITL+p50 ITL+p99 TTFTp50 TTFTp99 hopCPU hop_us/tok"
-    for header in (*headers.split(), "upstream_us/tok", "fin", "trunc", "timeout"):
+    more = ("upstream_us/tok", "fin", "trunc", "timeout", "loadavg")
+    for header in (*headers.split(), *more):
         table.add_column(header, justify="left" if header == "column" else "right")
     for row in report["rows"]:
         table.add_row(
@@ -610,8 +635,9 @@ def _print(report: dict[str, Any]) -> None:
             str(row["finished"]),
             str(row["truncated"] + row["errored"] + row["rejected"]),
             str(row["timed_out"]),
+            f"{row.get('loadavg_1m', 0):.1f}",
         )
-    console = Console(width=160)
+    console = Console(width=170)
     console.print(table)
     for probe in report["abort_probes"]:
         reached = probe["all_aborted_within_s"]
@@ -683,6 +709,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--quick", action="store_true", help="tiny N and duration (CI smoke)")
     add("--no-quiet", action="store_true", help=f"do not hold {QUIET}")
     add("--json", type=Path, default=RESULTS, help="where to write the results")
+    add(
+        "--profile",
+        type=Path,
+        help="py-spy raw profile of each gateway at the largest N, in FILE.KIND.N",
+    )
     return parser
 
 
