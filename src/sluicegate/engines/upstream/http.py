@@ -202,8 +202,12 @@ class _AiohttpResponse:
         return self
 
     async def __anext__(self) -> bytes:
-        with _aiohttp_errors(self._upstream, "the body broke from"):
+        # Once per event of a stream: the error map is entered only on a failure.
+        try:
             data = await self._content.readany()
+        except (aiohttp.ClientError, ValueError):
+            with _aiohttp_errors(self._upstream, "the body broke from"):
+                raise
         if not data:
             raise StopAsyncIteration
         return data
