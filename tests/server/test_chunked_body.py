@@ -171,3 +171,51 @@ async def test_write_now_declines_while_the_transport_is_paused() -> None:
     ours = await written(LIMITED, app, requests()[0][1])
     assert ours == await written(H11Protocol, streaming_app(PARTS), requests()[0][1])
     assert [wrote for _, wrote in app.seen] == [True, True, False, True]
+
+
+def start_with_app(parts: list[bytes], *, paused: bool = False) -> Any:
+    """Like ``streaming_app``, the head and the first part sent by
+    ``start_with``; with ``paused``, while the transport is paused (two sends:
+    it then waits for the transport like any send)."""
+    writes: list[bytes] = []
+
+    async def app(scope: Scope, receive: Receive, send: Any) -> None:
+        headers = [(b"content-type", b"text/event-stream")]
+        start = {"type": "http.response.start", "status": 200, "headers": headers}
+        transport = send._cycle.transport
+        write = transport.write
+
+        def recorded(data: bytes) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        transport.write = recorded
+        flow = send._cycle.flow
+        if paused:
+            flow.pause_writing()
+            asyncio.get_running_loop().call_soon(flow.resume_writing)
+        await send.start_with(send, start, parts[0])
+        for part in parts[1:]:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    app.writes = writes  # type: ignore[attr-defined]
+    return app
+
+
+@pytest.mark.parametrize(
+    ("name", "request_"), requests(), ids=[n for n, _ in requests()]
+)
+@pytest.mark.parametrize("paused", [False, True], ids=["writable", "paused"])
+async def test_start_with_writes_h11s_bytes_in_one_write_when_chunked(
+    name: str, request_: bytes, paused: bool
+) -> None:
+    app = start_with_app(PARTS, paused=paused)
+    ours = await written(LIMITED, app, request_)
+    assert ours == await written(H11Protocol, streaming_app(PARTS), request_)
+    first = re.sub(rb"date: [^\r]*\r\n", b"", app.writes[0])
+    head = ours[: ours.index(b"\r\n\r\n") + 4]
+    if name in ("http/1.1", "close") and not paused:
+        assert first == head + b"9\r\ndata: 1\n\n\r\n"  # the head and the part
+    else:
+        assert first == head  # the head alone, as h11 writes it

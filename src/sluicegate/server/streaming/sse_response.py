@@ -49,6 +49,7 @@ from sluicegate.core.events import Fail
 from sluicegate.core.wire.chunks import ResponseHeader
 from sluicegate.core.wire.contracts import stream_machine
 from sluicegate.core.wire.padding import MIN_STEP_BYTES, Filler
+from sluicegate.server.http.chunked_body import ChunkedBodySend
 from sluicegate.server.streaming.buffer import LiveStreams, StreamBuffer, stream_buffer
 from sluicegate.server.streaming.disconnect import CLIENT_GONE, DisconnectRace
 from sluicegate.server.streaming.generation import Generation
@@ -147,10 +148,17 @@ class EventStreamResponse:
         machine = self._machine
         start, send = send, scope.get(BODY_SEND, send)
         try:
-            await start(
-                {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
-            )
-            await _send_body(send, b"".join(machine.start()))
+            head = {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": SSE_HEADERS,
+            }
+            first = b"".join(machine.start())
+            if isinstance(send, ChunkedBodySend):  # the head and first part: one write
+                await send.start_with(start, head, first)
+            else:
+                await start(head)
+                await _send_body(send, first)
             machine.wrote()
             await self._stream(receive, send)
         except asyncio.CancelledError:
