@@ -27,7 +27,12 @@ Reported per server and N:
   a stream minus the engine's own step ``1/rate``;
 - schedule lag p99 (ms): how late the k-th event is against ``first + k/rate``
   (includes the engine's timer drift, which both servers share);
-- time to first token p50/p99 (ms), from sending the request;
+- time to first token p50/p99 (ms), from sending the request; and time to
+  the response's first byte (its head, which the server sends with the
+  stream's first event once it admitted the request): what a new stream waited
+  before the server answered (the accept queue, reading and admitting the
+  request) against what it waited after (the engine's first step, the first
+  token's write);
 - server CPU (share of one core over the load) and CPU us per token, peak RSS
   (MiB, sampled ``VmRSS``);
 - bytes per token: every byte the client received (HTTP head and chunk framing
@@ -110,6 +115,7 @@ class LoadStats:
     gaps_ms: array.array[float] = field(default_factory=lambda: array.array("d"))
     lags_ms: array.array[float] = field(default_factory=lambda: array.array("d"))
     ttft_ms: list[float] = field(default_factory=list)
+    ttfb_ms: list[float] = field(default_factory=list)
     in_window: int = 0
     events: int = 0
     completion_tokens: int = 0
@@ -134,6 +140,7 @@ class _Stream(asyncio.Protocol):
         self.last = 0.0
         self.count = 0
         self.status_checked = False
+        self.answered = False
         self.ended = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -143,6 +150,9 @@ class _Stream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
+        if not self.answered:  # the response's first byte
+            self.answered = True
+            self.stats.ttfb_ms.append((now - self.sent_at) * 1000.0)
         self.stats.bytes_received += len(data)
         buffer = self.buffer + data
         cut = buffer.rfind(CHUNK_END)
@@ -288,6 +298,7 @@ def _run_load(args: argparse.Namespace) -> int:
                 "itl_added_ms": _percentiles(stats.gaps_ms),
                 "schedule_lag_ms": _percentiles(stats.lags_ms),
                 "ttft_ms": _percentiles(stats.ttft_ms),
+                "ttfb_ms": _percentiles(stats.ttfb_ms),
                 "finished": stats.finished,
                 "truncated": stats.truncated,
                 "timed_out": stats.timed_out,
@@ -586,6 +597,7 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
         "lag p99",
         "TTFT p50",
         "TTFT p99",
+        "TTFB p99",
         "CPU",
         "us/tok",
         "B/tok",
@@ -607,6 +619,7 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
             _ms(row["schedule_lag_ms"]["p99"]),
             _ms(row["ttft_ms"]["p50"]),
             _ms(row["ttft_ms"]["p99"]),
+            _ms(row.get("ttfb_ms", {}).get("p99")),
             f"{row['server_cpu_share']:.0%}",
             f"{row['server_cpu_us_per_token']:.0f}",
             f"{row.get('bytes_per_token', 0):.0f}",

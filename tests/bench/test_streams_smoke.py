@@ -22,6 +22,7 @@ ROW_KEYS = {
     "itl_added_ms",
     "schedule_lag_ms",
     "ttft_ms",
+    "ttfb_ms",
     "finished",
     "truncated",
     "timed_out",
