@@ -145,7 +145,10 @@ def _response_body(raw: bytes) -> tuple[int, bytes]:
     parts: list[bytes] = []
     status = 0
     while True:
-        event = conn.next_event()
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError:  # the client closed it mid-body (stop)
+            return status, b"".join(parts)
         if isinstance(event, h11.Response):
             status = event.status_code
         if isinstance(event, h11.Data):

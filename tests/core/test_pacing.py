@@ -89,7 +89,7 @@ def test_steps_with_nothing_decoding_or_no_time_teach_nothing() -> None:
 
 
 def test_the_decode_estimate_is_a_median_over_the_window() -> None:
-    pacer = PrefillPacer(step_ratio=2.0, first_chunk_tokens=8, window=3)
+    pacer = PrefillPacer(step_ratio=2.0, first_chunk_tokens=8, decode_window=3)
     for elapsed_s in (0.125, 9.0, 0.25, 0.5):  # the first one leaves the window
         pacer.observe(1, 0, elapsed_s)
     assert pacer.decode_step_s(1) == 0.5  # 9.0, 0.25, 0.5: the slow step moves little
@@ -98,11 +98,40 @@ def test_the_decode_estimate_is_a_median_over_the_window() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ratio", "first", "window"), [(1.0, 8, 4), (2.0, 0, 4), (2.0, 8, 0)]
+    ("ratio", "counts"),
+    [
+        (1.0, (8, 4, 4, 4)),
+        (2.0, (0, 4, 4, 4)),
+        (2.0, (8, 0, 4, 4)),
+        (2.0, (8, 4, 4, 0)),
+    ],
 )
-def test_bad_settings_are_a_value_error(ratio: float, first: int, window: int) -> None:
+def test_bad_settings_are_a_value_error(
+    ratio: float, counts: tuple[int, int, int, int]
+) -> None:
+    first, window, decode_window, probe_every = counts
     with pytest.raises(ValueError, match="expected step_ratio > 1"):
-        PrefillPacer(step_ratio=ratio, first_chunk_tokens=first, window=window)
+        PrefillPacer(
+            step_ratio=ratio,
+            first_chunk_tokens=first,
+            window=window,
+            decode_window=decode_window,
+            probe_every=probe_every,
+        )
+
+
+def test_after_probe_every_mixed_steps_one_decodes_alone_and_is_measured() -> None:
+    pacer = PrefillPacer(step_ratio=2.0, first_chunk_tokens=8, probe_every=3)
+    pacer.observe(4, 0, 0.25)
+    for _ in range(3):
+        pacer.observe(4, 8, 0.25 + 8 / 128)
+    assert pacer.chunk_tokens(4) == 0
+    # The decode-only step is slower now (the prompt's cells): measured, and the
+    # chunk is sized against it, so the growth is not counted as the prompt's.
+    pacer.observe(4, 0, 0.5)
+    pacer.observe(4, 0, 0.5)
+    assert pacer.decode_step_s(4) == 0.5
+    assert pacer.chunk_tokens(4) == 16
 
 
 @given(
@@ -120,11 +149,18 @@ def test_any_step_times_give_a_chunk_from_one_to_twice_the_largest_recent(
     steps: list[tuple[int, int, float]], decoding: int
 ) -> None:
     pacer = _pacer()
-    mixed = [p for d, p, s in steps if d > 0 and p > 0 and s >= 0]
+    seen = [(d, p) for d, p, s in steps if d > 0 and s >= 0]
+    mixed = [p for _, p in seen if p > 0]
+    in_a_row = len(seen) - max(
+        (i + 1 for i, (_, p) in enumerate(seen) if p <= 0), default=0
+    )
     for d, p, s in steps:
         pacer.observe(d, p, s)
     chunk = pacer.chunk_tokens(decoding)
-    assert 1 <= chunk <= max(8, 2 * max(mixed[-16:], default=0))
+    if in_a_row >= 8:
+        assert chunk == 0
+    else:
+        assert 1 <= chunk <= max(8, 2 * max(mixed[-16:], default=0))
 
 
 @given(
@@ -146,6 +182,7 @@ def test_with_a_linear_cost_the_mixed_step_stays_in_budget_and_fills_it(
         within = decode_s + chunk * token_s <= ratio * decode_s * (1 + 1e-9)
         assert within or chunk == 1
         pacer.observe(decoding, chunk, decode_s + chunk * token_s)
+    pacer.observe(decoding, 0, decode_s)  # a probe may be due
     ideal = int((ratio - 1) * decode_s / token_s)
     assert pacer.chunk_tokens(decoding) in {max(1, ideal - 1), max(1, ideal)}
 
@@ -179,17 +216,19 @@ def test_the_scheduler_paces_a_long_prompt_among_decoding_sequences() -> None:
     scheduler.submit(first)
     scheduler.admit()
     chunks: list[int] = []
-    for step in range(8):
+    for step in range(14):
         if step == 2:
             scheduler.submit(Scheduled("long", tuple(range(300)), 5, frozenset()))
             scheduler.admit()
         plan = scheduler.plan()
         shape = [(c.seq.phase, len(c.tokens)) for c in plan]
-        chunks += [n for phase, n in shape if phase is Phase.PREFILL and step > 0]
+        if step >= 2:
+            chunks.append(sum(n for phase, n in shape if phase is Phase.PREFILL))
         scheduler.advance(plan, _step_time_s(shape))
         scheduler.accept(first, 7)
-    # One decoding sequence takes 1/16 s; ratio 2 leaves 1/16 s, 16 tokens.
-    assert chunks == [8, 16, 16, 16, 16, 16]
+    # One decoding sequence takes 1/16 s; ratio 2 leaves 1/16 s, 16 tokens; the
+    # ninth step decodes alone, to measure a decode-only step again.
+    assert chunks == [8, 16, 16, 16, 16, 16, 16, 16, 0, 16, 16, 16]
 
 
 def test_without_step_times_the_scheduler_keeps_chunk_tokens() -> None:
@@ -235,6 +274,6 @@ def test_any_step_times_read_every_prompt_once_within_the_step_budget(
             if chunk.wants_logits and scheduler.accept(chunk.seq, 7) is not None:
                 scheduler.release(chunk.seq)
         steps += 1
-        assert steps <= sum(prompts) + 3 * len(prompts)  # every step advances
+        assert steps <= 2 * (sum(prompts) + 3 * len(prompts))  # progress
     assert read == sum(prompts)
     assert all(seq.phase is Phase.DONE for seq in seqs)

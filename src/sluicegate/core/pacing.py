@@ -15,15 +15,20 @@ Invariants:
       chunk is ``first_chunk_tokens``: a guess, and the size the first mixed
       steps are measured at.
     - A decode-only step is taken to cost the same per decoding sequence (the
-      median of the last ``window`` such steps). With fewer sequences than were
-      measured, its fixed cost is then counted as the prompt's, which makes the
-      chunk smaller, not larger.
+      median of the last ``decode_window`` such steps). With fewer sequences
+      than were measured, its fixed cost is then counted as the prompt's, which
+      makes the chunk smaller, not larger.
+    - After ``probe_every`` mixed steps in a row the chunk is 0: one step
+      decodes alone and is measured. A decoding token's step grows as a long
+      prompt's cells join a unified KV memory (its attention spans them), and
+      a decode-only time measured before the prompt came would count that
+      growth as the prompt's and shrink its chunks towards one token.
     - What a prompt token adds is the mixed steps' time beyond the decode-only
       estimate, summed over the last ``window`` mixed steps and divided by their
       prompt tokens, so one step slowed by other work moves it by a share.
-    - The chunk is at least 1 token (a prompt always advances) and at most twice
-      the largest chunk among those mixed steps (one fast step cannot make the
-      next one long).
+    - Otherwise the chunk is at least 1 token (a prompt always advances) and at
+      most twice the largest chunk among those mixed steps (one fast step
+      cannot make the next one long).
 
 Deliberate divergence: the bound is on a step's expected time, not on the gap a
 client sees; a step slowed by other work on the machine is longer than planned.
@@ -45,25 +50,36 @@ class PrefillPacer:
             decode-only step of the same sequences (> 1).
         first_chunk_tokens: the chunk before both kinds of step have been
             observed (tokens, >= 1).
-        window: steps of each kind the estimates are taken over (>= 1).
+        window: mixed steps the prompt token's cost is taken over (>= 1).
+        decode_window: decode-only steps a decode-only step's time is the
+            median of (>= 1).
+        probe_every: mixed steps in a row before one decodes alone (>= 1).
 
     Raises:
-        ValueError: ``step_ratio`` <= 1, ``first_chunk_tokens`` < 1 or
-            ``window`` < 1.
+        ValueError: ``step_ratio`` <= 1, or a count below 1.
     """
 
     def __init__(
-        self, *, step_ratio: float, first_chunk_tokens: int, window: int = 16
+        self,
+        *,
+        step_ratio: float,
+        first_chunk_tokens: int,
+        window: int = 16,
+        decode_window: int = 5,
+        probe_every: int = 8,
     ) -> None:
-        if step_ratio <= 1 or first_chunk_tokens < 1 or window < 1:
+        counts = (first_chunk_tokens, window, decode_window, probe_every)
+        if step_ratio <= 1 or min(counts) < 1:
             raise ValueError(
-                "expected step_ratio > 1, first_chunk_tokens >= 1 and window >= 1; "
-                f"got {step_ratio!r}, {first_chunk_tokens!r}, {window!r}"
+                "expected step_ratio > 1 and counts >= 1; got "
+                f"{step_ratio!r}, {counts!r}"
             )
         self.step_ratio = step_ratio
         self.first_chunk_tokens = first_chunk_tokens
-        self._decode_s_per_seq: deque[float] = deque(maxlen=window)
+        self.probe_every = probe_every
+        self._decode_s_per_seq: deque[float] = deque(maxlen=decode_window)
         self._mixed: deque[tuple[int, float]] = deque(maxlen=window)
+        self._mixed_in_a_row = 0
 
     def decode_step_s(self, decoding: int) -> float | None:
         """The expected time of a decode-only step of ``decoding`` sequences
@@ -87,10 +103,14 @@ class PrefillPacer:
         sequences (>= 1) decode.
 
         Returns:
-            ``first_chunk_tokens`` until both kinds of step were observed, else
-            what fits in ``step_ratio - 1`` decode-only steps at the measured
-            cost per prompt token, between 1 and twice the largest recent chunk.
+            0 after ``probe_every`` mixed steps in a row (the next step decodes
+            alone); ``first_chunk_tokens`` until both kinds of step were
+            observed; else what fits in ``step_ratio - 1`` decode-only steps at
+            the measured cost per prompt token, between 1 and twice the largest
+            recent chunk.
         """
+        if self._mixed_in_a_row >= self.probe_every:
+            return 0
         decode_s = self.decode_step_s(decoding)
         if decode_s is None or not self._mixed:
             return self.first_chunk_tokens
@@ -113,7 +133,9 @@ class PrefillPacer:
             return
         if prompt_tokens <= 0:
             self._decode_s_per_seq.append(elapsed_s / decoding)
+            self._mixed_in_a_row = 0
             return
+        self._mixed_in_a_row += 1
         decode_s = self.decode_step_s(decoding)
         if decode_s is not None:
             self._mixed.append((prompt_tokens, elapsed_s - decode_s))

@@ -233,7 +233,7 @@ class BatchScheduler(Generic[_S]):
         if plan:
             most = pacer.chunk_tokens(len(plan)) if pacer else self.chunk_tokens
         for seq in running:
-            if seq.phase is not Phase.PREFILL or budget <= 0:
+            if seq.phase is not Phase.PREFILL or min(budget, most) <= 0:
                 continue
             done = seq.n_prompt_done
             chunk = seq.prompt[done : done + min(budget, most)]
