@@ -455,17 +455,27 @@ async def test_a_crashing_script_fails_the_sequence_instead_of_hanging(
 
 def test_parse_faults_reads_the_cli_specs() -> None:
     specs = ["error-after:3", "prefill-delay:0.5", "stall:2:1.5", "never-finishes"]
-    assert parse_faults(specs) == {
+    assert parse_faults([*specs, "grammar-crash"]) == {
         "fail_at_step": 3,
         "prefill_delay_s": 0.5,
         "stall_at_step": 2,
         "stall_s": 1.5,
         "never_finishes": True,
+        "crash_on_grammar": True,
     }
     assert parse_faults([]) == {}
 
 
-@pytest.mark.parametrize("spec", ["explode", "error-after:x", "stall:1", "stall:a:1"])
+def test_an_engine_that_crashes_on_grammars_claims_them() -> None:
+    """So that a server asks it to compile one (in the engine process: the
+    crash is ``tests/integration/test_engine_process.py``'s)."""
+    assert not ScriptedEngine().capabilities.grammars
+    assert ScriptedEngine(crash_on_grammar=True).capabilities.grammars
+
+
+@pytest.mark.parametrize(
+    "spec", ["explode", "error-after:x", "stall:1", "stall:a:1", "grammar-crash:1"]
+)
 def test_parse_faults_refuses_bad_specs(spec: str) -> None:
     with pytest.raises(ValueError, match=f"got {spec!r}"):
         parse_faults([spec])

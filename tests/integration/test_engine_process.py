@@ -68,6 +68,7 @@ def server(
             "--scripted-rate", "40", "--scripted-max-running", "16",
             "--scripted-max-queued", "16", "--ledger", ledger_url,
             "--ledger-lease-s", str(LEASE_S), "--fault", "prefill-delay:0.5",
+            "--fault", "grammar-crash",
         ],
         folder,
     )  # fmt: skip
@@ -263,6 +264,46 @@ def test_a_killed_worker_leaves_the_others_stream_and_the_engine_aborts_its_own(
 
     assert eventually(lambda: closed(lost_id, EndState.TRUNCATED))
     assert eventually(lambda: closed(kept_id, EndState.FINISHED))
+
+
+def test_a_grammar_compile_that_crashes_takes_the_engine_process_not_a_worker(
+    server: ServerProcess, http: httpx.Client
+) -> None:
+    """The scripted engine's ``grammar-crash`` fault: compiling a request's
+    schema ends the engine process with SIGSEGV, as a native compiler that
+    crashes would. The compile runs there, not in a worker: both workers live
+    on, the request is refused with a status to retry, the streams in flight
+    end with ``engine_crashed``, and the engine process is restarted."""
+    engine = engine_pid(server.pid)
+    workers = worker_pids(server.base_url)
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    body = {
+        **CHAT,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": schema},
+        },
+    }
+    with (
+        httpx.Client(base_url=server.base_url, timeout=30) as client,
+        client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={**CHAT, "max_tokens": 400, "stream": True},
+        ) as live,
+    ):
+        lines = live.iter_lines()
+        assert _data(lines, stop_after=2)  # streaming when the engine dies
+        refused = http.post("/v1/chat/completions", json=body)
+        tail = [json.loads(d) for d in _data(lines)]
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"]
+    assert [c["error"]["code"] for c in tail if "error" in c] == ["engine_crashed"]
+    assert eventually(lambda: engine_pid(server.pid) not in (None, engine))
+    assert worker_pids(server.base_url) == workers  # no worker died
+    assert eventually(
+        lambda: http.post("/v1/chat/completions", json=CHAT).status_code == 200
+    )
 
 
 def _has_content(data: str) -> bool:

@@ -43,8 +43,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import random
+import signal
 from collections import deque
 from collections.abc import AsyncIterator
 
@@ -113,6 +116,8 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
         seed: seeds that draw (the same submissions fail on every run).
         never_finishes: cycle the script forever, ignoring stop tokens,
             ``max_tokens`` and the context window.
+        crash_on_grammar: claim grammars, and end this process with SIGSEGV
+            when asked to compile one (a native crash, for supervision tests).
         max_running: sequences decoded at once (the batch); later ones queue.
         max_queued: sequences that may wait; beyond it ``generate`` raises
             ``EngineUnavailable`` at once.
@@ -136,6 +141,7 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
         fail_rate: float = 1.0,
         seed: int = 0,
         never_finishes: bool = False,
+        crash_on_grammar: bool = False,
         max_running: int = 8,
         max_queued: int = 32,
         kv_cells_total: int | None = None,
@@ -146,7 +152,11 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
         model = ModelInfo(model_id, context_length, created=1_700_000_000)
         tokenizer = tokenizer or ScriptedTokenizer()
         outputs = SequenceOutputs[EngineOutput]
-        super().__init__(model, tokenizer, _CAPABILITIES, outputs)
+        capabilities = _CAPABILITIES
+        if crash_on_grammar:
+            capabilities = dataclasses.replace(capabilities, grammars=True)
+        super().__init__(model, tokenizer, capabilities, outputs)
+        self._crash_on_grammar = crash_on_grammar
         self._scripts = Scripts(script, tokenizer, never_finishes=never_finishes)
         self._step_s = 1.0 / tokens_per_s
         self._prefill_delay_s = prefill_delay_s
@@ -172,7 +182,10 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
             self._clock = HeapClock(clock)
 
     def compile_grammar(self, grammar: Grammar) -> None:
-        """Nothing: the scripted engine ignores grammars."""
+        """Nothing: the scripted engine ignores grammars (but for
+        ``crash_on_grammar``: this process dies of SIGSEGV)."""
+        if self._crash_on_grammar:
+            os.kill(os.getpid(), signal.SIGSEGV)
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[EngineOutput]:
         """Queue ``request``; its outputs arrive one decode step at a time.

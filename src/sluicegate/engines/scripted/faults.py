@@ -22,6 +22,7 @@ class Faults(TypedDict, total=False):
     fail_rate: float
     seed: int
     never_finishes: bool
+    crash_on_grammar: bool
 
 
 def parse_faults(specs: Iterable[str]) -> Faults:
@@ -32,8 +33,10 @@ def parse_faults(specs: Iterable[str]) -> Faults:
             steps were delivered), ``error-rate:P:N`` (the same, in a share P of
             the sequences, drawn from a random generator seeded with ``seed:X``,
             0 by default), ``prefill-delay:S`` (S seconds before the first token),
-            ``stall:K:S`` (S more seconds before decode step K) and
-            ``never-finishes``. Steps count from 0; seconds may be fractional.
+            ``stall:K:S`` (S more seconds before decode step K),
+            ``never-finishes`` and ``grammar-crash`` (the process dies of
+            SIGSEGV when asked to compile a grammar, as native code that
+            crashes). Steps count from 0; seconds may be fractional.
 
     Returns:
         The keyword arguments; a later spec of the same kind wins.
@@ -63,11 +66,13 @@ def parse_faults(specs: Iterable[str]) -> Faults:
                 faults["stall_s"] = float(args[1])
             elif name == "never-finishes" and not args:
                 faults["never_finishes"] = True
+            elif name == "grammar-crash" and not args:
+                faults["crash_on_grammar"] = True
             else:
                 raise ValueError("unknown fault")
         except ValueError as exc:
             raise ValueError(
                 "expected error-after:N, error-rate:P:N, seed:X, prefill-delay:S, "
-                f"stall:K:S or never-finishes; got {spec!r}"
+                f"stall:K:S, never-finishes or grammar-crash; got {spec!r}"
             ) from exc
     return faults
