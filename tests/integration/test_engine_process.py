@@ -224,7 +224,7 @@ def _row(ledger_url: str, request_id: str) -> LedgerRow | None:
 
 
 def test_a_killed_worker_leaves_the_others_stream_and_the_engine_aborts_its_own(
-    server: ServerProcess, http: httpx.Client, ledger_url: str
+    server: ServerProcess, ledger_url: str
 ) -> None:
     """SIGKILL of one worker mid-stream: the engine process aborts that
     worker's request (its connection closed) and frees its cells; the other
@@ -233,7 +233,11 @@ def test_a_killed_worker_leaves_the_others_stream_and_the_engine_aborts_its_own(
     body = {**CHAT, "max_tokens": 60, "stream": True}
     keep, keep_pid = client_on(server.base_url)
     doomed, doomed_pid = client_on(server.base_url, not_pid=keep_pid)
+    # the engine's stats asked of the worker that lives (a connection the
+    # killed one held would be reset)
+    http, _ = client_on(server.base_url, pid=keep_pid)
     with (
+        closing(http),
         closing(keep),
         closing(doomed),
         keep.stream("POST", "/v1/chat/completions", json=body) as kept,
@@ -249,10 +253,10 @@ def test_a_killed_worker_leaves_the_others_stream_and_the_engine_aborts_its_own(
                 _data(lost_lines)  # cut: no [DONE], no error event
             assert _aborted(http, f"{lost_id}-0", cells_freed=False)
         tail = _data(lines)
+        assert eventually(lambda: engine_stats(http)["kv_cells_used"] == 0)
     assert tail[-1] == "[DONE]"
     assert not [d for d in tail[:-1] if "error" in json.loads(d)]
     assert json.loads(tail[-2])["choices"][0]["finish_reason"] == "length"
-    assert eventually(lambda: engine_stats(http)["kv_cells_used"] == 0)
     # the slot is served again (the next tests reach both workers)
     new_pids = worker_pids(server.base_url)
     assert keep_pid in new_pids
