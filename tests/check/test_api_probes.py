@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from sluicegate.check import messages_probes as mp
+from sluicegate.check import names
 from sluicegate.check import responses_probes as rp
 from sluicegate.check.probes import MESSAGES_PROBES, RESPONSES_PROBES, run_probes
 from sluicegate.check.transcript import Transcript, dump_recording, load_recording
@@ -77,6 +78,8 @@ def good_responses() -> dict[str, Transcript]:
         ),
         rp.INVALID: plain(error, 400),
         rp.ECHO: echo(ECHO_SENT),
+        names.RESPONSES_RESUMABLE: stream(sse(responses_events(["a"]), True)),
+        names.RESPONSES_RESUME_PAST_END: plain({"error": {"code": "past"}}, 400),
     }
 
 

@@ -7,15 +7,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
 from sluicegate.check import fidelity, names
 from sluicegate.check import messages_probes as mp
-from sluicegate.check.probes import MESSAGES_PROBES, PROBES, run_probes
+from sluicegate.check.probes import (
+    MESSAGES_PROBES,
+    PROBES,
+    RESPONSES_PROBES,
+    run_probes,
+)
+from sluicegate.check.record_events import record_responses
 from sluicegate.check.record_fidelity import last_event_id
 from sluicegate.check.transcript import Transcript, dump_recording, load_recording
 from sluicegate.check.verdicts import Verdict
+from sluicegate.client import Client
 
 SSE = {"content-type": "text/event-stream"}
 
@@ -184,6 +192,105 @@ def test_what_a_server_does_not_offer_is_not_observable(
 def test_a_terminal_event_after_a_200_resume_is_a_pass() -> None:
     recording = _with(**resumed(200, b"data: [DONE]\n\n"))
     assert verdict("resume-past-end", recording) is Verdict.PASS
+
+
+# -- responses-resume-past-end ---------------------------------------------------
+
+
+def responses_events(*kinds: str, first: int = 0) -> bytes:
+    out = b""
+    for n, kind in enumerate(kinds, first):
+        event: dict[str, Any] = {"type": kind, "sequence_number": n}
+        if kind == "response.created":
+            event["response"] = {"id": "resp_1", "status": "in_progress"}
+        out += f"id: resp_1.{n}\nevent: {kind}\n".encode()
+        out += b"data: " + orjson.dumps(event) + b"\n\n"
+    return out
+
+
+STORED = Transcript(
+    {"stream": True, "store": True}, "responses", 200, SSE,
+    responses_events("response.created", "response.output_text.delta",
+                     "response.completed"),
+)  # fmt: skip
+
+
+def responses_resumed(status: int | None, body: bytes = b"") -> dict[str, Transcript]:
+    resume = Transcript({"stream": "true", "starting_after": "2"},
+                        "responses/resp_1", status, SSE, body)  # fmt: skip
+    return {
+        names.RESPONSES_RESUMABLE: STORED,
+        names.RESPONSES_RESUME_PAST_END: resume,
+    }
+
+
+@pytest.mark.parametrize(
+    ("recording", "expected"),
+    [
+        (responses_resumed(400, b'{"error": {"code": "cursor_past_end"}}'), "pass"),
+        (responses_resumed(200, responses_events("response.completed", first=2)),
+         "pass"),
+        (responses_resumed(200, responses_events("error", first=3)), "pass"),
+        # an empty 200, or one with heartbeats only: reconnected to for ever
+        (responses_resumed(200), "fail"),
+        (responses_resumed(200, b": keep-alive\n\n"), "fail"),
+        (responses_resumed(200, responses_events("response.output_text.delta")),
+         "fail"),
+        (responses_resumed(200, b"data: [DONE]\n\n"), "fail"),  # chat's, not this
+        (responses_resumed(None), "not-observable"),
+        ({names.RESPONSES_RESUMABLE: STORED}, "not-observable"),
+        ({names.RESPONSES_RESUMABLE: Transcript(
+            {"stream": True, "store": True}, "responses", 400, body=b"{}")},
+         "not-observable"),  # store declined
+        ({}, "not-observable"),
+    ],
+)  # fmt: skip
+def test_responses_resume_past_end_grades_the_answer_after_the_last_event(
+    recording: dict[str, Transcript], expected: str
+) -> None:
+    got = {r.probe: r.verdict for r in run_probes(recording, RESPONSES_PROBES)}
+    assert got["responses-resume-past-end"] == expected
+
+
+def _stored_server(resume: httpx.Response) -> httpx.MockTransport:
+    """A Responses server that stores and streams, and answers the resume
+    with ``resume``; every other request is a 400."""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "GET":
+            return resume
+        body = orjson.loads(request.content)
+        if body.get("store") and body.get("stream"):
+            return httpx.Response(200, headers=SSE, content=STORED.body)
+        return httpx.Response(400, json={"error": {"message": "no"}})
+
+    transport = httpx.MockTransport(answer)
+    transport.seen = seen  # type: ignore[attr-defined]
+    return transport
+
+
+@pytest.mark.parametrize(
+    ("resume", "expected"),
+    [
+        (httpx.Response(200, headers=SSE, content=b""), Verdict.FAIL),
+        (httpx.Response(400, json={"error": {"code": "cursor_past_end"}}),
+         Verdict.PASS),
+    ],
+)  # fmt: skip
+def test_check_resumes_a_stored_response_after_its_last_event(
+    resume: httpx.Response, expected: Verdict
+) -> None:
+    transport = _stored_server(resume)
+    with Client("http://server", transport=transport) as client:
+        recording = record_responses(client, "m")
+    got = {r.probe: r.verdict for r in run_probes(recording, RESPONSES_PROBES)}
+    assert got["responses-resume-past-end"] is expected
+    get = transport.seen[-1]  # type: ignore[attr-defined]
+    assert get.method == "GET"
+    assert get.url.path == "/v1/responses/resp_1"
+    assert dict(get.url.params) == {"stream": "true", "starting_after": "2"}
 
 
 # -- messages-stop-sequences ------------------------------------------------------

@@ -13,14 +13,18 @@ streams) grades ``not-observable``, never ``fail``:
 - ``time_to_headers``: the response head is not held back for a long prefill;
 - ``cached_tokens``: cached prompt tokens said alike streamed and not (the
   first of three sends fills a cache; the other two are graded);
-- ``resume_past_end``: a resume cursor at the end of an ended stream is
-  answered with a status an ``EventSource`` stops on, not an empty 200.
+- ``resume_past_end`` (chat) and ``responses_resume_past_end`` (a stored
+  Responses stream): a resume cursor at the end of an ended stream is
+  answered with a status an ``EventSource`` stops on, not an empty 200 (the
+  Messages API has no resumption).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import orjson
 
 from sluicegate.check import names
 from sluicegate.check.semantics import assemble, plain
@@ -39,6 +43,7 @@ __all__ = [
     "cached_tokens",
     "continuous_usage",
     "parallel_tool_calls",
+    "responses_resume_past_end",
     "resume_past_end",
     "time_to_headers",
 ]
@@ -219,17 +224,65 @@ def resume_past_end(recording: Mapping[str, Transcript]) -> ProbeResult:
     Spec: WHATWG HTML, "9.2.3 Processing model" (any status but 200 fails the
     connection, for good); docs/resumable-streams.md.
     """
-    stream = _graded(recording, names.RESUMABLE)
+    return _past_end(
+        recording,
+        names.RESUMABLE,
+        names.RESUME_PAST_END,
+        lambda data: data == "[DONE]" or '"error"' in data,
+        "the stream carried no event ids: not resumable",
+    )
+
+
+def responses_resume_past_end(recording: Mapping[str, Transcript]) -> ProbeResult:
+    """A stored Responses stream resumed after its last event
+    (``starting_after`` its last ``sequence_number``), once it ended, is
+    answered with a status other than 200, or a 200 with a terminal event;
+    never an empty 200.
+
+    Spec: OpenAI API reference, "Retrieve a model response" (``stream``,
+    ``starting_after``); WHATWG HTML, "9.2.3 Processing model";
+    docs/apis.md, "Stored responses".
+    """
+    return _past_end(
+        recording,
+        names.RESPONSES_RESUMABLE,
+        names.RESPONSES_RESUME_PAST_END,
+        _responses_terminal,
+        "the stream said no response id or sequence numbers: not resumable",
+    )
+
+
+def _responses_terminal(data: str) -> bool:
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    kind = event.get("type") if isinstance(event, dict) else None
+    return kind in ("response.completed", "response.incomplete", "response.failed") or (
+        kind == "error"
+    )
+
+
+def _past_end(
+    recording: Mapping[str, Transcript],
+    stream_key: str,
+    resume_key: str,
+    terminal: Callable[[str], bool],
+    unresumable: str,
+) -> ProbeResult:
+    """The resume-past-end verdict: ``terminal`` tells a 200's last event
+    that ends the stream."""
+    stream = _graded(recording, stream_key)
     if isinstance(stream, ProbeResult):
         return stream
-    resume = recording.get(names.RESUME_PAST_END)
+    resume = recording.get(resume_key)
     if resume is None:
-        return not_observable("the stream carried no event ids: not resumable")
+        return not_observable(unresumable)
     if resume.status is None:
-        return not_observable(f"{names.RESUME_PAST_END} got no answer")
+        return not_observable(f"{resume_key} got no answer")
     if resume.status != 200:
         return passed(f"{resume.status}: an EventSource stops")
     data = parse(resume).data
-    if data and (data[-1] == "[DONE]" or '"error"' in data[-1]):
+    if data and terminal(data[-1]):
         return passed(f"200 ending with {clip(data[-1], 60)}")
     return fail(f"200 with {len(data)} events: {clip(resume.body, 100)}")

@@ -20,6 +20,8 @@ __all__ = [
     "N2",
     "NO_USAGE",
     "PLAIN",
+    "RESPONSES_RESUMABLE",
+    "RESPONSES_RESUME_PAST_END",
     "RESUMABLE",
     "RESUME_PAST_END",
     "SCHEMA",
@@ -92,3 +94,10 @@ RESUMABLE = "resumable"
 RESUME_PAST_END = "resume_past_end"
 """``GET chat/completions/{id}/events`` with ``Last-Event-ID`` at the last event
 of the ended ``RESUMABLE`` stream (recorded only when it carried event ids)."""
+RESPONSES_RESUMABLE = "responses_resumable"
+"""A streamed Responses request with ``store: true`` (a stored response's stream
+is resumable)."""
+RESPONSES_RESUME_PAST_END = "responses_resume_past_end"
+"""``GET responses/{id}?stream=true&starting_after=N`` at the last event's
+``sequence_number`` of the ended ``RESPONSES_RESUMABLE`` stream (recorded only
+when it answered 200 with a response id and sequence numbers)."""

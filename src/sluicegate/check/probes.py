@@ -67,6 +67,7 @@ PROBES: tuple[Probe, ...] = (
 RESPONSES_PROBES: tuple[Probe, ...] = (
     *(getattr(responses_probes, name) for name in responses_probes.__all__),
     reasoning_events.responses_reasoning_framing,
+    fidelity.responses_resume_past_end,
 )
 MESSAGES_PROBES: tuple[Probe, ...] = (
     *(getattr(messages_probes, name) for name in messages_probes.__all__),

@@ -13,9 +13,10 @@ from typing import Any
 
 import httpx
 
+from sluicegate.check import names
 from sluicegate.check.messages_probes import plain_text
 from sluicegate.check.responses_probes import ECHO_TOOL
-from sluicegate.check.transcript import Transcript, json_body
+from sluicegate.check.transcript import Transcript, json_body, parse
 from sluicegate.client import Client
 
 __all__ = ["record_messages", "record_responses"]
@@ -71,7 +72,53 @@ def record_responses(
             "stream": True,
         },
     }
-    return _send(client, "responses", bodies, progress)
+    out = _send(client, "responses", bodies, progress)
+    if len(out) == len(bodies):  # not stopped by a 404: resume a stored stream
+        stored = {**base, "max_output_tokens": MAX_SMALL, "store": True}
+        out.update(_resume_past_end(client, {**stored, "stream": True}, progress))
+    return out
+
+
+def _resume_past_end(
+    client: Client, body: dict[str, Any], progress: Callable[[str], None]
+) -> dict[str, Transcript]:
+    """A stored response streamed to its end, then resumed after its last event."""
+    progress(names.RESPONSES_RESUMABLE)
+    ended = _post(client, "responses", body)
+    out = {names.RESPONSES_RESUMABLE: ended}
+    cursor = _last_event(ended) if ended.status == 200 else None
+    if cursor is not None:
+        response_id, after = cursor
+        progress(names.RESPONSES_RESUME_PAST_END)
+        path = f"responses/{response_id}"
+        query = {"stream": "true", "starting_after": str(after)}
+        out[names.RESPONSES_RESUME_PAST_END] = _get(client, path, query)
+    return out
+
+
+def _last_event(t: Transcript) -> tuple[str, int] | None:
+    """``(response id, the last event's sequence_number)`` of a Responses
+    stream, or ``None`` when it says either not."""
+    events = [obj for _, obj in parse(t).chunks]
+    first = events[0].get("response") if events else None
+    response_id = first.get("id") if isinstance(first, dict) else None
+    after = events[-1].get("sequence_number") if events else None
+    if not isinstance(response_id, str) or type(after) is not int:
+        return None
+    return response_id, after
+
+
+def _get(client: Client, path: str, query: dict[str, str]) -> Transcript:
+    start = time.monotonic()
+    try:
+        response = client.http.get(path, params=query)
+    except httpx.HTTPError as exc:
+        return Transcript(request=query, path=path, status=None, body=str(exc).encode())
+    return Transcript(
+        request=query, path=path, status=response.status_code,
+        headers=dict(response.headers), body=response.content,
+        elapsed_s=time.monotonic() - start,
+    )  # fmt: skip
 
 
 def record_messages(
