@@ -319,7 +319,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         help=(
             "scripted engine fault, e.g. error-after:3, error-rate:0.1:3 (a seeded "
-            "share of requests; seed:N), prefill-delay:2, stall:5:3"
+            "share of requests; seed:N), prefill-delay:2 (prefill-delay:2:1000: "
+            "only prompts of 1,000 tokens or more), stall:5:3"
         ),
     )
     serve.add_argument(

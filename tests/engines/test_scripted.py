@@ -388,6 +388,25 @@ def test_prefill_delay_comes_before_the_first_token() -> None:
     assert seen[0][0] == pytest.approx(0.1001)
 
 
+def test_a_prefill_delay_with_a_floor_waits_only_for_long_prompts() -> None:
+    """``prefill-delay:S:N``: a prompt of N tokens or more waits S seconds, a
+    shorter one starts at once (a long prompt's slow prefill among quick ones)."""
+    clock = ManualClock()
+    engine = ScriptedEngine(
+        [20], prefill_delay_s=5.0, prefill_min_tokens=3, tokens_per_s=10_000,
+        clock=clock,
+    )  # fmt: skip
+    short = _timed(engine, clock, GenerateRequest("s", (5, 6), SamplingParams(8)))
+    long = _timed(engine, clock, GenerateRequest("l", (5, 6, 7), SamplingParams(8)))
+    clock.advance(0.0001)
+    assert [item for _, item in short][:1] == [EngineOutput((20,))]
+    assert long == []
+    clock.advance(4.9)
+    assert long == []
+    clock.advance(0.2)
+    assert [item for _, item in long][:1] == [EngineOutput((20,))]
+
+
 @pytest.mark.anyio
 async def test_never_finishes_ignores_max_tokens_and_stop_tokens() -> None:
     engine = ScriptedEngine([20, TOKENIZER.eos_id], never_finishes=True)
@@ -458,12 +477,15 @@ def test_parse_faults_reads_the_cli_specs() -> None:
     assert parse_faults([*specs, "grammar-crash"]) == {
         "fail_at_step": 3,
         "prefill_delay_s": 0.5,
+        "prefill_min_tokens": 0,
         "stall_at_step": 2,
         "stall_s": 1.5,
         "never_finishes": True,
         "crash_on_grammar": True,
     }
     assert parse_faults([]) == {}
+    floor = {"prefill_delay_s": 2.5, "prefill_min_tokens": 1000}
+    assert parse_faults(["prefill-delay:2.5:1000"]) == floor
 
 
 def test_an_engine_that_crashes_on_grammars_claims_them() -> None:

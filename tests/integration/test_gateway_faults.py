@@ -65,10 +65,16 @@ def scripted(start_server: StartServer, name: str, *args: str) -> ServerProcess:
     return start_server(name, *SCRIPTED, *args)
 
 
+SLOW_PROMPT_TOKENS = 1000
+"""A prompt this long prefills slowly on the plain upstream: the one of the
+check's time-to-headers exchange (about 3,900 scripted tokens), no other."""
+
+
 @pytest.fixture(scope="module")
 def plain(start_server: StartServer) -> ServerProcess:
-    """A scripted upstream without faults."""
-    return scripted(start_server, "scripted-plain")
+    """A scripted upstream without faults but a slow prefill of long prompts."""
+    slow = f"prefill-delay:2.5:{SLOW_PROMPT_TOKENS}"
+    return scripted(start_server, "scripted-plain", "--fault", slow)
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +157,9 @@ def test_sluicegate_check_passes_through_a_gateway_to_a_scripted_upstream(
             tools.structured_output,
         )
     }
-    # Its script does not reason, reuse a cached prompt, or prefill slowly:
-    # nothing for those probes to grade.
-    unseen = {"reasoning-framing", "cached-tokens", "time-to-headers"}
+    # Its script does not reason or reuse a cached prompt: nothing for those
+    # probes to grade. Its long prompt prefills slowly: time-to-headers grades.
+    unseen = {"reasoning-framing", "cached-tokens"}
     failed = [
         p
         for p in probes
@@ -163,6 +169,8 @@ def test_sluicegate_check_passes_through_a_gateway_to_a_scripted_upstream(
     ]
     assert not failed, json.dumps(failed, indent=2, ensure_ascii=False)
     assert {p["probe"] for p in probes} >= tool_probes
+    verdicts = {p["probe"]: p["verdict"] for p in probes}
+    assert verdicts["time-to-headers"] == "pass"
     tools_failed = any(
         p["verdict"] == "fail" for p in probes if p["probe"] in tool_probes
     )

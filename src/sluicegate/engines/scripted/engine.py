@@ -106,6 +106,9 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
         tokens_per_s: decode rate per sequence; ``math.inf`` means no delay (each
             step still yields to the event loop).
         prefill_delay_s: seconds from admission to the first decode step.
+        prefill_min_tokens: the shortest prompt (tokens) that waits
+            ``prefill_delay_s``; shorter ones start decoding at once (a long
+            prompt's slow prefill among quick ones).
         stall_at_step: 0-based decode step before which ``stall_s`` more seconds
             pass (``None``: no stall).
         stall_s: length of that stall, in seconds.
@@ -135,6 +138,7 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
         context_length: int = 4096,
         tokens_per_s: float = 1000.0,
         prefill_delay_s: float = 0.0,
+        prefill_min_tokens: int = 0,
         stall_at_step: int | None = None,
         stall_s: float = 0.0,
         fail_at_step: int | None = None,
@@ -160,6 +164,7 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
         self._scripts = Scripts(script, tokenizer, never_finishes=never_finishes)
         self._step_s = 1.0 / tokens_per_s
         self._prefill_delay_s = prefill_delay_s
+        self._prefill_min_tokens = prefill_min_tokens
         self._stall = (stall_at_step, stall_s)
         self._fail_at_step = fail_at_step
         self._fail_rate = fail_rate
@@ -298,8 +303,9 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
     def _start(self, seq: ScriptedSequence) -> None:
         seq.phase = Phase.RUNNING
         self._running += 1
-        self._counts["prompt"] += len(seq.request.prompt_token_ids)
-        if self._prefill_delay_s > 0:
+        prompt = len(seq.request.prompt_token_ids)
+        self._counts["prompt"] += prompt
+        if self._prefill_delay_s > 0 and prompt >= self._prefill_min_tokens:
             clock = self._clock
             assert clock is not None, "generate() makes the clock"
             clock.at(clock.timers.time() + self._prefill_delay_s, seq, self._decode)

@@ -16,6 +16,7 @@ class Faults(TypedDict, total=False):
     """Fault keyword arguments of ``ScriptedEngine`` (see its ``Args``)."""
 
     prefill_delay_s: float
+    prefill_min_tokens: int
     stall_at_step: int
     stall_s: float
     fail_at_step: int
@@ -32,7 +33,8 @@ def parse_faults(specs: Iterable[str]) -> Faults:
         specs: each one of ``error-after:N`` (fail at decode step N, after N
             steps were delivered), ``error-rate:P:N`` (the same, in a share P of
             the sequences, drawn from a random generator seeded with ``seed:X``,
-            0 by default), ``prefill-delay:S`` (S seconds before the first token),
+            0 by default), ``prefill-delay:S`` (S seconds before the first token;
+            ``prefill-delay:S:N``: only for prompts of N tokens or more),
             ``stall:K:S`` (S more seconds before decode step K),
             ``never-finishes`` and ``grammar-crash`` (the process dies of
             SIGSEGV when asked to compile a grammar, as native code that
@@ -59,8 +61,9 @@ def parse_faults(specs: Iterable[str]) -> Faults:
                 faults["fail_at_step"] = int(args[1])
             elif name == "seed" and len(args) == 1:
                 faults["seed"] = int(args[0])
-            elif name == "prefill-delay" and len(args) == 1:
+            elif name == "prefill-delay" and len(args) in (1, 2):
                 faults["prefill_delay_s"] = float(args[0])
+                faults["prefill_min_tokens"] = int(args[1]) if len(args) == 2 else 0
             elif name == "stall" and len(args) == 2:
                 faults["stall_at_step"] = int(args[0])
                 faults["stall_s"] = float(args[1])
@@ -72,7 +75,7 @@ def parse_faults(specs: Iterable[str]) -> Faults:
                 raise ValueError("unknown fault")
         except ValueError as exc:
             raise ValueError(
-                "expected error-after:N, error-rate:P:N, seed:X, prefill-delay:S, "
+                "expected error-after:N, error-rate:P:N, seed:X, prefill-delay:S[:N], "
                 f"stall:K:S, never-finishes or grammar-crash; got {spec!r}"
             ) from exc
     return faults
