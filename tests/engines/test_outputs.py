@@ -94,6 +94,29 @@ async def test_fail_raises_that_error_after_the_earlier_outputs() -> None:
         await anext(outputs)
 
 
+@pytest.mark.anyio
+async def test_first_waits_for_the_first_output_and_leaves_it_queued() -> None:
+    outputs = SequenceOutputs(_Aborts())
+    cached = EngineOutput((1,), None, None, 12)
+    asyncio.get_running_loop().call_soon(outputs.push, cached)
+    with anyio.fail_after(2):
+        assert await outputs.first() == cached
+        assert await outputs.first() == cached  # still there
+    outputs.push(_out(2, FinishReason.STOP))
+    assert await _collect(outputs) == [cached, _out(2, FinishReason.STOP)]
+
+
+@pytest.mark.anyio
+async def test_first_of_a_sequence_that_failed_or_ended_is_none() -> None:
+    failed, ended = SequenceOutputs(_Aborts()), SequenceOutputs(_Aborts())
+    loop = asyncio.get_running_loop()
+    loop.call_soon(failed.fail, EngineError("gone"))
+    loop.call_soon(ended.end)
+    with anyio.fail_after(2):
+        assert await failed.first() is None
+        assert await ended.first() is None
+
+
 # --- listen ------------------------------------------------------------------
 
 

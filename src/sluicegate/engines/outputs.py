@@ -122,6 +122,19 @@ class SequenceOutputs(Generic[_O]):
 
     # -- consumer side -------------------------------------------------------
 
+    async def first(self) -> _O | None:
+        """The first output, once the engine delivered one, left for the
+        consumer (call before ``listen`` or iterating); ``None`` when the
+        sequence failed or ended without one."""
+        while not self._items and not self._done and not self._closed:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._items[0] if self._items else None
+        return None if item is None or isinstance(item, EngineError) else item
+
     def listen(self, listener: OutputListener) -> None:
         """Hand every item to ``listener`` from now on, queued ones first.
 

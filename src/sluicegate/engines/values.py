@@ -174,6 +174,11 @@ class Capabilities:
         reasoning_budgets: it enforces ``SamplingParams.reasoning_budget``: at
             the budget it forces the end marker into the sequence; ``False``:
             the server ends the reasoning channel at the budget itself.
+        prefix_cache: it may read a prompt's start from cells an earlier
+            sequence left (prefix reuse), said on the sequence's first output
+            (``EngineOutput.cached_tokens``), and its outputs are
+            ``SequenceOutputs``: the server may wait for that first output
+            (``first()``) before an event that says the usage.
     """
 
     grammars: bool = False
@@ -184,6 +189,7 @@ class Capabilities:
     late_acceptance: bool = False
     shared_stats: bool = False
     reasoning_budgets: bool = False
+    prefix_cache: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,9 +72,8 @@ __all__ = ["LlamaCppEngine", "load_vocab"]
 
 log = logging.getLogger(__name__)
 
-_CAPABILITIES = Capabilities(
-    grammars=True, logprobs=True, listenable=True, reasoning_budgets=True
-)
+_CAN = dict(grammars=True, logprobs=True, listenable=True, reasoning_budgets=True)
+"""What the engine declares (``Capabilities``), prefix reuse aside: when on."""
 _Plan = list[PlannedChunk[_Sequence]]
 
 
@@ -145,7 +144,8 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
         self._sampling = Sampling(self._ctx, tokenizer, self._grammars)
         self._batch = llama.llama_batch_init(self._step_tokens, 0, 1)
         model = ModelInfo(model_id or path.stem, self._n_ctx, int(path.stat().st_mtime))
-        super().__init__(model, tokenizer, _CAPABILITIES, SequenceOutputs[EngineOutput])
+        can = Capabilities(**_CAN, prefix_cache=prefix_cache)
+        super().__init__(model, tokenizer, can, SequenceOutputs[EngineOutput])
         self._queue_limit = queue_limit
         self._lock = threading.Condition()
         self._scheduler = BatchScheduler[_Sequence](

@@ -341,14 +341,20 @@ class CompletionRoutes:
         generation = Generation(engine, plan, self.limits.clock)
         try:
             generation.start()
-            if generation.awaits_acceptance:
+            if generation.awaits_acceptance or generation.awaits_cached:
                 # An engine that answers with a status first (an upstream server):
                 # its refusal is this response's status, not a 200 then an error;
                 # once it answered 200, a long prefill waits RESPONDED_GRACE_S (or
                 # a shorter heartbeat interval) before the headers and heartbeats.
-                patience_s = min(RESPONDED_GRACE_S, self.limits.heartbeat_interval_s)
+                # One that reuses prompt prefixes says how much at its first
+                # output, which a first event that says the usage waits for, a
+                # heartbeat interval at most (Anthropic's message_start, too,
+                # comes once the prompt is read).
+                heartbeat_s = self.limits.heartbeat_interval_s
+                patience_s = min(RESPONDED_GRACE_S, heartbeat_s)
                 with DisconnectRace(request.receive) as race:
                     await generation.accepted(patience_s)
+                    await generation.cached_known(heartbeat_s)
                 if race.reason is not None:  # gone before the engine accepted it
                     generation.abort_unfinished()
                     grant.refund()

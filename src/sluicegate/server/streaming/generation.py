@@ -45,6 +45,7 @@ from sluicegate.engines.base import (
     TextEngine,
 )
 from sluicegate.engines.clocks import Deadline, Timers
+from sluicegate.engines.outputs import SequenceOutputs
 from sluicegate.server.prepare.tokens import Plan
 from sluicegate.server.streaming.buffer import Outbox
 
@@ -87,7 +88,6 @@ class Generation:
         # The decoding stage, by the engine's protocol: token ids are
         # detokenized with its tokenizer; text arrives decoded. Each sequence
         # may count its own prompt and its cached part (prompt_of).
-        prompt_of = [c.prompt_index for c in plan.choices]
         tokenizer = None
         if engine.output_kind is OutputKind.TOKENS:
             tokenizer = engine.tokenizer
@@ -99,7 +99,7 @@ class Generation:
             ],
             tokenizer,
             prompt_tokens=plan.prompt_tokens,
-            prompt_of=prompt_of,
+            prompt_of=[c.prompt_index for c in plan.choices],
             stops=plan.stops,
             include_stop_str_in_output=plan.include_stop_str_in_output,
             skip_special_tokens=plan.skip_special_tokens,
@@ -242,13 +242,33 @@ class Generation:
             )
 
     def _counts_early(self) -> bool:
-        """Whether the prompt's tokens are wanted in the first event (a Messages
-        stream's ``message_start``, continuous usage) of an engine that can
-        count them when it did not say them at acceptance."""
-        plan = self._plan
-        messages = plan.header.endpoint is Endpoint.MESSAGES and plan.stream
-        wanted = messages or plan.continuous_usage
-        return wanted and self._capabilities.counts_prompts
+        """Whether the prompt's tokens are wanted in the first event, of an
+        engine that can count them when it did not say them at acceptance."""
+        return self._usage_first() and self._capabilities.counts_prompts
+
+    def _usage_first(self) -> bool:  # message_start, or continuous usage
+        messages = self._plan.header.endpoint is Endpoint.MESSAGES and self._plan.stream
+        return messages or self._plan.continuous_usage
+
+    @property
+    def awaits_cached(self) -> bool:
+        """Whether ``cached_known()`` waits (it returns at once otherwise)."""
+        return self._capabilities.prefix_cache and self._usage_first()
+
+    async def cached_known(self, patience_s: float) -> None:
+        """For an engine that reuses prompt prefixes and a first event that
+        says the usage: at most ``patience_s`` (on the clock) for each choice's
+        first output, its ``cached_tokens`` then in ``header`` (per prompt)."""
+        if not self.awaits_cached:
+            return
+        outputs = [cast(SequenceOutputs[EngineOutput], o) for o in self._outputs]
+        with contextlib.suppress(TimeoutError):
+            async with Deadline(self._clock or asyncio.get_running_loop(), patience_s):
+                firsts = await asyncio.gather(*(o.first() for o in outputs))
+                pairs = zip(self._plan.choices, firsts, strict=True)
+                cached = {c.prompt_index: f.cached_tokens for c, f in pairs if f}
+                total = sum(cached.values())
+                self._header = dataclasses.replace(self._header, cached_tokens=total)
 
     async def _count_prompts(
         self, prompts: set[int], counted: dict[int, Usage]
@@ -269,10 +289,8 @@ class Generation:
 
     @property
     def header(self) -> ResponseHeader:
-        """The plan's header; for an engine that counts prompts itself and told
-        every prompt's tokens at acceptance, with that ``prompt_tokens`` and
-        ``cached_tokens`` (so a Messages ``message_start`` and the first
-        continuous-usage chunks say them)."""
+        """The plan's header, with the prompt and cached tokens the engine said
+        before the headers (``accepted()``, ``cached_known()``) for the first event."""
         return self._header
 
     def attach(self, outbox: Outbox) -> None:
@@ -363,9 +381,8 @@ class Generation:
 
     def _fail_internal(self, index: int) -> None:
         logger.exception("reading sequence %s failed", self._sequence_ids[index])
-        for event in self._decoder.fail(
-            index, INTERNAL_ERROR_MESSAGE, "internal_error"
-        ):
+        failed = self._decoder.fail(index, INTERNAL_ERROR_MESSAGE, "internal_error")
+        for event in failed:
             self._outbox.put(event)
 
 
@@ -378,7 +395,6 @@ async def _responded_then(
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
-    """A done callback that retrieves the future's exception (it is the
-    outputs' to report, in band)."""
+    """A done callback: the exception retrieved (the outputs report it, in band)."""
     if not future.cancelled():
         future.exception()
