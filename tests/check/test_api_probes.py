@@ -257,6 +257,11 @@ BAD_MESSAGES = [
         {"type": "message_start", "message": {"usage": {**START_USAGE,
                                                         "input_tokens": 0}}},
         *messages_events(["a"])[1:]])),
+    ("messages-usage", _msg_with(mp.STREAM, [  # the cache read said only at the end
+        *messages_events(["a"])[:-2],
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+         "usage": {**START_USAGE, "cache_read_input_tokens": 4, "output_tokens": 1}},
+        {"type": "message_stop"}])),
     ("messages-matches-plain", _msg_with(mp.STREAM, messages_events(["a"]))),
     ("messages-matches-plain", {**good_messages(), mp.PLAIN: plain({})}),
     ("messages-stop-sequence", _msg_with(

@@ -83,7 +83,8 @@ def messages_usage(recording: Mapping[str, Transcript]) -> ProbeResult:
     so at least 1 with the cache reads) and the two cache counts
     (``cache_creation_input_tokens``, ``cache_read_input_tokens``: required,
     null or a count); message_delta's cumulative ``usage.output_tokens`` is
-    at least 1.
+    at least 1, and the input counts it repeats are message_start's (a prompt
+    read from a cache is said alike at the start and at the end).
 
     Spec: Anthropic API, "Streaming Messages: event flow"; "Messages",
     ``usage``.
@@ -105,6 +106,11 @@ def messages_usage(recording: Mapping[str, Transcript]) -> ProbeResult:
         return fail(f"message_start usage says no prompt: {clip(first)}")
     if not isinstance(out, int) or out < 1:
         return fail(f"message_delta usage {clip(usage)}")
+    assert isinstance(usage, dict)  # out is an int
+    for key in ("input_tokens", "cache_read_input_tokens"):
+        said = (first.get(key), usage.get(key))
+        if all(isinstance(n, int) for n in said) and said[0] != said[1]:
+            return fail(f"{key}: message_start {said[0]}, message_delta {said[1]}")
     return passed(f"input {first['input_tokens']}, output {out}")
 
 
