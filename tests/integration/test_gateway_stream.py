@@ -527,12 +527,18 @@ def test_stream_headers_are_proxy_safe(
 def test_sluicegate_check_passes_through_the_gateway(
     route: Route, tmp_path: Path
 ) -> None:
-    """Every probe of ``sluicegate check`` passes against the gateway."""
+    """Every probe of ``sluicegate check`` passes against the gateway; in
+    front of sluicegate, those of every API (``--api all``): the gateway
+    serves Responses and Messages from the upstream's chat, as sluicegate
+    does direct. The peer's chat answers are empty (``PEER_UNOBSERVABLE``),
+    so its route grades chat only."""
     report = tmp_path / "check.json"
+    apis = ("--api", "all") if route.upstream is not None else ()
     done = subprocess.run(
         [
             *(sys.executable, "-m", "sluicegate", "check", route.gateway.base_url),
             *("--model", route.model, "--max-tokens", "12", "--json", str(report)),
+            *apis,
         ],
         capture_output=True,
         text=True,
@@ -543,6 +549,7 @@ def test_sluicegate_check_passes_through_the_gateway(
     probes = json.loads(report.read_text())["probes"]
     peer = route.upstream is None
     unseen = NO_REASONING | UNGRADED_HERE | (PEER_UNOBSERVABLE if peer else set())
+    unseen |= {"responses-reasoning-framing", "messages-reasoning-framing"}
     expected = set(PEER_FAILS) if peer else set()
     failed = [
         p
@@ -557,3 +564,5 @@ def test_sluicegate_check_passes_through_the_gateway(
     assert still == expected, f"expected the peer to fail {sorted(expected)}"
     assert done.returncode == (1 if expected else 0), done.stdout[-4000:]
     assert len(probes) >= 17
+    graded = {p["probe"].split("-")[0] for p in probes}
+    assert peer or {"responses", "messages"} <= graded, sorted(graded)
