@@ -82,6 +82,17 @@ def test_continuous_usage_is_on_every_chunk_of_a_chat_stream() -> None:
     assert chunks[2]["choices"][0]["logprobs"] is None
 
 
+def test_the_role_chunks_continuous_usage_says_the_headers_cached_tokens() -> None:
+    """A prompt's cached part known before the stream (the header's) is in
+    the role chunk's usage, as in every later chunk's."""
+    header = ResponseHeader(
+        "id-1", 1700000000, "m", Endpoint.CHAT, include_usage=True,
+        continuous_usage=True, prompt_tokens=5, cached_tokens=2,
+    )  # fmt: skip
+    (role,) = _payloads(StreamMachine(header).start())
+    assert role["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+
+
 def test_completion_stream_deltas_carry_their_logprobs() -> None:
     header = ResponseHeader("id-1", 1700000000, "m", Endpoint.COMPLETION)
     machine = StreamMachine(header)

@@ -176,7 +176,7 @@ class StreamMachine(WireMachine):
             return []
         usage = None
         if header.continuous_usage:
-            usage = Usage(header.prompt_tokens, 0)
+            usage = Usage(header.prompt_tokens, 0, header.cached_tokens)
         role = {"role": "assistant"}
         return [
             self._frame(chat_chunk(header, index, role, usage=usage))
