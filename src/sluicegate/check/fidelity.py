@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from sluicegate.check import names
+from sluicegate.check.responses_probes import TERMINAL
 from sluicegate.check.semantics import assemble, plain
 from sluicegate.check.transcript import Transcript, parse
 from sluicegate.check.verdicts import (
@@ -258,9 +259,7 @@ def _responses_terminal(data: str) -> bool:
     except orjson.JSONDecodeError:
         return False
     kind = event.get("type") if isinstance(event, dict) else None
-    return kind in ("response.completed", "response.incomplete", "response.failed") or (
-        kind == "error"
-    )
+    return kind in TERMINAL or kind == "error"
 
 
 def _past_end(
