@@ -110,38 +110,16 @@ def test_a_repeated_prompt_reports_cached_tokens_in_every_api(
     assert response.usage is not None
     assert response.usage.input_tokens_details.cached_tokens == cached
 
+    ask: Any = {"model": model_id, "messages": messages, "max_tokens": 4}
     with anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0) as claude:
-        message = claude.messages.create(
-            model=model_id,
-            messages=messages,
-            max_tokens=4,
-            extra_body={"temperature": 0},
-        )
-    assert message.usage.cache_read_input_tokens == cached
-
-
-def test_a_streamed_message_start_says_the_cache_read_its_end_says(
-    reuse_server: ServerProcess, model_id: str
-) -> None:
-    """Streamed, ``message_start`` says the reused prefix as ``message_delta``
-    and the whole answer do (Anthropic sends ``message_start`` once the prompt
-    is read; the local engine knows its reuse at the first output)."""
-    messages = _messages()
-    ask: Any = {"model": model_id, "messages": messages}
-    base_url = reuse_server.base_url
-    with anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0) as claude:
-        claude.messages.create(**ask, max_tokens=1)  # cold: fills the cache
-        whole = claude.messages.create(**ask, max_tokens=4)
-        with claude.messages.stream(**ask, max_tokens=4) as stream:
+        message = claude.messages.create(**ask, extra_body={"temperature": 0})
+        # Streamed, message_start says the reuse as message_delta and the whole
+        # answer do: Anthropic sends it once the prompt is read, and the local
+        # engine knows its reuse at the first output.
+        with claude.messages.stream(**ask) as stream:
             events = list(stream)
-            final = stream.get_final_message()
-    cached = whole.usage.cache_read_input_tokens
-    assert cached is not None
-    assert cached >= 16
-    start = next(e for e in events if e.type == "message_start")
-    delta = next(e for e in events if e.type == "message_delta")
-    assert start.message.usage.cache_read_input_tokens == cached
-    assert start.message.usage.input_tokens == whole.usage.input_tokens
-    assert delta.usage.cache_read_input_tokens == cached
-    assert delta.usage.input_tokens == whole.usage.input_tokens
-    assert final.usage.cache_read_input_tokens == cached
+    assert message.usage.cache_read_input_tokens == cached
+    start = next(e for e in events if e.type == "message_start").message.usage
+    end = next(e for e in events if e.type == "message_delta").usage
+    assert start.cache_read_input_tokens == end.cache_read_input_tokens == cached
+    assert start.input_tokens == end.input_tokens == message.usage.input_tokens
