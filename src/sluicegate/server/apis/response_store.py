@@ -194,13 +194,13 @@ class StoredResponses:
         query = request.query_params
         if query.get("stream", "false").lower() == "true":
             try:
-                after = _starting_after(request, response_id)
+                after, param = _starting_after(request, response_id)
             except RequestError as exc:
                 return error_answer(exc)
             if not response_id.startswith("resp_"):
                 return error_answer(NotFound(_not_found(response_id)))
             return await self._resumable.resume(
-                response_id, owner, after, "starting_after", _not_found(response_id)
+                response_id, owner, after, param, _not_found(response_id)
             )
         return await self.current(response_id, owner)
 
@@ -321,26 +321,30 @@ def _current(response_id: str, record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _starting_after(request: Request, response_id: str) -> int:
-    """``starting_after`` (an event's ``sequence_number``), else the cursor of
-    ``Last-Event-ID`` (``<id>.<seq>``), else ``-1`` (from the first event).
+def _starting_after(request: Request, response_id: str) -> tuple[int, str]:
+    """The sequence number to resume after and the parameter that named it:
+    the cursor of ``Last-Event-ID`` (``<id>.<seq>``), else ``starting_after``,
+    else ``-1`` (from the first event). The header wins, as for chat: an
+    ``EventSource`` reconnects to the URL it opened, ``starting_after`` and
+    all, with the last id it read.
 
     Raises:
         RequestError: not a non-negative integer, or a cursor of another id.
     """
-    text = request.query_params.get("starting_after")
-    if text is None:
-        cursor = request.headers.get("last-event-id", "")
-        if not cursor:
-            return -1
+    cursor = request.headers.get("last-event-id")
+    if cursor:
         prefix, _, text = cursor.rpartition(".")
+        param = "Last-Event-ID"
         if prefix not in ("", response_id):
-            raise RequestError(
-                "Last-Event-ID names another response", param="Last-Event-ID"
-            )
+            raise RequestError("Last-Event-ID names another response", param=param)
+    else:
+        param, after = "starting_after", request.query_params.get("starting_after")
+        if after is None:
+            return -1, param
+        text = after
     if not text.isascii() or not text.isdigit() or len(text) > 12:
         raise RequestError(
-            f"Invalid 'starting_after': expected a sequence number, got {text[:40]!r}",
-            param="starting_after",
+            f"Invalid {param!r}: expected a sequence number, got {text[:40]!r}",
+            param=param,
         )
-    return int(text)
+    return int(text), param

@@ -61,16 +61,17 @@ def past_end(response_id: str, after: int, param: str) -> RequestError:
     return RequestError(message, param=param, code=CURSOR_PAST_END)
 
 
-def parse_cursor(text: str, response_id: str) -> int:
+def parse_cursor(text: str, response_id: str, param: str = "Last-Event-ID") -> int:
     """The ``after`` sequence number a cursor names (``-1``: from the start).
 
     Args:
         text: ``<response_id>.<seq>``, ``<seq>``, or ``""`` (no cursor).
         response_id: the response the path names; a cursor must name it too.
+        param: where the cursor came from (``Last-Event-ID`` or ``after``).
 
     Raises:
         RequestError: longer than ``MAX_CURSOR_CHARS``, not of that shape, or
-            naming another response (400, ``param="Last-Event-ID"``).
+            naming another response (400 ``invalid_cursor`` naming ``param``).
     """
     if not text:
         return -1
@@ -82,7 +83,7 @@ def parse_cursor(text: str, response_id: str) -> int:
     ):
         raise RequestError(
             "expected a cursor '<response id>.<seq>' of this response, or '<seq>'",
-            param="Last-Event-ID",
+            param=param,
             code="invalid_cursor",
         )
     return int(seq)

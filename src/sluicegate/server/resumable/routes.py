@@ -57,16 +57,16 @@ class ResumableRoutes:
         """
         response_id = request.path_params["response_id"]
         prefix = "cmpl-" if request.scope["path"].startswith("/v1/completions") else ""
-        cursor = request.headers.get("last-event-id")
+        cursor, param = request.headers.get("last-event-id"), "Last-Event-ID"
         if cursor is None:
-            cursor = request.query_params.get("after", "")
+            cursor, param = request.query_params.get("after", ""), "after"
         if not response_id.startswith(prefix or "chatcmpl-"):
             return error_answer(NotFound(NOT_FOUND))
         try:
-            after = parse_cursor(cursor, response_id)
+            after = parse_cursor(cursor, response_id, param)
         except RequestError as exc:
             return error_answer(exc)
-        return await self._streams.resume(response_id, owner_of(request), after)
+        return await self._streams.resume(response_id, owner_of(request), after, param)
 
     async def cancel(self, request: Request) -> Response:
         """``POST /v1/{chat/completions,completions}/{id}/cancel``: stop a stream.
