@@ -432,6 +432,26 @@ def test_headers_and_heartbeats_come_during_an_upstream_prefill(
     assert sum(line.startswith(":") for line in before) >= 2, before
 
 
+def test_a_message_start_sent_during_an_upstream_prefill_has_the_prompts_tokens(
+    claude: anthropic.Anthropic, sdk: openai.OpenAI, vllm: FakeUpstream
+) -> None:
+    """The headers went out before the upstream's first event (a 3 s prefill):
+    ``message_start`` and the first continuous-usage chunk say the prompt's
+    tokens as the upstream's tokenizer counts them (``/tokenize``), not 0."""
+    kw: Any = {"model": "vllm", "max_tokens": 8, "messages": _ask(PREFILL)}
+    events = list(claude.messages.create(**kw, stream=True))
+    assert events[0].message.usage.input_tokens == VLLM_COUNT
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = sdk.chat.completions.create(
+        **kw, stream=True, extra_body={"stream_options": options}
+    )
+    first = next(iter(chunks)).usage
+    chunks.close()
+    assert first is not None
+    assert first.prompt_tokens == VLLM_COUNT
+    assert "POST /tokenize" in vllm.calls
+
+
 def test_a_refusal_after_the_headers_went_out_is_one_in_band_error(
     gateway: ServerProcess,
 ) -> None:

@@ -189,6 +189,8 @@ class _LongPrefill(ScriptedTextEngine):
 
 
 class _Answered:
+    usage: Usage | None = None  # said nothing before its first content
+
     def __init__(self, outputs: SequenceOutputs[Any], accept: asyncio.Event) -> None:
         self._outputs = outputs
         self._accept = accept

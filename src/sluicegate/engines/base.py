@@ -151,6 +151,12 @@ class AcceptingOutputs(Protocol):
         returns for a sequence refused before that."""
         ...
 
+    @property
+    def usage(self) -> Usage | None:
+        """The sequence's usage as the engine said it so far (an upstream's
+        continuous usage may come before its first content), else ``None``."""
+        ...
+
 
 class Tokenizer(Vocabulary, Protocol):
     """Text <-> token ids for one vocabulary; pieces are byte strings.

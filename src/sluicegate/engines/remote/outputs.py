@@ -52,6 +52,11 @@ class RemoteOutputs(SequenceOutputs[EngineOutput]):
         """As ``accepted()``: the engine answers in one step."""
         await asyncio.shield(self._accepted)
 
+    @property
+    def usage(self) -> Usage | None:
+        """``None``: the engine process says no usage before its outputs."""
+        return None
+
     def settle(self, error: BaseException | None) -> None:
         """Resolve ``accepted()``: with ``error``, or accepted."""
         if self._accepted.done():

@@ -180,12 +180,12 @@ class Generation:
         """Wait until the engine has accepted every choice, before any byte.
 
         Returns at once for an engine that accepts at ``generate()``; waits on
-        ``AcceptingOutputs.accepted()`` (an upstream server's first content)
-        for the others, all choices at once. With ``patience_s``, returns too
-        once every choice has ``responded()`` (an upstream's 200) and
-        ``patience_s`` seconds more have passed without its acceptance (a long
-        prefill): the client then gets its headers and heartbeats, and a
-        refusal after that reaches it in band.
+        ``AcceptingOutputs.accepted()`` (an upstream's first content) for the
+        others, all choices at once. With ``patience_s``, returns too once each
+        has ``responded()`` (an upstream's 200) and ``patience_s`` more seconds
+        passed (a long prefill): the client then gets its headers and
+        heartbeats, and a refusal after that reaches it in band. The prompt's
+        tokens the engine said (``usage``) or counted go in ``header``.
 
         Raises:
             EngineError: a choice was refused (``EngineRefused`` with its own
@@ -212,10 +212,11 @@ class Generation:
         try:
             waits = {every} if patient is None else {every, patient}
             await asyncio.wait(waits, return_when="FIRST_COMPLETED")
-            if not every.done():  # responded, then out of patience: go on
+            if every.done():
+                counts = every.result()
+            else:  # responded, then out of patience: go on with what it said
                 every.add_done_callback(_retrieved)
-                return
-            counts = every.result()
+                counts = [a.usage for _, a in accepting]
         except BaseException:
             for task in tasks:
                 task.cancel()
@@ -338,8 +339,7 @@ class Generation:
             self._engine.abort(self._sequence_ids[index])
 
     def _flush(self) -> None:
-        unended = self._decoder.flush()
-        if unended:
+        if unended := self._decoder.flush():
             self._unended = unended
 
     async def _read(self, index: int, outputs: _Outputs) -> None:
