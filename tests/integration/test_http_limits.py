@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import socket
+import subprocess
 import time
 from contextlib import ExitStack, closing
 
 import httpx
 import openai
 import pytest
+
+from sluicegate.server.http.connections import default_max_connections
 
 from .servers import ServerProcess, StartServer
 
@@ -114,6 +119,28 @@ def _refusals(server: ServerProcess, code: str) -> float:
         if line.startswith(prefix)
     ]
     return counts[0] if counts else 0.0
+
+
+def test_the_listen_queue_holds_as_many_connections_as_the_cap(
+    limited: ServerProcess,
+) -> None:
+    """A ramp of new streams waits in the listen queue while the core is busy:
+    it holds the connection cap (4,096 by default; as far as the kernel
+    allows), not uvicorn's 2,048, past which a connection's handshake is
+    dropped and retried a second later."""
+    ss = shutil.which("ss")
+    if ss is None or not os.path.exists("/proc/sys/net/core/somaxconn"):
+        pytest.skip("needs Linux's ss to read a listening socket's backlog")
+    with open("/proc/sys/net/core/somaxconn") as limit:
+        somaxconn = int(limit.read())
+    shown = subprocess.run(
+        [ss, "-ltnH", f"sport = :{limited.port}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    backlog = max(2048, default_max_connections())  # the server's own rlimit
+    assert int(shown[2]) == min(backlog, somaxconn)  # Send-Q: the backlog
 
 
 # -- the request head --------------------------------------------------------------

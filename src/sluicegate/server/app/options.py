@@ -314,12 +314,12 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=args.grace_s + 5.0,
-        # h11, never httptools: see connections.py for why. The protocol caps
-        # connections itself (a JSON 503 with Retry-After), so uvicorn's
-        # limit_concurrency stays unset.
+        # h11, never httptools (see connections.py); the protocol caps
+        # connections itself (a JSON 503 with Retry-After): no limit_concurrency.
         http=protocol_class(limits, app.state.metrics.refuse),
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_keep_alive=args.keep_alive_timeout_s,
+        backlog=limits.backlog,  # a burst of new streams waits there
         # No route speaks WebSocket; an upgrade would take the connection away
         # from the limits above.
         ws="none",

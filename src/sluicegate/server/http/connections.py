@@ -77,6 +77,7 @@ from sluicegate.server.http.errors import (
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "REFUSAL_CODES",
+    "UVICORN_BACKLOG",
     "ConnectionLimits",
     "LimitedH11Protocol",
     "default_max_connections",
@@ -87,6 +88,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 4096
 """The connection cap when the open-file limit leaves room for it."""
+
+UVICORN_BACKLOG = 2048
+"""uvicorn's default listen backlog: the least ``ConnectionLimits.backlog``."""
 
 REFUSAL_CODES = ("request_timeout", "request_header_too_large", "too_many_connections")
 """Every ``code`` that ``on_refuse`` is given."""
@@ -140,6 +144,17 @@ class ConnectionLimits:
             )
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s!r}")
+
+    @property
+    def backlog(self) -> int:
+        """The listen queue's length: ``max_connections``, at least uvicorn's
+        default 2,048 (the kernel caps it at ``net.core.somaxconn``).
+
+        A ramp of new streams while the core is busy waits there (1,874 deep
+        at 2,000 streams, full at 2,600); one past a full queue loses its
+        handshake and waits for TCP's retry, 1 s, then 2 s and 4 s more.
+        """
+        return max(UVICORN_BACKLOG, self.max_connections or 0)
 
 
 class _Phase(enum.Enum):
