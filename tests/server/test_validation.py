@@ -18,6 +18,7 @@ from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import RequestError
 from sluicegate.engines.base import GenerateRequest, SamplingParams
 from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.apis.messages_api import MAX_BLOCKS
 from sluicegate.server.apis.openapi import openapi_document
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
@@ -385,3 +386,29 @@ async def test_unknown_path_and_wrong_method_use_the_error_shape(
     error = _error(response, 405)
     assert "GET" in error["message"]
     assert response.headers["allow"] == "POST"
+
+
+async def test_a_messages_string_content_is_not_held_to_the_block_count() -> None:
+    """``MAX_BLOCKS`` bounds a message's content blocks, not the characters of
+    a string content: 2,000 characters are counted, 1,025 blocks refused."""
+    app = create_app(ScriptedEngine(), ServerConfig())
+    transport = httpx.ASGITransport(app=app)
+    count = "/v1/messages/count_tokens"
+    text = "The keeper lit the lamp. " * 80
+    blocks = [{"type": "text", "text": "x"}] * (MAX_BLOCKS + 1)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        counted, refused = [
+            await client.post(
+                count,
+                json={
+                    "model": "scripted",
+                    "messages": [{"role": "user", "content": c}],
+                },
+            )
+            for c in (text, blocks)
+        ]
+    assert len(text) == 2000
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] >= 80, counted.text
+    assert refused.status_code == 400, refused.text
+    assert "1024" in refused.json()["error"]["message"], refused.text

@@ -124,7 +124,7 @@ class Message(_Model):
     """One turn: ``role`` and a string or content blocks."""
 
     role: Literal["user", "assistant"]
-    content: str | list[Block] = Field(max_length=MAX_BLOCKS)
+    content: Annotated[list[Block], Field(max_length=MAX_BLOCKS)] | str
 
 
 class Tool(_Model):
