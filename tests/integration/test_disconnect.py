@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .wire import NO_END_TOKENS, RawExchange, complete, engine_stats, wait_until
+from .wire import NO_END_TOKENS, RawExchange, engine_stats, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 
@@ -171,7 +171,7 @@ def test_closing_a_non_streamed_request_aborts_the_engine(
 
 
 def test_closing_during_a_long_prefill_aborts_before_any_token(
-    base_url: str, http: httpx.Client
+    base_url: str, http: httpx.Client, model_id: str
 ) -> None:
     """The client leaves while a ~1500-token prompt is being prefilled."""
     sentence = "The keeper climbed the stairs and lit the great lamp again. "
@@ -185,9 +185,13 @@ def test_closing_during_a_long_prefill_aborts_before_any_token(
         "max_tokens": LONG_PROMPT_MAX_TOKENS,
         "temperature": 0,
     }
-    prompt_tokens = complete(http, CHAT, {**payload, "max_tokens": 1})["usage"][
-        "prompt_tokens"
-    ]
+    # Counted through the same chat template, without a prefill of its own.
+    counted = http.post(
+        "/v1/messages/count_tokens",
+        json={"model": model_id, "messages": payload["messages"]},
+    )
+    assert counted.status_code == 200, counted.text
+    prompt_tokens = counted.json()["input_tokens"]
     assert 1200 <= prompt_tokens <= 1900, prompt_tokens
 
     # An engine in a process of its own pushes its stats between steps: the
