@@ -151,16 +151,20 @@ def test_no_ledger_row_is_lost_when_both_workers_write_at_once(
     with httpx.Client(timeout=60) as client, ThreadPoolExecutor(16) as pool:
         ids = set(pool.map(ask, [client] * LOAD))
     assert len(ids) == LOAD
-    rows = httpx.get(f"{server.base_url}/engine/requests", params={"limit": 100})
-    listed = {row["request_id"] for row in rows.json()["data"]}
-    db = sqlite3.connect(ledger_path)
-    try:
-        stored = dict(db.execute("SELECT request_id, server_id FROM requests"))
-    finally:
-        db.close()
-    assert ids <= set(stored)  # every row, from whichever worker wrote it
+    stored: dict[str, str] = {}
+    listed: set[str] = set()
+
+    def all_written() -> bool:  # each worker's writer thread commits on its own
+        rows = httpx.get(f"{server.base_url}/engine/requests", params={"limit": 100})
+        listed.update(row["request_id"] for row in rows.json()["data"])
+        with closing(sqlite3.connect(ledger_path)) as db:
+            stored.update(db.execute("SELECT request_id, server_id FROM requests"))
+        return ids <= set(stored) and ids <= listed
+
+    # every row, from whichever worker wrote it, and /engine/requests reads
+    # them all, from either worker
+    assert eventually(all_written), (ids - set(stored), ids - listed)
     assert len({stored[i] for i in ids}) == 2  # and both workers wrote
-    assert ids <= listed  # /engine/requests reads them all, from either worker
 
 
 def test_metrics_sum_the_requests_of_both_workers(server: ServerProcess) -> None:
