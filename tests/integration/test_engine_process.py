@@ -1,12 +1,13 @@
-"""``serve --engine-process``: the engine in a process of its own, reached by
-the worker over a Unix socket; its aborts, its death, readiness while it is
-away, and its restart.
+"""``serve --engine-process --workers 2``: the engine in a process of its own,
+reached by two workers over a Unix socket; its aborts, the ledger both
+workers write, a worker's death, a grammar compile that crashes, the engine's
+death, readiness while it is away, and its restart.
 
 The scripted engine runs in the engine process (paced, with a half-second
 prefill), so that the tests control when a request is queued, in prefill or
 decoding; two workers share it (the engine's stats count both), with Redis
-and one PostgreSQL ledger that both write. The test that kills the engine
-runs last: the others then see a fresh engine.
+and one PostgreSQL ledger that both write. The tests that crash or kill the
+engine run last: the others see the engine they started with.
 """
 
 from __future__ import annotations
