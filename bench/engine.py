@@ -307,7 +307,8 @@ def main() -> int:
     finally:
         for server in servers.values():
             server.stop(timeout_s=30)
-    console.print(_table(f"{args.max_tokens} tokens per stream, greedy", rows))
+    if rows:
+        console.print(_table(f"{args.max_tokens} tokens per stream, greedy", rows))
     if extras:
         console.print(
             _table("a 4,000-token prompt among 15 streams; prefix reuse", extras)
