@@ -1,9 +1,12 @@
-"""``sluicegate check`` in-process against the session's llama.cpp server.
+"""``sluicegate check`` in-process against the session's llama.cpp server,
+direct and through a gateway in front of it.
 
 One ``check --api all`` run grades every API on its own exchanges (chat
 completions, Responses, Messages): the same exchanges and probes as ``check``
 with each ``--api`` on its own, recorded once. Its recording, replayed, grades
-alike; the client library reads both event APIs from the same server.
+alike; the client library reads both event APIs from the same server. The
+same run through a gateway (``serve --upstream``) gives every probe the
+verdict it gives direct: the hop loses nothing a probe can see.
 """
 
 from __future__ import annotations
@@ -17,8 +20,12 @@ import pytest
 from sluicegate.cli import main
 from sluicegate.client import Client, StreamResult
 from sluicegate.core.endstate import EndState
+from sluicegate.model import DEFAULT_MODEL_ID
 
-pytestmark = [pytest.mark.integration, pytest.mark.llamacpp, pytest.mark.timeout(600)]
+from .gateway import api_base, start_gateway
+from .servers import ServerProcess, StartServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.llamacpp, pytest.mark.timeout(1200)]
 
 EVENT_APIS = ("responses", "messages")
 """The APIs whose probe names start with their name; every other probe is chat's."""
@@ -30,14 +37,22 @@ def api_of(probe: dict[str, Any]) -> str:
 
 
 def test_check_all_passes_every_api_on_the_default_model_and_replays_alike(
-    base_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    llama_server: ServerProcess,
+    start_server: StartServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    base_url = llama_server.base_url
     live, saved, replayed = (tmp_path / f"{n}.json" for n in ("live", "rec", "rep"))
-    argv = ["check", base_url, "--api", "all", "--max-tokens", "12"]
-    argv += ["--prefill-tokens", "20"]
-    code = main([*argv, "--save", str(saved), "--json", str(live)])
+    argv = ["--api", "all", "--max-tokens", "12", "--prefill-tokens", "20"]
+    code = main(["check", base_url, *argv, "--save", str(saved), "--json", str(live)])
     replay_code = main(["check", "--replay", str(saved), "--json", str(replayed)])
     results = _client_streams(base_url)
+    gateway = start_gateway(
+        start_server, "gateway-check", [api_base(llama_server)], DEFAULT_MODEL_ID
+    )
+    hop = tmp_path / "gateway.json"
+    hop_code = main(["check", gateway.base_url, *argv, "--json", str(hop)])
     out = capsys.readouterr().out
 
     probes = json.loads(live.read_text())["probes"]
@@ -71,6 +86,19 @@ def test_check_all_passes_every_api_on_the_default_model_and_replays_alike(
         assert result.usage.completion_tokens >= 1
     assert results["messages"].finish_reason == "max_tokens"
     assert results["responses"].finish_reason == "max_output_tokens"
+    # Through the gateway: the same verdict for every probe, the same exit code.
+    through = json.loads(hop.read_text())["probes"]
+    assert _verdicts(through) == _verdicts(probes), out
+    assert hop_code == code
+
+
+def _verdicts(probes: list[Any]) -> dict[str, str]:
+    """Each probe's verdict; time-to-headers' not-observable (a first content
+    sooner than its threshold this time) read as the pass it is otherwise."""
+    verdicts = {p["probe"]: p["verdict"] for p in probes}
+    if verdicts.get("time-to-headers") == "not-observable":
+        verdicts["time-to-headers"] = "pass"
+    return verdicts
 
 
 def _client_streams(url: str) -> dict[str, StreamResult]:
