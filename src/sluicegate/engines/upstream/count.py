@@ -132,7 +132,9 @@ async def _post(client: HopClient, url: str, body: Mapping[str, Any]) -> Any:
     except HopError:
         return None
     data = bytearray()
-    try:  # read to its end, refusals too: the connection then stays in the pool
+    try:
+        if answer.status != 200:
+            return None
         async for piece in answer:
             data += piece
             if len(data) > MAX_BYTES:
@@ -141,8 +143,6 @@ async def _post(client: HopClient, url: str, body: Mapping[str, Any]) -> Any:
         return None
     finally:
         await answer.aclose()
-    if answer.status != 200:
-        return None
     try:
         return json.loads(data)
     except ValueError:
