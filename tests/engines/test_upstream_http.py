@@ -298,31 +298,6 @@ async def test_the_health_checks_run_on_the_engines_clock(
     ] * 2
 
 
-async def test_a_count_goes_through_the_hops_pool_and_key(
-    raw: tuple[RawUpstream, str],
-) -> None:
-    upstream, url = raw
-    counted = orjson.dumps({"count": 9})
-    upstream.answers += [
-        [b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"],
-        [b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(counted) + counted],
-    ]
-    config = UpstreamConfig(url, api_key="k3y", health_path="")
-    engine = UpstreamEngine(MODEL, [config], health_interval_s=0)
-    messages_body = {"messages": [{"role": "user", "content": "hi"}]}
-    try:
-        assert await engine.count_prompt(request("r1", 5), messages_body) == 9
-    finally:
-        await engine.aclose()
-    heads = [head.decode().lower().split("\r\n") for head, _ in upstream.requests]
-    assert [lines[0] for lines in heads] == [
-        "post /v1/messages/count_tokens http/1.1",
-        "post /tokenize http/1.1",
-    ]
-    assert all("authorization: bearer k3y" in lines for lines in heads)
-    assert upstream.connections == 1  # one kept-alive connection of the pool
-
-
 # -- the engine against a real scripted sluicegate --------------------------------
 
 MODEL = ModelInfo("scripted", 4096, 0)

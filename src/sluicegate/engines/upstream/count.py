@@ -19,9 +19,8 @@ upstream, in this order, until one answers with a count:
 ``<root>`` is the API base without its ``/v1``. An upstream that answers none
 of them with a count (Ollama, OpenAI) gives ``None``, and the route
 refuses the request, naming the model, instead of answering a 0 that a client
-cannot tell from a count. The requests go through the upstream's ``HopClient``
-(``http.py``: its pool, its key, no redirect followed); at most ``MAX_BYTES``
-of an answer are read; the whole count has one deadline, on the running loop.
+cannot tell from a count. No redirect is followed; at most ``MAX_BYTES`` of an
+answer are read; the whole count has one deadline.
 
 Spec: Anthropic API reference, "Count tokens in a message"; vLLM's
 ``/tokenize``; llama.cpp's server README, ``/apply-template`` and
@@ -35,9 +34,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sluicegate.engines.clocks import Deadline
+import httpx
+
 from sluicegate.engines.upstream.config import UpstreamConfig
-from sluicegate.engines.upstream.http import HopClient, HopError
 
 __all__ = ["MAX_BYTES", "TRIED", "count_prompt"]
 
@@ -52,36 +51,46 @@ TRIED = (
 
 
 async def count_prompt(
-    client: HopClient,
     upstream: UpstreamConfig,
     model: str,
     chat: Mapping[str, Any],
     messages_body: Mapping[str, Any],
     timeout_s: float = 10.0,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> int | None:
     """The prompt's tokens by ``upstream``'s tokenizer, or ``None`` when it
     offers no counter (see the module docstring).
 
     Args:
-        client: the upstream's ``HopClient``.
         upstream: the upstream asked.
         model: the model's name there.
         chat: the chat body the gateway would send (its ``messages`` and
             ``tools`` are counted).
         messages_body: the client's Messages body.
         timeout_s: the deadline of the whole count (seconds).
+        transport: an httpx transport to use instead of the network (tests).
     """
     base = upstream.url.rstrip("/")
     root = base.removesuffix("/v1")
-    try:
-        async with Deadline(asyncio.get_running_loop(), timeout_s):
-            return await _count(client, base, root, model, chat, messages_body)
-    except TimeoutError:
-        return None
+    headers = {}
+    if upstream.api_key is not None:
+        headers["Authorization"] = f"Bearer {upstream.api_key}"
+    async with httpx.AsyncClient(
+        timeout=timeout_s,
+        transport=transport,
+        trust_env=False,
+        follow_redirects=False,
+        headers=headers,
+    ) as client:
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await _count(client, base, root, model, chat, messages_body)
+        except TimeoutError:
+            return None
 
 
 async def _count(
-    client: HopClient,
+    client: httpx.AsyncClient,
     base: str,
     root: str,
     model: str,
@@ -125,25 +134,17 @@ def _count_of(answer: Any, name: str) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
-async def _post(client: HopClient, url: str, body: Mapping[str, Any]) -> Any:
+async def _post(client: httpx.AsyncClient, url: str, body: Mapping[str, Any]) -> Any:
     """The JSON ``url`` answers ``body`` with 200, or ``None``."""
     try:
-        answer = await client.post(url, json.dumps(dict(body)).encode())
-    except HopError:
-        return None
-    data = bytearray()
-    try:
-        if answer.status != 200:
-            return None
-        async for piece in answer:
-            data += piece
-            if len(data) > MAX_BYTES:
+        async with client.stream("POST", url, json=dict(body)) as answer:
+            if answer.status_code != 200:
                 return None
-    except HopError:
-        return None
-    finally:
-        await answer.aclose()
-    try:
+            data = bytearray()
+            async for piece in answer.aiter_bytes():
+                data += piece
+                if len(data) > MAX_BYTES:
+                    return None
         return json.loads(data)
-    except ValueError:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError):
         return None

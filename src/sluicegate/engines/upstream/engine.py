@@ -195,10 +195,7 @@ class UpstreamEngine:
         model = upstream.model or self._model.id
         chat = orjson.loads(request_body(request, model, continuous_usage=False))
         wait_s = COUNT_BEFORE_ESTIMATE_S if estimate else 10.0
-        client = self._clients[0]
-        counted = await count_prompt(
-            client, upstream, model, chat, messages_body, wait_s
-        )
+        counted = await count_prompt(upstream, model, chat, messages_body, wait_s)
         return self._estimate.fill(request.text_prompt, counted, estimate)
 
     def learn(self, facts: Sequence[UpstreamFacts]) -> None:

@@ -18,10 +18,8 @@ streams' rate where aiohttp kept up.
 
 What the engine needs, and each adapter gives:
 
-- one pool per upstream, which its streams, its health checks and its prompt
-  counts (``count.py``) share: at most its ``max_streams`` connections, and
-  two for the health checks and two for counts (requests past them wait for
-  one), each kept alive between
+- one pool per upstream: at most its ``max_streams`` connections, and two for
+  the health checks (requests past them wait for one), each kept alive between
   requests for ``KEEPALIVE_S``, below the five seconds that uvicorn-based
   servers (vLLM, SGLang, sluicegate) keep an idle connection, so a request
   rarely meets a connection the upstream is closing;
@@ -120,9 +118,7 @@ class HopClient(Protocol):
     """The connection pool to one upstream."""
 
     async def post(self, path: str, body: bytes) -> HopResponse:
-        """POST ``body`` (JSON) to ``path``: relative to the upstream's URL, or
-        a whole URL on the upstream's server (its tokenizer routes, outside
-        the API base).
+        """POST ``body`` (JSON) to ``path`` (relative to the upstream's URL).
 
         Returns:
             The response once its head arrived; the caller ``aclose()``s it.
@@ -157,7 +153,7 @@ def _headers(upstream: UpstreamConfig) -> dict[str, str]:
 
 
 def _connections(upstream: UpstreamConfig) -> int:
-    return upstream.max_streams + 4  # and the health checks and counts
+    return upstream.max_streams + 2  # and the health checks
 
 
 # -- aiohttp ---------------------------------------------------------------------
@@ -233,8 +229,6 @@ class AiohttpHop:
         self._session: aiohttp.ClientSession | None = None
 
     def _url(self, path: str) -> str:
-        if path.startswith(("http://", "https://")):
-            return path
         return self._base + path.lstrip("/")
 
     def _client(self) -> aiohttp.ClientSession:
