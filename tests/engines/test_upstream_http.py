@@ -408,6 +408,8 @@ async def test_metrics_have_each_upstreams_streams_and_first_tokens(
         for _ in range(2):
             response = await client.post("/v1/chat/completions", json=body)
             assert response.status_code == 200, response.text
+        # The upstream's stream is let go just after the gateway's answer.
+        await wait_until(lambda: engine.upstream_counters()[0].in_flight == 0, 5)
         metrics = (await client.get("/metrics")).text
     await engine.aclose()
     labels = f'model="pooled",upstream="{url}"'
