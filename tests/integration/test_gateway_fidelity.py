@@ -41,6 +41,9 @@ PREFILL = "prefill"
 content 3 s later (a long prefill)."""
 BROKEN_PREFILL = "broken prefill"
 """A 200 at once, then after 1.5 s the stream ends with no content at all."""
+TEXT_ONLY = "answer in words"
+"""A request with tools whose last message is this gets text, no call, whatever
+its ``tool_choice`` said."""
 HELD = "held"
 """A request whose last message is this gets a stream that stops after its
 first content and stays open (a client that leaves mid-stream)."""
@@ -129,9 +132,9 @@ def _vllm(body: dict[str, Any], stop_field: str = "stop_reason") -> Reply:
     another string when the first is ``"UNASKED"``."""
     role = chat_chunk(0, "", usage=_usage(0))
     texts = [chat_chunk(0, t, usage=_usage(i + 1)) for i, t in enumerate(["Hel", "lo"])]
-    if body.get("tools"):
-        return Reply(events=[role, *_two_calls(), "[DONE]"])
     last = body["messages"][-1]["content"]
+    if body.get("tools") and last != TEXT_ONLY:
+        return Reply(events=[role, *_two_calls(), "[DONE]"])
     if last == BROKEN_PREFILL:
         return Reply(events=[], delay_s=1.5)
     if last == HELD:
@@ -579,6 +582,60 @@ def test_parallel_tool_calls_false_keeps_the_first_call_of_an_upstream_that_send
     assert indexes == {0}
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finishes[-1] == "tool_calls"
+
+
+def test_tool_choice_none_drops_the_calls_of_an_upstream_that_sends_them_anyway(
+    sdk: openai.OpenAI, claude: anthropic.Anthropic
+) -> None:
+    kw: Any = {"model": "vllm", "messages": _ask(), "tools": [WEATHER]}
+    whole = sdk.chat.completions.create(**kw, tool_choice="none", max_tokens=64)
+    assert whole.choices[0].message.tool_calls is None
+    assert whole.choices[0].finish_reason == "stop"
+    chunks = list(sdk.chat.completions.create(**kw, tool_choice="none", stream=True))
+    assert not [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    function = WEATHER["function"]
+    tool: Any = {"type": "function", **function}
+    answer = sdk.responses.create(
+        model="vllm", input="Hi", tools=[tool], tool_choice="none"
+    )
+    assert [item.type for item in answer.output if item.type == "function_call"] == []
+    message = claude.messages.create(
+        model="vllm",
+        max_tokens=64,
+        messages=[{"role": "user", "content": "Hi"}],
+        tools=[{"name": function["name"], "input_schema": function["parameters"]}],
+        tool_choice={"type": "none"},
+    )
+    assert [b.type for b in message.content if b.type == "tool_use"] == []
+    assert message.stop_reason == "end_turn"
+
+
+def test_tool_choice_required_answered_in_words_is_an_in_band_error(
+    sdk: openai.OpenAI, claude: anthropic.Anthropic
+) -> None:
+    kw: Any = {
+        "model": "vllm",
+        "messages": _ask(TEXT_ONLY),
+        "tools": [WEATHER],
+        "tool_choice": "required",
+    }
+    with pytest.raises(openai.APIError, match="tool_choice") as raised:
+        sdk.chat.completions.create(**kw)
+    assert raised.value.code == "tool_call_missing"
+    with pytest.raises(openai.APIError, match="tool_choice"):
+        list(sdk.chat.completions.create(**kw, stream=True))
+    auto = sdk.chat.completions.create(**{**kw, "tool_choice": "auto"})
+    assert auto.choices[0].message.content == "Hello"
+    function = WEATHER["function"]
+    with pytest.raises(anthropic.APIError, match="tool_choice"):
+        claude.messages.create(
+            model="vllm",
+            max_tokens=64,
+            messages=[{"role": "user", "content": TEXT_ONLY}],
+            tools=[{"name": function["name"], "input_schema": function["parameters"]}],
+            tool_choice={"type": "any"},
+        )
 
 
 def test_logprobs_cross_the_hop_aligned_to_the_gateways_own_text(

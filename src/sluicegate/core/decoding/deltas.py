@@ -31,6 +31,7 @@ from sluicegate.core.events import (
     Delta,
     DeltaParts,
     EngineOutput,
+    FinishReason,
     StreamEvent,
     TextOutput,
     TokenLogprob,
@@ -38,7 +39,13 @@ from sluicegate.core.events import (
 )
 from sluicegate.core.logprobs import AlignedStep, LogprobToken, describe_logprob
 
-__all__ = ["LogprobDeltas", "add_reasoning", "add_text", "add_tool_calls"]
+__all__ = [
+    "CallRule",
+    "LogprobDeltas",
+    "add_reasoning",
+    "add_text",
+    "add_tool_calls",
+]
 
 
 def add_text(
@@ -80,6 +87,43 @@ def add_tool_calls(
         parts = DeltaParts((fragment,))
         events.append(Delta(index, "", None, tally.so_far(), parts))
     return False
+
+
+class CallRule:
+    """The calls a text engine's choices may bring back, by the request's
+    ``tool_choice`` and ``parallel_tool_calls`` (OpenAI's contract), enforced
+    whatever the engine did.
+
+    Args:
+        most: calls one choice may bring back (1: ``parallel_tool_calls:
+            false`` or a named choice; 0: ``"none"``); ``None``: no limit.
+        required: each choice must call (``"required"``).
+        choices: the response's choices.
+    """
+
+    __slots__ = ("most", "uncalled")
+
+    def __init__(self, most: int | None, required: bool, choices: int) -> None:
+        self.most = most
+        self.uncalled = set(range(choices)) if required else set()
+
+    def add(
+        self,
+        events: list[StreamEvent],
+        index: int,
+        fragments: tuple[ToolCallFragment, ...],
+        tally: UsageTally,
+    ) -> bool:
+        """``add_tool_calls`` under ``most``; True where the choice is cut."""
+        if fragments:
+            self.uncalled.discard(index)
+        return add_tool_calls(events, index, fragments, self.most, tally)
+
+    def missing(self, index: int, reason: FinishReason | None) -> bool:
+        """Whether choice ``index``, ending for ``reason`` (``None``: on a stop
+        string), ends without the call it must bring; one cut by its token
+        limit does not (the client's limit, not the engine's choice)."""
+        return index in self.uncalled and reason is not FinishReason.LENGTH
 
 
 class LogprobDeltas:

@@ -1,31 +1,25 @@
 """One response's engine outputs in, stream events out: every decision, no I/O.
 
-``ResponseDecoder`` holds the choices of one response. Its shell (the server's
-``Generation``) feeds it each item of each choice's engine sequence as the engine
-delivers it, writes the events ``feed`` returns, and asks the engine to abort the
-sequences that ``aborts`` and ``flush()`` name. Per choice, token ids go through a
-``ChoiceDecoder`` (detokenizer, then stop matcher) and, with logprobs, a
-``LogprobAligner`` (``LogprobDeltas``); an engine that yields text
-(``TextOutput``) skips all token work: its text only meets the stop matcher, and
-its tool-call fragments (``TextOutput.tool_calls``, shaped by the engine) become
-``Delta`` parts. ``UsageTally`` counts the usage.
+``ResponseDecoder`` holds one response's choices. Its shell (``Generation``)
+feeds it each item of each choice's engine sequence, writes the events ``feed``
+returns, and aborts the sequences ``aborts`` and ``flush()`` name. Token ids go
+through a ``ChoiceDecoder`` (detokenizer, stop matcher) and, with logprobs, a
+``LogprobAligner`` (``LogprobDeltas``); a text engine's text (``TextOutput``)
+only meets the stop matcher, its calls become ``Delta`` parts (``CallRule``).
 
 Invariants:
     - Per choice, in order: ``Delta`` events, then exactly one ``Finish``; text
       held back by the stop matcher goes out before the ``Finish``.
     - With completions ``echo``, a choice's first ``Delta`` is its prompt's text
       (``start(index)``), before the engine's first token.
-    - With logprobs, each ``Delta`` carries the tokens whose text it holds:
-      text is then cut at token boundaries.
+    - With logprobs, each ``Delta`` carries the tokens whose text it holds.
     - With a reasoning parser, a step's reasoning goes out as one ``Delta``
       whose ``parts`` hold it (``text`` empty), before the step's content
       ``Delta``; stop strings are matched on the content only.
     - When every choice has finished, one ``End`` carries the usage
-      (``UsageTally``: each prompt once, completion tokens summed over
-      choices). With continuous usage, every ``Delta`` and ``Finish`` carries
-      the usage so far.
-    - An engine failure, or a sequence that ends without a finish reason,
-      becomes one ``Fail`` event and no ``End``.
+      (``UsageTally``); with continuous usage, so does every event before it.
+    - An engine failure, a sequence that ends without a finish reason, or one
+      that had to call and did not, becomes one ``Fail`` event and no ``End``.
     - A stop string ends its choice at once: its index is appended to
       ``aborts`` (the engine sequence is still running); ``flush()`` names every
       sequence the engine has not ended. Each sequence is named once.
@@ -45,10 +39,10 @@ from sluicegate.core.decoding.choice_setup import (
     new_choice,
 )
 from sluicegate.core.decoding.deltas import (
+    CallRule,
     LogprobDeltas,
     add_reasoning,
     add_text,
-    add_tool_calls,
 )
 from sluicegate.core.decoding.reasoning import ReasoningParser
 from sluicegate.core.decoding.stops import compile_stops
@@ -68,6 +62,7 @@ from sluicegate.core.events import (
 
 __all__ = [
     "ENDED_WITHOUT_FINISH",
+    "NO_CALL",
     "ChoiceOptions",
     "OutputItem",
     "ResponseDecoder",
@@ -79,6 +74,8 @@ OutputItem = EngineOutput | TextOutput | EngineError | None
 
 ENDED_WITHOUT_FINISH = "The engine ended a sequence without a finish reason"
 """The in-band error of a sequence that ended without a finish reason."""
+NO_CALL = 'The engine answered without a tool call, though tool_choice was "required"'
+"""The in-band error of a choice that had to call and ended without one."""
 _NO_EVENTS: tuple[StreamEvent, ...] = ()
 
 
@@ -108,6 +105,8 @@ class ResponseDecoder:
         reasoning_budget: reasoning tokens the server enforces: a token
             engine's reasoning ends there (the rest is content), a text engine's
             is cut (``TextChoiceDecoder.within_budget``); or ``None``.
+        max_tool_calls, tool_calls_required: a text engine's ``CallRule``; a
+            choice that had to call and ends without a call fails (``NO_CALL``).
 
     Raises:
         ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens).
@@ -121,12 +120,12 @@ class ResponseDecoder:
     """
 
     __slots__ = (
+        "_calls",
         "_choices",
         "_clock",
         "_continuous_usage",
         "_flushed",
         "_logprobs",
-        "_max_calls",
         "_tally",
         "_text_decoders",
         "_token_decoders",
@@ -151,6 +150,7 @@ class ResponseDecoder:
         reasoning: ReasoningParser | None = None,
         reasoning_budget: int | None = None,
         max_tool_calls: int | None = None,
+        tool_calls_required: bool = False,
     ) -> None:
         if reasoning is not None and not reasoning.reasons:
             reasoning = None
@@ -182,7 +182,7 @@ class ResponseDecoder:
         pieces = () if vocabulary is None else vocabulary.pieces
         self._logprobs = LogprobDeltas(pieces, self._tally)
         self._continuous_usage = continuous_usage  # read once per token
-        self._max_calls = max_tool_calls
+        self._calls = CallRule(max_tool_calls, tool_calls_required, len(choices))
         self._clock = clock
         self._unread = len(self._choices)
         self._flushed = False
@@ -303,13 +303,16 @@ class ResponseDecoder:
                     events += aligned
                 cut = False
                 if step.finish_reason is None:  # after a stop string: dropped
-                    calls, limit = item.tool_calls, self._max_calls
-                    cut = add_tool_calls(events, index, calls, limit, self._tally)
+                    cut = self._calls.add(events, index, item.tool_calls, self._tally)
                 if cut:  # a call past max_tool_calls: the choice ends before it
                     self.aborts.append(index)
-                    self._finish(choice, FinishReason.TOOL_CALLS, step, events)
+                    reason = FinishReason.TOOL_CALLS if self._calls.most else None
+                    self._finish(choice, reason or FinishReason.STOP, step, events)
                 elif ongoing:
                     return events
+                elif self._calls.missing(index, item.finish_reason):
+                    choice.engine_done = item.finish_reason is not None
+                    events.append(Fail(NO_CALL, code="tool_call_missing"))
                 else:
                     if item.finish_reason is FinishReason.STOP:
                         choice.engine_stop = item.stop_sequence

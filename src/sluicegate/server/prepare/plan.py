@@ -98,8 +98,12 @@ class Plan:
             engine enforces itself (``with_reasoning``).
         max_tool_calls: for an engine that takes text, the most tool calls a
             choice may bring back (1 with ``parallel_tool_calls: false`` or a
-            named ``tool_choice``); the choice is cut after them. ``None``: no
-            limit (the local engine's grammar holds its own).
+            named ``tool_choice``, 0 with ``"none"``); the choice is cut after
+            them (before the first: a plain answer). ``None``: no limit (the
+            local engine's grammar holds its own).
+        tool_calls_required: for an engine that takes text, each choice must
+            call (``tool_choice: "required"``): one that ends without a call is
+            an in-band error.
     """
 
     header: ResponseHeader
@@ -122,6 +126,7 @@ class Plan:
     reasoning: ReasoningParser | None = None
     reasoning_budget: int | None = None
     max_tool_calls: int | None = None
+    tool_calls_required: bool = False
 
     @property
     def prompt_tokens(self) -> int:

@@ -60,8 +60,12 @@ def text_chat_plan(
     plan = _text_plan(request, response_id, engine, config, model, [text], [""])
     choice = request.tool_choice
     named = choice is not None and not isinstance(choice, str)
-    if request.tools and (named or not request.parallel_tool_calls):
+    if request.tools and choice == "none":  # whatever the upstream sends
+        plan = dataclasses.replace(plan, max_tool_calls=0)
+    elif request.tools and (named or not request.parallel_tool_calls):
         plan = dataclasses.replace(plan, max_tool_calls=1)
+    if request.tools and (named or choice == "required"):
+        plan = dataclasses.replace(plan, tool_calls_required=True)
     # Cut here too, whatever the upstream does with the budget it was sent.
     plan = dataclasses.replace(plan, reasoning_budget=request.thinking_token_budget)
     if config.reasoning_parser == "auto":

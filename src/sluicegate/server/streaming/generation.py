@@ -85,9 +85,8 @@ class Generation:
         self._clock = clock
         self._capabilities = engine.capabilities
         self._logprobs = self._capabilities.logprobs
-        # The decoding stage, by the engine's protocol: token ids are
-        # detokenized with its tokenizer; text arrives decoded. Each sequence
-        # may count its own prompt and its cached part (prompt_of).
+        # The decoding stage: token ids are detokenized with the engine's
+        # tokenizer, text arrives decoded; prompt_of: each sequence's prompt.
         tokenizer = None
         if engine.output_kind is OutputKind.TOKENS:
             tokenizer = engine.tokenizer
@@ -105,6 +104,7 @@ class Generation:
             skip_special_tokens=plan.skip_special_tokens,
             logprobs=plan.logprobs is not None and self._logprobs,
             max_tool_calls=plan.max_tool_calls,
+            tool_calls_required=plan.tool_calls_required,
             continuous_usage=plan.continuous_usage,
             reasoning=plan.reasoning,
             reasoning_budget=plan.reasoning_budget,
