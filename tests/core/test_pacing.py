@@ -145,7 +145,7 @@ def test_after_probe_every_mixed_steps_one_decodes_alone_and_is_measured() -> No
     ),
     decoding=st.integers(1, 16),
 )
-def test_any_step_times_give_a_chunk_from_one_to_twice_the_largest_recent(
+def test_any_step_times_give_a_probe_or_a_chunk_within_its_bounds(
     steps: list[tuple[int, int, float]], decoding: int
 ) -> None:
     pacer = _pacer()
