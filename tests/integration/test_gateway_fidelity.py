@@ -89,6 +89,21 @@ context_length = 8192
 [[models.upstreams]]
 url = "{ollama_url}"
 model = "fake"
+
+[[models]]
+id = "no-logprobs"
+context_length = 8192
+[[models.upstreams]]
+url = "{sglang_url}"
+model = "fake"
+logprobs = false
+
+[[models]]
+id = "lost-logprobs"
+context_length = 8192
+[[models.upstreams]]
+url = "{sglang_url}"
+model = "fake"
 """
 VLLM_COUNT, TEMPLATE_TOKENS = 17, [2, 106, 1645, 108, 9259]
 NOT_FOUND: Any = lambda _: (404, {"detail": "Not Found"})  # noqa: E731
@@ -636,6 +651,32 @@ def test_tool_choice_required_answered_in_words_is_an_in_band_error(
             tools=[{"name": function["name"], "input_schema": function["parameters"]}],
             tool_choice={"type": "any"},
         )
+
+
+def test_logprobs_of_an_upstream_configured_without_them_are_a_400_naming_it(
+    sdk: openai.OpenAI, sglang: FakeUpstream
+) -> None:
+    kw: Any = {"model": "no-logprobs", "messages": _ask(), "logprobs": True}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError, match=sglang.url) as raised:
+            sdk.chat.completions.create(**kw, stream=stream)
+        assert raised.value.code == "logprobs_unavailable"
+        assert raised.value.body["param"] == "logprobs"  # type: ignore[index]
+    answer = sdk.chat.completions.create(model="no-logprobs", messages=_ask())
+    assert answer.choices[0].message.content == "Hello"
+
+
+def test_an_answer_that_came_without_the_logprobs_asked_is_an_error_then_a_400(
+    sdk: openai.OpenAI, sglang: FakeUpstream
+) -> None:
+    kw: Any = {"model": "lost-logprobs", "messages": _ask(), "logprobs": True}
+    with pytest.raises(openai.APIError, match="sent no logprobs") as raised:
+        list(sdk.chat.completions.create(**kw, stream=True))
+    assert raised.value.code == "logprobs_unavailable"
+    with pytest.raises(openai.BadRequestError, match=sglang.url):
+        sdk.chat.completions.create(**kw)
+    answer = sdk.chat.completions.create(model="lost-logprobs", messages=_ask())
+    assert answer.choices[0].message.content == "Hello"
 
 
 def test_logprobs_cross_the_hop_aligned_to_the_gateways_own_text(

@@ -68,6 +68,9 @@ class UpstreamConfig:
             sluicegate know it; OpenAI's own API may refuse it). ``None``:
             as the upstream's kind says at start-up (``context.py``:
             on for vLLM and sluicegate), else off.
+        logprobs: it reports logprobs when asked (vLLM, SGLang, llama-server,
+            TGI and Ollama do); ``False`` (configured, or learnt from an answer
+            that came without them): a request for logprobs is refused.
         health_path: what the active health check gets (relative to ``url``);
             ``""``: no active check.
         limits: the bounds its streams are read within (``ReaderLimits``).
@@ -81,6 +84,7 @@ class UpstreamConfig:
     max_streams: int = 1024
     timeouts: UpstreamTimeouts = UpstreamTimeouts()
     continuous_usage: bool | None = None
+    logprobs: bool = True
     health_path: str = "/models"
     limits: ReaderLimits = READER_LIMITS
     redactor: Redactor = field(init=False, repr=False, compare=False)
@@ -113,6 +117,7 @@ _TIMEOUT_KEYS = {
 }
 _KEYS = frozenset(
     {"url", "model", "api_key_env", "max_streams", "continuous_usage", "health_path"}
+    | {"logprobs"}
     | _TIMEOUT_KEYS.keys()
     | set(_LIMIT_KEYS)
 )
@@ -126,7 +131,7 @@ def upstream_from_dict(
     Args:
         spec: ``url`` (required), ``model``, ``api_key_env`` (the name of the
             environment variable holding the key), ``max_streams``,
-            ``continuous_usage``, ``health_path``, and the time limits
+            ``continuous_usage``, ``logprobs``, ``health_path``, the time limits
             ``connect_timeout_s``, ``first_token_timeout_s``,
             ``idle_timeout_s``, ``total_timeout_s`` (seconds, or ``null``),
             and the reader's bounds ``max_line_bytes``, ``max_event_bytes``,
@@ -191,6 +196,7 @@ def upstream_from_dict(
             if spec.get("continuous_usage") is None
             else bool(spec["continuous_usage"])
         ),
+        logprobs=bool(spec.get("logprobs", True)),
         health_path=str(spec.get("health_path", "/models")),
         limits=ReaderLimits(**bounds),
     )

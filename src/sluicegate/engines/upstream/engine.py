@@ -47,6 +47,7 @@ import orjson
 
 from sluicegate.core.errors import (
     EngineError,
+    EngineRefused,
     EngineTimeout,
     EngineUnavailable,
     UpstreamTimedOut,
@@ -76,7 +77,12 @@ from sluicegate.engines.upstream.pool import (
     UpstreamCounters,
     UpstreamPool,
 )
-from sluicegate.engines.upstream.sequence import UpstreamOutputs, UpstreamSequence, end
+from sluicegate.engines.upstream.sequence import (
+    LOGPROBS_UNAVAILABLE,
+    UpstreamOutputs,
+    UpstreamSequence,
+    end,
+)
 from sluicegate.engines.values import RECENT_IDS
 
 __all__ = ["UpstreamEngine", "UpstreamOutputs"]
@@ -250,6 +256,8 @@ class UpstreamEngine:
 
         Raises:
             EngineUnavailable: the engine is closed.
+            EngineRefused: 400 ``logprobs_unavailable``: logprobs asked of a
+                pool with an upstream that gives none (configured, or learnt).
             EngineError: the request has no ``text_prompt``, or its id runs.
         """
         if self._closed:
@@ -258,6 +266,16 @@ class UpstreamEngine:
             raise EngineError("an upstream engine needs the prompt as text")
         if request.request_id in self._sequences:
             raise EngineError(f"request {request.request_id!r} is running already")
+        if request.params.logprobs is not None:
+            # Any member may serve it: the pool gives what its least able gives.
+            unable = next((u for u in self._upstreams if not u.logprobs), None)
+            if unable is not None:
+                raise EngineRefused(
+                    f"logprobs are not available from the upstream {unable.name}",
+                    400,
+                    code=LOGPROBS_UNAVAILABLE,
+                    param="logprobs",
+                )
         pool = self.pool
         loop = asyncio.get_running_loop()
         seq = UpstreamSequence(request, loop.time(), self._estimate)
@@ -344,4 +362,8 @@ class UpstreamEngine:
             self._counts[seq.result or "failed"] += 1
             if seq.result == "aborted":
                 self._aborted_ids.append(seq.request.request_id)
+            if (i := seq.no_logprobs) is not None:  # later requests: a 400
+                self._upstreams[i] = dataclasses.replace(
+                    self._upstreams[i], logprobs=False
+                )
             del self._sequences[seq.request.request_id]

@@ -23,6 +23,7 @@ unique.
     api_key_env = "VLLM_API_KEY"       # the variable holding its key
     max_streams = 64                   # streams in flight on it at most
     continuous_usage = true            # usage on every chunk (unset: by its kind)
+    logprobs = false                   # it gives none: refuse them with a 400
     connect_timeout_s = 5
     first_token_timeout_s = 120
     idle_timeout_s = 60

@@ -10,7 +10,7 @@ that came first); ``UpstreamOutputs.accepted()`` waits on it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 from sluicegate.core.errors import EngineError
 from sluicegate.core.events import FinishReason, TextOutput, Usage
@@ -20,6 +20,8 @@ from sluicegate.engines.upstream.estimate import PromptEstimate
 from sluicegate.engines.upstream.pool import Lease
 
 __all__ = [
+    "LOGPROBS_UNAVAILABLE",
+    "LogprobsUnavailable",
     "UpstreamOutputs",
     "UpstreamSequence",
     "accept",
@@ -27,6 +29,18 @@ __all__ = [
     "refuse",
     "step_tokens",
 ]
+
+
+LOGPROBS_UNAVAILABLE = "logprobs_unavailable"
+"""The error code of logprobs an upstream does not give: the 400 of a request
+that asks them of one known not to, the in-band error of an answer that came
+without them (after which the upstream is known not to)."""
+
+
+class LogprobsUnavailable(EngineError):
+    """An upstream answered a request for logprobs without any (in-band)."""
+
+    code: ClassVar[str] = LOGPROBS_UNAVAILABLE
 
 
 class UpstreamOutputs(SequenceOutputs[TextOutput]):
@@ -81,10 +95,13 @@ class UpstreamSequence:
         "last_at",
         "lease",
         "matched_stop",
+        "no_logprobs",
         "outputs",
         "request",
         "responded",
         "result",
+        "saw_logprobs",
+        "saw_text",
         "started",
         "stopped",
         "task",
@@ -111,6 +128,8 @@ class UpstreamSequence:
         self.usage_rejected = False  # the upstream's usage could not be true
         self.finish: FinishReason | None = None
         self.matched_stop: str | None = None  # the upstream's, one asked for
+        self.saw_text = self.saw_logprobs = False  # content, and its logprobs
+        self.no_logprobs: int | None = None  # the member that sent none asked
         self.lease: Lease | None = None
         self.timed_out: str | None = None
         self.result: str | None = None  # finished, failed or aborted

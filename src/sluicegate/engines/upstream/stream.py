@@ -63,6 +63,7 @@ from sluicegate.engines.upstream.refusals import (
     failure_before_content,
 )
 from sluicegate.engines.upstream.sequence import (
+    LogprobsUnavailable,
     UpstreamSequence,
     accept,
     end,
@@ -190,6 +191,8 @@ def _apply(
                 _first_token(seq, lease, upstreams)
             prompt, cached = _prompt_of(seq)
             tokens = step_tokens(seq)
+            seq.saw_text = seq.saw_text or bool(item.text)
+            seq.saw_logprobs = seq.saw_logprobs or bool(item.logprobs)
             output = TextOutput(
                 item.text,
                 None,
@@ -291,6 +294,13 @@ def _finish(
 ) -> Outcome:
     if seq.finish is None:
         return _broken(seq, upstreams, "the upstream ended without a finish_reason")
+    asked = seq.request.params.logprobs is not None
+    if asked and seq.saw_text and not seq.saw_logprobs and seq.lease is not None:
+        # Not passed off as an answer with logprobs; later requests get a 400.
+        seq.no_logprobs = seq.lease.member
+        name = upstreams[seq.lease.member].name
+        end(seq, "failed", LogprobsUnavailable(f"the upstream {name} sent no logprobs"))
+        return Outcome.SUCCESS  # it answered; it is not a failing upstream
     usage = seq.usage
     tokens = 0
     prompt, cached = (None, 0) if usage is None else _prompt_of(seq)
