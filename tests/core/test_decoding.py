@@ -13,6 +13,7 @@ from sluicegate.core.decoding.choice import ChoiceStep
 from sluicegate.core.decoding.choice_setup import TextChoiceDecoder
 from sluicegate.core.decoding.response import (
     ENDED_WITHOUT_FINISH,
+    NO_CALL,
     ChoiceOptions,
     OutputItem,
     ResponseDecoder,
@@ -297,6 +298,45 @@ def test_a_call_past_max_tool_calls_cuts_the_choice_after_the_ones_before() -> N
     assert decoder.aborts == [0]  # the engine is stopped: nothing more is read
     assert decoder.feed(0, TextOutput("", STOP, 1, tool_calls=(second,))) == ()
     assert decoder.flush() == ()
+
+
+def test_tool_choice_none_ends_a_choice_as_a_plain_answer_where_its_call_begins() -> (
+    None
+):
+    decoder = ResponseDecoder(
+        [ChoiceOptions()], None, prompt_tokens=3, max_tool_calls=0
+    )
+    call = ToolCallFragment(0, "call_a", "f", "{}")
+    events = decoder.feed(0, TextOutput("Hi", None, 1, tool_calls=(call,)))
+    assert events == [Delta(0, "Hi"), Finish(0, STOP), End(Usage(3, 1))]
+    assert decoder.aborts == [0]
+
+
+def test_a_choice_that_must_call_and_answers_in_words_fails_unless_cut_by_length() -> (
+    None
+):
+    def run(last: TextOutput, stops: Sequence[str] = ()) -> ResponseDecoder:
+        decoder = ResponseDecoder(
+            [ChoiceOptions()],
+            None,
+            prompt_tokens=3,
+            tool_calls_required=True,
+            stops=stops,
+        )
+        assert decoder.feed(0, TextOutput("Hi", None, 1)) == (Delta(0, "Hi"),)
+        assert expected in decoder.feed(0, last)
+        return decoder
+
+    expected: object = Fail(NO_CALL, code="tool_call_missing")
+    failed = run(TextOutput("", STOP, 1))
+    assert failed.finish_reasons == (None,)  # no Finish, no End
+    assert failed.flush() == ()  # the engine ended
+    assert run(TextOutput(" END", None, 1), stops=["END"]).flush() == (0,)
+    expected = Finish(0, LENGTH)
+    run(TextOutput("", LENGTH, 1))
+    call = ToolCallFragment(0, "call_a", "f", "{}")
+    expected = Finish(0, FinishReason.TOOL_CALLS)
+    run(TextOutput("", FinishReason.TOOL_CALLS, 1, tool_calls=(call,)))
 
 
 def _lp(token: str, logprob: float = -0.5) -> LogprobToken:
