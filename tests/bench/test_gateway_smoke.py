@@ -21,6 +21,8 @@ ROW_KEYS = {
     "itl_added_ms",
     "schedule_lag_ms",
     "ttft_ms",
+    "ttfb_ms",
+    "loadavg_1m",
     "finished",
     "truncated",
     "timed_out",

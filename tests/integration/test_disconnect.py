@@ -171,7 +171,7 @@ def test_closing_a_non_streamed_request_aborts_the_engine(
 
 
 def test_closing_during_a_long_prefill_aborts_before_any_token(
-    base_url: str, http: httpx.Client, model_id: str
+    base_url: str, http: httpx.Client
 ) -> None:
     """The client leaves while a ~1500-token prompt is being prefilled."""
     sentence = "The keeper climbed the stairs and lit the great lamp again. "
@@ -185,7 +185,10 @@ def test_closing_during_a_long_prefill_aborts_before_any_token(
         "max_tokens": LONG_PROMPT_MAX_TOKENS,
         "temperature": 0,
     }
-    # Counted through the same chat template, without a prefill of its own.
+    # Counted through the same chat template, without a prefill of its own (the
+    # model's id asked here: the engine-process module runs this test on its
+    # own module-scoped server, which the session's model_id cannot see).
+    model_id = http.get("/v1/models").json()["data"][0]["id"]
     counted = http.post(
         "/v1/messages/count_tokens",
         json={"model": model_id, "messages": payload["messages"]},

@@ -24,8 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
+from sluicegate.check import names
 from sluicegate.model import DEFAULT_MODEL_ID, default_model_path
 
+from .forced_calls import FORCED_CALL_MISSING, unfinished_streams
 from .gateway import (
     PEER_MODEL,
     READ_TIMEOUT_S,
@@ -531,18 +533,19 @@ def test_sluicegate_check_passes_through_the_gateway(
     front of the peer, but those the peer itself fails. In front of
     sluicegate the check runs beside the direct one, every API and verdict
     compared (test_check_live.py). The peer's chat answers are empty
-    (``PEER_UNOBSERVABLE``), so its route grades chat only."""
+    (``PEER_UNOBSERVABLE``), so its route grades chat only, and the forced
+    calls it cannot make end in band as ``tool_call_missing``
+    (forced_calls.py), the one reason ``end-states`` may fail here."""
     if route.upstream is not None:
         pytest.skip("graded beside the direct run: test_check_live.py")
-    report = tmp_path / "check.json"
-    apis = ("--api", "all") if route.upstream is not None else ()
+    report, saved = tmp_path / "check.json", tmp_path / "recording.json"
     done = subprocess.run(
         [
             *(sys.executable, "-m", "sluicegate", "check", route.gateway.base_url),
             *("--model", route.model, "--max-tokens", "12", "--json", str(report)),
-            *apis,
+            *("--save", str(saved)),
             # time-to-headers is not graded here (UNGRADED_HERE): a short prompt
-            # spares each route a long prefill that grades nothing
+            # spares the route a long prefill that grades nothing
             *("--prefill-tokens", "20"),
         ],
         capture_output=True,
@@ -552,10 +555,13 @@ def test_sluicegate_check_passes_through_the_gateway(
     )
     assert report.exists(), done.stdout + done.stderr
     probes = json.loads(report.read_text())["probes"]
-    peer = route.upstream is None
-    unseen = NO_REASONING | UNGRADED_HERE | (PEER_UNOBSERVABLE if peer else set())
+    unfinished = unfinished_streams(saved)
+    assert unfinished, "the peer's forced calls should end as tool_call_missing"
+    assert set(unfinished.values()) == {("errored", FORCED_CALL_MISSING)}, unfinished
+    assert set(unfinished) <= {names.TOOLS, names.TOOLS_SERIAL}, unfinished
+    unseen = NO_REASONING | UNGRADED_HERE | PEER_UNOBSERVABLE
     unseen |= {"responses-reasoning-framing", "messages-reasoning-framing"}
-    expected = set(PEER_FAILS) if peer else set()
+    expected = set(PEER_FAILS) | {"end-states"}
     failed = [
         p
         for p in probes
@@ -567,7 +573,5 @@ def test_sluicegate_check_passes_through_the_gateway(
     # Strict, as an xfail: a peer that starts passing one must be noticed.
     still = {p["probe"] for p in probes if p["verdict"] == "fail"}
     assert still == expected, f"expected the peer to fail {sorted(expected)}"
-    assert done.returncode == (1 if expected else 0), done.stdout[-4000:]
+    assert done.returncode == 1, done.stdout[-4000:]
     assert len(probes) >= 17
-    graded = {p["probe"].split("-")[0] for p in probes}
-    assert peer or {"responses", "messages"} <= graded, sorted(graded)

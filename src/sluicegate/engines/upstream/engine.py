@@ -47,9 +47,9 @@ import orjson
 
 from sluicegate.core.errors import (
     EngineError,
-    EngineRefused,
     EngineTimeout,
     EngineUnavailable,
+    RequestError,
     UpstreamTimedOut,
 )
 from sluicegate.engines.base import (
@@ -256,7 +256,7 @@ class UpstreamEngine:
 
         Raises:
             EngineUnavailable: the engine is closed.
-            EngineRefused: 400 ``logprobs_unavailable``: logprobs asked of a
+            RequestError: ``logprobs_unavailable`` (a 400): logprobs asked of a
                 pool with an upstream that gives none (configured, or learnt).
             EngineError: the request has no ``text_prompt``, or its id runs.
         """
@@ -270,11 +270,10 @@ class UpstreamEngine:
             # Any member may serve it: the pool gives what its least able gives.
             unable = next((u for u in self._upstreams if not u.logprobs), None)
             if unable is not None:
-                raise EngineRefused(
+                raise RequestError(
                     f"logprobs are not available from the upstream {unable.name}",
-                    400,
-                    code=LOGPROBS_UNAVAILABLE,
                     param="logprobs",
+                    code=LOGPROBS_UNAVAILABLE,
                 )
         pool = self.pool
         loop = asyncio.get_running_loop()
