@@ -201,7 +201,10 @@ async def test_a_stalled_engine_beats_busy_without_progress_and_is_judged_stuck(
             await outputs.accepted()
         clock.advance(0.25)  # steps 0 and 1; step 2 waits an hour
         assert engine.stats().generated_tokens == 2
-        beat = await _next_beat(beat_path(path), None)
+        # The beat there now may have been written before the steps: take one
+        # written after it.
+        seen = await _next_beat(beat_path(path), None)
+        beat = await _next_beat(beat_path(path), seen)
         assert beat.busy
         verdicts = [watch.feed(clock.time(), beat)]
         for _ in range(3):
