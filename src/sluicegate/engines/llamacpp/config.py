@@ -45,7 +45,7 @@ class EngineConfig:
     n_parallel: int = 16
     step_tokens: int = 512
     chunk_tokens: int | None = 32
-    step_ratio: float | None = 1.5
+    step_ratio: float | None = 2.0
     n_threads: int | None = None
     prefix_cache: bool = False
 
