@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from sluicegate.core.decoding.choice import ChoiceStep
 from sluicegate.core.decoding.choice_setup import TextChoiceDecoder
+from sluicegate.core.decoding.deltas import NO_CALL, CallTerms
 from sluicegate.core.decoding.response import (
     ENDED_WITHOUT_FINISH,
-    NO_CALL,
     ChoiceOptions,
     OutputItem,
     ResponseDecoder,
@@ -279,9 +279,13 @@ def test_a_stop_string_the_text_engine_matched_itself_is_named() -> None:
     assert length.stop_sequences == (None,)
 
 
-def test_a_call_past_max_tool_calls_cuts_the_choice_after_the_ones_before() -> None:
+def test_a_call_past_the_most_cuts_the_choice_after_the_ones_before() -> None:
     decoder = ResponseDecoder(
-        [ChoiceOptions()], None, prompt_tokens=3, max_tool_calls=1, clock=lambda: 1.0
+        [ChoiceOptions()],
+        None,
+        prompt_tokens=3,
+        calls=CallTerms(most=1),
+        clock=lambda: 1.0,
     )
     first = ToolCallFragment(0, "call_a", "f", "")
     assert decoder.feed(0, TextOutput("", None, 1, tool_calls=(first,))) == [
@@ -304,7 +308,7 @@ def test_tool_choice_none_ends_a_choice_as_a_plain_answer_where_its_call_begins(
     None
 ):
     decoder = ResponseDecoder(
-        [ChoiceOptions()], None, prompt_tokens=3, max_tool_calls=0
+        [ChoiceOptions()], None, prompt_tokens=3, calls=CallTerms(most=0)
     )
     call = ToolCallFragment(0, "call_a", "f", "{}")
     events = decoder.feed(0, TextOutput("Hi", None, 1, tool_calls=(call,)))
@@ -320,7 +324,7 @@ def test_a_choice_that_must_call_and_answers_in_words_fails_unless_cut_by_length
             [ChoiceOptions()],
             None,
             prompt_tokens=3,
-            tool_calls_required=True,
+            calls=CallTerms(required=True),
             stops=stops,
         )
         assert decoder.feed(0, TextOutput("Hi", None, 1)) == (Delta(0, "Hi"),)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -651,6 +651,67 @@ def test_tool_choice_required_answered_in_words_is_an_in_band_error(
             tools=[{"name": function["name"], "input_schema": function["parameters"]}],
             tool_choice={"type": "any"},
         )
+
+
+TIME: Any = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object"}},
+}
+WRONG_CALL = "The engine called 'get_weather', though tool_choice named 'get_time'"
+
+
+def _read(stream: Iterable[Any], into: list[Any]) -> None:
+    """Every item of ``stream`` into ``into``, up to what it raises."""
+    into.extend(stream)
+
+
+def test_a_named_tool_choice_answered_with_another_function_is_an_in_band_error(
+    sdk: openai.OpenAI, claude: anthropic.Anthropic
+) -> None:
+    # The upstream calls get_weather whatever tool_choice named (it ignores it).
+    kw: Any = {"model": "vllm", "messages": _ask(), "tools": [WEATHER, TIME]}
+    named: Any = {"type": "function", "function": {"name": "get_time"}}
+    with pytest.raises(openai.APIError, match=WRONG_CALL) as raised:
+        sdk.chat.completions.create(**kw, tool_choice=named)
+    assert raised.value.code == "tool_call_missing"
+    chunks: list[Any] = []
+    with pytest.raises(openai.APIError, match=WRONG_CALL):
+        _read(sdk.chat.completions.create(**kw, tool_choice=named, stream=True), chunks)
+    assert chunks, "the error comes in band, after the headers"
+    assert not [c for chunk in chunks for c in chunk.choices if c.delta.tool_calls]
+    right: Any = {"type": "function", "function": {"name": "get_weather"}}
+    answer = sdk.chat.completions.create(**kw, tool_choice=right)
+    (call,) = answer.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    tools: Any = [{"type": "function", **t["function"]} for t in (WEATHER, TIME)]
+    ask: Any = {"model": "vllm", "input": "Hi", "tools": tools}
+    choice: Any = {"type": "function", "name": "get_time"}
+    with pytest.raises(openai.APIError, match=WRONG_CALL):
+        sdk.responses.create(**ask, tool_choice=choice)
+    events = list(sdk.responses.create(**ask, tool_choice=choice, stream=True))
+    assert events[-1].type == "response.failed"
+    error = events[-1].response.error
+    assert error is not None
+    assert (error.code, error.message) == ("tool_call_missing", WRONG_CALL)
+    assert not [e for e in events if e.type.startswith("response.function_call")]
+    functions: Any = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+        for t in (WEATHER, TIME)
+    ]
+    message: Any = {
+        "model": "vllm",
+        "max_tokens": 64,
+        "messages": _ask(),
+        "tools": functions,
+        "tool_choice": {"type": "tool", "name": "get_time"},
+    }
+    with pytest.raises(anthropic.APIError, match=WRONG_CALL):
+        claude.messages.create(**message)
+    streamed: list[Any] = []
+    with pytest.raises(anthropic.APIError, match=WRONG_CALL):
+        _read(claude.messages.create(**message, stream=True), streamed)
+    assert streamed[0].type == "message_start"
+    assert not [e for e in streamed if e.type == "content_block_start"]
 
 
 def test_logprobs_of_an_upstream_configured_without_them_are_a_400_naming_it(

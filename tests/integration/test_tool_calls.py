@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import anthropic
 import openai
 import pytest
 from pydantic import BaseModel
@@ -196,6 +197,40 @@ def test_real_model_named_parameterless_call_gets_braces(
     ((name, arguments),) = _calls(choice.message)
     assert (name, json.loads(arguments)) == ("get_time", {})
     assert choice.message.content is None
+
+
+@needs_grammar
+@pytest.mark.llamacpp
+def test_real_model_named_choice_calls_that_function_in_responses_and_messages(
+    sdk: openai.OpenAI, base_url: str, model_id: str
+) -> None:
+    # Asked about the weather with both tools offered, it must call get_time.
+    ask = "What is the weather in Paris?"
+    tools: Any = [{"type": "function", **t["function"]} for t in TOOLS]
+    named: Any = {"type": "function", "name": "get_time"}
+    kw: Any = {"model": model_id, "input": ask, "tools": tools, "temperature": 0}
+    with sdk.responses.stream(**kw, tool_choice=named, max_output_tokens=32) as stream:
+        final = stream.get_final_response()
+    assert [(o.type, getattr(o, "name", None)) for o in final.output] == [
+        ("function_call", "get_time")
+    ]
+    functions: Any = [
+        {"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]},
+        {"name": "get_time", "input_schema": {"type": "object"}},
+    ]
+    with anthropic.Anthropic(base_url=base_url, api_key="x", max_retries=0) as claude:
+        message = claude.messages.create(
+            model=model_id,
+            max_tokens=32,
+            messages=[{"role": "user", "content": ask}],
+            tools=functions,
+            tool_choice={"type": "tool", "name": "get_time"},
+            extra_body={"temperature": 0},
+        )
+    assert [(b.type, getattr(b, "name", None)) for b in message.content] == [
+        ("tool_use", "get_time")
+    ]
+    assert message.stop_reason == "tool_use"
 
 
 @needs_grammar

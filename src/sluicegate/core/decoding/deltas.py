@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sluicegate.core.decoding.choice import ChoiceDecoder, ChoiceStep
 from sluicegate.core.decoding.choice_setup import ChoiceState, TextChoiceDecoder
@@ -40,7 +41,10 @@ from sluicegate.core.events import (
 from sluicegate.core.logprobs import AlignedStep, LogprobToken, describe_logprob
 
 __all__ = [
+    "ANY_CALLS",
+    "NO_CALL",
     "CallRule",
+    "CallTerms",
     "LogprobDeltas",
     "add_reasoning",
     "add_text",
@@ -89,23 +93,51 @@ def add_tool_calls(
     return False
 
 
-class CallRule:
-    """The calls a text engine's choices may bring back, by the request's
-    ``tool_choice`` and ``parallel_tool_calls`` (OpenAI's contract), enforced
-    whatever the engine did.
+@dataclass(frozen=True, slots=True)
+class CallTerms:
+    """What a request's ``tool_choice`` and ``parallel_tool_calls`` let each
+    choice of a text engine call (OpenAI's contract), for ``CallRule``.
 
-    Args:
+    Attributes:
         most: calls one choice may bring back (1: ``parallel_tool_calls:
             false`` or a named choice; 0: ``"none"``); ``None``: no limit.
-        required: each choice must call (``"required"``).
+        required: each choice must call (``"required"``, or a named choice).
+        name: the one function each call must name (a named choice), or
+            ``None``: any offered one.
+
+    Spec: OpenAI API reference, "Create chat completion", ``tool_choice`` and
+    ``parallel_tool_calls``.
+    """
+
+    most: int | None = None
+    required: bool = False
+    name: str | None = None
+
+
+ANY_CALLS = CallTerms()
+"""The terms of a request that sets no rule: any calls, or none."""
+
+
+class CallRule:
+    """The calls a text engine's choices may bring back, by ``CallTerms``,
+    enforced whatever the engine did.
+
+    A call past ``most`` cuts its choice (the calls before it stand); a call
+    naming another function than ``name`` never goes out, and its choice fails
+    (``failure``) as one that had to call and did not.
+
+    Args:
+        terms: the request's terms.
         choices: the response's choices.
     """
 
-    __slots__ = ("most", "uncalled")
+    __slots__ = ("most", "terms", "uncalled", "wrong")
 
-    def __init__(self, most: int | None, required: bool, choices: int) -> None:
-        self.most = most
-        self.uncalled = set(range(choices)) if required else set()
+    def __init__(self, terms: CallTerms, choices: int) -> None:
+        self.terms = terms
+        self.most = terms.most
+        self.uncalled = set(range(choices)) if terms.required else set()
+        self.wrong: dict[int, str] = {}  # choice -> the other function it called
 
     def add(
         self,
@@ -114,16 +146,44 @@ class CallRule:
         fragments: tuple[ToolCallFragment, ...],
         tally: UsageTally,
     ) -> bool:
-        """``add_tool_calls`` under ``most``; True where the choice is cut."""
+        """``add_tool_calls`` under the terms; True where the choice is cut:
+        at a call past ``most``, or at one naming another function (nothing of
+        it goes out; ``failure`` names it)."""
+        name, most = self.terms.name, self.most
+        for i, fragment in enumerate(fragments if name is not None else ()):
+            if most is not None and fragment.index >= most:
+                break  # past the limit: cut there, whatever it names
+            if fragment.name is not None and fragment.name != name:
+                self.wrong[index] = fragment.name
+                add_tool_calls(events, index, fragments[:i], most, tally)
+                return True
         if fragments:
             self.uncalled.discard(index)
         return add_tool_calls(events, index, fragments, self.most, tally)
 
-    def missing(self, index: int, reason: FinishReason | None) -> bool:
-        """Whether choice ``index``, ending for ``reason`` (``None``: on a stop
-        string), ends without the call it must bring; one cut by its token
-        limit does not (the client's limit, not the engine's choice)."""
-        return index in self.uncalled and reason is not FinishReason.LENGTH
+    def failure(self, index: int, reason: FinishReason | None) -> str | None:
+        """Why choice ``index``, ending for ``reason`` (``None``: on a stop
+        string or cut here), fails: it called another function than the named
+        one, or it ends without the call it must bring (one cut by its token
+        limit does not: the client's limit, not the engine's choice); else
+        ``None``."""
+        name = self.terms.name
+        wrong = self.wrong.get(index)
+        if wrong is not None:
+            return f"The engine called {wrong!r}, though tool_choice named {name!r}"
+        if index not in self.uncalled or reason is FinishReason.LENGTH:
+            return None
+        if name is not None:
+            return (
+                f"The engine answered without calling {name!r}, "
+                "though tool_choice named it"
+            )
+        return NO_CALL
+
+
+NO_CALL = 'The engine answered without a tool call, though tool_choice was "required"'
+"""The in-band error of a choice that had to call (``"required"``) and ended
+without a call."""
 
 
 class LogprobDeltas:

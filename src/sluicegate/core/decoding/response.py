@@ -39,7 +39,9 @@ from sluicegate.core.decoding.choice_setup import (
     new_choice,
 )
 from sluicegate.core.decoding.deltas import (
+    ANY_CALLS,
     CallRule,
+    CallTerms,
     LogprobDeltas,
     add_reasoning,
     add_text,
@@ -62,7 +64,6 @@ from sluicegate.core.events import (
 
 __all__ = [
     "ENDED_WITHOUT_FINISH",
-    "NO_CALL",
     "ChoiceOptions",
     "OutputItem",
     "ResponseDecoder",
@@ -74,8 +75,6 @@ OutputItem = EngineOutput | TextOutput | EngineError | None
 
 ENDED_WITHOUT_FINISH = "The engine ended a sequence without a finish reason"
 """The in-band error of a sequence that ended without a finish reason."""
-NO_CALL = 'The engine answered without a tool call, though tool_choice was "required"'
-"""The in-band error of a choice that had to call and ended without one."""
 _NO_EVENTS: tuple[StreamEvent, ...] = ()
 
 
@@ -105,8 +104,8 @@ class ResponseDecoder:
         reasoning_budget: reasoning tokens the server enforces: a token
             engine's reasoning ends there (the rest is content), a text engine's
             is cut (``TextChoiceDecoder.within_budget``); or ``None``.
-        max_tool_calls, tool_calls_required: a text engine's ``CallRule``; a
-            choice that had to call and ends without a call fails (``NO_CALL``).
+        calls: a text engine's ``CallTerms`` (``CallRule``): a choice that had
+            to call (that function) and did not fails (``tool_call_missing``).
 
     Raises:
         ValueError: ``logprobs`` without a ``vocabulary`` (text has no tokens).
@@ -149,8 +148,7 @@ class ResponseDecoder:
         clock: Callable[[], float] = time.time,
         reasoning: ReasoningParser | None = None,
         reasoning_budget: int | None = None,
-        max_tool_calls: int | None = None,
-        tool_calls_required: bool = False,
+        calls: CallTerms = ANY_CALLS,
     ) -> None:
         if reasoning is not None and not reasoning.reasons:
             reasoning = None
@@ -182,7 +180,7 @@ class ResponseDecoder:
         pieces = () if vocabulary is None else vocabulary.pieces
         self._logprobs = LogprobDeltas(pieces, self._tally)
         self._continuous_usage = continuous_usage  # read once per token
-        self._calls = CallRule(max_tool_calls, tool_calls_required, len(choices))
+        self._calls = CallRule(calls, len(choices))
         self._clock = clock
         self._unread = len(self._choices)
         self._flushed = False
@@ -304,15 +302,16 @@ class ResponseDecoder:
                 cut = False
                 if step.finish_reason is None:  # after a stop string: dropped
                     cut = self._calls.add(events, index, item.tool_calls, self._tally)
-                if cut:  # a call past max_tool_calls: the choice ends before it
+                if ongoing and not cut:
+                    return events
+                why = self._calls.failure(index, item.finish_reason)
+                if why is not None:  # it had to call (that function) and did not
+                    choice.engine_done = item.finish_reason is not None
+                    events.append(Fail(why, code="tool_call_missing"))
+                elif cut:  # a call past the limit: the choice ends before it
                     self.aborts.append(index)
                     reason = FinishReason.TOOL_CALLS if self._calls.most else None
                     self._finish(choice, reason or FinishReason.STOP, step, events)
-                elif ongoing:
-                    return events
-                elif self._calls.missing(index, item.finish_reason):
-                    choice.engine_done = item.finish_reason is not None
-                    events.append(Fail(NO_CALL, code="tool_call_missing"))
                 else:
                     if item.finish_reason is FinishReason.STOP:
                         choice.engine_stop = item.stop_sequence

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from sluicegate import __version__
+from sluicegate.core.decoding.deltas import ANY_CALLS, CallTerms
 from sluicegate.core.decoding.reasoning_budget import ReasoningBudget
 from sluicegate.core.decoding.reasoning_parsers import ReasoningParser
 from sluicegate.core.decoding.tooldecoder import ToolCallOptions
@@ -96,14 +97,12 @@ class Plan:
             before the server ends its reasoning channel
             (``thinking_token_budget``); ``None``: no budget, or one the
             engine enforces itself (``with_reasoning``).
-        max_tool_calls: for an engine that takes text, the most tool calls a
-            choice may bring back (1 with ``parallel_tool_calls: false`` or a
-            named ``tool_choice``, 0 with ``"none"``); the choice is cut after
-            them (before the first: a plain answer). ``None``: no limit (the
-            local engine's grammar holds its own).
-        tool_calls_required: for an engine that takes text, each choice must
-            call (``tool_choice: "required"``): one that ends without a call is
-            an in-band error.
+        calls: for an engine that takes text, the calls each choice may and
+            must bring back (``tool_choice``, ``parallel_tool_calls``), held by
+            the server whatever the engine did (``CallRule``): cut after the
+            most (before the first: a plain answer); one that had to call, or
+            to call the named function, and did not is an in-band error. The
+            default: no limit (the local engine's grammar holds its own).
     """
 
     header: ResponseHeader
@@ -125,8 +124,7 @@ class Plan:
     whole: bool = False
     reasoning: ReasoningParser | None = None
     reasoning_budget: int | None = None
-    max_tool_calls: int | None = None
-    tool_calls_required: bool = False
+    calls: CallTerms = ANY_CALLS
 
     @property
     def prompt_tokens(self) -> int:

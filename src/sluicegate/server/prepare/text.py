@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sluicegate.core.decoding.deltas import ANY_CALLS, CallTerms
 from sluicegate.core.decoding.reasoning_choice import request_reasoning
 from sluicegate.core.decoding.reasoning_parsers import reasoning_parser
 from sluicegate.core.errors import RequestError
@@ -58,16 +59,12 @@ def text_chat_plan(
         tool_names=frozenset(t.function.name for t in request.tools or ()),
     )
     plan = _text_plan(request, response_id, engine, config, model, [text], [""])
-    choice = request.tool_choice
-    named = choice is not None and not isinstance(choice, str)
-    if request.tools and choice == "none":  # whatever the upstream sends
-        plan = dataclasses.replace(plan, max_tool_calls=0)
-    elif request.tools and (named or not request.parallel_tool_calls):
-        plan = dataclasses.replace(plan, max_tool_calls=1)
-    if request.tools and (named or choice == "required"):
-        plan = dataclasses.replace(plan, tool_calls_required=True)
-    # Cut here too, whatever the upstream does with the budget it was sent.
-    plan = dataclasses.replace(plan, reasoning_budget=request.thinking_token_budget)
+    # Held here too, whatever the upstream does with the calls and the budget.
+    plan = dataclasses.replace(
+        plan,
+        calls=_call_terms(request),
+        reasoning_budget=request.thinking_token_budget,
+    )
     if config.reasoning_parser == "auto":
         return plan  # the upstream splits its own reasoning, if it does
     # Named on the command line: the upstream writes its markers into plain
@@ -76,6 +73,20 @@ def text_chat_plan(
     parser = reasoning_parser(config.reasoning_parser)
     reasoning = request_reasoning(parser, "", thinking=request.thinking)
     return dataclasses.replace(plan, reasoning=reasoning)
+
+
+def _call_terms(request: ChatCompletionRequest) -> CallTerms:
+    """The calls ``tool_choice`` and ``parallel_tool_calls`` let each choice
+    make (a mode, or one named function: ``NamedToolChoice``, the only object
+    ``tool_choice`` takes); without ``tools``, none are checked."""
+    choice = request.tool_choice
+    if not request.tools:
+        return ANY_CALLS
+    if choice == "none":
+        return CallTerms(most=0)
+    name = None if choice is None or isinstance(choice, str) else choice.function.name
+    most = 1 if name is not None or not request.parallel_tool_calls else None
+    return CallTerms(most, required=name is not None or choice == "required", name=name)
 
 
 def _message_json(message: ChatMessage) -> dict[str, Any]:
