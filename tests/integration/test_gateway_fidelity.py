@@ -728,14 +728,23 @@ def test_logprobs_of_an_upstream_configured_without_them_are_a_400_naming_it(
 
 
 def test_an_answer_that_came_without_the_logprobs_asked_is_an_error_then_a_400(
-    sdk: openai.OpenAI, sglang: FakeUpstream
+    sdk: openai.OpenAI, sglang: FakeUpstream, gateway: ServerProcess
 ) -> None:
+    def learnt(model: str) -> Any:
+        url = f"{gateway.base_url}/engine/stats"
+        stats = httpx.get(url, params={"model": model}, timeout=10).json()
+        return stats["logprobs_unavailable_learnt"]
+
+    assert learnt("lost-logprobs") == []
     kw: Any = {"model": "lost-logprobs", "messages": _ask(), "logprobs": True}
     with pytest.raises(openai.APIError, match="sent no logprobs") as raised:
         list(sdk.chat.completions.create(**kw, stream=True))
     assert raised.value.code == "logprobs_unavailable"
     with pytest.raises(openai.BadRequestError, match=sglang.url):
         sdk.chat.completions.create(**kw)
+    # Learnt by that model's pool only; one configured without them is not listed.
+    assert learnt("lost-logprobs") == [sglang.url]
+    assert learnt("no-logprobs") == learnt("sglang") == []
     answer = sdk.chat.completions.create(model="lost-logprobs", messages=_ask())
     assert answer.choices[0].message.content == "Hello"
 

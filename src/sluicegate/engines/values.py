@@ -208,6 +208,10 @@ class EngineStats:
     idle engine accepts at once before ``generate`` raises ``EngineUnavailable``
     (its queue, plus the slots a sequence starts in at submission; ``None``: no
     such bound): a request with more choices can never be admitted.
+    ``logprobs_unavailable_learnt`` names (``UpstreamConfig.name``) the
+    upstreams a gateway learnt at run time to give no logprobs (one answered a
+    request for them without any), whose requests for them it now refuses; it
+    is held in memory only (a restart forgets it; each worker learns its own).
     """
 
     queued: int
@@ -228,6 +232,7 @@ class EngineStats:
     failure: str | None = None
     submit_limit: int | None = None
     unavailable: str | None = None
+    logprobs_unavailable_learnt: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,6 +140,7 @@ class UpstreamEngine:
         )
         self._aborted_ids: deque[str] = deque(maxlen=RECENT_IDS)
         self._estimate = PromptEstimate()  # learned from the upstreams' usage
+        self._no_logprobs_learnt: list[str] = []  # names, in the order learnt
 
     @classmethod
     def from_config(
@@ -297,7 +298,8 @@ class UpstreamEngine:
             seq.task.cancel()
 
     def stats(self) -> EngineStats:
-        """Streams in flight and waiting, and token counts from the upstreams' usage."""
+        """Streams in flight and waiting, token counts from the upstreams' usage,
+        and the upstreams learnt to give no logprobs."""
         c = self._counts
         pool = self._pool
         return EngineStats(
@@ -313,7 +315,21 @@ class UpstreamEngine:
             failed_requests=c["failed"],
             running_ids=tuple(self._sequences),
             aborted_ids=tuple(self._aborted_ids),
+            logprobs_unavailable_learnt=tuple(self._no_logprobs_learnt),
         )
+
+    def _learn_no_logprobs(self, i: int) -> None:
+        """Upstream ``i`` answered a request for logprobs without any: later
+        ones are refused (``generate``), and ``stats`` names it."""
+        upstream = self._upstreams[i]
+        if upstream.logprobs:
+            self._upstreams[i] = dataclasses.replace(upstream, logprobs=False)
+            self._no_logprobs_learnt.append(upstream.name)
+            logger.warning(
+                "the upstream %s answered a request for logprobs without any; "
+                "requests for logprobs are refused until a restart",
+                upstream.name,
+            )
 
     async def aclose(self) -> None:
         """Abort every stream, stop the health checks, close the clients."""
@@ -362,7 +378,5 @@ class UpstreamEngine:
             if seq.result == "aborted":
                 self._aborted_ids.append(seq.request.request_id)
             if (i := seq.no_logprobs) is not None:  # later requests: a 400
-                self._upstreams[i] = dataclasses.replace(
-                    self._upstreams[i], logprobs=False
-                )
+                self._learn_no_logprobs(i)
             del self._sequences[seq.request.request_id]
