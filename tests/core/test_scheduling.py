@@ -101,11 +101,20 @@ def test_a_step_decodes_every_running_sequence_then_chunks_prompts() -> None:
     assert scheduler.accept(a, 7) is None
     assert (a.phase, b.phase, b.n_prompt_done) == (Phase.DECODE, Phase.PREFILL, 5)
     plan = scheduler.plan()
-    assert _shape(plan) == [("a", 1, 3, True), ("b", 5, 5, True), ("c", 2, 0, False)]
+    # c's 4 tokens do not fit the 2 left: a prompt no longer than chunk_tokens
+    # (here step_tokens) is never cut, so it waits whole for the next step.
+    assert _shape(plan) == [("a", 1, 3, True), ("b", 5, 5, True)]
     assert plan[0].tokens == (7,)
     assert plan[1].tokens == tuple(range(6, 11))
-    assert scheduler.advance(plan) == 7
-    assert scheduler.kv_cells_used == 3 + 10 + 2
+    assert scheduler.advance(plan) == 5
+    assert scheduler.kv_cells_used == 3 + 10
+    scheduler.accept(a, 7)
+    scheduler.accept(b, 7)
+    assert _shape(scheduler.plan()) == [
+        ("a", 1, 4, True),
+        ("b", 1, 10, True),
+        ("c", 4, 0, True),
+    ]
 
 
 def test_accept_ends_a_sequence_at_a_stop_id_or_at_max_tokens() -> None:

@@ -26,9 +26,11 @@ Invariants:
     - What a prompt token adds is the mixed steps' time beyond the decode-only
       estimate, summed over the last ``window`` mixed steps and divided by their
       prompt tokens, so one step slowed by other work moves it by a share.
-    - Otherwise the chunk is at least 1 token (a prompt always advances) and at
-      most twice the largest chunk among those mixed steps (one fast step
-      cannot make the next one long).
+    - Otherwise the chunk is at least ``min_chunk_tokens`` (a prompt always
+      advances, and by a bounded number of steps however slow the machine's
+      steps are made by other work) and at most twice the largest chunk among
+      those mixed steps (one fast step cannot make the next one long), or
+      ``min_chunk_tokens`` if that is larger.
 
 Deliberate divergence: the bound is on a step's expected time, not on the gap a
 client sees; a step slowed by other work on the machine is longer than planned.
@@ -50,6 +52,9 @@ class PrefillPacer:
             decode-only step of the same sequences (> 1).
         first_chunk_tokens: the chunk before both kinds of step have been
             observed (tokens, >= 1).
+        min_chunk_tokens: the smallest chunk but a probe's 0 (tokens, >= 1):
+            ``BatchScheduler`` gives its ``chunk_tokens``, so that a prompt no
+            longer than that is never cut.
         window: mixed steps the prompt token's cost is taken over (>= 1).
         decode_window: decode-only steps a decode-only step's time is the
             median of (>= 1).
@@ -64,11 +69,18 @@ class PrefillPacer:
         *,
         step_ratio: float,
         first_chunk_tokens: int,
+        min_chunk_tokens: int = 1,
         window: int = 16,
         decode_window: int = 5,
         probe_every: int = 8,
     ) -> None:
-        counts = (first_chunk_tokens, window, decode_window, probe_every)
+        counts = (
+            first_chunk_tokens,
+            min_chunk_tokens,
+            window,
+            decode_window,
+            probe_every,
+        )
         if step_ratio <= 1 or min(counts) < 1:
             raise ValueError(
                 "expected step_ratio > 1 and counts >= 1; got "
@@ -76,6 +88,7 @@ class PrefillPacer:
             )
         self.step_ratio = step_ratio
         self.first_chunk_tokens = first_chunk_tokens
+        self.min_chunk_tokens = min_chunk_tokens
         self.probe_every = probe_every
         self._decode_s_per_seq: deque[float] = deque(maxlen=decode_window)
         self._mixed: deque[tuple[int, float]] = deque(maxlen=window)
@@ -106,20 +119,21 @@ class PrefillPacer:
             0 after ``probe_every`` mixed steps in a row (the next step decodes
             alone); ``first_chunk_tokens`` until both kinds of step were
             observed; else what fits in ``step_ratio - 1`` decode-only steps at
-            the measured cost per prompt token, between 1 and twice the largest
-            recent chunk.
+            the measured cost per prompt token, at most twice the largest
+            recent chunk; never below ``min_chunk_tokens`` but for the probe.
         """
         if self._mixed_in_a_row >= self.probe_every:
             return 0
         decode_s = self.decode_step_s(decoding)
+        least = self.min_chunk_tokens
         if decode_s is None or not self._mixed:
-            return self.first_chunk_tokens
-        most = 2 * max(n for n, _ in self._mixed)
+            return max(least, self.first_chunk_tokens)
+        most = max(least, 2 * max(n for n, _ in self._mixed))
         token_s = self.prompt_token_s()
         if token_s is None:
             return most
         fits = int((self.step_ratio - 1) * decode_s / token_s)
-        return max(1, min(most, fits))
+        return max(least, min(most, fits))
 
     def observe(self, decoding: int, prompt_tokens: int, elapsed_s: float) -> None:
         """A step ran: ``decoding`` sequences decoded one token each and

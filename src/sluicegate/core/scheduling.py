@@ -13,8 +13,16 @@ Invariants:
     - A step holds one token per decoding sequence, then prompt chunks of the
       prefilling ones, ``step_tokens`` tokens at most, and while any sequence
       decodes one chunk of each prompt (``chunk_tokens``, or the pacer's, sized
-      from step times): a long prompt lengthens the steps of running sequences
-      by a bounded chunk, and short prompts arriving together are read at once.
+      from step times and never smaller): a long prompt lengthens the steps of
+      running sequences by a bounded chunk, and short prompts arriving
+      together are read at once.
+    - A prompt whose unread part is at most ``chunk_tokens`` is read in one
+      step, never cut: when the step's budget left after other prompts'
+      chunks cannot hold it, it waits for the next step. llama.cpp's
+      arithmetic depends on how a prompt is cut into steps, so two identical
+      short prompts, one read alone and one among decoding sequences, are cut
+      alike whatever the pacer has learnt, and a temperature-0 answer to them
+      is the same.
     - ``abort()`` ends a queued sequence at once; a prefilling or decoding one is
       flagged and leaves at the next ``reap()``. Tokens accepted after the flag
       are waste: they end nothing and are never delivered.
@@ -52,8 +60,9 @@ class BatchScheduler(Generic[_S]):
         step_tokens: tokens in one step, decode tokens and prefill chunks
             together (>= ``slots``).
         chunk_tokens: tokens of one prompt in one step while any sequence
-            decodes (>= 1; default ``step_tokens``); with a ``pacer``, only
-            until it has measured both kinds of step.
+            decodes (>= 1; default ``step_tokens``); with ``step_ratio``, the
+            first such chunk and the smallest. A prompt no longer than this
+            is never cut.
         step_ratio: size that chunk from the step times given to ``advance``
             so that such a step takes about this multiple of a decode-only
             one (> 1; ``PrefillPacer``); default: ``chunk_tokens`` always.
@@ -88,7 +97,9 @@ class BatchScheduler(Generic[_S]):
         """Sizes the chunk when ``step_ratio`` is given."""
         if step_ratio is not None:
             self.pacer = PrefillPacer(
-                step_ratio=step_ratio, first_chunk_tokens=self.chunk_tokens
+                step_ratio=step_ratio,
+                first_chunk_tokens=self.chunk_tokens,
+                min_chunk_tokens=self.chunk_tokens,
             )
         self.queue_limit = queue_limit
         self.waiting: deque[_S] = deque()
@@ -220,7 +231,9 @@ class BatchScheduler(Generic[_S]):
         """The next step's batch: every decoding sequence's last token, then
         prompt chunks of the prefilling ones in admission order, within
         ``step_tokens`` (and one chunk of each prompt when any sequence decodes:
-        ``chunk_tokens``, or the pacer's). Empty when nothing runs."""
+        ``chunk_tokens``, or the pacer's). A prompt with at most
+        ``chunk_tokens`` left that does not fit what other prompts left of the
+        budget waits whole for the next step. Empty when nothing runs."""
         plan: list[PlannedChunk[_S]] = []
         budget = self.step_tokens
         running = self.running.values()
@@ -229,17 +242,24 @@ class BatchScheduler(Generic[_S]):
                 pos = len(seq.prompt) + seq.n_generated - 1
                 plan.append(PlannedChunk(seq, (seq.last_token,), pos, True))
                 budget -= 1
-        most, pacer = budget, self.pacer
+        most, pacer, reading = budget, self.pacer, False
         if plan:
             most = pacer.chunk_tokens(len(plan)) if pacer else self.chunk_tokens
         for seq in running:
-            if seq.phase is not Phase.PREFILL or min(budget, most) <= 0:
+            if seq.phase is not Phase.PREFILL:
                 continue
             done = seq.n_prompt_done
-            chunk = seq.prompt[done : done + min(budget, most)]
-            last = done + len(chunk) == len(seq.prompt)
-            plan.append(PlannedChunk(seq, chunk, done, last))
-            budget -= len(chunk)
+            left = len(seq.prompt) - done
+            take = min(budget, most, left)
+            # A short prompt cut by the budget alone waits (see the invariants);
+            # the first prompt of a step is cut all the same, or it never runs.
+            if take <= 0 or (reading and take < left <= self.chunk_tokens):
+                continue
+            plan.append(
+                PlannedChunk(seq, seq.prompt[done : done + take], done, take == left)
+            )
+            budget -= take
+            reading = True
         return plan
 
     def advance(self, plan: list[PlannedChunk[_S]], elapsed_s: float = -1.0) -> int:

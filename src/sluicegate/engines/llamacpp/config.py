@@ -29,10 +29,14 @@ class EngineConfig:
             llama.cpp's batch and micro-batch size.
         chunk_tokens: tokens of one prompt in one step while any sequence
             decodes (``None``: ``step_tokens``); with ``step_ratio``, the first
-            such chunk, before step times are measured.
+            such chunk, before step times are measured, and the smallest. A
+            prompt no longer than this is read in one step, never cut.
         step_ratio: a step that reads a prompt while others decode takes about
             this multiple of a decode-only step (the chunk sized from measured
             step times, ``PrefillPacer``); ``None``: ``chunk_tokens`` always.
+            1.5 kept the 15 streams' gap p99 within twice their steady one
+            while a ~4,000-token prompt was read, where 2 did not
+            (docs/performance.md).
         n_threads: llama.cpp threads; ``None``: the cores this process may use.
         prefix_cache: keep finished sequences' KV cells for prompts that start
             with the same tokens. Off by default: a prompt partly read from
@@ -45,7 +49,7 @@ class EngineConfig:
     n_parallel: int = 16
     step_tokens: int = 512
     chunk_tokens: int | None = 32
-    step_ratio: float | None = 2.0
+    step_ratio: float | None = 1.5
     n_threads: int | None = None
     prefix_cache: bool = False
 
@@ -79,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=_DEFAULT.chunk_tokens,
         help="tokens of one prompt per step while other streams decode "
-        "(with --step-ratio: the first such chunk)",
+        "(with --step-ratio: the first and smallest such chunk); a prompt no "
+        "longer is never cut",
     )
     add(
         "--step-ratio",

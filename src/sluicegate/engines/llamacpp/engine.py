@@ -89,9 +89,9 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
         n_parallel: sequences decoded together in one step.
         step_tokens: token budget of one step (decode tokens + prefill chunk).
         chunk_tokens: tokens of one prompt in a step while any sequence
-            decodes (default ``step_tokens``); the first such chunk with
-            ``step_ratio``, the multiple of a decode-only step's time such a
-            step may take (``BatchScheduler``, ``PrefillPacer``).
+            decodes (default ``step_tokens``; a prompt no longer is never
+            cut); the first and smallest such chunk with ``step_ratio``, the
+            multiple of a decode-only step's time such a step may take.
         n_threads: CPU threads for llama.cpp (default: one per core this
             process may run on, ``batch.usable_cores``).
         queue_limit: requests that may wait for admission; more raise
