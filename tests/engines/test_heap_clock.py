@@ -10,6 +10,8 @@ import asyncio
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.heap_clock import HeapClock
@@ -28,6 +30,8 @@ class _Owner:
 
 
 def test_clock_calls_back_in_due_order_and_never_before_due() -> None:
+    # "a" and "b" come after "c", the lane's last: they go to the heap, and
+    # run in due order with the lane's entries.
     timers = ManualClock()
     clock = HeapClock[_Owner](timers)
     calls: list[tuple[str, float]] = []
@@ -108,5 +112,29 @@ async def test_clock_drops_void_entries_once_they_are_most_of_the_heap() -> None
         clock.at(loop.time() + 30, seq, lambda seq: None)
     for seq in sequences[:150]:
         clock.void(seq)
-    assert len(clock._heap) <= 100
-    assert {entry[3] for entry in clock._heap} >= set(sequences[150:])
+    assert len(clock) <= 100
+    held = {entry[3] for entry in [*clock._heap, *clock._lane]}
+    assert held >= set(sequences[150:])
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.booleans()), min_size=1, max_size=60))
+def test_entries_run_in_due_then_added_order_whichever_place_holds_them(
+    entries: list[tuple[int, bool]],
+) -> None:
+    # Dues in any order: those no earlier than the lane's last go there, the
+    # others to the heap; they run as one (due, order) sequence, voided ones not.
+    timers = ManualClock()
+    clock = HeapClock[_Owner](timers)
+    calls: list[str] = []
+    owners = [_Owner(str(i)) for i in range(len(entries))]
+    for owner, (due_ms, _) in zip(owners, entries, strict=True):
+        clock.at(due_ms / 1000, owner, lambda seq: calls.append(seq.name))
+    for owner, (_, voided) in zip(owners, entries, strict=True):
+        if voided:
+            clock.void(owner)
+    timers.advance(1.0)
+    expected = sorted(
+        (due_ms, i) for i, (due_ms, voided) in enumerate(entries) if not voided
+    )
+    assert calls == [str(i) for _, i in expected]
+    assert len(clock) == 0

@@ -88,6 +88,7 @@ logger = logging.getLogger(__name__)
 
 
 _CAPABILITIES = Capabilities(logprobs=True, listenable=True)
+_MAX_SHARED_OUTPUTS = 1 << 16  # token ids whose plain step output is kept
 
 
 class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOutput]]):
@@ -174,6 +175,7 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
         self._max_queued = max_queued
         self._kv_total = kv_cells_total or context_length * max_running
         self._live: dict[str, ScriptedSequence] = {}
+        self._plain: dict[int, EngineOutput] = {}  # see _step
         self._waiting: deque[ScriptedSequence] = deque()
         self._aborted_ids: deque[str] = deque(maxlen=1024)
         self._counts = dict.fromkeys(
@@ -320,15 +322,18 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
         self._schedule(seq)
 
     def _schedule(self, seq: ScriptedSequence) -> None:
-        stall_at, stall_s = self._stall
-        delay = self._step_s + (stall_s if seq.step == stall_at else 0.0)
+        step_s = self._step_s
         clock = self._clock
         assert clock is not None, "generate() makes the clock"
         # An absolute schedule, at most one step behind: a loop whose timers
         # round to whole milliseconds (uvloop, under uvicorn) fires a 0.5 ms
         # timer at once, and per-step delays would then ignore the rate.
-        seq.due = max(seq.due, clock.timers.time() - self._step_s) + delay
-        clock.at(seq.due, seq, self._tick)
+        late = clock.timers.time() - step_s
+        due = (seq.due if seq.due > late else late) + step_s
+        if seq.step == self._stall[0]:
+            due += self._stall[1]
+        seq.due = due
+        clock.at(due, seq, self._tick)
 
     def _tick(self, seq: ScriptedSequence) -> None:
         """One decode step of ``seq``, delivered; then the next one scheduled."""
@@ -383,6 +388,13 @@ class ScriptedEngine(TokenEngineBase[ScriptedTokenizer, SequenceOutputs[EngineOu
         reason = FinishReason.LENGTH if full and not self._never_finishes else None
         k = seq.request.params.logprobs
         if k is None:
-            return EngineOutput((token,), reason)
+            # Once per token: a plain step's output is shared per token id
+            # (immutable), not built again (about 0.25 us each).
+            output = self._plain.get(token) if reason is None else None
+            if output is None:
+                output = EngineOutput((token,), reason)
+                if reason is None and len(self._plain) < _MAX_SHARED_OUTPUTS:
+                    self._plain[token] = output
+            return output
         vocab_size = len(self._tokenizer.pieces)
         return EngineOutput((token,), reason, (scripted_logprob(token, k, vocab_size),))
