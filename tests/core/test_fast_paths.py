@@ -265,6 +265,23 @@ def test_steps_are_shared_by_text_in_a_bounded_table(
     assert other.feed([1]) is step
 
 
+@given(
+    wire_text,
+    st.integers(0, 3),
+    st.none() | st.builds(Usage, st.integers(0, 99), st.integers(0, 99)),
+)
+def test_a_steps_events_are_its_text_as_a_delta_shared_or_not(
+    text: str, index: int, usage: Usage | None
+) -> None:
+    # Shared steps (short texts) share choice 0's Delta; every step's events
+    # are the Delta the plain path builds, or none for empty text.
+    expected = (Delta(index, text, None, usage),) if text else ()
+    shared = choice_module._new_text_step(text)
+    assert shared.events(index, usage) == expected
+    assert ChoiceStep(text).events(index, usage) == expected
+    assert ChoiceStep(text, FinishReason.STOP).events(index, usage) == expected
+
+
 def test_a_step_without_text_is_the_shared_empty_step() -> None:
     decoder = ChoiceDecoder(IncrementalDetokenizer(PIECES), StopMatcher(["<x"]))
     assert decoder.feed([2]) == ChoiceStep("")  # half a character
@@ -412,6 +429,7 @@ def test_own_init_takes_the_fields_in_order_with_their_defaults(
             inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default,
         )
         for f in dataclasses.fields(cls)
+        if f.init  # a private cache (ChoiceStep's shared events) is no argument
     ]
     parameters = inspect.signature(cls).parameters.values()
     assert [(p.name, p.default) for p in parameters] == fields

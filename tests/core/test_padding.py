@@ -177,6 +177,22 @@ def test_the_padded_fast_path_matches_the_plain_build(
         assert fast == b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+@given(st.lists(wire_text, min_size=1, max_size=12), st.integers(0, 2**32))
+def test_padded_fast_frames_match_the_plain_build_past_the_filler_pool(
+    texts: list[str], seed: int
+) -> None:
+    # The fast path cuts the filler's pool itself while a text fits the first
+    # step, and leaves longer texts and an exhausted pool to the padder: the
+    # same characters, frame after frame, and the same filler after them.
+    header = _header(Endpoint.CHAT)
+    fast_machine, plain_machine = (StreamMachine(header, Filler(seed)) for _ in "ab")
+    assert fast_machine.start() == plain_machine.start()
+    for text in texts * 40:  # a few thousand pad characters: past one pool
+        fast = fast_machine.feed(Delta(0, text))
+        assert fast == plain_machine.feed(Delta(0, text, parts=DeltaParts()))
+    assert fast_machine.feed(Heartbeat()) == plain_machine.feed(Heartbeat())
+
+
 def _unpadded_pad(frame: bytes) -> str:
     pad: str = orjson.loads(frame[len(b"data: ") : -2])[PAD_FIELD]
     return pad

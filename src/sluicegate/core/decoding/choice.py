@@ -18,7 +18,7 @@ Spec: docs/DESIGN.md, "Tokens and text" and "Stop strings".
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluicegate.core.decoding.detokenize import (
     IncrementalDetokenizer,
@@ -26,7 +26,7 @@ from sluicegate.core.decoding.detokenize import (
 )
 from sluicegate.core.decoding.stops import StopMatcher
 from sluicegate.core.errors import LocalProtocolError
-from sluicegate.core.events import FinishReason
+from sluicegate.core.events import Delta, FinishReason, Usage
 
 __all__ = ["ChoiceDecoder", "ChoiceStep"]
 
@@ -45,6 +45,9 @@ class ChoiceStep:
     text: str
     finish_reason: FinishReason | None = None
     reasoning: str = ""
+    _shared: tuple[Delta, ...] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
 
     def __init__(
         self,
@@ -58,12 +61,30 @@ class ChoiceStep:
         _set_text(self, text)
         _set_finish_reason(self, finish_reason)
         _set_reasoning(self, reasoning)
+        _set_shared(self, None)
+
+    def events(self, index: int, usage: Usage | None = None) -> tuple[Delta, ...]:
+        """The text as choice ``index``'s content ``Delta`` (with ``usage``), or
+        ``()`` for empty text; the reasoning is not in it.
+
+        Once per token: a shared step's ``Delta`` of choice 0 without usage is
+        built once and shared too (immutable, about 0.3 us a token less).
+        """
+        if index == 0 and usage is None:
+            shared = self._shared
+            if shared is not None:
+                return shared
+        if not self.text:
+            return ()
+        return (Delta(index, self.text, None, usage),)
 
 
 _set_text = vars(ChoiceStep)["text"].__set__
 _set_finish_reason = vars(ChoiceStep)["finish_reason"].__set__
 _set_reasoning = vars(ChoiceStep)["reasoning"].__set__
+_set_shared = vars(ChoiceStep)["_shared"].__set__
 _NOTHING = ChoiceStep("")
+_set_shared(_NOTHING, ())
 
 # ``ChoiceStep(text)`` by text, for short texts: a token's text is mostly one piece
 # of the vocabulary, so a few thousand texts come back again and again, in every
@@ -77,6 +98,7 @@ _MAX_SHARED_CHARS = 32
 def _new_text_step(text: str) -> ChoiceStep:
     step = ChoiceStep(text)
     if len(text) <= _MAX_SHARED_CHARS:
+        _set_shared(step, (Delta(0, text, None, None),) if text else ())
         if len(_TEXT_STEPS) >= _MAX_TEXT_STEPS:
             _TEXT_STEPS.clear()
             _TEXT_STEPS[""] = _NOTHING

@@ -256,10 +256,8 @@ class ResponseDecoder:
                     step = self._token_decoders[index].feed(item.token_ids)
                     ongoing = step.finish_reason is None and item.finish_reason is None
                     if ongoing and not step.reasoning:
-                        if not step.text:
-                            return _NO_EVENTS
                         usage = self._tally.usage if self._continuous_usage else None
-                        return (Delta(index, step.text, None, usage),)
+                        return step.events(index, usage)
                     events: list[StreamEvent] = []
                     add_reasoning(events, index, step.reasoning, self._tally)
                     add_text(events, index, step.text, self._tally)

@@ -31,6 +31,7 @@ from sluicegate.core.wire.chunks import ResponseHeader, dumps
 from sluicegate.core.wire.padding import (
     PAD_FIELD,
     EventPadder,
+    Filler,
     FramePadder,
     content_chunk,
     split_padded_frame,
@@ -59,16 +60,23 @@ class ChoiceFrames:
     ``encode_event(dumps(content_chunk(...)))`` (padded: as ``FramePadder.frame``).
     """
 
-    __slots__ = ("_padded", "_padder", "_plain")
+    __slots__ = ("_filler", "_padded", "_padder", "_plain")
 
     def __init__(self, header: ResponseHeader, padder: FramePadder | None) -> None:
         self._padder = padder
         self._plain: dict[int, tuple[bytes, bytes]] = {}
-        self._padded: dict[int, tuple[bytes, bytes, bytes, int]] = {}
+        # Per choice: before, between, after, the frame's size without text
+        # and pad, and the room left in the ladder's first step by those bytes
+        # (``FramePadder.fill``): a text's JSON up to that size fits it.
+        self._padded: dict[int, tuple[bytes, bytes, bytes, int, int]] = {}
         if padder is None:
             self._plain = {i: _split_chunk(header, i) for i in range(header.n)}
         else:
-            self._padded = {i: split_padded_frame(header, i) for i in range(header.n)}
+            self._filler: Filler = padder._filler
+            for i in range(header.n):
+                before, between, after, size = split_padded_frame(header, i)
+                first = padder._floor + padder._min_step - size
+                self._padded[i] = (before, between, after, size, first)
 
     def frame(self, index: int, text: str) -> bytes | None:
         """Choice ``index``'s content frame of ``text``: ``b""`` for empty text
@@ -91,8 +99,20 @@ class ChoiceFrames:
             return None
         if not text:
             return b""
-        before, between, after, size = padded
+        before, between, after, size, first = padded
         raw = dumps(text)
+        # Once per token: a text whose frame takes the ladder's first step
+        # (almost every token) is padded to it with the filler's pool cut
+        # here, ``fill`` without its calls; the same characters either way.
+        room = first - len(raw)
+        if room >= 0:
+            filler = self._filler
+            pos = filler._pos
+            end = pos + room
+            pool = filler._pool
+            if end <= len(pool):
+                filler._pos = end
+                return b"".join((before, raw, between, pool[pos:end], after))
         return b"".join((before, raw, between, padder.fill(size + len(raw)), after))
 
     def close(self, index: int) -> None:
