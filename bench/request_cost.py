@@ -16,7 +16,9 @@ alternated ``--repeat`` times.
 Prints one line per pass with the 1-minute load average; not a test.
 
 Run: ``.venv/bin/python bench/request_cost.py [--requests 2000] [--tokens 1]
-[--concurrency 20] [--repeat 3] [--before-src OLD_CHECKOUT/src]``
+[--concurrency 20] [--repeat 3] [--before-src OLD_CHECKOUT/src] [--profile FILE]``
+(``--profile``: a py-spy raw profile of the measured pass, written over by
+each pass: use it with ``--repeat 1``)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -102,12 +105,28 @@ def _pass(src: str | None, args: argparse.Namespace, text: Path) -> float:
     try:
         server.wait_ready("/health", timeout_s=60, interval_s=0.1)
         asyncio.run(_requests(port, request, args.requests, args.concurrency))
+        spy = _spy(server.pid, args.profile) if args.profile is not None else None
         cpu0 = _cpu_s(server.pid)
         asyncio.run(_requests(port, request, args.requests, args.concurrency))
         requests: int = args.requests
-        return (_cpu_s(server.pid) - cpu0) / requests * 1e3
+        cpu_s = _cpu_s(server.pid) - cpu0
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled
+            spy.wait()
+        return cpu_s / requests * 1e3
     finally:
         server.stop(signal.SIGINT)
+
+
+def _spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` at 1 kHz into ``out`` (raw) until interrupted."""
+    spy = os.environ.get("PY_SPY") or str(Path(sys.executable).parent / "py-spy")
+    command = [spy, "record", "--pid", str(pid), "--rate", "1000"]
+    return subprocess.Popen(
+        [*command, "--format", "raw", "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add("--plain", action="store_true", help="serve with --no-obfuscation")
     add("--server-cpu", default="0", help="taskset CPU list of the server")
     add("--before-src", type=Path, help="another checkout's src, alternated")
+    add("--profile", type=Path, help="py-spy raw profile of the measured passes")
     args = parser.parse_args(argv)
     sources: dict[str, str | None] = {"this": None}
     if args.before_src is not None:
