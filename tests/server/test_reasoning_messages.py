@@ -14,6 +14,7 @@ import pytest
 from starlette.applications import Starlette
 
 from sluicegate.core.wire.messages import thinking_signature
+from sluicegate.server.apis.messages_api import parse_messages_request, to_chat_request
 from tests.reasoning_splits import S28, marker_splits
 
 from .test_reasoning import scripted_app
@@ -173,3 +174,70 @@ async def test_a_bad_thinking_config_is_a_400(thinking: dict[str, Any]) -> None:
     async with anthropic_client(scripted_app([b"x"])) as client:
         with pytest.raises(anthropic.BadRequestError):
             await _whole(client, thinking=thinking)
+
+
+def _turns(*messages: Any) -> list[dict[str, Any]]:
+    """The chat messages a Messages body with these turns asks for."""
+    body = {"model": "m", "max_tokens": 8, "messages": list(messages)}
+    chat = to_chat_request(parse_messages_request(body))
+    return [m.model_dump(exclude_defaults=True) for m in chat.messages]
+
+
+def _called(thinking: str, call_id: str) -> dict[str, Any]:
+    """An assistant turn that thought, then called ``look``."""
+    return {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": thinking, "signature": "s"},
+            {"type": "redacted_thinking", "data": "sealed"},
+            {"type": "tool_use", "id": call_id, "name": "look", "input": {}},
+        ],
+    }
+
+
+def _answered(call_id: str, text: str = "") -> dict[str, Any]:
+    """A user turn with the result of ``call_id`` (and ``text`` after it)."""
+    blocks: list[Any] = [
+        {"type": "tool_result", "tool_use_id": call_id, "content": "main.py"}
+    ]
+    return {
+        "role": "user",
+        "content": [*blocks, *([{"type": "text", "text": text}] if text else [])],
+    }
+
+
+def test_the_thinking_of_an_open_tool_use_cycle_stays_in_the_context() -> None:
+    # Anthropic keeps the thinking of the turn whose calls are being answered:
+    # the model goes on from it. Encrypted thinking has nothing to render.
+    fix: Any = {"role": "user", "content": "Fix the bug"}
+    open_cycle = _turns(fix, _called("look first", "c1"), _answered("c1"))
+    assert [m.get("reasoning_content") for m in open_cycle] == [
+        None,
+        "look first",
+        None,
+    ]
+    # Through several calls of one cycle, only the latest turn's thinking.
+    longer = _turns(
+        fix,
+        _called("a", "c1"),
+        _answered("c1"),
+        _called("b", "c2"),
+        _answered("c2", "go on"),
+    )
+    assert [m.get("reasoning_content") for m in longer if m["role"] == "assistant"] == [
+        None,
+        "b",
+    ]
+
+
+def test_the_thinking_of_a_closed_cycle_or_an_earlier_turn_is_left_out() -> None:
+    fix: Any = {"role": "user", "content": "Fix the bug"}
+    done: Any = {"role": "assistant", "content": "Fixed."}
+    thanks: Any = {"role": "user", "content": "Thanks"}
+    turns = [
+        _turns(fix, _called("look first", "c1"), _answered("c1"), done, thanks),
+        _turns(fix, _called("look first", "c1"), thanks),  # answered in words
+        _turns(fix, _called("look first", "c1")),  # the last turn: nothing answers
+    ]
+    for messages in turns:
+        assert not [m for m in messages if m.get("reasoning_content")]

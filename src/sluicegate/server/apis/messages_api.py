@@ -18,12 +18,17 @@ grammar, stop matcher, limits and engines, upstream ones included):
     output_config.format json_schema     -> response_format json_schema (strict)
     thinking {type: enabled, budget_tokens} -> chat_template_kwargs
         enable_thinking true (disabled: false), thinking_token_budget
-    assistant thinking / redacted_thinking blocks -> left out of the prompt
+    assistant thinking blocks of the open tool-use cycle -> reasoning_content
+    other thinking / redacted_thinking blocks -> left out of the prompt
 
 Image and document blocks are refused (400 naming them). Earlier thinking
-blocks are accepted with or without their ``signature`` and are not rendered:
-Anthropic's API drops the thinking of earlier turns from the context, and the
-chat templates of thinking models strip it the same way. The answer is written
+blocks are accepted with or without their ``signature``. Anthropic's API drops
+the thinking of earlier turns from the context, except in a tool-use cycle that
+is still open: the thinking of the assistant turn whose calls the user turns
+after it answer stays, as the model goes on from it. It reaches the chat
+template as that turn's ``reasoning_content`` (thinking models' templates render
+it after the last user query); others, and encrypted ``redacted_thinking``
+blocks, are left out. The answer is written
 by ``core/wire/messages.py``; errors before the stream are in Anthropic's shape
 (``errors.error_answer`` with ``Endpoint.MESSAGES``).
 
@@ -276,8 +281,9 @@ def to_chat_request(
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": _text(request.system)})
-    for message in request.messages:
-        messages += _chat_messages(message)
+    cycle = _open_cycle(request.messages)
+    for i, message in enumerate(request.messages):
+        messages += _chat_messages(message, thinking=i == cycle)
     body: dict[str, Any] = {
         "model": request.model,
         "messages": messages,
@@ -315,19 +321,41 @@ def _text(content: str | list[TextBlock]) -> str:
     return "\n".join(block.text for block in content)
 
 
-def _chat_messages(message: Message) -> list[dict[str, Any]]:
+def _open_cycle(messages: list[Message]) -> int | None:
+    """The index of the assistant turn whose tool-use cycle is still open (the
+    last one, when user turns follow it, each with a tool result), or ``None``.
+
+    Spec: Anthropic, "Context windows", extended thinking with tool use.
+    """
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role == "assistant":
+            return i if i < len(messages) - 1 else None
+        content = messages[i].content
+        if isinstance(content, str) or not any(
+            isinstance(b, ToolResultBlock) for b in content
+        ):
+            return None
+    return None
+
+
+def _chat_messages(message: Message, thinking: bool) -> list[dict[str, Any]]:
     """One Messages turn as chat messages: text, calls, and one tool message per
-    result (results first, as they answer the previous turn's calls)."""
+    result (results first, as they answer the previous turn's calls); with
+    ``thinking``, its thinking blocks as the turn's ``reasoning_content``."""
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
+    thoughts: list[str] = []
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for block in message.content:
         if isinstance(block, TextBlock):
             texts.append(block.text)
-        elif isinstance(block, ThinkingBlock | RedactedThinkingBlock):
-            continue  # earlier reasoning: not in the context (module docstring)
+        elif isinstance(block, ThinkingBlock):
+            if thinking:  # the open cycle's: in the context (module docstring)
+                thoughts.append(block.thinking)
+        elif isinstance(block, RedactedThinkingBlock):
+            continue  # encrypted: nothing a template can render
         elif isinstance(block, ToolUseBlock):
             arguments = orjson.dumps(block.input).decode()
             function = {"name": block.name, "arguments": arguments}
@@ -343,6 +371,8 @@ def _chat_messages(message: Message) -> list[dict[str, Any]]:
         turn: dict[str, Any] = {"role": message.role, "content": "\n".join(texts)}
         if calls:
             turn["tool_calls"] = calls
+        if thoughts:
+            turn["reasoning_content"] = "\n".join(thoughts)
         out = [*results, turn]
     return out
 
