@@ -886,15 +886,21 @@ def test_without_any_counter_the_first_event_has_an_estimate_the_end_the_count(
     """Ollama says its prompt's tokens only at the end: ``message_start`` has
     an estimate (characters over characters per token, 4 until the upstream's
     own counts teach one), the end the upstream's count; the next request's
-    estimate of the same prompt is learned from that count."""
+    estimate of the same prompt is learned from that count, and the counters
+    it does not serve are not asked again."""
     kw: Any = {"model": "ollama", "max_tokens": 8, "messages": _ask("Estimate me")}
     first = list(claude.messages.create(**kw, stream=True))
     assert "POST /chat_tokenize" in ollama.calls  # every counter was asked
     guessed = first[0].message.usage.input_tokens
     assert 0 < guessed != PROMPT_TOKENS
     assert first[-2].usage.input_tokens == PROMPT_TOKENS - CACHED_TOKENS
+    asked = len(ollama.calls)
     again = list(claude.messages.create(**kw, stream=True))
     assert again[0].message.usage.input_tokens == PROMPT_TOKENS
+    # its counters answered 404: learnt absent, not asked again
+    since = ollama.calls[asked:]
+    assert "POST /v1/chat/completions" in since
+    assert not {c for c in since if c.startswith("POST") and "chat/" not in c}
 
 
 def test_an_aborted_requests_row_without_any_counter_has_an_estimate(

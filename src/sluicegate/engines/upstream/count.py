@@ -22,6 +22,11 @@ refuses the request, naming the model, instead of answering a 0 that a client
 cannot tell from a count. No redirect is followed; at most ``MAX_BYTES`` of an
 answer are read; the whole count has one deadline.
 
+A ``PromptCounter`` keeps one HTTP client for its upstream's life and skips a
+route the upstream answered 404, 405 or 501 for ``FORGET_ABSENT_S``: an
+upstream with no counter (Ollama) is otherwise asked four times per request
+that wants a count, on new connections, before the estimate stands in.
+
 Spec: Anthropic API reference, "Count tokens in a message"; vLLM's
 ``/tokenize``; llama.cpp's server README, ``/apply-template`` and
 ``/tokenize``; TGI's OpenAPI description, ``/chat_tokenize``.
@@ -36,9 +41,10 @@ from typing import Any
 
 import httpx
 
+from sluicegate.engines.clocks import Timers
 from sluicegate.engines.upstream.config import UpstreamConfig
 
-__all__ = ["MAX_BYTES", "TRIED", "count_prompt"]
+__all__ = ["FORGET_ABSENT_S", "MAX_BYTES", "TRIED", "PromptCounter"]
 
 MAX_BYTES = 1 << 20
 """Most bytes of one answer read."""
@@ -48,103 +54,135 @@ TRIED = (
     " <root>/chat_tokenize"
 )
 """What is asked, as a refusal names it."""
+FORGET_ABSENT_S = 300.0
+"""How long a route the upstream does not serve is skipped (seconds, on the
+event loop's clock); then it is asked again, in case the upstream changed."""
+ABSENT_STATUSES = frozenset((404, 405, 501))
+"""Answers that say a route is not served (not that this request failed)."""
 
 
-async def count_prompt(
-    upstream: UpstreamConfig,
-    model: str,
-    chat: Mapping[str, Any],
-    messages_body: Mapping[str, Any],
-    timeout_s: float = 10.0,
-    transport: httpx.AsyncBaseTransport | None = None,
-) -> int | None:
-    """The prompt's tokens by ``upstream``'s tokenizer, or ``None`` when it
-    offers no counter (see the module docstring).
+class PromptCounter:
+    """Counts prompts with one upstream's tokenizer (the routes above).
 
     Args:
         upstream: the upstream asked.
-        model: the model's name there.
-        chat: the chat body the gateway would send (its ``messages`` and
-            ``tools`` are counted).
-        messages_body: the client's Messages body.
-        timeout_s: the deadline of the whole count (seconds).
         transport: an httpx transport to use instead of the network (tests).
+        timers: the clock of ``FORGET_ABSENT_S`` (the running loop when
+            ``None``; a ``ManualClock`` in tests).
     """
-    base = upstream.url.rstrip("/")
-    root = base.removesuffix("/v1")
-    headers = {}
-    if upstream.api_key is not None:
-        headers["Authorization"] = f"Bearer {upstream.api_key}"
-    async with httpx.AsyncClient(
-        timeout=timeout_s,
-        transport=transport,
-        trust_env=False,
-        follow_redirects=False,
-        headers=headers,
-    ) as client:
+
+    __slots__ = ("_absent", "_client", "_root", "_timers", "_transport", "_upstream")
+
+    def __init__(
+        self,
+        upstream: UpstreamConfig,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timers: Timers | None = None,
+    ) -> None:
+        self._upstream = upstream
+        self._transport = transport
+        self._timers = timers
+        self._client: httpx.AsyncClient | None = None
+        self._absent: dict[str, float] = {}  # url -> loop time it answered absent
+        self._root = upstream.url.rstrip("/").removesuffix("/v1")
+
+    async def count(
+        self,
+        model: str,
+        chat: Mapping[str, Any],
+        messages_body: Mapping[str, Any],
+        timeout_s: float = 10.0,
+    ) -> int | None:
+        """The prompt's tokens by the upstream's tokenizer, or ``None`` when it
+        offers no counter or none answered within ``timeout_s`` (seconds).
+
+        Args:
+            model: the model's name there.
+            chat: the chat body the gateway would send (its ``messages`` and
+                ``tools`` are counted).
+            messages_body: the client's Messages body (``{}``: none).
+            timeout_s: the deadline of the whole count.
+        """
+        if self._client is None:  # made on the event loop, once
+            headers = {}
+            if self._upstream.api_key is not None:
+                headers["Authorization"] = f"Bearer {self._upstream.api_key}"
+            self._client = httpx.AsyncClient(
+                transport=self._transport,
+                timeout=None,  # the count's own deadline rules
+                trust_env=False,
+                follow_redirects=False,
+                headers=headers,
+            )
         try:
             async with asyncio.timeout(timeout_s):
-                return await _count(client, base, root, model, chat, messages_body)
+                return await self._count(model, chat, messages_body)
         except TimeoutError:
             return None
 
+    async def aclose(self) -> None:
+        """Close the client (a later ``count`` makes a new one)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
-async def _count(
-    client: httpx.AsyncClient,
-    base: str,
-    root: str,
-    model: str,
-    chat: Mapping[str, Any],
-    messages_body: Mapping[str, Any],
-) -> int | None:
-    if messages_body:  # the client's own Messages body, where there is one
-        counted = await _post(
-            client, base + "/messages/count_tokens", {**messages_body, "model": model}
-        )
-        if (found := _count_of(counted, "input_tokens")) is not None:
+    async def _count(
+        self, model: str, chat: Mapping[str, Any], messages_body: Mapping[str, Any]
+    ) -> int | None:
+        base, root = self._upstream.url.rstrip("/"), self._root
+        if messages_body:  # the client's own Messages body, where there is one
+            counted = await self._post(
+                base + "/messages/count_tokens", {**messages_body, "model": model}
+            )
+            if (found := _count_of(counted, "input_tokens")) is not None:
+                return found
+        asked: dict[str, Any] = {
+            "model": model,
+            "messages": chat.get("messages", []),
+            "add_generation_prompt": True,
+        }
+        if chat.get("tools"):
+            asked["tools"] = chat["tools"]
+        tokenized = await self._post(root + "/tokenize", asked)
+        if (found := _count_of(tokenized, "count")) is not None:
             return found
-    asked: dict[str, Any] = {
-        "model": model,
-        "messages": chat.get("messages", []),
-        "add_generation_prompt": True,
-    }
-    if chat.get("tools"):
-        asked["tools"] = chat["tools"]
-    if (
-        found := _count_of(await _post(client, root + "/tokenize", asked), "count")
-    ) is not None:
-        return found
-    applied = await _post(
-        client, root + "/apply-template", {"messages": chat.get("messages", [])}
-    )
-    prompt = applied.get("prompt") if isinstance(applied, dict) else None
-    if isinstance(prompt, str):
-        tokens = await _post(
-            client, root + "/tokenize", {"content": prompt, "add_special": True}
+        applied = await self._post(
+            root + "/apply-template", {"messages": chat.get("messages", [])}
         )
-        listed = tokens.get("tokens") if isinstance(tokens, dict) else None
+        prompt = applied.get("prompt") if isinstance(applied, dict) else None
+        if isinstance(prompt, str):
+            tokens = await self._post(
+                root + "/tokenize", {"content": prompt, "add_special": True}
+            )
+            listed = tokens.get("tokens") if isinstance(tokens, dict) else None
+            return len(listed) if isinstance(listed, list) else None
+        tgi = await self._post(root + "/chat_tokenize", asked)
+        listed = tgi.get("tokenize_response") if isinstance(tgi, dict) else None
         return len(listed) if isinstance(listed, list) else None
-    tgi = await _post(client, root + "/chat_tokenize", asked)
-    listed = tgi.get("tokenize_response") if isinstance(tgi, dict) else None
-    return len(listed) if isinstance(listed, list) else None
+
+    async def _post(self, url: str, body: Mapping[str, Any]) -> Any:
+        """The JSON ``url`` answers ``body`` with 200, or ``None``; a route
+        learnt absent is not asked until ``FORGET_ABSENT_S`` has passed."""
+        now = (self._timers or asyncio.get_running_loop()).time()
+        if now - self._absent.get(url, -FORGET_ABSENT_S) < FORGET_ABSENT_S:
+            return None
+        assert self._client is not None  # count() made it
+        try:
+            async with self._client.stream("POST", url, json=dict(body)) as answer:
+                if answer.status_code in ABSENT_STATUSES:
+                    self._absent[url] = now
+                if answer.status_code != 200:
+                    return None
+                data = bytearray()
+                async for piece in answer.aiter_bytes():
+                    data += piece
+                    if len(data) > MAX_BYTES:
+                        return None
+            return json.loads(data)
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError):
+            return None
 
 
 def _count_of(answer: Any, name: str) -> int | None:
     value = answer.get(name) if isinstance(answer, dict) else None
     return value if type(value) is int and value >= 0 else None
-
-
-async def _post(client: httpx.AsyncClient, url: str, body: Mapping[str, Any]) -> Any:
-    """The JSON ``url`` answers ``body`` with 200, or ``None``."""
-    try:
-        async with client.stream("POST", url, json=dict(body)) as answer:
-            if answer.status_code != 200:
-                return None
-            data = bytearray()
-            async for piece in answer.aiter_bytes():
-                data += piece
-                if len(data) > MAX_BYTES:
-                    return None
-        return json.loads(data)
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError):
-        return None

@@ -66,7 +66,7 @@ from sluicegate.engines.upstream.config import (
     upstream_from_dict,
 )
 from sluicegate.engines.upstream.context import CONTINUOUS_USAGE_OWNERS, UpstreamFacts
-from sluicegate.engines.upstream.count import count_prompt
+from sluicegate.engines.upstream.count import PromptCounter
 from sluicegate.engines.upstream.estimate import COUNT_BEFORE_ESTIMATE_S, PromptEstimate
 from sluicegate.engines.upstream.failover import serve
 from sluicegate.engines.upstream.health import check_health
@@ -100,9 +100,9 @@ class UpstreamEngine:
         max_queued, queue_timeout_s, eject_after_failures, cooldown_s,
             retry_after_s: the pool's (``UpstreamPool``).
         health_interval_s: seconds between active health checks (``0``: none).
-        timers: the clock of the pool (queue waits, ejections) and of the
-            health checks; ``None``: the running event loop (tests step a
-            ``ManualClock``).
+        timers: the clock of the pool (queue waits, ejections), of the
+            health checks and of the counter's absent routes; ``None``: the
+            running event loop (tests step a ``ManualClock``).
 
     Raises:
         ValueError: no upstream, or a setting out of range.
@@ -130,6 +130,7 @@ class UpstreamEngine:
         self._health_interval_s = health_interval_s
         self._timers = timers
         self._clients = [AiohttpHop(u) for u in self._upstreams]
+        self._counter = PromptCounter(self._upstreams[0], timers=timers)
         self._pool: UpstreamPool | None = None
         self._health: asyncio.Task[None] | None = None
         self._sequences: dict[str, UpstreamSequence] = {}
@@ -198,11 +199,10 @@ class UpstreamEngine:
         """``request``'s prompt tokens by the first upstream's tokenizer, or ``None``
         when it offers none (``count.py``); with ``estimate``, then (or when the
         counter is slow) this engine's estimate (``estimate.py``)."""
-        upstream = self._upstreams[0]
-        model = upstream.model or self._model.id
+        model = self._upstreams[0].model or self._model.id
         chat = orjson.loads(request_body(request, model, continuous_usage=False))
         wait_s = COUNT_BEFORE_ESTIMATE_S if estimate else 10.0
-        counted = await count_prompt(upstream, model, chat, messages_body, wait_s)
+        counted = await self._counter.count(model, chat, messages_body, wait_s)
         return self._estimate.fill(request.text_prompt, counted, estimate)
 
     def learn(self, facts: Sequence[UpstreamFacts]) -> None:
@@ -342,6 +342,7 @@ class UpstreamEngine:
         await asyncio.gather(*tasks, return_exceptions=True)
         for client in self._clients:
             await client.aclose()
+        await self._counter.aclose()
 
     # -- one sequence ----------------------------------------------------------
 
