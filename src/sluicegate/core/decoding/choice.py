@@ -178,7 +178,9 @@ class ChoiceDecoder:
         # ``feed((token_id,))`` from a table of piece texts, and the step is a
         # shared one: no allocation per token on the hottest path of a server.
         if len(ids) == 1:
-            text = stops._release(detokenizer._feed_one(ids[0]))
+            text = detokenizer._feed_one(ids[0])
+            if stops._stops:  # no stop strings: nothing to match or hold
+                text = stops._release(text)
             self._completion_tokens += 1
         elif not stops._stops:
             # The count cannot end inside the step: take its text in one piece.
