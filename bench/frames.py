@@ -11,6 +11,10 @@ runs:
   the fast path (the event read from its bytes by a learned template) and the
   full parse (the same reader with no template).
 
+First it counts how many events of a sluicegate upstream's own stream (as a
+gateway asks for it: padded, usage on every chunk; 200 tokens) the reader
+takes by its template: the fast path's hit rate on that upstream.
+
 Run it against another checkout's code with ``PYTHONPATH=OTHER/src``: the
 before/after of a change (it imports the core's modules from before its
 subpackages too). Prints one line per figure; not a test.
@@ -95,6 +99,42 @@ def _reader_us(fast: bool, usage: bool, calls: int = 100_000) -> float:
     return (time.process_time() - start) / calls * 1e6
 
 
+def _template_hits(tokens: int = 200) -> tuple[int, int]:
+    """``(read by the template, events)`` of the reader on a sluicegate
+    upstream's own stream as a gateway asks for it (padded, usage on every
+    chunk): a role chunk, ``tokens`` content chunks, the finish, the usage
+    chunk and ``[DONE]``."""
+    events = _module("events", "events")
+    header = ResponseHeader(
+        "chatcmpl-1", 1, "scripted", Endpoint.CHAT, include_usage=True,
+        system_fingerprint="fp_1", continuous_usage=True, prompt_tokens=11,
+    )  # fmt: skip
+    machine = stream_machine(header, Filler(7))
+    frames = list(machine.start())
+    words = ("The", "quick", "brown", "fox", "streams", "tokens", "once", "upon")
+    for n in range(1, tokens + 1):
+        usage = events.Usage(11, n)
+        frames += machine.feed(Delta(0, " " + words[n % len(words)], None, usage))
+    frames += machine.feed(events.Finish(0, events.FinishReason.LENGTH, usage))
+    frames += machine.feed(events.End(usage))
+    template = _module("upstream.fast", "upstream_fast").DeltaTemplate
+    read, hits = template.read, [0]
+
+    def counted(self: Any, line: bytes) -> Any:
+        got = read(self, line)
+        hits[0] += got is not None
+        return got
+
+    template.read = counted
+    try:
+        reader = UpstreamReader(Endpoint.CHAT)
+        for frame in frames:
+            reader.feed(frame)
+    finally:
+        template.read = read
+    return hits[0], reader.events
+
+
 def main() -> None:
     """Print each figure (us of CPU per call), the median of the runs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -109,6 +149,9 @@ def main() -> None:
         kind = "upstream event" + (", continuous usage" if usage else "")
         figures[f"{kind}, fast path"] = functools.partial(_reader_us, True, usage)
         figures[f"{kind}, full parse"] = functools.partial(_reader_us, False, usage)
+    hits, events = _template_hits()
+    print(f"upstream reader on sluicegate's own stream: {hits} of {events} events")
+    print("  read by the template (the rest parsed whole)")
     for name, measure in figures.items():
         runs = [measure() for _ in range(args.repeat)]
         print(f"{name}: {statistics.median(runs):.2f} us (from {min(runs):.2f})")
