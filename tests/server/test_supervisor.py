@@ -5,8 +5,11 @@ an engine process that stops beating is killed with SIGKILL and restarted
 
 from __future__ import annotations
 
+import argparse
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -17,7 +20,8 @@ import pytest
 from sluicegate.core.restarts import RestartBudget, StuckWatch
 from sluicegate.engines.remote.host import read_beat
 from sluicegate.server.app.supervisor import WorkerSupervisor
-from sluicegate.server.app.workers import parse_workers, worker_count
+from sluicegate.server.app.workers import parse_workers, worker_count, worker_sockets
+from sluicegate.server.http.connections import default_max_connections
 
 EXIT_3 = [sys.executable, "-c", "import sys; sys.exit(3)"]
 
@@ -55,6 +59,38 @@ def test_workers_is_a_count_from_one_or_auto() -> None:
     for bad in ("0", "-1"):
         with pytest.raises(ValueError, match="auto or an integer >= 1"):
             parse_workers(bad)
+
+
+def _backlogs(port: int) -> list[int]:
+    """The backlog of each socket listening on ``port`` (``ss``'s Send-Q)."""
+    shown = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    return [int(line.split()[2]) for line in shown]
+
+
+@pytest.mark.skipif(
+    shutil.which("ss") is None or not os.path.exists("/proc/sys/net/core/somaxconn"),
+    reason="needs Linux's ss to read a listening socket's backlog",
+)
+@pytest.mark.parametrize("cap", [None, 3000])
+def test_each_workers_socket_queues_as_many_connections_as_the_cap(
+    cap: int | None,
+) -> None:
+    """The parent's sockets, which hold the connections of a worker that is
+    starting or restarting, queue what one process's does: its connection cap
+    (``--max-connections``, else the default), not uvicorn's 2,048."""
+    with open("/proc/sys/net/core/somaxconn") as limit:
+        somaxconn = int(limit.read())
+    args = argparse.Namespace(host="127.0.0.1", port=0, workers=2, max_connections=cap)
+    sockets = worker_sockets(args)
+    try:
+        port = sockets[0].getsockname()[1]
+        backlog = max(2048, cap or default_max_connections())
+        assert _backlogs(port) == [min(backlog, somaxconn)] * 2
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _child(mark: str, linger_s: float, log: str) -> list[str]:

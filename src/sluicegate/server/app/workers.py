@@ -63,6 +63,7 @@ __all__ = [
     "run_workers",
     "supervised",
     "worker_count",
+    "worker_sockets",
 ]
 
 logger = logging.getLogger(__name__)
@@ -138,10 +139,11 @@ def add_worker_options(serve: argparse.ArgumentParser) -> None:
 
 
 def listen_sockets(
-    host: str, port: int, count: int, backlog: int = 2048
+    host: str, port: int, count: int, backlog: int
 ) -> list[socket.socket]:
     """``count`` TCP sockets bound to ``host:port`` with ``SO_REUSEPORT``,
-    listening, inheritable by children (``backlog`` is uvicorn's default).
+    listening with ``backlog`` (connections; the kernel caps it at
+    ``net.core.somaxconn``), inheritable by children.
 
     Port 0 binds a free port for the first, and the others bind that one
     (``getsockname()`` tells which).
@@ -168,6 +170,30 @@ def listen_sockets(
             sock.close()
         raise
     return sockets
+
+
+def worker_sockets(args: argparse.Namespace) -> list[socket.socket]:
+    """The listening sockets of ``serve --workers``' ``args``, one per worker,
+    each with the backlog a single-process ``serve`` listens with: its
+    connection cap (``--max-connections``, else the default), at least
+    uvicorn's 2,048 (``ConnectionLimits.backlog``).
+
+    A worker's server listens again with the same backlog once it runs; the
+    parent's counts while a worker starts or restarts, when new connections
+    wait in that worker's queue.
+
+    Raises:
+        OSError: the address cannot be bound.
+        ValueError: ``--max-connections`` below 1.
+    """
+    from sluicegate.server.http.connections import (
+        ConnectionLimits,
+        default_max_connections,
+    )
+
+    cap = args.max_connections or default_max_connections()
+    backlog = ConnectionLimits(max_connections=cap).backlog
+    return listen_sockets(args.host, args.port, worker_count(args.workers), backlog)
 
 
 def supervised(args: argparse.Namespace) -> bool:
@@ -208,7 +234,9 @@ def run_workers(args: argparse.Namespace) -> int:
     llamacpp = _local_engine(args) and args.engine != "scripted"
     separate = _local_engine(args) and (args.engine_process or llamacpp)
     try:
-        sockets = listen_sockets(args.host, args.port, count)
+        sockets = worker_sockets(args)
+    except ValueError as exc:
+        raise SystemExit(f"sluicegate: --max-connections: {exc}") from exc
     except OSError as exc:
         raise SystemExit(
             f"sluicegate: cannot listen on {args.host}:{args.port}: {exc}"
