@@ -15,9 +15,19 @@ scripted engine at ``--rate`` tokens/s per stream on the same ASCII script:
 For each N in ``--n``, a load process pinned to CPU 1 (this file with
 ``--load``) opens N streaming chat requests over raw asyncio sockets, their starts
 spread uniformly over ``--ramp-s`` seconds (a real server's streams do not tick in
-phase), each asking for ``rate x duration`` tokens. The client parses no JSON: it
-counts content events in whole HTTP chunks and stamps their arrival time, so it is
-cheap enough not to be the bottleneck (its own CPU share is reported).
+phase), each asking for ``rate x duration`` tokens (``bench/stream_load.py``).
+The client parses no JSON: each read costs a time stamp and a count of the content
+events in it, and the gaps, lags and ends are worked out once the streams are over,
+so that it takes as little as it can of the machine it shares with the server
+(``load_cpu_share``, and ``load_cpu_us_per_token`` over the streams' time).
+
+``sluicegate-w1`` and ``sluicegate-w2`` are ``serve --workers 1`` and ``--workers
+2``, both with ``--redis`` (a Redis started here on the load CPU): the same server
+but for the count. Their rows list each process (``processes``: the parent, each
+worker, the Redis; its CPU share over the window of the delivered tokens/s and the
+streams it held) and ``workers`` their ratio per round, at each N and at
+saturation: a server's most tokens/s among the N at which its p99 added ITL stayed
+at or under ``--p99-ms`` with no stream timed out (``bench/stream_procs.py``).
 
 Reported per server and N:
 
@@ -62,16 +72,11 @@ Run: ``.venv/bin/python bench/streams.py [--n 100 500 1000 1500 2000] [--duratio
 from __future__ import annotations
 
 import argparse
-import array
-import asyncio
 import contextlib
 import json
 import os
 import platform
-import random
-import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -80,9 +85,8 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from sluicegate.testing import ServerProcess, free_port
 
@@ -93,233 +97,9 @@ PYTHON = sys.executable
 # ASCII only, so every token is one content event (no UTF-8 held back).
 SENTENCE = " The quick brown fox streams tokens correctly, once upon a time."
 
-CONTENT = b'"content":"'
-EMPTY_CONTENT = b'"content":""'
-DONE = b"data: [DONE]"
-ERROR = b'data: {"error"'
-COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
-# A chunk of the chunked body whose data ends in a newline: every event before it
-# is whole (each server writes whole events per chunk).
-CHUNK_END = b"\n\r\n"
-
-
-# ---------------------------------------------------------------- load process
-
-
-@dataclass
-class LoadStats:
-    """What the load process measured over all its streams."""
-
-    rate: float
-    window: tuple[float, float]
-    gaps_ms: array.array[float] = field(default_factory=lambda: array.array("d"))
-    lags_ms: array.array[float] = field(default_factory=lambda: array.array("d"))
-    ttft_ms: list[float] = field(default_factory=list)
-    ttfb_ms: list[float] = field(default_factory=list)
-    in_window: int = 0
-    events: int = 0
-    completion_tokens: int = 0
-    finished: int = 0
-    truncated: int = 0
-    timed_out: int = 0
-    errored: int = 0
-    rejected: int = 0
-    bytes_received: int = 0
-
-
-class _Stream(asyncio.Protocol):
-    """One streaming request; counts content events as whole chunks arrive."""
-
-    def __init__(self, stats: LoadStats, request: bytes, done: asyncio.Future[None]):
-        self.stats = stats
-        self.request = request
-        self.done = done
-        self.buffer = b""
-        self.sent_at = 0.0
-        self.first = 0.0
-        self.last = 0.0
-        self.count = 0
-        self.status_checked = False
-        self.answered = False
-        self.ended = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
-        self.sent_at = time.perf_counter()
-        self.transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        if not self.answered:  # the response's first byte
-            self.answered = True
-            self.stats.ttfb_ms.append((now - self.sent_at) * 1000.0)
-        self.stats.bytes_received += len(data)
-        buffer = self.buffer + data
-        cut = buffer.rfind(CHUNK_END)
-        if cut < 0:
-            self.buffer = buffer
-            return
-        whole, self.buffer = buffer[: cut + 3], buffer[cut + 3 :]
-        stats = self.stats
-        if not self.status_checked:
-            self.status_checked = True
-            if not whole.startswith(b"HTTP/1.1 200"):
-                stats.rejected += 1
-                self._end()
-                return
-        events = whole.count(CONTENT) - whole.count(EMPTY_CONTENT)
-        if events:
-            step_ms = 1000.0 / stats.rate
-            if self.count == 0:
-                self.first = now
-                stats.ttft_ms.append((now - self.sent_at) * 1000.0)
-            else:
-                stats.gaps_ms.append((now - self.last) * 1000.0 - step_ms)
-            for k in range(self.count, self.count + events):
-                stats.lags_ms.append((now - self.first) * 1000.0 - k * step_ms)
-            stats.gaps_ms.extend([-step_ms] * (events - 1))  # arrived together
-            self.count += events
-            self.last = now
-            stats.events += events
-            if stats.window[0] <= now < stats.window[1]:
-                stats.in_window += events
-        if ERROR in whole:
-            stats.errored += 1
-            self._end()
-        elif DONE in whole:
-            found = COMPLETION_TOKENS.search(whole)
-            stats.completion_tokens += int(found[1]) if found else self.count
-            stats.finished += 1
-            self._end()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.ended:
-            self.stats.truncated += 1
-            self.ended = True
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def _end(self) -> None:
-        self.ended = True
-        self.transport.close()
-
-
-def _request(port: int, tokens: int, headers: Sequence[str] = ()) -> bytes:
-    body = json.dumps(
-        {
-            "model": "scripted",
-            "messages": [{"role": "user", "content": "Tell me a story."}],
-            "stream": True,
-            "max_tokens": tokens,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        + "".join(f"{header}\r\n" for header in headers)
-        + "Accept: text/event-stream\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-async def _one(
-    stats: LoadStats, port: int, request: bytes, delay_s: float, deadline: float
-) -> None:
-    await asyncio.sleep(delay_s)
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-    try:
-        transport, protocol = await loop.create_connection(
-            lambda: _Stream(stats, request, done), "127.0.0.1", port
-        )
-    except OSError:
-        stats.rejected += 1
-        return
-    transport.get_extra_info("socket").setsockopt(
-        socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
-    )
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(done, max(deadline - time.perf_counter(), 0.0))
-    if not protocol.ended:  # not over by the deadline: the client gives up
-        protocol.ended = True
-        stats.timed_out += 1
-        transport.abort()
-
-
-async def _load(
-    port: int,
-    n: int,
-    rate: float,
-    duration_s: float,
-    ramp_s: float,
-    headers: Sequence[str] = (),
-) -> LoadStats:
-    start = time.perf_counter()
-    window = (start + ramp_s + 0.5, start + duration_s)
-    stats = LoadStats(rate, window)
-    request = _request(port, max(int(rate * duration_s), 1), headers)
-    deadline = start + ramp_s + 2 * duration_s + 10.0
-    rng = random.Random(n)
-    await asyncio.gather(
-        *(
-            _one(stats, port, request, rng.uniform(0, ramp_s), deadline)
-            for _ in range(n)
-        )
-    )
-    return stats
-
-
-def _run_load(args: argparse.Namespace) -> int:
-    """The ``--load`` process: run one load, print its measurements as JSON."""
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        uvloop.install()
-    cpu0 = time.process_time()
-    wall0 = time.perf_counter()
-    stats = asyncio.run(
-        _load(
-            args.port,
-            args.streams,
-            args.rate,
-            args.duration_s,
-            args.ramp_s,
-            args.header,
-        )
-    )
-    window_s = stats.window[1] - stats.window[0]
-    print(
-        json.dumps(
-            {
-                "tokens_per_s": stats.in_window / window_s if window_s > 0 else 0.0,
-                "events": stats.events,
-                "completion_tokens": stats.completion_tokens,
-                "itl_added_ms": _percentiles(stats.gaps_ms),
-                "schedule_lag_ms": _percentiles(stats.lags_ms),
-                "ttft_ms": _percentiles(stats.ttft_ms),
-                "ttfb_ms": _percentiles(stats.ttfb_ms),
-                "finished": stats.finished,
-                "truncated": stats.truncated,
-                "timed_out": stats.timed_out,
-                "errored": stats.errored,
-                "rejected": stats.rejected,
-                "bytes_per_token": stats.bytes_received / max(stats.events, 1),
-                "load_cpu_share": (time.process_time() - cpu0)
-                / (time.perf_counter() - wall0),
-            }
-        )
-    )
-    return 0
-
-
-def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
-    if len(values) < 2:
-        only = values[0] if values else None
-        return {"p50": only, "p99": only, "max": only}
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return {"p50": cuts[49], "p99": cuts[98], "max": max(values)}
-
+sys.path.insert(0, str(ROOT / "bench"))  # bench/ is scripts, not a package
+import stream_load  # noqa: E402  (bench/stream_load.py: the load process)
+import stream_procs  # noqa: E402  (bench/stream_procs.py: a server's processes)
 
 # ---------------------------------------------------------------- orchestration
 
@@ -368,13 +148,14 @@ _GC = (
 )
 
 _RESUMABLE = ("sluicegate-resumable", "sluicegate-redis")
-_WORKERS = "sluicegate-w2"
-"""sluicegate with ``--workers 2`` (so ``--redis``), to compare with one process."""
+_WORKERS = ("sluicegate-w1", "sluicegate-w2")
+"""sluicegate with ``--workers 1`` and ``--workers 2``, both with ``--redis`` (two
+workers need it): the same server but for the count of workers."""
 _SLUICEGATES = (
     "sluicegate",
     "sluicegate-task",
     "sluicegate-plain",
-    _WORKERS,
+    *_WORKERS,
     "sluicegate-before",
     "sluicegate-plain-before",
     "sluicegate-httptools",
@@ -383,6 +164,10 @@ _SLUICEGATES = (
 )
 _redis_url = [""]
 """The Redis of ``sluicegate-redis`` (``main`` starts one when it is asked for)."""
+_redis_pid = [0]
+"""Its pid (0: none), whose CPU the rows of the servers that use it report."""
+_groups: dict[int, Path] = {}
+"""The cgroup of each server held to a budget (``--cpu-budget``), by pid."""
 _before_src = [""]
 """The ``src`` folder the ``-before`` servers run (``--before-src``)."""
 
@@ -411,10 +196,10 @@ def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
         elif kind.startswith("sluicegate-gc="):
             start = ["-c", _GC]
         extra = ["--resumable"] if kind in _RESUMABLE else []
-        if kind in ("sluicegate-redis", _WORKERS):
+        if kind in ("sluicegate-redis", *_WORKERS):
             extra.append(f"--redis={_redis_url[0]}")
-        if kind == _WORKERS:
-            extra.append("--workers=2")
+        if kind in _WORKERS:
+            extra.append(f"--workers={kind[-1]}")
         if kind.startswith("sluicegate-plain"):
             extra.append("--no-obfuscation")
         return [
@@ -449,15 +234,27 @@ def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _server(kind: str, rate: float, text: Path, cpu: str) -> Iterator[tuple[int, int]]:
-    """A server pinned to ``cpu``; yields (pid, port) once ``/health`` answers."""
+def _server(
+    kind: str, rate: float, text: Path, cpu: str, budget: float | None
+) -> Iterator[tuple[int, int]]:
+    """A server pinned to ``cpu``, each of its workers held to ``budget`` CPUs
+    (``None``: no budget); yields (pid, port) once ``/health`` answers."""
     port = free_port()
     command = ["taskset", "-c", cpu, *_server_command(kind, port, rate, text)]
     server = ServerProcess(command, port, name=kind, cwd=ROOT, env=_server_env(kind))
     try:
         server.wait_ready("/health", timeout_s=30, interval_s=0.1)
-        yield server.pid, port
+        with contextlib.ExitStack() as stack:
+            if budget is not None:
+                workers = int(kind[-1]) if kind in _WORKERS else 1
+                _groups[server.pid] = stack.enter_context(
+                    stream_procs.cpu_budget(
+                        stream_procs.tree(server.pid), workers * budget, kind
+                    )
+                )
+            yield server.pid, port
     finally:
+        _groups.pop(server.pid, None)
         server.stop(signal.SIGINT)
 
 
@@ -503,6 +300,10 @@ def _measure(
     profile: Path | None,
 ) -> dict[str, Any]:
     command = [
+        # The load's stamps must not wait behind a server process that shares
+        # its CPU (two workers on two CPUs do): a real-time priority lets it
+        # take each read as it comes.
+        *(["chrt", "--fifo", "10"] if args.load_rt else []),
         "taskset",
         "-c",
         args.load_cpu,
@@ -514,7 +315,13 @@ def _measure(
         f"--rate={args.rate}",
         f"--duration-s={args.duration_s}",
         f"--ramp-s={args.ramp_s}",
+        "--load-detail",
     ]
+    pids = stream_procs.tree(pid)
+    if _redis_pid[0] and kind in ("sluicegate-redis", *_WORKERS):
+        pids.append(_redis_pid[0])
+    watch = stream_procs.ProcessWatch(pid, pids)
+    watch.start()
     sampler = _RssSampler(pid)
     sampler.start()
     spy = None
@@ -525,6 +332,7 @@ def _measure(
                 "record",
                 "--pid",
                 str(pid),
+                *(["--subprocesses"] if len(pids) > 1 else []),
                 "--duration",
                 str(max(int(args.duration_s - args.ramp_s), 1)),
                 "--rate",
@@ -538,11 +346,14 @@ def _measure(
             stderr=subprocess.DEVNULL,
         )
     loadavg = os.getloadavg()[0]
+    throttled0 = stream_procs.throttled_s(_groups.get(pid))
     cpu0, wall0 = _cpu_s(pid), time.perf_counter()
     load = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
     cpu_s, wall_s = _cpu_s(pid) - cpu0, time.perf_counter() - wall0
     sampler.stop.set()
     sampler.join()
+    watch.stop.set()
+    watch.join()
     if spy is not None:
         spy.wait()
     result: dict[str, Any] = json.loads(load.stdout)
@@ -555,7 +366,12 @@ def _measure(
         "server_cpu_us_per_token": cpu_s / tokens * 1e6,
         "server_rss_mib": sampler.peak_mib,
         "loadavg_1m": loadavg,
+        "cpu_budget": args.cpu_budget,
+        "throttled_s": stream_procs.throttled_s(_groups.get(pid)) - throttled0,
         "measured_at_s": [wall0, wall0 + wall_s],  # the bench's perf_counter
+        # Each process over the window of the delivered tokens/s (the load
+        # process starts its clock a few tenths of a second after wall0).
+        "processes": watch.report((wall0 + args.ramp_s + 0.5, wall0 + args.duration_s)),
     }
 
 
@@ -640,6 +456,23 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
             f"baseline/sluicegate CPU us/token x{r['cpu_us_per_token']:.2f}"
             + ("" if over_raw is None else f", sluicegate/raw CPU x{over_raw:.2f}")
         )
+
+
+def _print_workers(report: dict[str, Any]) -> None:
+    """Each process of the workers' rows, and their ratios."""
+    for row in report["rows"]:
+        if row["server"] in _WORKERS:
+            print(
+                f"{row['server']} N={row['n']} round {row['round']}: "
+                + ", ".join(
+                    f"{p['role']} {p['cpu_share']:.0%} CPU {p['streams']} streams"
+                    for p in row["processes"]
+                )
+                + f"; load {row['load_cpu_us_per_token']:.1f} us/token"
+            )
+    for r in report["workers"]:
+        where = f"N={r['n']}" if r["n"] != "saturation" else f"saturation {r['at_n']}"
+        print(f"w2/w1 round {r['round']} {where}: x{r['ratio']:.2f}")
 
 
 def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -730,7 +563,7 @@ def _parser() -> argparse.ArgumentParser:
             "sluicegate-plain",
             "sluicegate-resumable",
             "sluicegate-redis",
-            _WORKERS,
+            *_WORKERS,
             "sluicegate-before",
             "sluicegate-plain-before",
             "sluicegate-httptools",
@@ -789,13 +622,36 @@ def _parser() -> argparse.ArgumentParser:
         " core (the core must have room for all: e.g. --rate 10 at 1,000"
         " streams)",
     )
+    add(
+        "--p99-ms",
+        type=float,
+        default=25.0,
+        help="the saturation rule: a server's tokens/s at saturation are its most"
+        " among the N at which its p99 added ITL stayed at or under this, with"
+        " no stream timed out",
+    )
     add("--server-cpu", default="0", help="taskset CPU list of the servers")
+    add(
+        "--cpu-budget",
+        type=float,
+        metavar="C",
+        help="hold each server to C CPUs' worth of time per worker (a cgroup;"
+        " root and cgroup v1's cpu controller): the load's CPU stays outside"
+        " every server's budget",
+    )
     add("--load-cpu", default="1", help="taskset CPU list of the load process")
+    add(
+        "--load-rt",
+        action="store_true",
+        help="run the load process at a real-time priority (chrt --fifo 10), so"
+        " that a server sharing its CPU does not delay its stamps",
+    )
     add("--quick", action="store_true", help="tiny N and duration (CI smoke)")
     add("--json", type=Path, default=RESULTS, help="where to write the results")
     add("--profile", type=Path, help="py-spy raw profile of one server, largest N")
     add("--profile-server", default="sluicegate", help="the server --profile records")
     add("--load", action="store_true", help=argparse.SUPPRESS)
+    add("--load-detail", action="store_true", help=argparse.SUPPRESS)
     add("--port", type=int, help=argparse.SUPPRESS)
     add("--streams", type=int, help=argparse.SUPPRESS)
     add("--header", action="append", default=[], help=argparse.SUPPRESS)
@@ -806,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark (or, with ``--load``, one load process)."""
     args = _parser().parse_args(argv)
     if args.load:
-        return _run_load(args)
+        return stream_load.main(args)
     if args.repeat < 1:
         raise SystemExit(f"expected --repeat >= 1, got {args.repeat}")
     if args.quick:
@@ -831,16 +687,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         repeats = int(args.rate * args.duration_s) // 10 + 1
         text.write_text(SENTENCE * repeats, encoding="utf-8")
         with contextlib.ExitStack() as stack:
-            if {"sluicegate-redis", _WORKERS} & set(args.servers):
+            if {"sluicegate-redis", *_WORKERS} & set(args.servers):
                 sys.path.insert(0, str(Path(__file__).parent))  # bench/ is scripts
                 import resume_store
 
-                _redis_url[0], _ = stack.enter_context(
+                _redis_url[0], redis = stack.enter_context(
                     resume_store.redis_server(int(args.load_cpu.split(",")[0]))
                 )
+                _redis_pid[0] = redis.pid
             servers = {
                 kind: stack.enter_context(
-                    _server(kind, args.rate, text, args.server_cpu)
+                    _server(kind, args.rate, text, args.server_cpu, args.cpu_budget)
                 )
                 for kind in args.servers
             }
@@ -884,11 +741,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": rows,
         "ratios": ratios,
         "resumable": _resumable_ratios(rows),
+        "p99_ms_rule": args.p99_ms,
+        "saturation": stream_procs.saturation(rows, args.p99_ms),
+        "workers": stream_procs.worker_ratios(rows, args.p99_ms, *_WORKERS),
     }
     report["resumable_median"] = _medians(report["resumable"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     _print(rows, ratios)
+    _print_workers(report)
     for row in report["resumable"]:
         print(
             f"resumable on/off at N={row['n']} (round {row['round']}): CPU per token"

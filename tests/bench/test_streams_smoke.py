@@ -36,6 +36,9 @@ ROW_KEYS = {
     "bytes_per_token",
     "measured_at_s",
     "round",
+    "processes",
+    "load_cpu_us_per_token",
+    "miscounted",
 }
 
 
@@ -73,6 +76,8 @@ def test_streams_bench_quick_run_reports_every_server_at_every_n(
         assert set(row) == ROW_KEYS
         assert set(row["itl_added_ms"]) == {"p50", "p99", "max"}
         assert row["finished"] + row["truncated"] + row["timed_out"] > 0
+        assert row["miscounted"] == 0
+        assert [p["role"] for p in row["processes"]] == ["server"]
     assert {r["n"] for r in report["ratios"]} == {4, 16}
     assert {
         "tokens_per_s",

@@ -1,0 +1,235 @@
+"""The processes of a server under ``bench/streams.py``'s load, one by one.
+
+A ``serve --workers 2`` server is a parent, two workers and (with
+``--engine-process``) an engine process; ``ProcessWatch`` samples each one's
+CPU seconds and open sockets every ``INTERVAL_S`` while a load runs, so a row
+says whether the workers were balanced (the streams each held, the CPU each
+used over the window where every stream runs) and what the parent and a Redis
+cost beside them. Open sockets count the connections a worker accepted and has
+not closed, less those it had before the load (its listening socket, Redis,
+the engine's socket).
+
+And the saturation rule (``saturation``): what "delivered tokens/s at
+saturation" means when two servers are compared, the same for both.
+
+``cpu_budget`` holds a server's processes to a share of the CPUs (a cgroup of
+the v1 ``cpu`` controller, ``cpu.cfs_quota_us`` over a 10 ms period; root
+only): with ``--cpu-budget C``, ``serve --workers N`` gets ``N x C`` CPUs'
+worth of time, whatever the load process (outside every budget) takes of the
+same CPUs. On two CPUs the load cannot be kept out of an unbudgeted
+comparison: two workers and the load share them, one process and the load
+need not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CGROUP_CPU",
+    "INTERVAL_S",
+    "ProcessWatch",
+    "cpu_budget",
+    "role",
+    "saturation",
+    "throttled_s",
+    "tree",
+    "worker_ratios",
+]
+
+INTERVAL_S = 0.25
+"""Seconds between two samples."""
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+"""The cgroup v1 ``cpu`` controller's root."""
+PERIOD_US = 10_000
+"""The budget's period: a process over its quota waits at most this long."""
+
+
+@contextlib.contextmanager
+def cpu_budget(pids: Sequence[int], cpus: float, name: str) -> Iterator[Path]:
+    """Hold ``pids`` and the children they start later to ``cpus`` CPUs' worth
+    of time (a new cgroup, given back to the root when done); yields it.
+
+    Raises:
+        OSError: no writable cgroup v1 ``cpu`` controller (not root, cgroup v2).
+    """
+    group = CGROUP_CPU / f"sluicegate-bench-{os.getpid()}-{name}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(round(cpus * PERIOD_US)))
+        for pid in pids:
+            (group / "cgroup.procs").write_text(str(pid))
+        yield group
+    finally:
+        for held in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CGROUP_CPU / "cgroup.procs").write_text(held)
+        group.rmdir()
+
+
+def throttled_s(group: Path | None) -> float:
+    """Seconds the processes of ``group`` waited for their budget so far."""
+    if group is None:
+        return 0.0
+    for line in (group / "cpu.stat").read_text().splitlines():
+        if line.startswith("throttled_time "):
+            return int(line.split()[1]) / 1e9
+    return 0.0
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its children (the workers and engine process of a parent)."""
+    found = [pid]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def role(pid: int, root: int) -> str:
+    """``server`` (``root`` itself), ``worker``, ``engine`` or ``redis``."""
+    if pid == root:
+        return "server"
+    with contextlib.suppress(OSError):
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"--engine-serve" in command:
+            return "engine"
+        if b"redis-server" in command[0]:  # it rewrites its own title
+            return "redis"
+    return "worker"
+
+
+def _cpu_s(pid: int) -> float:
+    with contextlib.suppress(OSError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime
+    return 0.0
+
+
+def _sockets(pid: int) -> int:
+    count = 0
+    with contextlib.suppress(OSError):
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                count += os.readlink(fd.path).startswith("socket:")
+    return count
+
+
+class ProcessWatch(threading.Thread):
+    """Samples CPU seconds and sockets of ``pids`` (a server's ``tree`` and any
+    helper, such as the Redis) every ``INTERVAL_S`` until ``stop`` is set."""
+
+    def __init__(self, root: int, pids: Sequence[int]) -> None:
+        super().__init__(daemon=True)
+        self.root = root
+        self.pids = list(pids)
+        self.idle_sockets = {pid: _sockets(pid) for pid in self.pids}
+        self.samples: list[tuple[float, dict[int, tuple[float, int]]]] = []
+        self.stop = threading.Event()
+
+    def _sample(self) -> None:
+        now = time.perf_counter()
+        seen = {pid: (_cpu_s(pid), _sockets(pid)) for pid in self.pids}
+        self.samples.append((now, seen))
+
+    def run(self) -> None:
+        self._sample()
+        while not self.stop.wait(INTERVAL_S):
+            self._sample()
+        self._sample()
+
+    def report(self, window: tuple[float, float]) -> list[dict[str, Any]]:
+        """Per process over ``window`` (perf_counter seconds): its role, CPU
+        share of one core, and the most sockets it held beyond its idle ones
+        (its streams); the samples nearest the window's ends bound it."""
+        inside = [s for s in self.samples if window[0] <= s[0] <= window[1]]
+        if len(inside) < 2:
+            inside = [self.samples[0], self.samples[-1]]
+        (t0, first), (t1, last) = inside[0], inside[-1]
+        span_s = max(t1 - t0, 1e-9)
+        return [
+            {
+                "pid": pid,
+                "role": role(pid, self.root),
+                "cpu_share": (last[pid][0] - first[pid][0]) / span_s,
+                "streams": max(s[pid][1] for _, s in inside) - self.idle_sockets[pid],
+            }
+            for pid in self.pids
+        ]
+
+
+def saturation(rows: Sequence[dict[str, Any]], p99_ms: float) -> list[dict[str, Any]]:
+    """Per server and round: its delivered tokens/s at saturation.
+
+    That is the most tokens/s among the round's N at which the server kept the
+    p99 added inter-token latency at or under ``p99_ms`` and timed out no
+    stream (the same rule for every server); ``n`` says where, ``None`` when
+    no N kept it. A server past its CPU delivers a little more at a larger N
+    while its streams wait longer between tokens: without the rule a server
+    that shares its cores with the load (whose gaps grow first) would be
+    compared at a latency the other never paid.
+    """
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["server"], row.get("round", 0))
+        p99 = row["itl_added_ms"]["p99"]
+        kept = p99 is not None and p99 <= p99_ms and row["timed_out"] == 0
+        entry = best.setdefault(
+            key, {"server": key[0], "round": key[1], "n": None, "tokens_per_s": 0.0}
+        )
+        if kept and row["tokens_per_s"] > entry["tokens_per_s"]:
+            entry.update(n=row["n"], tokens_per_s=row["tokens_per_s"], itl_p99_ms=p99)
+    return [{**entry, "p99_ms_rule": p99_ms} for entry in best.values()]
+
+
+def worker_ratios(
+    rows: Sequence[dict[str, Any]], p99_ms: float, one: str, two: str
+) -> list[dict[str, Any]]:
+    """Per round, ``two``'s tokens/s over ``one``'s: at each N, and at
+    saturation (``saturation``'s rule, ``n`` ``"saturation"``)."""
+    by = {(r["server"], r["n"], r.get("round", 0)): r for r in rows}
+    out = []
+    for (server, n, round_), row in sorted(by.items(), key=lambda item: item[0][1:]):
+        other = by.get((one, n, round_))
+        if server != two or other is None:
+            continue
+        out.append(
+            {
+                "n": n,
+                "round": round_,
+                "ratio": row["tokens_per_s"] / max(other["tokens_per_s"], 1e-9),
+                "itl_p99_ms": [
+                    other["itl_added_ms"]["p99"],
+                    row["itl_added_ms"]["p99"],
+                ],
+            }
+        )
+    best = {(e["server"], e["round"]): e for e in saturation(rows, p99_ms)}
+    for (server, round_), entry in sorted(best.items(), key=lambda item: item[0][1]):
+        other = best.get((one, round_))
+        if server != two or other is None:
+            continue
+        out.append(
+            {
+                "n": "saturation",
+                "round": round_,
+                "ratio": entry["tokens_per_s"] / max(other["tokens_per_s"], 1e-9),
+                "at_n": [other["n"], entry["n"]],
+                "tokens_per_s": [other["tokens_per_s"], entry["tokens_per_s"]],
+                "p99_ms_rule": p99_ms,
+            }
+        )
+    return out
