@@ -55,8 +55,9 @@ EMPTY_CONTENT = b'"content":""'
 DONE = b"data: [DONE]"
 ERROR = b'data: {"error"'
 OK = b"HTTP/1.1 200"
-END = b"\r\n0\r\n\r\n"
-"""The chunked body's last chunk, after the previous chunk's CRLF."""
+END = b"0\r\n\r\n"
+"""The chunked body's last chunk (no SSE chunk ends so: their data ends in a
+blank line, then CRLF), alone in a read or after the last event's chunk."""
 COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 
 perf_counter = time.perf_counter

@@ -627,8 +627,14 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=25.0,
         help="the saturation rule: a server's tokens/s at saturation are its most"
-        " among the N at which its p99 added ITL stayed at or under this, with"
-        " no stream timed out",
+        " among the N at which its p99 added ITL stayed at or under this (and"
+        " its TTFT p99 under --ttft-p99-ms), with no stream timed out",
+    )
+    add(
+        "--ttft-p99-ms",
+        type=float,
+        default=1000.0,
+        help="the saturation rule's bound on the p99 time to first token",
     )
     add("--server-cpu", default="0", help="taskset CPU list of the servers")
     add(
@@ -741,9 +747,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": rows,
         "ratios": ratios,
         "resumable": _resumable_ratios(rows),
-        "p99_ms_rule": args.p99_ms,
-        "saturation": stream_procs.saturation(rows, args.p99_ms),
-        "workers": stream_procs.worker_ratios(rows, args.p99_ms, *_WORKERS),
+        "saturation": stream_procs.saturation(rows, args.p99_ms, args.ttft_p99_ms),
+        "workers": stream_procs.worker_ratios(
+            rows, args.p99_ms, args.ttft_p99_ms, *_WORKERS
+        ),
     }
     report["resumable_median"] = _medians(report["resumable"])
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -91,7 +91,8 @@ def test_gaps_ttft_and_the_window_come_from_the_reads_stamps(load: ModuleType) -
         (0.010, HEAD + ROLE),
         (0.060, _token("a")),
         (0.125, _token("b") + _token("c")),  # two tokens in one read
-        (0.130, _usage(3) + DONE),
+        (0.130, _usage(3) + _chunk("[DONE]")),
+        (0.131, b"0\r\n\r\n"),  # the body's end in a read of its own
     ]
     stream, transport = _feed(load, reads)
     stats = load.tally([stream], load.LoadStats(RATE, (0.100, 1.0)))

@@ -39,6 +39,8 @@ ROW_KEYS = {
     "processes",
     "load_cpu_us_per_token",
     "miscounted",
+    "cpu_budget",
+    "throttled_s",
 }
 
 
