@@ -52,9 +52,7 @@ class PrefillPacer:
             decode-only step of the same sequences (> 1).
         first_chunk_tokens: the chunk before both kinds of step have been
             observed (tokens, >= 1).
-        min_chunk_tokens: the smallest chunk but a probe's 0 (tokens, >= 1):
-            ``BatchScheduler`` gives its ``chunk_tokens``, so that a prompt no
-            longer than that is never cut.
+        min_chunk_tokens: the smallest chunk but a probe's 0 (tokens, >= 1).
         window: mixed steps the prompt token's cost is taken over (>= 1).
         decode_window: decode-only steps a decode-only step's time is the
             median of (>= 1).

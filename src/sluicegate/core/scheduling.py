@@ -13,9 +13,9 @@ Invariants:
     - A step holds one token per decoding sequence, then prompt chunks of the
       prefilling ones, ``step_tokens`` tokens at most, and while any sequence
       decodes one chunk of each prompt (``chunk_tokens``, or the pacer's, sized
-      from step times and never smaller): a long prompt lengthens the steps of
-      running sequences by a bounded chunk, and short prompts arriving
-      together are read at once.
+      from step times and never below a quarter of ``chunk_tokens``): a long
+      prompt lengthens the steps of running sequences by a bounded chunk, and
+      short prompts arriving together are read at once.
     - A prompt whose unread part is at most ``chunk_tokens`` is read in one
       step, never cut: when the step's budget left after other prompts'
       chunks cannot hold it, it waits for the next step. llama.cpp's
@@ -61,8 +61,8 @@ class BatchScheduler(Generic[_S]):
             together (>= ``slots``).
         chunk_tokens: tokens of one prompt in one step while any sequence
             decodes (>= 1; default ``step_tokens``); with ``step_ratio``, the
-            first such chunk and the smallest. A prompt no longer than this
-            is never cut.
+            first such chunk, and four times the smallest. A prompt no longer
+            than this is never cut.
         step_ratio: size that chunk from the step times given to ``advance``
             so that such a step takes about this multiple of a decode-only
             one (> 1; ``PrefillPacer``); default: ``chunk_tokens`` always.
@@ -96,10 +96,13 @@ class BatchScheduler(Generic[_S]):
         self.pacer = None
         """Sizes the chunk when ``step_ratio`` is given."""
         if step_ratio is not None:
+            # The floor bounds a long read however slow other work makes the
+            # measured steps; a quarter, since a whole chunk_tokens (32) beside
+            # 15 decoding streams already doubles a step (docs/performance.md).
             self.pacer = PrefillPacer(
                 step_ratio=step_ratio,
                 first_chunk_tokens=self.chunk_tokens,
-                min_chunk_tokens=self.chunk_tokens,
+                min_chunk_tokens=max(1, self.chunk_tokens // 4),
             )
         self.queue_limit = queue_limit
         self.waiting: deque[_S] = deque()
@@ -246,14 +249,15 @@ class BatchScheduler(Generic[_S]):
         if plan:
             most = pacer.chunk_tokens(len(plan)) if pacer else self.chunk_tokens
         for seq in running:
-            if seq.phase is not Phase.PREFILL:
+            if seq.phase is not Phase.PREFILL or most <= 0:
                 continue
             done = seq.n_prompt_done
             left = len(seq.prompt) - done
-            take = min(budget, most, left)
+            short = left <= self.chunk_tokens
+            take = min(budget, left) if short else min(budget, most, left)
             # A short prompt cut by the budget alone waits (see the invariants);
             # the first prompt of a step is cut all the same, or it never runs.
-            if take <= 0 or (reading and take < left <= self.chunk_tokens):
+            if take <= 0 or (short and reading and take < left):
                 continue
             plan.append(
                 PlannedChunk(seq, seq.prompt[done : done + take], done, take == left)

@@ -29,8 +29,8 @@ class EngineConfig:
             llama.cpp's batch and micro-batch size.
         chunk_tokens: tokens of one prompt in one step while any sequence
             decodes (``None``: ``step_tokens``); with ``step_ratio``, the first
-            such chunk, before step times are measured, and the smallest. A
-            prompt no longer than this is read in one step, never cut.
+            such chunk, before step times are measured, and four times the
+            smallest. A prompt no longer than this is read in one step.
         step_ratio: a step that reads a prompt while others decode takes about
             this multiple of a decode-only step (the chunk sized from measured
             step times, ``PrefillPacer``); ``None``: ``chunk_tokens`` always.
@@ -83,8 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=_DEFAULT.chunk_tokens,
         help="tokens of one prompt per step while other streams decode "
-        "(with --step-ratio: the first and smallest such chunk); a prompt no "
-        "longer is never cut",
+        "(with --step-ratio: the first such chunk, and 4x the smallest); a "
+        "prompt no longer is never cut",
     )
     add(
         "--step-ratio",

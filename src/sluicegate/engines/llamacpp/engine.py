@@ -90,8 +90,8 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
         step_tokens: token budget of one step (decode tokens + prefill chunk).
         chunk_tokens: tokens of one prompt in a step while any sequence
             decodes (default ``step_tokens``; a prompt no longer is never
-            cut); the first and smallest such chunk with ``step_ratio``, the
-            multiple of a decode-only step's time such a step may take.
+            cut); the first such chunk, and 4x the smallest, with ``step_ratio``,
+            the multiple of a decode-only step's time such a step may take.
         n_threads: CPU threads for llama.cpp (default: one per core this
             process may run on, ``batch.usable_cores``).
         queue_limit: requests that may wait for admission; more raise
