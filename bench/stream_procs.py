@@ -243,7 +243,9 @@ def worker_ratios(
             {
                 "n": "saturation",
                 "round": round_,
-                "ratio": entry["tokens_per_s"] / max(other["tokens_per_s"], 1e-9),
+                "ratio": None  # no N kept the rule for one of them
+                if entry["n"] is None or other["n"] is None
+                else entry["tokens_per_s"] / other["tokens_per_s"],
                 "at_n": [other["n"], entry["n"]],
                 "tokens_per_s": [other["tokens_per_s"], entry["tokens_per_s"]],
             }

@@ -472,7 +472,8 @@ def _print_workers(report: dict[str, Any]) -> None:
             )
     for r in report["workers"]:
         where = f"N={r['n']}" if r["n"] != "saturation" else f"saturation {r['at_n']}"
-        print(f"w2/w1 round {r['round']} {where}: x{r['ratio']:.2f}")
+        ratio = "-" if r["ratio"] is None else f"x{r['ratio']:.2f}"
+        print(f"w2/w1 round {r['round']} {where}: {ratio}")
 
 
 def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
