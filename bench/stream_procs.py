@@ -215,9 +215,10 @@ def worker_ratios(
     one: str,
     two: str,
 ) -> list[dict[str, Any]]:
-    """Per round, ``two``'s tokens/s over ``one``'s: at each N, and at
+    """Per round, ``two``'s tokens/s over ``one``'s: at each N (each step of
+    ``--n``: with ``--n-per-worker`` the two ran different N), and at
     saturation (``saturation``'s rule, ``n`` ``"saturation"``)."""
-    by = {(r["server"], r["n"], r.get("round", 0)): r for r in rows}
+    by = {(r["server"], r.get("step_n", r["n"]), r.get("round", 0)): r for r in rows}
     out = []
     for (server, n, round_), row in sorted(by.items(), key=lambda item: item[0][1:]):
         other = by.get((one, n, round_))

@@ -246,10 +246,9 @@ def _server(
         server.wait_ready("/health", timeout_s=30, interval_s=0.1)
         with contextlib.ExitStack() as stack:
             if budget is not None:
-                workers = int(kind[-1]) if kind in _WORKERS else 1
                 _groups[server.pid] = stack.enter_context(
                     stream_procs.cpu_budget(
-                        stream_procs.tree(server.pid), workers * budget, kind
+                        stream_procs.tree(server.pid), _workers(kind) * budget, kind
                     )
                 )
             yield server.pid, port
@@ -458,6 +457,10 @@ def _print(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> None:
         )
 
 
+def _workers(kind: str) -> int:
+    return int(kind[-1]) if kind in _WORKERS else 1
+
+
 def _print_workers(report: dict[str, Any]) -> None:
     """Each process of the workers' rows, and their ratios."""
     for row in report["rows"]:
@@ -637,6 +640,12 @@ def _parser() -> argparse.ArgumentParser:
         default=1000.0,
         help="the saturation rule's bound on the p99 time to first token",
     )
+    add(
+        "--n-per-worker",
+        action="store_true",
+        help="--n counts streams per worker: sluicegate-w2 gets twice as many"
+        " (the ratios pair the rows of one --n value)",
+    )
     add("--server-cpu", default="0", help="taskset CPU list of the servers")
     add(
         "--cpu-budget",
@@ -717,7 +726,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         order.reverse()
                     if args.paired:
                         together = _measure_together(order, n, args)
-                        rows += [{**row, "round": round_} for row in together]
+                        rows += [
+                            {**row, "round": round_, "step_n": n} for row in together
+                        ]
                         continue
                     for kind, (pid, port) in order:
                         profile = None
@@ -728,8 +739,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             and n == max(args.n)
                         ):
                             profile = args.profile
-                        row = _measure(kind, pid, port, n, args, profile)
-                        rows.append({**row, "round": round_})
+                        streams = n * _workers(kind) if args.n_per_worker else n
+                        row = _measure(kind, pid, port, streams, args, profile)
+                        rows.append({**row, "round": round_, "step_n": n})
     ratios = _ratios(rows)
     report = {
         "benchmark": "streams",

@@ -41,6 +41,7 @@ ROW_KEYS = {
     "miscounted",
     "cpu_budget",
     "throttled_s",
+    "step_n",
 }
 
 
