@@ -265,6 +265,7 @@ def test_steps_are_shared_by_text_in_a_bounded_table(
     assert other.feed([1]) is step
 
 
+@settings(max_examples=50)  # one comparison each: cheap, but wire_text is not
 @given(
     wire_text,
     st.integers(0, 3),

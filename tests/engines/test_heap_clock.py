@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluicegate.engines.clocks import ManualClock
@@ -117,6 +117,7 @@ async def test_clock_drops_void_entries_once_they_are_most_of_the_heap() -> None
     assert held >= set(sequences[150:])
 
 
+@settings(max_examples=50)
 @given(st.lists(st.tuples(st.integers(0, 40), st.booleans()), min_size=1, max_size=60))
 def test_entries_run_in_due_then_added_order_whichever_place_holds_them(
     entries: list[tuple[int, bool]],
