@@ -8,16 +8,14 @@ that the chat planner checks and tokenizes as any other:
 
     instructions                          -> a system message first
     input: a string                       -> one user message
-    input items: {role, content}          -> messages (input_text/output_text
-                                             parts joined)
-    {type: function_call, call_id, ...}   -> an assistant message's tool_calls
-    {type: function_call_output, ...}     -> a tool message (tool_call_id)
+    input items                           -> messages (``responses_input.py``)
     max_output_tokens                     -> max_tokens
     tools [{type: function, name, ...}]   -> chat function tools
     tool_choice none|auto|required|{type: function, name}
     text.format text|json_object|json_schema -> response_format
     reasoning.effort                      -> reasoning_effort
-    {type: reasoning, ...} (history)      -> left out of the prompt
+    {type: reasoning} of the open         -> that turn's reasoning_content
+        function-call cycle                  (others: left out)
 
     stream_options.include_obfuscation    -> stream_options.include_obfuscation
     stream_options.stream_interval        -> stream_options.stream_interval
@@ -40,6 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluicegate.core.errors import RequestError
+from sluicegate.server.apis.responses_input import chat_messages
 from sluicegate.server.schemas.chat import ChatCompletionRequest
 from sluicegate.server.schemas.fields import MAX_STREAM_INTERVAL
 from sluicegate.server.schemas.param_errors import request_error
@@ -258,13 +257,14 @@ def to_chat_request(
     messages: list[dict[str, Any]] = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})
-    for i, item in enumerate(history):
-        _add_item(messages, item, f"previous_response_id.items[{i}]")
+    items = [
+        (item, f"previous_response_id.items[{i}]") for i, item in enumerate(history)
+    ]
     if isinstance(request.input, str):
-        messages.append({"role": "user", "content": request.input})
+        items.append(({"role": "user", "content": request.input}, "input"))
     else:
-        for i, item in enumerate(request.input):
-            _add_item(messages, item, f"input[{i}]")
+        items += [(item, f"input[{i}]") for i, item in enumerate(request.input)]
+    messages += chat_messages(items)
     stream = request.stream or stored
     body: dict[str, Any] = {
         "model": request.model,
@@ -300,77 +300,6 @@ def to_chat_request(
     if request.reasoning is not None and request.reasoning.effort is not None:
         body["reasoning_effort"] = request.reasoning.effort
     return parse_chat_request(body)
-
-
-def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], at: str) -> None:
-    """Append ``item`` as chat messages (a function call joins the assistant
-    message before it, when that one only holds calls)."""
-    kind = item.get("type", "message")
-    if kind == "function_call":
-        function = {
-            "name": _str(item, "name", at),
-            "arguments": item.get("arguments", ""),
-        }
-        call = {
-            "id": _str(item, "call_id", at),
-            "type": "function",
-            "function": function,
-        }
-        last = messages[-1] if messages else None
-        if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-            last["tool_calls"].append(call)
-        else:
-            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-    elif kind == "function_call_output":
-        output = item.get("output", "")
-        text = output if isinstance(output, str) else _parts(output, f"{at}.output")
-        messages.append(
-            {"role": "tool", "tool_call_id": _str(item, "call_id", at), "content": text}
-        )
-    elif kind == "reasoning":
-        # Earlier reasoning (a previous output's item): chat templates of
-        # thinking models leave it out of the prompt, and so does this one.
-        return
-    elif kind == "message":
-        role = item.get("role")
-        if role not in ("user", "assistant", "system", "developer"):
-            raise RequestError(f"Invalid role {role!r}", param=f"{at}.role")
-        content = item.get("content", "")
-        text = content if isinstance(content, str) else _parts(content, f"{at}.content")
-        messages.append({"role": role, "content": text})
-    else:
-        raise RequestError(
-            f"Input items of type {kind!r} are not supported",
-            param=f"{at}.type",
-            code="unsupported_parameter",
-        )
-
-
-def _str(item: dict[str, Any], name: str, at: str) -> str:
-    value = item.get(name)
-    if not isinstance(value, str) or not value:
-        raise RequestError(
-            f"Missing required parameter: '{at}.{name}'", param=f"{at}.{name}"
-        )
-    return value
-
-
-def _parts(parts: object, at: str) -> str:
-    """Text parts (``input_text``, ``output_text``) joined with newlines."""
-    if not isinstance(parts, list):
-        raise RequestError("Expected a string or a list of parts", param=at)
-    texts = []
-    for j, part in enumerate(parts):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text"):
-            raise RequestError(
-                f"Content parts of type {kind!r} are not supported (this server"
-                " serves text models)",
-                param=f"{at}[{j}].type",
-                code="unsupported_content",
-            )
-        texts.append(str(part.get("text", "")))
-    return "\n".join(texts)
 
 
 def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
