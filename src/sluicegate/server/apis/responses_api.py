@@ -41,7 +41,7 @@ from sluicegate.core.errors import RequestError
 from sluicegate.server.apis.responses_input import chat_messages
 from sluicegate.server.schemas.chat import ChatCompletionRequest
 from sluicegate.server.schemas.fields import MAX_STREAM_INTERVAL
-from sluicegate.server.schemas.param_errors import request_error
+from sluicegate.server.schemas.param_errors import check_tool_choice, request_error
 from sluicegate.server.schemas.parse import parse_chat_request
 
 __all__ = [
@@ -174,6 +174,7 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
                     param=f"tools[{i}].type",
                     code="unsupported_parameter",
                 )
+    check_tool_choice(body.get("tool_choice"))
     try:
         request = ResponsesRequest.model_validate(
             {k: v for k, v in body.items() if v is not None}

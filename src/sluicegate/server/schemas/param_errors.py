@@ -5,16 +5,26 @@
 (``messages[0].role``), the rule broken, and the value seen (through
 ``bounded_repr``). A parameter name a client chose (an unknown parameter, a
 ``logit_bias`` key) is cut to ``MAX_NAME_CHARS`` by ``short_name`` wherever it is
-shown.
+shown. The labels pydantic puts in a location for the member of a union it
+tried (``literal['none','auto','required']``, ``function-after[...]``,
+``NamedToolChoice``, ``str``) are not the client's and are left out.
 """
 
 from __future__ import annotations
+
+import re
 
 from pydantic_core import ErrorDetails
 
 from sluicegate.core.errors import RequestError, bounded_repr
 
-__all__ = ["MAX_NAME_CHARS", "param_name", "request_error", "short_name"]
+__all__ = [
+    "MAX_NAME_CHARS",
+    "check_tool_choice",
+    "param_name",
+    "request_error",
+    "short_name",
+]
 
 MAX_NAME_CHARS = 64
 """Most characters of a client's parameter name that a log line or a ``param``
@@ -35,16 +45,49 @@ def request_error(error: ErrorDetails) -> RequestError:
     )
 
 
+# A union member's label: a schema with arguments (literal[...], list[str],
+# function-after[...], tagged-union[...]), a bare type, or a model's class name.
+_UNION_LABEL = re.compile(
+    r"[a-z][a-z-]*\[.*\]|str|int|float|bool|list|dict|none|[A-Z][A-Za-z0-9]*",
+    re.DOTALL,
+)
+# Parameters whose keys are the client's (never a union label).
+_CLIENT_KEYED = frozenset({"logit_bias", "metadata", "chat_template_kwargs"})
+
+
 def param_name(loc: tuple[int | str, ...]) -> str:
-    """``("messages", 0, "role")`` -> ``"messages[0].role"``."""
+    """``("messages", 0, "role")`` -> ``"messages[0].role"``; union labels
+    left out: ``("tool_choice", "literal['none','auto','required']")`` ->
+    ``"tool_choice"``."""
     name = ""
+    after: int | str | None = None
     for part in loc:
         if isinstance(part, int):
             name += f"[{part}]"
-        else:  # a dict key (logit_bias) is the client's: cut it
-            part = short_name(part)
+        elif after in _CLIENT_KEYED:  # a dict key (logit_bias) is the client's: cut it
+            name += f".{short_name(part)}"
+        elif not _UNION_LABEL.fullmatch(part):
             name += f".{part}" if name else part
+        after = part
     return name
+
+
+def check_tool_choice(choice: object) -> None:
+    """Refuse a ``tool_choice`` object of a type other than ``function``
+    (``allowed_tools``, hosted or custom tools): this server serves ``none``,
+    ``auto``, ``required`` and a named function.
+
+    Raises:
+        RequestError: 400 with ``param`` ``tool_choice``.
+    """
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if isinstance(kind, str) and kind != "function":
+        raise RequestError(
+            f"tool_choice of type {bounded_repr(kind)} is not supported (this"
+            " server takes 'none', 'auto', 'required' or a named function)",
+            param="tool_choice",
+            code="unsupported_value",
+        )
 
 
 def short_name(name: str) -> str:

@@ -22,6 +22,7 @@ from sluicegate.server.schemas.chat import ChatCompletionRequest, CompletionRequ
 from sluicegate.server.schemas.fields import RequestFields
 from sluicegate.server.schemas.param_errors import (
     MAX_NAME_CHARS,
+    check_tool_choice,
     request_error,
     short_name,
 )
@@ -89,6 +90,7 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatCompletionRequest:
 
     Spec: OpenAI API reference, "Create chat completion".
     """
+    check_tool_choice(body.get("tool_choice"))
     return _parse(ChatCompletionRequest, body, _CHAT_UNSUPPORTED)
 
 
