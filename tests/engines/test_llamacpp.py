@@ -324,3 +324,18 @@ async def test_a_shared_prefix_is_reused_and_its_cells_freed(
     assert all(o.cached_tokens == 0 for o in warm[1:])
     stats = await wait_idle(engine)
     assert stats.kv_cells_used == 0
+
+
+async def test_greedy_alone_draws_what_llama_cpps_greedy_chain_draws(
+    engine: LlamaCppEngine,
+) -> None:
+    # Plain greedy takes the logits' argmax in Python; a zero logit bias sends
+    # the same request through llama.cpp's sampler chain (bias, then greedy).
+    # Each runs alone, so both read the same logits.
+    plain = await collect(engine.generate(request(engine, "argmax", max_tokens=16)))
+    chained = await collect(
+        engine.generate(request(engine, "chain", max_tokens=16, logit_bias=((0, 0.0),)))
+    )
+    ids = [t for o in plain for t in o.token_ids]
+    assert ids == [t for o in chained for t in o.token_ids]
+    assert len(set(ids)) > 1  # real text, not one token repeated
