@@ -6,6 +6,8 @@ runs:
 
 - a text delta through each API's stream machine (chat, Responses, Messages;
   padded and not), 500 streams of 200 tokens each, fed one token at a time;
+  on chat also with continuous usage (the usage so far on every delta, as a
+  gateway asks of its sluicegate upstreams);
 - an upstream's padded one-choice content event, without and with continuous
   usage, through ``UpstreamReader``:
   the fast path (the event read from its bytes by a learned template) and the
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sluicegate.core.events import Delta
+from sluicegate.core.events import Delta, Usage
 
 
 def _module(name: str, before: str) -> Any:
@@ -63,20 +65,27 @@ USAGE_EVENT = EVENT.replace(
 )
 
 
-def _delta_us(endpoint: Any, padded: bool) -> float:
+def _delta_us(endpoint: Any, padded: bool, usage: bool = False) -> float:
     prefix = "resp_" if endpoint is Endpoint.RESPONSES else "id_"
     header = ResponseHeader(prefix + "0" * 32, 1700000000, "scripted", endpoint)
+    if usage:
+        header = ResponseHeader(
+            header.id, header.created, header.model, endpoint, include_usage=True,
+            continuous_usage=True, prompt_tokens=11,
+        )  # fmt: skip
     machines = []
     for seed in range(500):
         machine = stream_machine(header, Filler(seed) if padded else None)
         machine.start()
         machine.feed(Delta(0, "Hi"))
         machines.append(machine)
-    token = Delta(0, " token")
+    tokens = [
+        Delta(0, " token", usage=Usage(11, n) if usage else None) for n in range(2, 202)
+    ]
     start = time.process_time()
     for machine in machines:
         feed = machine.feed
-        for _ in range(200):
+        for token in tokens:
             feed(token)
     return (time.process_time() - start) / (500 * 200) * 1e6
 
@@ -145,6 +154,9 @@ def main() -> None:
         for padded in (False, True):
             name = f"delta {endpoint.name.lower()}{' padded' if padded else ''}"
             figures[name] = functools.partial(_delta_us, endpoint, padded)
+    for padded in (False, True):
+        name = f"delta chat, continuous usage{' padded' if padded else ''}"
+        figures[name] = functools.partial(_delta_us, Endpoint.CHAT, padded, True)
     for usage in (False, True):
         kind = "upstream event" + (", continuous usage" if usage else "")
         figures[f"{kind}, fast path"] = functools.partial(_reader_us, True, usage)

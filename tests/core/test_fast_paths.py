@@ -146,7 +146,7 @@ def test_marker_in_id_and_model_does_not_move_the_text(endpoint: Endpoint) -> No
 
 
 @pytest.mark.parametrize("endpoint", list(Endpoint))
-def test_a_delta_with_usage_is_built_whole_with_its_text(endpoint: Endpoint) -> None:
+def test_a_delta_with_usage_carries_its_text(endpoint: Endpoint) -> None:
     header = ResponseHeader("id", 1, "m", endpoint, 1, True)
     machine = StreamMachine(header)
     machine.start()

@@ -30,10 +30,18 @@ from sluicegate.core.events import (
     ToolCallFragment,
     Usage,
 )
-from sluicegate.core.wire.chunks import Endpoint, ResponseHeader, dumps
+from sluicegate.core.wire.chunks import MAX_INT, Endpoint, ResponseHeader, dumps
 from sluicegate.core.wire.contracts import stream_machine
-from sluicegate.core.wire.padding import PAD_FIELD, EventPadder, Filler, FramePadder
-from sluicegate.core.wire.sse import SSEDecoder
+from sluicegate.core.wire.padding import (
+    PAD_FIELD,
+    EventPadder,
+    Filler,
+    FramePadder,
+    content_chunk,
+    frame_floor,
+)
+from sluicegate.core.wire.sse import SSEDecoder, encode_event
+from sluicegate.core.wire.stream import StreamMachine
 from sluicegate.core.wire.templates import (
     NUMBER_MARK,
     TEXT_MARK,
@@ -109,6 +117,91 @@ def test_an_unnumbered_template_ignores_the_number(text: str, seed: int | None) 
     assert template.frame(text, 99) == expected
 
 
+names = st.one_of(texts, st.sampled_from(["", "usage", "\x00sluicegate:usage\x00"]))
+usage_headers = st.builds(
+    ResponseHeader,
+    id=names,
+    created=st.integers(0, 2**40),
+    model=names,
+    endpoint=st.sampled_from([Endpoint.CHAT, Endpoint.COMPLETION]),
+    n=st.integers(1, 3),
+    include_usage=st.booleans(),
+    system_fingerprint=st.none() | names,
+    continuous_usage=st.booleans(),
+    prompt_tokens=st.integers(0, 10**6),
+    cached_tokens=st.integers(0, 10**6),
+)
+counts = st.one_of(
+    st.integers(0, 10**7), st.integers(-(2**70), 2**70), st.sampled_from([MAX_INT])
+)
+usages = st.builds(
+    Usage,
+    prompt_tokens=counts,
+    completion_tokens=counts,
+    cached_tokens=st.one_of(st.just(0), counts),
+    reasoning_tokens=st.none() | counts,
+)
+
+
+def _in_range(usage: Usage) -> bool:
+    values = [usage.prompt_tokens, usage.completion_tokens, usage.total_tokens]
+    values += [usage.cached_tokens, usage.reasoning_tokens or 0]
+    return all(0 <= value <= MAX_INT for value in values)
+
+
+@settings(max_examples=150)
+@given(
+    usage_headers,
+    st.lists(st.tuples(texts, usages), min_size=1, max_size=6),
+    st.one_of(st.none(), st.integers(0, 2**32)),
+    st.sampled_from([16, 64]),
+)
+def test_a_usage_frame_is_the_whole_chunks_bytes(
+    header: ResponseHeader,
+    deltas: list[tuple[str, Usage]],
+    seed: int | None,
+    step: int,
+) -> None:
+    """Continuous usage: the templated content frame of any text and counts is
+    the encoder's frame of the whole chunk, padded or not (and leaves the
+    filler where the encoder does); counts ``dumps`` would clamp are left to
+    the whole build, which the machine then takes."""
+    mine = (
+        None if seed is None else FramePadder(Filler(seed), frame_floor(header), step)
+    )
+    theirs = (
+        None if seed is None else FramePadder(Filler(seed), frame_floor(header), step)
+    )
+    frames = ChoiceFrames(header, mine)
+    for n, (text, usage) in enumerate(deltas):
+        index = n % header.n
+        got = frames.usage_frame(index, text, usage)
+        if not text:
+            assert got == b""
+            continue
+        if not _in_range(usage):
+            assert got is None
+            continue
+        chunk = content_chunk(header, index, text, usage)
+        expected = encode_event(dumps(chunk)) if theirs is None else theirs.frame(chunk)
+        assert got == expected
+    if mine is not None and theirs is not None:
+        assert mine.comment() == theirs.comment()
+
+
+@settings(max_examples=50)
+@given(usage_headers, st.lists(st.tuples(texts, usages), min_size=1, max_size=4))
+def test_the_machine_writes_usage_deltas_as_the_whole_build(
+    header: ResponseHeader, deltas: list[tuple[str, Usage]]
+) -> None:
+    machine = StreamMachine(header)
+    machine.start()
+    for text, usage in deltas:
+        chunk = content_chunk(header, 0, text, usage)
+        expected = [encode_event(dumps(chunk))] if text else []
+        assert machine.feed(Delta(0, text, usage=usage)) == expected
+
+
 @pytest.mark.parametrize("padder", [None, FramePadder(Filler(1), 300)])
 def test_choice_frames_of_empty_text_and_closed_choices(
     padder: FramePadder | None,
@@ -116,10 +209,13 @@ def test_choice_frames_of_empty_text_and_closed_choices(
     frames = ChoiceFrames(ResponseHeader("c", 1, "m", Endpoint.CHAT, 2), padder)
     assert frames.frame(0, "") == b""
     assert frames.frame(1, "a")
+    assert frames.usage_frame(1, "a", Usage(1, 2))
     frames.close(1)
     assert frames.frame(1, "a") is None
     assert frames.frame(1, "") is None
     assert frames.frame(2, "a") is None
+    assert frames.usage_frame(1, "a", Usage(1, 2)) is None
+    assert frames.usage_frame(2, "", Usage(1, 2)) is None
 
 
 def test_a_lone_surrogate_fails_as_the_encoder_does() -> None:

@@ -34,8 +34,9 @@ left, or the server gave up on a slow client). From those reports alone,
 frames written (``written.WriteRecord``), the same rule the client applies to
 the bytes it received, so the server's ledger and the client agree.
 
-A content chunk of text alone comes from a template (``templates.ChoiceFrames``):
-the JSON of its text between its choice's prebuilt bytes. The finish chunk of a
+A content chunk of text alone, with or without a usage (continuous usage), comes
+from a template (``templates.ChoiceFrames``): the JSON of its text (and the
+usage's counts) between its choice's prebuilt bytes. The finish chunk of a
 choice that a stop string ended names it in ``stop_reason`` (vLLM's extension,
 which OpenAI's clients ignore): a gateway in front of this server reads it as
 the Messages API's ``stop_sequence``.
@@ -159,13 +160,17 @@ class StreamMachine(WireMachine):
             type(event) is Delta
             and self._state is DELTA_STATE
             and event.logprobs is None
-            and event.usage is None
             and event.parts is None
         ):
-            # Once per token: the text's JSON between the choice's prebuilt bytes
-            # (text-only deltas of an open choice; ``_next`` raises for a closed
-            # or unknown one and ``_delta`` builds the others whole).
-            frame = self._text_frames.frame(event.index, event.text)
+            # Once per token: the text's JSON (and the usage's counts) between
+            # the choice's prebuilt bytes (text-only deltas of an open choice;
+            # ``_next`` raises for a closed or unknown one and ``_delta`` builds
+            # the others whole).
+            usage = event.usage
+            if usage is None:
+                frame = self._text_frames.frame(event.index, event.text)
+            else:
+                frame = self._text_frames.usage_frame(event.index, event.text, usage)
             if frame is not None:
                 return [frame] if frame else []
         return self._step(event)
