@@ -4,8 +4,9 @@
 sampler chain from its ``SamplingParams`` (logit bias, penalties, then greedy, or
 top-k, top-p, min-p, temperature and a seeded draw); ``sample`` draws the next
 token from the logits of one batch position, through the sequence's grammar when
-it has one, and with its logprob when the request asks for logprobs; ``stop``
-frees what ``start`` and ``sample`` made.
+it has one (a plain greedy draw is the row's argmax, without the chain), and
+with its logprob when the request asks for logprobs; ``stop`` frees what
+``start`` and ``sample`` made.
 
 All of it runs in the engine's worker thread, which owns the context.
 """
