@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
@@ -41,28 +40,13 @@ from sluicegate.testing import ServerProcess, free_port
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCE = " The quick brown fox streams tokens correctly, once upon a time."
 
+sys.path.insert(0, str(ROOT / "bench"))  # bench/ is scripts, not a package
+import stream_load  # noqa: E402  (bench/stream_load.py: the request it sends)
+
 
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _request(port: int, tokens: int) -> bytes:
-    body = json.dumps(
-        {
-            "model": "scripted",
-            "messages": [{"role": "user", "content": "Tell me a story."}],
-            "stream": True,
-            "max_tokens": tokens,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        "Accept: text/event-stream\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 async def _one(port: int, request: bytes) -> None:
@@ -101,7 +85,7 @@ def _pass(src: str | None, args: argparse.Namespace, text: Path) -> float:
     ]
     env = {"PYTHONPATH": src} if src else {}
     server = ServerProcess(command, port, name="sluicegate", cwd=ROOT, env=env)
-    request = _request(port, args.tokens)
+    request = stream_load.request_bytes(port, args.tokens, ["Connection: close"])
     try:
         server.wait_ready("/health", timeout_s=60, interval_s=0.1)
         asyncio.run(_requests(port, request, args.requests, args.concurrency))
