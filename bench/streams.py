@@ -552,7 +552,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add(
-        "--n", type=int, nargs="+", default=[100, 500, 1000, 1500, 2000], help="streams"
+        "--n",
+        type=int,
+        nargs="+",
+        help="streams (default 100 500 1000 1500 2000; 4 16 with --quick)",
     )
     add("--rate", type=float, default=20.0, help="engine tokens/s per stream")
     add("--duration-s", type=float, default=10.0, help="length of each stream")
@@ -682,7 +685,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeat < 1:
         raise SystemExit(f"expected --repeat >= 1, got {args.repeat}")
     if args.quick:
-        args.n, args.duration_s, args.ramp_s = [4, 16], 0.8, 0.1
+        args.duration_s, args.ramp_s = 0.8, 0.1
+    if args.n is None:
+        args.n = [4, 16] if args.quick else [100, 500, 1000, 1500, 2000]
     if args.resumable:
         args.servers = list(dict.fromkeys(["sluicegate", *args.servers]))
         store = "sluicegate-redis" if args.store == "redis" else "sluicegate-resumable"
