@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,7 @@ __all__ = [
     "CONTINUOUS_USAGE_OWNERS",
     "MAX_BYTES",
     "UpstreamFacts",
+    "answer_json",
     "context_of_models",
     "context_of_props",
     "owner_of_models",
@@ -158,15 +159,33 @@ async def _one(
 
 async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> Any:
     """The JSON ``url`` answers with 200, or ``None``."""
+    return (await answer_json(client, "GET", url, headers=headers))[1]
+
+
+async def answer_json(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    body: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> tuple[int | None, Any]:
+    """The status ``url`` answers ``method`` (with JSON ``body``) with, and
+    the JSON of a 200 answer of at most ``MAX_BYTES`` (else ``None``); the
+    status is ``None`` when no answer came (a connection or URL error)."""
     try:
-        async with client.stream("GET", url, headers=headers) as answer:
+        async with client.stream(
+            method, url, json=None if body is None else dict(body), headers=headers
+        ) as answer:
             if answer.status_code != 200:
-                return None
-            body = bytearray()
-            async for data in answer.aiter_bytes():
-                body += data
-                if len(body) > MAX_BYTES:
-                    return None
-        return json.loads(body)
-    except (httpx.HTTPError, httpx.InvalidURL, ValueError):
-        return None
+                return answer.status_code, None
+            data = bytearray()
+            async for piece in answer.aiter_bytes():
+                data += piece
+                if len(data) > MAX_BYTES:
+                    return answer.status_code, None
+        return answer.status_code, json.loads(data)
+    except ValueError:  # not JSON
+        return 200, None
+    except (httpx.HTTPError, httpx.InvalidURL):
+        return None, None

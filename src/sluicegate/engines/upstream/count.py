@@ -35,7 +35,6 @@ Spec: Anthropic API reference, "Count tokens in a message"; vLLM's
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,11 +42,10 @@ import httpx
 
 from sluicegate.engines.clocks import Timers
 from sluicegate.engines.upstream.config import UpstreamConfig
+from sluicegate.engines.upstream.context import MAX_BYTES, answer_json
 
 __all__ = ["FORGET_ABSENT_S", "MAX_BYTES", "TRIED", "PromptCounter"]
 
-MAX_BYTES = 1 << 20
-"""Most bytes of one answer read."""
 
 TRIED = (
     "<url>/messages/count_tokens, <root>/tokenize, <root>/apply-template,"
@@ -167,20 +165,10 @@ class PromptCounter:
         if now - self._absent.get(url, -FORGET_ABSENT_S) < FORGET_ABSENT_S:
             return None
         assert self._client is not None  # count() made it
-        try:
-            async with self._client.stream("POST", url, json=dict(body)) as answer:
-                if answer.status_code in ABSENT_STATUSES:
-                    self._absent[url] = now
-                if answer.status_code != 200:
-                    return None
-                data = bytearray()
-                async for piece in answer.aiter_bytes():
-                    data += piece
-                    if len(data) > MAX_BYTES:
-                        return None
-            return json.loads(data)
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError):
-            return None
+        status, found = await answer_json(self._client, "POST", url, body=body)
+        if status in ABSENT_STATUSES:
+            self._absent[url] = now
+        return found
 
 
 def _count_of(answer: Any, name: str) -> int | None:
