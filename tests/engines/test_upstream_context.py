@@ -14,6 +14,7 @@ from sluicegate.engines.upstream.context import (
     context_of_props,
     upstream_facts,
 )
+from sluicegate.engines.upstream.file import list_models
 
 
 def test_a_model_list_tells_max_model_len_or_context_length() -> None:
@@ -85,3 +86,17 @@ def test_upstream_facts_ask_the_models_then_the_props(
     found = upstream_facts([(upstream, "m")], 5.0, httpx.MockTransport(handler))
     assert found == [facts]
     assert all(auth == "Bearer k" for _, auth in seen)
+
+
+def test_json_nested_too_deep_is_no_answer() -> None:
+    """An answer of 200,000 open brackets (within MAX_BYTES) tells nothing: the
+    standard library's decoder raised RecursionError out of the look-up."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"[" * 200_000)
+
+    transport = httpx.MockTransport(handler)
+    upstream = UpstreamConfig("http://up/v1")
+    assert upstream_facts([(upstream, "m")], 5.0, transport) == [UpstreamFacts()]
+    listed = list_models(["http://up/v1"], 5.0, transport)
+    assert listed == [("http://up/v1/models", "not an OpenAI model list")]

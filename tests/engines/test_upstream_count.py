@@ -65,3 +65,20 @@ async def test_a_failing_route_is_asked_again_past_absent_ones() -> None:
     first = ["/tokenize", "/apply-template", "/chat_tokenize"]
     assert asked == [*first, "/tokenize", "/chat_tokenize"]
     await counter.aclose()
+
+
+@pytest.mark.anyio
+async def test_json_nested_too_deep_is_no_count() -> None:
+    """A counter answering JSON too deep to decode is passed by (the standard
+    library's decoder raised RecursionError out of the route: no answer)."""
+    deep = "[" * 200_000
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/chat_tokenize":
+            return httpx.Response(200, json={"tokenize_response": [1, 2]})
+        return httpx.Response(200, content=deep.encode())
+
+    upstream = UpstreamConfig(url="http://upstream.test/v1")
+    counter = PromptCounter(upstream, httpx.MockTransport(handle), ManualClock())
+    assert await counter.count("m", CHAT, {"model": "m"}) == 2
+    await counter.aclose()

@@ -31,12 +31,12 @@ Spec: vLLM's ``ModelCard`` (``max_model_len``); llama.cpp's server README,
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 
 from sluicegate.engines.upstream.config import UpstreamConfig
 
@@ -172,7 +172,9 @@ async def answer_json(
 ) -> tuple[int | None, Any]:
     """The status ``url`` answers ``method`` (with JSON ``body``) with, and
     the JSON of a 200 answer of at most ``MAX_BYTES`` (else ``None``); the
-    status is ``None`` when no answer came (a connection or URL error)."""
+    status is ``None`` when no answer came (a connection or URL error). JSON
+    nested deeper than orjson's 1,024 levels is no JSON here (``json.loads``
+    raised ``RecursionError`` on it, out of every caller)."""
     try:
         async with client.stream(
             method, url, json=None if body is None else dict(body), headers=headers
@@ -184,8 +186,8 @@ async def answer_json(
                 data += piece
                 if len(data) > MAX_BYTES:
                     return answer.status_code, None
-        return answer.status_code, json.loads(data)
-    except ValueError:  # not JSON
+        return answer.status_code, orjson.loads(data)
+    except ValueError:  # not JSON (orjson.JSONDecodeError is one)
         return 200, None
     except (httpx.HTTPError, httpx.InvalidURL):
         return None, None

@@ -40,7 +40,6 @@ Spec: TOML v1.0.0; the upstream settings are ``upstream_from_dict``'s.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from sluicegate.core.redact import redact_url
 from sluicegate.engines.base import ModelInfo
@@ -180,10 +180,10 @@ async def _list(client: httpx.AsyncClient, url: str) -> list[str] | str:
                 body += data
                 if len(body) > MODELS_MAX_BYTES:
                     return f"a model list over {MODELS_MAX_BYTES} bytes"
-        return [str(model["id"]) for model in json.loads(body)["data"]]
+        return [str(model["id"]) for model in orjson.loads(body)["data"]]
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         return f"no answer ({type(exc).__name__})"
-    except (ValueError, KeyError, TypeError):  # not UTF-8, not JSON, no ids
+    except (ValueError, KeyError, TypeError):  # not JSON (or too deep), no ids
         return "not an OpenAI model list"
 
 
