@@ -314,3 +314,31 @@ def test_the_worker_stack_holds_the_chain_an_8_mib_thread_dies_of(
     )
     assert done.returncode == status, done.stderr[-2000:]
     assert time.monotonic() - started < 110
+
+
+@pytest.mark.anyio
+async def test_a_schema_that_only_refers_to_itself_is_an_unsupported_schema(
+    client: httpx.AsyncClient,
+) -> None:
+    """It compiles, and matched no text: the request failed at its first token
+    (500, llguidance's state in the message) instead of a 400."""
+    body: dict[str, Any] = {
+        "messages": HELLO,
+        "response_format": chat_format({"$ref": "#"}),
+    }
+    error = openai_error(await client.post(CHAT, json=body))
+    assert (error["param"], error["code"]) == ("response_format", "unsupported_schema")
+    assert "matches no JSON value" in error["message"]
+    cycle = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#"}]}}}
+    body = {"messages": HELLO, "tools": chat_tools({**cycle, "$ref": "#/$defs/a"})}
+    error = openai_error(await client.post(CHAT, json=body))
+    assert (error["param"], error["code"]) == ("tools", "unsupported_schema")
+    recursive = {
+        "anyOf": [{"type": "integer"}, {"type": "array", "items": {"$ref": "#"}}]
+    }
+    body = {
+        "messages": HELLO,
+        "response_format": chat_format(recursive),
+        "max_tokens": 2,
+    }
+    assert (await client.post(CHAT, json=body)).status_code == 200

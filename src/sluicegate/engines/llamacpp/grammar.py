@@ -34,6 +34,7 @@ compiled grammars are cached by text, and each sequence starts from a copy.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections import OrderedDict
@@ -47,6 +48,7 @@ from sluicegate.engines.base import Grammar, SamplingParams
 from sluicegate.engines.llamacpp.vocab import LlamaTokenizer
 
 __all__ = [
+    "EMPTY_LANGUAGE",
     "GrammarCompiler",
     "GrammarError",
     "TokenConstraint",
@@ -72,10 +74,55 @@ def grammar_errors(text: str) -> list[str]:
         text: a grammar in llguidance's Lark dialect.
 
     Returns:
-        One message per error (llguidance's own words), or ``[]``.
+        One message per error (llguidance's own words; ``EMPTY_LANGUAGE`` for
+        one that compiles and lets nothing start), or ``[]``.
     """
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, None)
-    return list(messages) if failed else []
+    if failed:
+        return list(messages)
+    if '"$ref"' in text and not _can_start(text):
+        return [EMPTY_LANGUAGE]
+    return []
+
+
+EMPTY_LANGUAGE = (
+    "the schema matches no JSON value (it refers to itself with no way out)"
+)
+"""Why a grammar that compiles but lets no text start is refused: a JSON schema
+whose references only cycle (``{"$ref": "#"}``) compiles, and then failed the
+request at its first token with llguidance's ``NoExtensionBias``."""
+
+
+class _Bytes:
+    """A vocabulary of the 256 bytes and an end token, for ``_can_start``."""
+
+    def __init__(self) -> None:
+        self.eos_token_id = 256
+        self.bos_token_id = None
+        self.tokens = [bytes([i]) for i in range(256)] + [b"</s>"]
+        self.special_token_ids = [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+@functools.cache
+def _bytes_tokenizer() -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
+
+
+def _can_start(text: str) -> bool:
+    """Whether the grammar ``text`` lets any byte (or the end) come first.
+
+    Only for grammars with a ``$ref``: the only way past llguidance's own
+    unsatisfiability checks is a reference cycle (compiling against bytes costs
+    about 4x the check alone)."""
+    tokenizer = _bytes_tokenizer()
+    matcher = llguidance.LLMatcher(tokenizer, text)
+    mask = np.zeros((tokenizer.vocab_size + 31) // 32, dtype=np.int32)
+    if not matcher.is_error():
+        matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+    return not matcher.is_error()
 
 
 def unimplemented_keywords(message: str) -> list[str]:
@@ -213,8 +260,8 @@ class TokenConstraint:
         self.masks += 1
         mask = self._mask
         matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
-        if matcher.is_error():
-            raise GrammarError(matcher.get_error())
+        if matcher.is_error():  # its first line: the rest is llguidance's state
+            raise GrammarError(matcher.get_error().strip().split("\n", 1)[0])
         allowed = np.unpackbits(
             mask.view(np.uint8), count=self._n_vocab, bitorder="little"
         )
