@@ -94,6 +94,11 @@ def _error(response: httpx.Response, status: int) -> dict[str, Any]:
         ),
         ({"tool_choice": "required"}, "tool_choice", ["only allowed when 'tools'"]),
         (
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tool_choice",
+            ["{'type': 'function', 'function': {'name': 'f'}} is only allowed"],
+        ),
+        (
             {"messages": [{"role": "tool", "content": "1"}]},
             "messages[0]",
             ["tool_call_id"],

@@ -169,8 +169,9 @@ def check_tools(tools: Sequence[ToolDefinition], choice: ToolChoice | None) -> N
     if choice is None or choice == "none":
         return
     if not names:
+        shown = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
         raise RequestError(
-            f"Invalid value for 'tool_choice': {bounded_repr(choice)} is only "
+            f"Invalid value for 'tool_choice': {bounded_repr(shown)} is only "
             "allowed when 'tools' are given",
             param="tool_choice",
             code="invalid_value",
