@@ -27,6 +27,10 @@ What a read counts, and why it is exact for these servers:
   either);
 - a response that is not ``200`` is closed at its first read (rejected).
 
+With ``--client native`` the streams are run by ``bench/stream_client.c``
+instead, which only keeps each read and its time; ``bench/stream_native.py``
+feeds them to ``Stream.take`` afterwards, so what is counted is the same.
+
 Two reads that split a content marker would lose one count; ``tally`` compares
 each finished stream's count with its usage and reports the streams that
 differ (``miscounted``), which is 0 in every run so far.
@@ -80,7 +84,9 @@ class Stream(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, request: bytes, done: asyncio.Future[None]) -> None:
+    def __init__(
+        self, request: bytes, done: asyncio.Future[None] | None = None
+    ) -> None:
         self.request = request
         self.done = done
         self.stamps = array.array("d")
@@ -98,7 +104,15 @@ class Stream(asyncio.Protocol):
         self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
-        self.stamps.append(perf_counter())
+        if self.take(perf_counter(), data):
+            self.transport.close()
+
+    def take(self, now: float, data: bytes) -> bool:
+        """Keep one read that arrived at ``now`` (perf_counter seconds): its
+        stamp and content events, and it as the last read; whether it ends the
+        stream (a refusal's first read, or one ending in the body's last
+        chunk). The native client's reads come here too, after the streams."""
+        self.stamps.append(now)
         self.counts.append(data.count(CONTENT) - data.count(EMPTY_CONTENT))
         self.received += len(data)
         self.before = self.last
@@ -106,13 +120,11 @@ class Stream(asyncio.Protocol):
         if self.head is None:
             self.head = data
             if not data.startswith(OK):
-                self.transport.close()
-                return
-        if data.endswith(END):
-            self.transport.close()
+                return True
+        return data.endswith(END)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
+        if self.done is not None and not self.done.done():
             self.done.set_result(None)
 
 
@@ -240,21 +252,35 @@ async def _one(
 
 
 async def _load(
-    port: int,
-    n: int,
-    tokens: int,
-    ramp_s: float,
-    headers: Sequence[str],
-    deadline_s: float,
+    port: int, request: bytes, delays_s: Sequence[float], deadline_s: float
 ) -> tuple[float, list[Stream | None]]:
     start = perf_counter()
-    request = request_bytes(port, tokens, headers)
     deadline = start + deadline_s
-    rng = random.Random(n)
     streams = await asyncio.gather(
-        *(_one(port, request, rng.uniform(0, ramp_s), deadline) for _ in range(n))
+        *(_one(port, request, delay_s, deadline) for delay_s in delays_s)
     )
     return start, streams
+
+
+def _run(
+    args: argparse.Namespace, request: bytes, delays_s: Sequence[float]
+) -> tuple[float, float, float, list[Stream | None]]:
+    """(start, CPU seconds, wall seconds, streams) of the load's client."""
+    deadline_s = args.ramp_s + 2 * args.duration_s + 10.0
+    if getattr(args, "client", "python") == "native":
+        import stream_native  # bench/stream_native.py; bench/ is on the path
+
+        tokens = max(int(args.rate * args.duration_s), 1)
+        ran = stream_native.run(args.port, request, delays_s, deadline_s, tokens)
+        return ran.start, ran.cpu_s, ran.wall_s, ran.streams
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    cpu0 = time.process_time()
+    wall0 = perf_counter()
+    start, streams = asyncio.run(_load(args.port, request, delays_s, deadline_s))
+    return start, time.process_time() - cpu0, perf_counter() - wall0, streams
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float | None]:
@@ -268,25 +294,13 @@ def percentiles(values: Sequence[float]) -> dict[str, float | None]:
 
 def main(args: argparse.Namespace) -> int:
     """Run one load (``--port``, ``--streams``, ``--rate``, ``--duration-s``,
-    ``--ramp-s``, ``--header``) and print its measurements as JSON."""
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        uvloop.install()
-    cpu0 = time.process_time()
-    wall0 = perf_counter()
+    ``--ramp-s``, ``--header``, ``--client``) and print its measurements as
+    JSON."""
     tokens = max(int(args.rate * args.duration_s), 1)
-    start, streams = asyncio.run(
-        _load(
-            args.port,
-            args.streams,
-            tokens,
-            args.ramp_s,
-            args.header,
-            args.ramp_s + 2 * args.duration_s + 10.0,
-        )
-    )
-    cpu_s, wall_s = time.process_time() - cpu0, perf_counter() - wall0
+    request = request_bytes(args.port, tokens, args.header)
+    rng = random.Random(args.streams)
+    delays_s = [rng.uniform(0, args.ramp_s) for _ in range(args.streams)]
+    start, cpu_s, wall_s, streams = _run(args, request, delays_s)
     window = (start + args.ramp_s + 0.5, start + args.duration_s)
     stats = tally(streams, LoadStats(args.rate, window))
     window_s = window[1] - window[0]
@@ -309,5 +323,6 @@ def main(args: argparse.Namespace) -> int:
     if args.load_detail:  # bench/streams.py's rows only (bench/gateway.py's keys stay)
         report["load_cpu_us_per_token"] = cpu_s / max(stats.events, 1) * 1e6
         report["miscounted"] = stats.miscounted
+        report["load_client"] = getattr(args, "client", "python")
     print(json.dumps(report))
     return 0

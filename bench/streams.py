@@ -16,10 +16,12 @@ For each N in ``--n``, a load process pinned to CPU 1 (this file with
 ``--load``) opens N streaming chat requests over raw asyncio sockets, their starts
 spread uniformly over ``--ramp-s`` seconds (a real server's streams do not tick in
 phase), each asking for ``rate x duration`` tokens (``bench/stream_load.py``).
-The client parses no JSON: each read costs a time stamp and a count of the content
-events in it, and the gaps, lags and ends are worked out once the streams are over,
-so that it takes as little as it can of the machine it shares with the server
-(``load_cpu_share``, and ``load_cpu_us_per_token`` over the streams' time).
+The client parses nothing while the streams run: by default (``--load-client``)
+it is ``bench/stream_client.c``, which keeps each read and its time in a log that
+``bench/stream_native.py`` parses once the streams are over (the Python client
+instead counts a read's content events as it comes), so that it takes as little
+as it can of the machine it shares with the server (``load_cpu_share``, and
+``load_cpu_us_per_token`` over the streams' time; ``load_client`` says which).
 
 ``sluicegate-w1`` and ``sluicegate-w2`` are ``serve --workers 1`` and ``--workers
 2``, both with ``--redis`` (a Redis started here on the load CPU): the same server
@@ -99,6 +101,7 @@ SENTENCE = " The quick brown fox streams tokens correctly, once upon a time."
 
 sys.path.insert(0, str(ROOT / "bench"))  # bench/ is scripts, not a package
 import stream_load  # noqa: E402  (bench/stream_load.py: the load process)
+import stream_native  # noqa: E402  (bench/stream_native.py: the native client)
 import stream_procs  # noqa: E402  (bench/stream_procs.py: a server's processes)
 
 # ---------------------------------------------------------------- orchestration
@@ -314,6 +317,7 @@ def _measure(
         f"--rate={args.rate}",
         f"--duration-s={args.duration_s}",
         f"--ramp-s={args.ramp_s}",
+        f"--client={args.load_client}",
         "--load-detail",
     ]
     pids = stream_procs.tree(pid)
@@ -669,7 +673,16 @@ def _parser() -> argparse.ArgumentParser:
     add("--json", type=Path, default=RESULTS, help="where to write the results")
     add("--profile", type=Path, help="py-spy raw profile of one server, largest N")
     add("--profile-server", default="sluicegate", help="the server --profile records")
+    add(
+        "--load-client",
+        choices=["auto", "native", "python"],
+        default="auto",
+        help="the load's client: native (bench/stream_client.c, built with cc:"
+        " a read costs the kernel's recv and little else), python (uvloop), or"
+        " auto: native if there is a C compiler (each row's load_client says)",
+    )
     add("--load", action="store_true", help=argparse.SUPPRESS)
+    add("--client", default="python", help=argparse.SUPPRESS)
     add("--load-detail", action="store_true", help=argparse.SUPPRESS)
     add("--port", type=int, help=argparse.SUPPRESS)
     add("--streams", type=int, help=argparse.SUPPRESS)
@@ -684,6 +697,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stream_load.main(args)
     if args.repeat < 1:
         raise SystemExit(f"expected --repeat >= 1, got {args.repeat}")
+    if args.load_client == "auto":
+        args.load_client = "native" if stream_native.compiler() else "python"
+    if args.load_client == "native":
+        stream_native.build()  # once, before any load runs
     if args.quick:
         args.duration_s, args.ramp_s = 0.8, 0.1
     if args.n is None:

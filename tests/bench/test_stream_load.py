@@ -2,15 +2,22 @@
 
 Each read is handed to ``Stream.data_received`` at a time the test sets (the
 module's clock replaced), then ``tally`` works out the gaps, TTFT, window and
-end; a fake transport records the closes.
+end; a fake transport records the closes. The native client's log, replayed
+after the streams (``bench/stream_native.py``), must give the same; and the
+native client itself runs against a socket server here that answers each
+connection with set writes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import itertools
 import json
+import socket
+import struct
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -141,3 +148,125 @@ def test_a_content_marker_split_between_reads_is_reported_as_miscounted(
     stream, _ = _feed(load, reads)
     stats = load.tally([stream], load.LoadStats(RATE, (0, 1)))
     assert (stats.finished, stats.events, stats.miscounted) == (1, 0, 1)
+
+
+# ------------------------------------------------- the native client and its log
+
+
+@pytest.fixture
+def native(load: ModuleType, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """``bench/stream_native.py``, importing the ``load`` fixture's module."""
+    spec = importlib.util.spec_from_file_location(
+        "stream_native", BENCH / "stream_native.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _log(streams: list[tuple[float, int, list[tuple[float, bytes]]]]) -> bytes:
+    """The client's output for streams of (sent at, state, reads), in the
+    format ``bench/stream_client.c`` writes (start 0, 1 CPU s over 2 s)."""
+    out = struct.pack("=4sIddd", b"SGC1", len(streams), 0.0, 1.0, 2.0)
+    out += b"".join(struct.pack("=dii", sent, state, 0) for sent, state, _ in streams)
+    reads = sorted(
+        (t, index, data)
+        for index, (_, _, stream_reads) in enumerate(streams)
+        for t, data in stream_reads
+    )
+    log = b"".join(struct.pack("=iid", i, len(d), t) + d for t, i, d in reads)
+    return out + struct.pack("=Q", len(log)) + log
+
+
+def test_the_native_log_replays_to_what_the_python_client_counts(
+    load: ModuleType, native: ModuleType
+) -> None:
+    finished = [
+        (0.010, HEAD + ROLE),
+        (0.060, _token("a")),
+        (0.125, _token("b") + _token("c")),
+        (0.130, _usage(3) + _chunk("[DONE]")),
+        (0.131, b"0\r\n\r\n"),
+    ]
+    errored = [(0.02, HEAD + _token("a")), (0.09, ERROR + b"0\r\n\r\n")]
+    refused = [(0.01, b"HTTP/1.1 503 Service Unavailable\r\n")]
+    late = [(0.03, HEAD + _token("a")), (0.07, _token("b"))]
+    cases = [finished, errored, refused, late]
+
+    live = [_feed(load, reads)[0] for reads in cases]
+    live[3].timed_out = True
+    ran = native.replay(
+        _log([(0.0, 0, reads) for reads in cases[:3]] + [(0.0, 2, late), (0, 1, [])]),
+        b"request",
+    )
+    window = (0.05, 1.0)
+    ours = load.tally(ran.streams, load.LoadStats(RATE, window))
+    theirs = load.tally([*live, None], load.LoadStats(RATE, window))
+
+    assert ours == theirs  # counts, gaps, lags, TTFT, window and every end
+    assert (ours.finished, ours.errored, ours.rejected, ours.timed_out) == (1, 1, 2, 1)
+    assert (ran.start, ran.cpu_s, ran.wall_s) == (0.0, 1.0, 2.0)
+    assert ran.streams[4] is None  # its connection failed
+
+
+def _serve(
+    listener: socket.socket, replies: list[list[bytes]], held: list[socket.socket]
+) -> None:
+    """Answer one connection per reply, in accept order: read the request,
+    write the reply, keep the connection open (in ``held``)."""
+    for writes in replies:
+        conn, _ = listener.accept()
+        held.append(conn)
+        conn.recv(65536)
+        for data in writes:
+            conn.sendall(data)
+
+
+@pytest.mark.timeout(30)
+def test_the_native_client_keeps_every_read_and_ends_each_stream_as_it_ended(
+    native: ModuleType, load: ModuleType
+) -> None:
+    if native.compiler() is None:
+        pytest.skip("needs a C compiler")
+    answers = [
+        [HEAD + ROLE, _token("a"), _token("b"), _usage(2) + DONE],  # finished
+        [b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"],
+        [HEAD + _token("a")],  # never ends: timed out at the deadline
+    ]
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        held: list[socket.socket] = []
+        server = threading.Thread(target=_serve, args=(listener, answers, held))
+        server.start()
+        try:
+            ran = native.run(port, b"GET / HTTP/1.1\r\n\r\n", [0.0, 0.01, 0.02], 0.5, 4)
+        finally:
+            server.join()
+            for conn in held:
+                conn.close()
+        stats = load.tally(ran.streams, load.LoadStats(RATE, (0.0, 1e9)))
+
+    assert (stats.finished, stats.rejected, stats.timed_out) == (1, 1, 1)
+    assert (stats.events, stats.completion_tokens, stats.miscounted) == (3, 2, 0)
+    assert stats.bytes_received == sum(map(len, itertools.chain(*answers)))
+    for stream in ran.streams:
+        assert stream is not None
+        assert ran.start <= stream.sent_at <= stream.stamps[0]
+        assert list(stream.stamps) == sorted(stream.stamps)
+    assert ran.cpu_s >= 0.0 < ran.wall_s
+
+
+def test_a_connection_the_native_client_could_not_make_is_rejected(
+    native: ModuleType, load: ModuleType
+) -> None:
+    if native.compiler() is None:
+        pytest.skip("needs a C compiler")
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    ran = native.run(port, b"GET / HTTP/1.1\r\n\r\n", [0.0], 5.0, 4)
+    assert ran.streams == [None]
+    assert load.tally(ran.streams, load.LoadStats(RATE, (0, 1))).rejected == 1

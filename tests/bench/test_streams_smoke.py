@@ -39,6 +39,7 @@ ROW_KEYS = {
     "processes",
     "load_cpu_us_per_token",
     "miscounted",
+    "load_client",
     "cpu_budget",
     "throttled_s",
     "step_n",
