@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -43,6 +43,8 @@ from sluicegate.testing import ServerProcess, free_port, serve_command
 
 pytestmark = pytest.mark.anyio
 
+ReadBody = Callable[[HopResponse], Awaitable[bytes]]
+
 GIVE_UP_S = 10.0
 ABORT_WITHIN_S = 1.0
 """How soon the upstream must list an aborted request (docs/DESIGN.md, "Engine
@@ -55,10 +57,13 @@ def anyio_backend() -> str:
 
 
 class RawUpstream:
-    """Answers each request with the next answer's bytes; records what came."""
+    """Answers each request with the next answer's bytes; records what came.
+
+    An answer's piece is bytes to send, ``None`` to reset the connection there,
+    or an ``asyncio.Event`` to wait for before the next piece."""
 
     def __init__(self) -> None:
-        self.answers: list[list[bytes | None]] = []
+        self.answers: list[list[bytes | asyncio.Event | None]] = []
         self.requests: list[tuple[bytes, bytes]] = []  # (head, body)
         self.connections = 0
         self.eof = asyncio.Event()  # a client closed a connection
@@ -80,6 +85,9 @@ class RawUpstream:
                     if piece is None:  # reset the connection here
                         writer.transport.abort()
                         return
+                    if isinstance(piece, asyncio.Event):
+                        await piece.wait()
+                        continue
                     writer.write(piece)
                     await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -98,13 +106,18 @@ async def raw() -> AsyncIterator[tuple[RawUpstream, str]]:
         server.close()
 
 
-def chunked(*pieces: bytes, end: bool = True) -> list[bytes | None]:
-    """A 200 event stream, one HTTP chunk per piece."""
-    out: list[bytes | None] = [
+def chunked(
+    *pieces: bytes | asyncio.Event, end: bool = True
+) -> list[bytes | asyncio.Event | None]:
+    """A 200 event stream, one HTTP chunk per piece (an event: a wait)."""
+    out: list[bytes | asyncio.Event | None] = [
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
         b"transfer-encoding: chunked\r\n\r\n"
     ]
-    out += [f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in pieces]
+    out += [
+        p if isinstance(p, asyncio.Event) else f"{len(p):x}\r\n".encode() + p + b"\r\n"
+        for p in pieces
+    ]
     if end:
         out.append(b"0\r\n\r\n")
     return out
@@ -114,11 +127,32 @@ def client_for(url: str, api_key: str | None = None) -> HopClient:
     return AiohttpHop(UpstreamConfig(url, api_key=api_key))
 
 
-async def read_body(response: HopResponse) -> bytes:
+async def iterate_body(response: HopResponse) -> bytes:
     return b"".join([data async for data in response])
 
 
-async def test_a_stream_comes_back_byte_for_byte(raw: tuple[RawUpstream, str]) -> None:
+async def pour_body(response: HopResponse) -> bytes:
+    pieces: list[bytes] = []
+
+    def feed(data: bytes) -> bool:
+        assert data
+        pieces.append(data)
+        return True
+
+    assert await response.pour(feed) is True
+    assert await response.pour(feed) is True  # and again: the end stays
+    return b"".join(pieces)
+
+
+@pytest.fixture(params=["iterate", "pour"])
+def read_body(request: pytest.FixtureRequest) -> ReadBody:
+    """The body read by iterating it, and by its fast twin ``pour``."""
+    return iterate_body if request.param == "iterate" else pour_body
+
+
+async def test_a_stream_comes_back_byte_for_byte(
+    raw: tuple[RawUpstream, str], read_body: ReadBody
+) -> None:
     upstream, url = raw
     pieces = [b"data: 1\n\n", b"data: \xc3", b"\xa9\n\n", b"data: [DONE]\n\n"]
     upstream.answers.append(chunked(*pieces))
@@ -146,6 +180,7 @@ async def test_a_stream_comes_back_byte_for_byte(raw: tuple[RawUpstream, str]) -
 
 async def test_a_refusal_has_its_status_headers_and_body(
     raw: tuple[RawUpstream, str],
+    read_body: ReadBody,
 ) -> None:
     upstream, url = raw
     error = orjson.dumps({"error": {"message": "slow down"}})
@@ -169,6 +204,7 @@ async def test_a_refusal_has_its_status_headers_and_body(
 
 async def test_a_finished_body_keeps_its_connection(
     raw: tuple[RawUpstream, str],
+    read_body: ReadBody,
 ) -> None:
     upstream, url = raw
     client = client_for(url)
@@ -198,7 +234,9 @@ async def test_closing_an_unfinished_body_closes_its_connection(
         await client.aclose()
 
 
-async def test_a_reset_mid_body_is_a_hop_error(raw: tuple[RawUpstream, str]) -> None:
+async def test_a_reset_mid_body_is_a_hop_error(
+    raw: tuple[RawUpstream, str], read_body: ReadBody
+) -> None:
     upstream, url = raw
     upstream.answers.append([*chunked(b"data: 1\n\n", end=False), None])
     client = client_for(url)
@@ -211,7 +249,9 @@ async def test_a_reset_mid_body_is_a_hop_error(raw: tuple[RawUpstream, str]) -> 
         await client.aclose()
 
 
-async def test_a_body_cut_short_is_a_hop_error(raw: tuple[RawUpstream, str]) -> None:
+async def test_a_body_cut_short_is_a_hop_error(
+    raw: tuple[RawUpstream, str], read_body: ReadBody
+) -> None:
     upstream, url = raw
     upstream.answers.append(
         [b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\ndata: 1\n\n", None]
@@ -221,6 +261,79 @@ async def test_a_body_cut_short_is_a_hop_error(raw: tuple[RawUpstream, str]) -> 
         response = await client.post("chat/completions", b"{}")
         with pytest.raises(HopError):
             await read_body(response)
+        await response.aclose()
+    finally:
+        await client.aclose()
+
+
+async def test_pour_feeds_each_piece_as_it_arrives_and_iteration_goes_on(
+    raw: tuple[RawUpstream, str],
+) -> None:
+    upstream, url = raw
+    second, third = asyncio.Event(), asyncio.Event()
+    upstream.answers.append(
+        chunked(b"data: 1\n\n", second, b"data: 2\n\n", third, b"data: 3\n\n")
+    )
+    fed: list[bytes] = []
+
+    def feed(data: bytes) -> bool:
+        fed.append(data)
+        second.set()  # the next piece comes while the pouring waits
+        return data != b"data: 2\n\n"
+
+    client = client_for(url)
+    try:
+        response = await client.post("chat/completions", b"{}")
+        assert await response.pour(feed) is False
+        assert fed == [b"data: 1\n\n", b"data: 2\n\n"]
+        third.set()
+        assert await iterate_body(response) == b"data: 3\n\n"
+        await response.aclose()
+    finally:
+        await client.aclose()
+    assert (len(upstream.requests), upstream.connections) == (1, 1)
+
+
+async def test_what_feed_raises_comes_out_of_pour(
+    raw: tuple[RawUpstream, str],
+) -> None:
+    upstream, url = raw
+    second = asyncio.Event()
+    upstream.answers.append(chunked(b"data: 1\n\n", second, b"data: 2\n\n", end=False))
+
+    def feed(data: bytes) -> bool:
+        second.set()
+        if data == b"data: 2\n\n":
+            raise ValueError("fed up")
+        return True
+
+    client = client_for(url)
+    try:
+        response = await client.post("chat/completions", b"{}")
+        with pytest.raises(ValueError, match="fed up"):
+            await response.pour(feed)
+        await response.aclose()
+        await asyncio.wait_for(upstream.eof.wait(), GIVE_UP_S)
+    finally:
+        await client.aclose()
+
+
+async def test_a_reset_while_pouring_is_a_hop_error(
+    raw: tuple[RawUpstream, str],
+) -> None:
+    upstream, url = raw
+    reset = asyncio.Event()
+    upstream.answers.append([*chunked(b"data: 1\n\n", end=False), reset, None])
+
+    def feed(data: bytes) -> bool:
+        reset.set()
+        return True
+
+    client = client_for(url)
+    try:
+        response = await client.post("chat/completions", b"{}")
+        with pytest.raises(HopError, match="the body broke"):
+            await response.pour(feed)
         await response.aclose()
     finally:
         await client.aclose()

@@ -30,7 +30,15 @@ What the engine needs, and each adapter gives:
   chunked framing removed), split anywhere;
 - ``aclose()`` of a body read to its end gives the connection back to the pool;
   of any other, closes it at once, which is how an upstream learns that its
-  client left (and aborts its request).
+  client left (and aborts its request);
+- ``pour(feed)``, the fast twin of iterating the body: each piece goes to
+  ``feed`` from the connection's own read callback as it arrives, so a stream's
+  token costs no future, task step or chain of awaits (``read_stream``'s
+  steady state; 6-8% of a gateway's CPU per token went to that round trip).
+  Over aiohttp it stands in as the body reader's waiter (the one object
+  aiohttp's reader wakes when bytes, a chunk's end, the body's end or an error
+  arrive) and takes the bytes with the reader's own ``read_nowait``; the
+  tests read every body both ways.
 
 Errors: whatever the library raises for a failed exchange (no connection, a
 reset, a malformed response, a body cut short) becomes ``HopError`` at the
@@ -49,8 +57,9 @@ as a GET after a 301, 302 or 303).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final, Protocol
 
 import aiohttp
@@ -105,6 +114,24 @@ class HopResponse(Protocol):
         Raises:
             StopAsyncIteration: the body ended.
             HopError: the body broke (a reset, bad chunked framing, cut short).
+        """
+        ...
+
+    async def pour(self, feed: Callable[[bytes], bool]) -> bool:
+        """Give each piece of the body to ``feed`` as it arrives, until
+        ``feed`` returns ``False`` or the body ends; iteration may go on after.
+
+        ``feed`` is called from the connection's read callback (no task switch
+        per piece): first with what arrived before the call, then with each
+        piece as it comes (never empty). It must not await or read the body.
+
+        Returns:
+            ``True`` when the body ended, ``False`` when ``feed`` stopped.
+
+        Raises:
+            HopError: the body broke.
+            Exception: whatever ``feed`` raised, as it raised it (the body is
+                not read further).
         """
         ...
 
@@ -208,11 +235,92 @@ class _AiohttpResponse:
             raise StopAsyncIteration
         return data
 
+    async def pour(self, feed: Callable[[bytes], bool]) -> bool:
+        content = self._content
+        try:
+            while data := content.read_nowait():
+                if not feed(data):
+                    return False
+        except (aiohttp.ClientError, ValueError):
+            with _aiohttp_errors(self._upstream, "the body broke from"):
+                raise
+        if content.is_eof():
+            return True
+        pourer = _Pourer(content, feed)
+        content._waiter = pourer  # type: ignore[assignment]  # see _Pourer
+        try:
+            ended = await pourer.future
+        except (aiohttp.ClientError, ValueError):
+            with _aiohttp_errors(self._upstream, "the body broke from"):
+                raise
+        finally:
+            waiter: object = content._waiter
+            if waiter is pourer:  # not another reader's, should one have come
+                content._waiter = None
+        if pourer.failed is not None:
+            raise pourer.failed
+        return ended
+
     async def aclose(self) -> None:
         if self._content.at_eof():
             self._response.release()
         else:
             self._response.close()
+
+
+class _Pourer:
+    """Stands in an aiohttp body reader's waiter for ``pour``.
+
+    The reader keeps its next waiter in ``_waiter`` (a future the coroutine
+    reading the body awaits) and, when bytes, a chunk's end or the body's end
+    arrive, unsets it and calls ``set_result`` on it (``set_exception`` for a
+    broken body), testing ``done()`` first. This object answers those calls
+    at once: it takes what the reader holds (``read_nowait``), feeds it, and
+    stands in again; ``future`` is set only when the pouring ends.
+    """
+
+    __slots__ = ("_content", "_feed", "failed", "future")
+
+    def __init__(
+        self, content: aiohttp.StreamReader, feed: Callable[[bytes], bool]
+    ) -> None:
+        self._content = content
+        self._feed = feed
+        self.failed: Exception | None = None  # what feed raised
+        self.future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, _: object) -> None:
+        content, future = self._content, self.future
+        if future.done():  # cancelled: the reading task is leaving
+            return
+        while True:
+            try:
+                data = content.read_nowait()
+            except Exception as exc:  # the body's own error: pour maps it
+                future.set_exception(exc)
+                return
+            if not data:  # a chunk's end, or all taken
+                break
+            try:
+                go_on = self._feed(data)
+            except Exception as exc:  # never into aiohttp's read callback
+                self.failed = exc
+                future.set_result(False)
+                return
+            if not go_on:
+                future.set_result(False)
+                return
+        if content.is_eof():
+            future.set_result(True)
+            return
+        content._waiter = self  # type: ignore[assignment]
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
 
 
 class AiohttpHop:

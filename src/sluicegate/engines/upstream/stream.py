@@ -2,9 +2,13 @@
 
 ``read_stream`` feeds the body's bytes to an ``UpstreamReader``
 (``core/upstream/reader.py``) and pushes a ``TextOutput`` for each text or tool-call
-fragment of choice 0 (the upstream engine asks for ``n: 1``). The first content
-accepts the sequence; a failure before it is a ``BeforeContent`` refusal the
-engine may try on another upstream, one after it the sequence's ``EngineError``.
+fragment of choice 0 (the upstream engine asks for ``n: 1``). The bytes come
+from the connection's read callback (``HopResponse.pour``), one read at a time,
+so a token costs no task switch; a burst longer than ``YIELD_BYTES`` or one
+that meets a backlog of untaken outputs goes to the reading task instead.
+The first content accepts the sequence; a failure before it is a
+``BeforeContent`` refusal the engine may try on another upstream, one after it
+the sequence's ``EngineError``.
 Tool calls (``UpstreamToolCall``, normalized by the reader) go out as
 ``TextOutput.tool_calls``, one fragment per output.
 
@@ -21,8 +25,8 @@ Invariants:
       upstream's usage when it reported one that can be true (each text counts
       1 until then; the last output corrects the sum, never below what was
       counted).
-    - Every ``YIELD_BYTES`` fed without a pause (a long read is fed in pieces
-      of that size), the loop is let go once, so a fast upstream neither holds
+    - A read longer than ``YIELD_BYTES`` is fed in pieces of that size, the
+      loop let go once after each, so a fast upstream neither holds
       the event loop nor outruns the client's writer (whose buffer would
       overflow); and while more than
       ``MAX_UNTAKEN`` outputs wait for a consumer (the response has not begun
@@ -129,35 +133,30 @@ async def read_stream(
         usage_bounds=UsageBounds(prompt.max_tokens, context_tokens or None),
     )
     time = asyncio.get_running_loop().time
-    chunks = aiter(response)
-    unpaused = 0
     ended: Outcome | None = None
+    held = b""  # a piece the callback left to the loop below
+
+    def feed(data: bytes) -> bool:
+        # The steady state, from the connection's read callback: a piece is
+        # one read's bytes, so no other stream waits behind it.
+        nonlocal ended, held
+        if len(data) > YIELD_BYTES or seq.outputs.queued > MAX_UNTAKEN:
+            held = data
+            return False
+        items = reader.feed(data)
+        if items:
+            seq.last_at = time()
+            ended = _apply(seq, items, lease, upstreams, counts)
+        return ended is None
+
     try:
-        async for data in chunks:
-            # A read returns every byte that waits (up to the client library's
-            # buffer, 128 KiB or more): fed at once, a burst of tiny events is
-            # one long turn of the loop, and a new request needs many turns.
-            for start in range(0, len(data), YIELD_BYTES):
-                whole = len(data) <= YIELD_BYTES
-                piece = data if whole else data[start : start + YIELD_BYTES]
-                items = reader.feed(piece)
-                if items:
-                    seq.last_at = time()
-                    ended = _apply(seq, items, lease, upstreams, counts)
-                    if ended is not None:
-                        break
-                unpaused += len(piece)
-                if unpaused >= YIELD_BYTES:
-                    unpaused = 0
-                    await asyncio.sleep(0)
-                # Rare (a burst before the response listens) and short: a poll
-                # costs less than an event set on every output taken.
-                while seq.outputs.queued > MAX_UNTAKEN:  # noqa: ASYNC110
-                    await asyncio.sleep(UNTAKEN_POLL_S)
-            if ended is not None:
+        while ended is None:
+            if await response.pour(feed):
+                ended = _apply(seq, reader.flush(), lease, upstreams, counts)
                 break
-        else:
-            ended = _apply(seq, reader.flush(), lease, upstreams, counts)
+            if held:
+                data, held = held, b""
+                ended = await _feed_slowly(seq, reader, data, lease, upstreams, counts)
     except HopError as exc:
         return _broken(seq, upstreams, f"the upstream stream broke: {exc}")
     assert ended is not None, "flush() ends the stream"
@@ -169,9 +168,38 @@ async def read_stream(
             seq.timer = None
         with contextlib.suppress(TimeoutError, HopError):
             async with asyncio.timeout(DRAIN_S):
-                async for _ in chunks:
+                async for _ in response:
                     pass
     return ended
+
+
+async def _feed_slowly(
+    seq: UpstreamSequence,
+    reader: UpstreamReader,
+    data: bytes,
+    lease: Lease,
+    upstreams: Sequence[UpstreamConfig],
+    counts: dict[str, int],
+) -> Outcome | None:
+    """Feed a burst ``YIELD_BYTES`` at a time, the loop let go between two,
+    and nothing more while the outputs wait to be taken; the upstream's
+    outcome once the stream ended."""
+    time = asyncio.get_running_loop().time
+    for start in range(0, len(data), YIELD_BYTES):
+        if start:
+            await asyncio.sleep(0)
+        # Rare (a burst before the response listens) and short: a poll
+        # costs less than an event set on every output taken.
+        while seq.outputs.queued > MAX_UNTAKEN:  # noqa: ASYNC110
+            await asyncio.sleep(UNTAKEN_POLL_S)
+        items = reader.feed(data[start : start + YIELD_BYTES])
+        if items:
+            seq.last_at = time()
+            ended = _apply(seq, items, lease, upstreams, counts)
+            if ended is not None:
+                return ended
+    await asyncio.sleep(0)
+    return None
 
 
 def _apply(
