@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from sluicegate.core.errors import RequestError
 from sluicegate.server.apis.responses_api import (
     parse_responses_request,
     to_chat_request,
@@ -106,3 +109,20 @@ def test_the_reasoning_of_a_closed_turn_is_left_out() -> None:
         (ASK, _thought("list it"), done, thanks),  # no call at all
     ]:
         assert not [m for m in _chat(*items) if m.get("reasoning_content")], items
+
+
+def test_arguments_and_text_of_another_type_are_a_400_naming_them() -> None:
+    """A call's arguments as an object reached the chat checks (a 400 naming
+    messages[0].tool_calls[0].function.arguments); a part's text as an object
+    became its repr in the prompt."""
+    call = {**_call("c1"), "arguments": {"path": "."}}
+    part = {"type": "input_text", "text": {"a": 1}}
+    bad = [
+        ((call, _output("c1")), "input[0].arguments"),
+        (({"role": "user", "content": [part]},), "input[0].content[0].text"),
+    ]
+    for items, param in bad:
+        with pytest.raises(RequestError) as caught:
+            _chat(*items)
+        assert caught.value.param == param
+        assert "expected a string, got dict" in str(caught.value)

@@ -100,10 +100,7 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], at: str) -> 
     message before it, when that one only holds calls)."""
     kind = item.get("type", "message")
     if kind == "function_call":
-        function = {
-            "name": _str(item, "name", at),
-            "arguments": item.get("arguments", ""),
-        }
+        function = {"name": _str(item, "name", at), "arguments": _text(item, at)}
         call = {
             "id": _str(item, "call_id", at),
             "type": "function",
@@ -160,5 +157,21 @@ def _parts(parts: object, at: str) -> str:
                 param=f"{at}[{j}].type",
                 code="unsupported_content",
             )
-        texts.append(str(part.get("text", "")))
+        texts.append(_text(part, f"{at}[{j}]", "text"))
     return "\n".join(texts)
+
+
+def _text(item: dict[str, Any], at: str, name: str = "arguments") -> str:
+    """``item[name]``, a string (``""`` when absent): a call's arguments are JSON
+    text, a part's text is text; another type is a 400 naming it (a dict of
+    arguments reached the chat checks, which named their own parameter, and a
+    part's dict became its Python repr in the prompt)."""
+    value = item.get(name, "")
+    if not isinstance(value, str):
+        raise RequestError(
+            f"Invalid type for '{at}.{name}': expected a string, got "
+            f"{type(value).__name__}",
+            param=f"{at}.{name}",
+            code="invalid_type",
+        )
+    return value
