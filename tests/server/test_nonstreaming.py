@@ -154,3 +154,15 @@ async def test_a_bug_before_the_first_byte_is_a_recorded_500() -> None:
         EndState.ERRORED,
         500,
     )
+
+
+async def test_a_bug_in_a_messages_request_is_a_500_in_anthropics_shape() -> None:
+    """It was OpenAI's ``{"error": {...}}``, which the anthropic SDK does not read."""
+    app = create_app(_BuggyEngine(), ServerConfig())
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    body = {"model": "default", "max_tokens": 5, "messages": HELLO}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        response = await client.post("/v1/messages", json=body)
+    assert response.status_code == 500
+    assert response.json()["type"] == "error"
+    assert response.json()["error"]["type"] == "api_error"

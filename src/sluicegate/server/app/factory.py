@@ -50,6 +50,7 @@ from sluicegate.engines.clocks import Timers
 from sluicegate.server.admission.access import PAGE_PATH
 from sluicegate.server.apis.completion_routes import CompletionRoutes
 from sluicegate.server.apis.info_routes import InfoRoutes
+from sluicegate.server.apis.messages_api import MESSAGES_PATHS
 from sluicegate.server.apis.messages_routes import MessagesRoutes
 from sluicegate.server.apis.responses_routes import ResponsesRoutes
 from sluicegate.server.app.playground import PlaygroundRoutes
@@ -150,7 +151,10 @@ def create_app(
             Route(PAGE_PATH, page.page, methods=["GET"]),
             Route(PAGE_PATH + "/{name}", page.asset, methods=["GET"]),
         ],
-        exception_handlers={HTTPException: http_error, Exception: server_error},
+        exception_handlers={
+            HTTPException: http_error,
+            Exception: server_error(MESSAGES_PATHS),
+        },
         lifespan=lifespan,
     )
     app.guard = routes.guard

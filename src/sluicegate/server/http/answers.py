@@ -20,6 +20,7 @@ RFC 9110, "10.2.3. Retry-After"; docs/DESIGN.md, "Status first, errors in band".
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,10 +79,19 @@ def json_answer(
     return Response(dumps(payload), status, headers, media_type="application/json")
 
 
-async def server_error(request: Request, exc: Exception) -> Response:
-    """Starlette's handler of an exception no route caught: a 500, no details."""
-    # Starlette's ServerErrorMiddleware calls this, then re-raises for the log.
-    return error_answer(InternalError())
+def server_error(
+    messages_paths: Collection[str],
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """Starlette's handler of an exception no route caught: a 500, no details,
+    in Anthropic's shape on ``messages_paths`` (it was OpenAI's there too)."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        # Starlette's ServerErrorMiddleware calls this, then re-raises for the log.
+        messages = request.scope["path"] in messages_paths
+        endpoint = Endpoint.MESSAGES if messages else Endpoint.CHAT
+        return error_answer(InternalError(), endpoint=endpoint)
+
+    return handle
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
