@@ -15,7 +15,7 @@ Reported per cell: output tokens/s of all streams together (the median run),
 time to first token and the gap between text events (p50, p99 over all streams
 of all runs), the server's CPU time per output token (all its threads; less
 moved by other work on the machine than wall time, though spinning threads
-count), and the 1-minute load average before the cell. Then two more
+count), and the 1-minute load average before and after the cell. Then two more
 figures: ``interference``, 15 streams decoding when one ~4,000-token prompt
 arrives (their gaps before it and while it is read, and its time to first
 token); and ``prefix``, the time to first token of a ~1,000-token prompt when
@@ -174,6 +174,7 @@ def measure_cells(
                 row |= summary(runs[name])
                 tokens = sum(s.tokens for streams, _ in runs[name] for s in streams)
                 row["cpu_ms_per_tok"] = 1000 * cpu[name] / max(tokens, 1)
+                row["load_1m_after"] = os.getloadavg()[0]
                 if name == "sluicegate":
                     row["ratio_tok_s"] = statistics.median(ratios)
                 rows.append(row)

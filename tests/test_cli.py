@@ -53,3 +53,10 @@ def test_model_prints_only_the_path_on_stdout() -> None:
     path = Path(done.stdout.removesuffix("\n"))
     assert "\n" not in str(path), repr(done.stdout)
     assert path.is_file()  # usable as $(sluicegate model)
+
+
+def test_serve_with_no_flags_runs_the_engine_settings_doctor_reports() -> None:
+    from sluicegate.cli import _parser
+    from sluicegate.engines.llamacpp.config import EngineConfig, from_args
+
+    assert from_args(_parser().parse_args(["serve"])) == EngineConfig()

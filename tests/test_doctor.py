@@ -13,6 +13,7 @@ import pytest
 
 from sluicegate.cpu import compiled_features, cpu_flags, missing_features
 from sluicegate.doctor import CRASHED, FAILED, diagnose, run_child
+from sluicegate.engines.llamacpp.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_INFO = (
@@ -134,6 +135,7 @@ def test_doctor_runs_the_default_model_in_a_child_and_exits_0() -> None:
     assert "AVX2 = 1" in report
     assert "matches the package's" in report
     assert "generation: 32 tokens" in report
+    assert f"serve's engine (no flags): {EngineConfig().describe()}" in report
     assert report.rstrip().endswith("doctor: ok")
 
 

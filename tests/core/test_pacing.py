@@ -65,6 +65,20 @@ def test_fewer_decoding_sequences_make_a_smaller_budget() -> None:
     assert pacer.chunk_tokens(2) == 16
 
 
+def test_fewer_decoding_sequences_than_full_batch_keep_its_budget() -> None:
+    pacer = PrefillPacer(step_ratio=2.0, first_chunk_tokens=16, full_batch=4)
+    pacer.observe(1, 0, 1 / 16)  # one sequence: 1/16 s
+    pacer.observe(1, 16, 1 / 16 + 16 / 256)
+    # Sized as if 4 decoded: 4/16 s of room at 1/256 s a token, capped at
+    # twice the last chunk; 6 decoding sequences get 6/16 s.
+    assert pacer.chunk_tokens(1) == 32
+    pacer.observe(1, 32, 1 / 16 + 32 / 256)
+    assert pacer.chunk_tokens(1) == 64
+    assert pacer.chunk_tokens(3) == 64
+    pacer.observe(1, 64, 1 / 16 + 64 / 256)
+    assert pacer.chunk_tokens(6) == 96
+
+
 def test_a_slow_step_shrinks_the_chunk_to_one_token_at_least() -> None:
     pacer = _pacer()
     pacer.observe(4, 0, 0.25)
@@ -112,17 +126,18 @@ def test_the_decode_estimate_is_a_median_over_the_window() -> None:
 @pytest.mark.parametrize(
     ("ratio", "counts"),
     [
-        (1.0, (8, 1, 4, 4, 4)),
-        (2.0, (0, 1, 4, 4, 4)),
-        (2.0, (8, 0, 4, 4, 4)),
-        (2.0, (8, 1, 0, 4, 4)),
-        (2.0, (8, 1, 4, 4, 0)),
+        (1.0, (8, 1, 4, 4, 4, 1)),
+        (2.0, (0, 1, 4, 4, 4, 1)),
+        (2.0, (8, 0, 4, 4, 4, 1)),
+        (2.0, (8, 1, 0, 4, 4, 1)),
+        (2.0, (8, 1, 4, 4, 0, 1)),
+        (2.0, (8, 1, 4, 4, 4, 0)),
     ],
 )
 def test_bad_settings_are_a_value_error(
-    ratio: float, counts: tuple[int, int, int, int, int]
+    ratio: float, counts: tuple[int, int, int, int, int, int]
 ) -> None:
-    first, least, window, decode_window, probe_every = counts
+    first, least, window, decode_window, probe_every, full_batch = counts
     with pytest.raises(ValueError, match="expected step_ratio > 1"):
         PrefillPacer(
             step_ratio=ratio,
@@ -131,6 +146,7 @@ def test_bad_settings_are_a_value_error(
             window=window,
             decode_window=decode_window,
             probe_every=probe_every,
+            full_batch=full_batch,
         )
 
 
@@ -202,10 +218,40 @@ def test_with_a_linear_cost_the_mixed_step_stays_in_budget_and_fills_it(
     assert pacer.chunk_tokens(decoding) in {max(1, ideal - 1), max(1, ideal)}
 
 
-def _paced_scheduler(step_tokens: int = 64) -> BatchScheduler[Scheduled]:
+@given(
+    seq_s=st.floats(1e-4, 0.1),
+    token_s=st.floats(1e-5, 0.05),
+    ratio=st.floats(1.1, 4.0),
+    decoding=st.integers(1, 16),
+    full_batch=st.integers(1, 16),
+)
+def test_with_a_per_sequence_cost_the_decoders_delay_is_a_full_batchs_at_most(
+    seq_s: float, token_s: float, ratio: float, decoding: int, full_batch: int
+) -> None:
+    # Each decoding sequence waits what the chunk adds: what a step of
+    # max(decoding, full_batch) sequences may add at step_ratio, within a token
+    # (so summed over them no more than a full batch's wait, and each waits no
+    # less than at step_ratio of its own step).
+    decode_s = decoding * seq_s
+    pacer = PrefillPacer(step_ratio=ratio, first_chunk_tokens=8, full_batch=full_batch)
+    pacer.observe(decoding, 0, decode_s)
+    pacer.observe(decoding, 8, decode_s + 8 * token_s)
+    for _ in range(20):
+        chunk = pacer.chunk_tokens(decoding)
+        pacer.observe(decoding, chunk, decode_s + chunk * token_s)
+    pacer.observe(decoding, 0, decode_s)
+    added_s = pacer.chunk_tokens(decoding) * token_s
+    room_s = (ratio - 1) * max(decoding, full_batch) * seq_s
+    assert added_s <= room_s * (1 + 1e-9) or added_s == token_s
+    assert added_s + 2 * token_s > room_s
+
+
+def _paced_scheduler(
+    step_tokens: int = 64, slots: int = 3
+) -> BatchScheduler[Scheduled]:
     return BatchScheduler(
         kv_cells=1000,
-        slots=3,
+        slots=slots,
         step_tokens=step_tokens,
         queue_limit=4,
         chunk_tokens=8,
@@ -225,41 +271,78 @@ def _step_time_s(plan_shape: list[tuple[Phase, int]]) -> float:
     return sum(1 / 16 if phase is Phase.DECODE else n / 256 for phase, n in plan_shape)
 
 
-def test_the_scheduler_paces_a_long_prompt_among_decoding_sequences() -> None:
-    scheduler = _paced_scheduler()
-    first = Scheduled("a", (1, 2), 50, frozenset({EOS}))
-    scheduler.submit(first)
+def _decoding(scheduler: BatchScheduler[Scheduled], n: int) -> list[Scheduled]:
+    """``n`` sequences admitted, read and decoding (their first token taken)."""
+    seqs = [Scheduled(f"d{i}", (1, 2), 50, frozenset({EOS})) for i in range(n)]
+    for seq in seqs:
+        scheduler.submit(seq)
     scheduler.admit()
+    scheduler.advance(scheduler.plan())
+    for seq in seqs:
+        scheduler.accept(seq, 7)
+    return seqs
+
+
+def test_the_scheduler_paces_a_long_prompt_among_decoding_sequences() -> None:
+    scheduler = _paced_scheduler(slots=4)
+    decoding = _decoding(scheduler, 2)
     chunks: list[int] = []
     for step in range(14):
         if step == 2:
-            scheduler.submit(Scheduled("long", tuple(range(300)), 5, frozenset()))
+            scheduler.submit(Scheduled("long", tuple(range(600)), 5, frozenset()))
             scheduler.admit()
         plan = scheduler.plan()
         shape = [(c.seq.phase, len(c.tokens)) for c in plan]
         if step >= 2:
             chunks.append(sum(n for phase, n in shape if phase is Phase.PREFILL))
         scheduler.advance(plan, _step_time_s(shape))
-        scheduler.accept(first, 7)
-    # One decoding sequence takes 1/16 s; ratio 2 leaves 1/16 s, 16 tokens; the
+        for seq in decoding:
+            scheduler.accept(seq, 7)
+    # Two decoding sequences take 2/16 s, but the chunk is sized for slots - 1
+    # = 3 of them: ratio 2 leaves 3/16 s, 48 tokens, reached by doubling; the
     # ninth step decodes alone, to measure a decode-only step again.
-    assert chunks == [8, 16, 16, 16, 16, 16, 16, 16, 0, 16, 16, 16]
+    assert chunks == [8, 16, 32, 48, 48, 48, 48, 48, 0, 48, 48, 48]
 
 
 def test_without_step_times_the_scheduler_keeps_chunk_tokens() -> None:
     scheduler = _paced_scheduler()
-    first = Scheduled("a", (1, 2), 50, frozenset({EOS}))
-    scheduler.submit(first)
-    scheduler.admit()
-    scheduler.advance(scheduler.plan())
-    scheduler.accept(first, 7)
+    decoding = _decoding(scheduler, 2)
     scheduler.submit(Scheduled("long", tuple(range(300)), 5, frozenset()))
     scheduler.admit()
     for _ in range(3):
         plan = scheduler.plan()
-        assert [len(c.tokens) for c in plan] == [1, 8]
+        assert [len(c.tokens) for c in plan] == [1, 1, 8]
         scheduler.advance(plan)
-        scheduler.accept(first, 7)
+        for seq in decoding:
+            scheduler.accept(seq, 7)
+
+
+def test_prompts_as_many_as_the_decoding_sequences_get_the_whole_step() -> None:
+    # One sequence decodes and three long prompts wait (four arrived together):
+    # they are read oldest first with all the step holds, then, once more
+    # sequences decode than prompts are read, paced again.
+    scheduler = _paced_scheduler(slots=4)
+    decoding = _decoding(scheduler, 1)
+    for i in range(3):
+        scheduler.submit(Scheduled(f"p{i}", tuple(range(100)), 5, frozenset()))
+    scheduler.admit()
+    cuts = []
+    for _ in range(5):
+        plan = scheduler.plan()
+        cuts.append([(c.seq.request_id, len(c.tokens)) for c in plan[len(decoding) :]])
+        scheduler.advance(plan, _step_time_s([(c.seq.phase, 1) for c in plan]))
+        for chunk in plan:
+            if chunk.wants_logits:
+                scheduler.accept(chunk.seq, 7)
+                if chunk.seq not in decoding:
+                    decoding.append(chunk.seq)
+    assert cuts == [
+        [("p0", 63)],
+        [("p0", 37), ("p1", 26)],
+        [("p1", 62)],  # 2 decode, 2 are read: still the whole step
+        [("p1", 12), ("p2", 50)],
+        [("p2", 8)],  # 3 decode, 1 is read: paced (the first chunk)
+    ]
 
 
 @given(
@@ -372,3 +455,67 @@ def test_two_identical_short_prompts_are_cut_alike_whatever_the_pacer_learnt(
         step += 1
         assert step <= 400  # progress
     assert cuts == {"first": [length], "twin": [length]}
+
+
+@given(
+    learnt=st.lists(
+        st.tuples(
+            st.integers(0, 3),
+            st.integers(0, 64),
+            st.floats(-1.0, 10.0, allow_nan=False),
+        ),
+        max_size=30,
+    ),
+    times=st.lists(st.floats(0.0, 5.0, allow_nan=False), min_size=1, max_size=8),
+    decoders=st.integers(1, 4),
+    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=4),
+)
+def test_prompts_beside_decoding_ones_are_paced_together_or_given_the_step(
+    learnt: list[tuple[int, int, float]],
+    times: list[float],
+    decoders: int,
+    lengths: list[int],
+) -> None:
+    # While more sequences decode than prompts are read, the pacer's chunk is
+    # the step's, not each prompt's (four chunks would make a step four times
+    # as long as planned); else the prompts get all the step holds. Either
+    # way the oldest prompt is read first.
+    scheduler = BatchScheduler[Scheduled](
+        kv_cells=2000,
+        slots=8,
+        step_tokens=48,
+        queue_limit=8,
+        chunk_tokens=8,
+        step_ratio=1.5,
+    )
+    assert scheduler.pacer is not None
+    for d, p, s in learnt:
+        scheduler.pacer.observe(d, p, s)
+    _decoding(scheduler, decoders)
+    for i, n in enumerate(lengths):
+        scheduler.submit(Scheduled(f"p{i}", tuple(range(n)), 2, frozenset()))
+    scheduler.admit()
+    step = 0
+    while any(s.phase is Phase.PREFILL for s in scheduler):
+        decoding = sum(s.phase is Phase.DECODE for s in scheduler)
+        reading = sum(s.phase is Phase.PREFILL for s in scheduler)
+        most = scheduler.pacer.chunk_tokens(decoding)
+        running = scheduler.running.values()
+        left = {s.request_id: len(s.prompt) - s.n_prompt_done for s in running}
+        plan = scheduler.plan()
+        read = [c for c in plan if c.seq.phase is Phase.PREFILL]
+        cut = [c for c in read if left[c.seq.request_id] > 8]  # not short
+        if decoding > reading:
+            assert sum(len(c.tokens) for c in cut) <= most
+        else:  # the step is full, or what is not read whole did not fit it
+            room = 48 - sum(len(c.tokens) for c in plan)
+            whole = {c.seq.request_id for c in read if c.wants_logits}
+            unread = [n for rid, n in left.items() if n and rid not in whole]
+            assert not room or all(room < n <= 8 for n in unread)
+        assert all(c.wants_logits for c in cut[:-1])  # the oldest first
+        scheduler.advance(plan, times[step % len(times)])
+        for chunk in plan:
+            if chunk.wants_logits and scheduler.accept(chunk.seq, 7) is not None:
+                scheduler.release(chunk.seq)
+        step += 1
+        assert step <= 400  # progress

@@ -132,17 +132,19 @@ def test_drain_holds_no_cells() -> None:
     assert scheduler.cache.cells == 0
 
 
-def test_prompt_chunks_shrink_to_chunk_tokens_while_a_sequence_decodes() -> None:
+def test_prompt_chunks_shrink_to_chunk_tokens_while_more_sequences_decode() -> None:
     scheduler = BatchScheduler[Scheduled](
-        kv_cells=100, slots=3, step_tokens=8, queue_limit=4, chunk_tokens=3
+        kv_cells=100, slots=5, step_tokens=8, queue_limit=4, chunk_tokens=3
     )
-    first = Scheduled("a", tuple(range(8)), 5, frozenset({EOS}))
-    scheduler.submit(first)
+    first = [Scheduled(f"a{i}", (1, 2), 5, frozenset({EOS})) for i in range(3)]
+    for seq in first:
+        scheduler.submit(seq)
     scheduler.admit()
     plan = scheduler.plan()
-    assert [len(c.tokens) for c in plan] == [8]  # nobody decodes: the whole step
+    assert [len(c.tokens) for c in plan] == [2, 2, 2]  # nobody decodes: all at once
     scheduler.advance(plan)
-    scheduler.accept(first, 7)
+    for seq in first:
+        scheduler.accept(seq, 7)
     long, short = (
         Scheduled(n, tuple(range(k)), 5, frozenset({EOS}))
         for n, k in [("b", 8), ("c", 2)]
@@ -150,8 +152,9 @@ def test_prompt_chunks_shrink_to_chunk_tokens_while_a_sequence_decodes() -> None
     scheduler.submit(long)
     scheduler.submit(short)
     scheduler.admit()
-    # Each prompt reads at most 3 tokens a step; the short one ends its prompt.
-    assert [len(c.tokens) for c in scheduler.plan()] == [1, 3, 2]
+    # Three decode, two prompts are read: the cut one reads at most 3 tokens a
+    # step; the short one ends its prompt.
+    assert [len(c.tokens) for c in scheduler.plan()] == [1, 1, 1, 3, 2]
 
 
 def test_claim_without_a_free_slot_is_a_value_error() -> None:

@@ -18,6 +18,12 @@ Invariants:
       median of the last ``decode_window`` such steps). With fewer sequences
       than were measured, its fixed cost is then counted as the prompt's, which
       makes the chunk smaller, not larger.
+    - The time a chunk may add is sized for at least ``full_batch`` decoding
+      sequences: with fewer, it is what it would be beside ``full_batch`` of
+      them (at the per-sequence time measured), so the decoding streams'
+      delay summed over them is no larger than a full batch's, and each of
+      a few decoding streams waits longer than ``step_ratio`` times its step
+      while the prompts, read in larger chunks, wait less.
     - After ``probe_every`` mixed steps in a row the chunk is 0: one step
       decodes alone and is measured. A decoding token's step grows as a long
       prompt's cells join a unified KV memory (its attention spans them), and
@@ -57,6 +63,8 @@ class PrefillPacer:
         decode_window: decode-only steps a decode-only step's time is the
             median of (>= 1).
         probe_every: mixed steps in a row before one decodes alone (>= 1).
+        full_batch: the fewest decoding sequences a chunk is sized for (>= 1;
+            1: as many as decode).
 
     Raises:
         ValueError: ``step_ratio`` <= 1, or a count below 1.
@@ -71,6 +79,7 @@ class PrefillPacer:
         window: int = 16,
         decode_window: int = 5,
         probe_every: int = 8,
+        full_batch: int = 1,
     ) -> None:
         counts = (
             first_chunk_tokens,
@@ -78,6 +87,7 @@ class PrefillPacer:
             window,
             decode_window,
             probe_every,
+            full_batch,
         )
         if step_ratio <= 1 or min(counts) < 1:
             raise ValueError(
@@ -88,6 +98,7 @@ class PrefillPacer:
         self.first_chunk_tokens = first_chunk_tokens
         self.min_chunk_tokens = min_chunk_tokens
         self.probe_every = probe_every
+        self.full_batch = full_batch
         self._decode_s_per_seq: deque[float] = deque(maxlen=decode_window)
         self._mixed: deque[tuple[int, float]] = deque(maxlen=window)
         self._mixed_in_a_row = 0
@@ -110,19 +121,20 @@ class PrefillPacer:
         return extra_s / tokens
 
     def chunk_tokens(self, decoding: int) -> int:
-        """Prompt tokens of one prompt in the next step, in which ``decoding``
-        sequences (>= 1) decode.
+        """Prompt tokens in the next step, in which ``decoding`` sequences
+        (>= 1) decode.
 
         Returns:
             0 after ``probe_every`` mixed steps in a row (the next step decodes
             alone); ``first_chunk_tokens`` until both kinds of step were
-            observed; else what fits in ``step_ratio - 1`` decode-only steps at
-            the measured cost per prompt token, at most twice the largest
-            recent chunk; never below ``min_chunk_tokens`` but for the probe.
+            observed; else what fits in ``step_ratio - 1`` decode-only steps of
+            ``max(decoding, full_batch)`` sequences at the measured cost per
+            prompt token, at most twice the largest recent chunk; never below
+            ``min_chunk_tokens`` but for the probe.
         """
         if self._mixed_in_a_row >= self.probe_every:
             return 0
-        decode_s = self.decode_step_s(decoding)
+        decode_s = self.decode_step_s(max(decoding, self.full_batch))
         least = self.min_chunk_tokens
         if decode_s is None or not self._mixed:
             return max(least, self.first_chunk_tokens)

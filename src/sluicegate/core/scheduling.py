@@ -11,11 +11,17 @@ Invariants:
       and its prompt plus ``max_tokens`` fits in the KV cells not yet reserved;
       nobody overtakes it. So a running sequence never runs out of cells.
     - A step holds one token per decoding sequence, then prompt chunks of the
-      prefilling ones, ``step_tokens`` tokens at most, and while any sequence
-      decodes one chunk of each prompt (``chunk_tokens``, or the pacer's, sized
-      from step times and never below a quarter of ``chunk_tokens``): a long
-      prompt lengthens the steps of running sequences by a bounded chunk, and
-      short prompts arriving together are read at once.
+      prefilling ones in admission order, ``step_tokens`` tokens at most. While
+      more sequences decode than prompts are read, the prompts that are cut
+      hold ``chunk_tokens`` of it together (or the pacer's, sized from step
+      times for at least ``slots - 1`` decoding sequences and never below a
+      quarter of ``chunk_tokens``): long prompts lengthen the steps of the
+      decoding majority by a bounded chunk, the oldest prompt read first, and
+      short prompts arriving together are read at once. While as many prompts
+      are read as sequences decode, or more, the prompts get the whole step:
+      streams waiting for their first token are then no fewer than those
+      waiting for their next (four ~1,000-token prompts arriving together,
+      the first decoding: llama-server reads them all before any decodes).
     - A prompt whose unread part is at most ``chunk_tokens`` is read in one
       step, never cut: when the step's budget left after other prompts'
       chunks cannot hold it, it waits for the next step. llama.cpp's
@@ -59,13 +65,14 @@ class BatchScheduler(Generic[_S]):
         slots: sequences decoded together (>= 1).
         step_tokens: tokens in one step, decode tokens and prefill chunks
             together (>= ``slots``).
-        chunk_tokens: tokens of one prompt in one step while any sequence
-            decodes (>= 1; default ``step_tokens``); with ``step_ratio``, the
-            first such chunk, and four times the smallest. A prompt no longer
-            than this is never cut.
+        chunk_tokens: tokens of the prompts cut in one step while any
+            sequence decodes (>= 1; default ``step_tokens``); with
+            ``step_ratio``, the first such chunk, and four times the smallest.
+            A prompt no longer than this is never cut.
         step_ratio: size that chunk from the step times given to ``advance``
             so that such a step takes about this multiple of a decode-only
-            one (> 1; ``PrefillPacer``); default: ``chunk_tokens`` always.
+            one of ``slots - 1`` sequences, or of as many as decode if more
+            (> 1; ``PrefillPacer``); default: ``chunk_tokens`` always.
         queue_limit: sequences that may wait for admission.
         prefix_cache: where the cells of sequences that left are held for
             reuse; default: none held (every slot left is trimmed).
@@ -99,10 +106,14 @@ class BatchScheduler(Generic[_S]):
             # The floor bounds a long read however slow other work makes the
             # measured steps; a quarter, since a whole chunk_tokens (32) beside
             # 15 decoding streams already doubles a step (docs/performance.md).
+            # Sized for slots - 1 decoding sequences, the most that decode
+            # beside one prompt: fewer pay no more together, and the prompts
+            # (4 of ~1,000 tokens at once) are read in larger chunks.
             self.pacer = PrefillPacer(
                 step_ratio=step_ratio,
                 first_chunk_tokens=self.chunk_tokens,
                 min_chunk_tokens=max(1, self.chunk_tokens // 4),
+                full_batch=max(1, slots - 1),
             )
         self.queue_limit = queue_limit
         self.waiting: deque[_S] = deque()
@@ -112,6 +123,7 @@ class BatchScheduler(Generic[_S]):
         self._by_id: dict[str, _S] = {}
         self._free_slots = list(range(slots - 1, -1, -1))
         self._reserved = 0
+        self._paced = False  # whether the last plan's prompt chunks were paced
         self.cache = prefix_cache or PrefixCache(enabled=False)
         """The cells held by free slots, and the trims the engine owes."""
 
@@ -233,8 +245,9 @@ class BatchScheduler(Generic[_S]):
     def plan(self) -> list[PlannedChunk[_S]]:
         """The next step's batch: every decoding sequence's last token, then
         prompt chunks of the prefilling ones in admission order, within
-        ``step_tokens`` (and one chunk of each prompt when any sequence decodes:
-        ``chunk_tokens``, or the pacer's). A prompt with at most
+        ``step_tokens`` (and, when more sequences decode than prompts are
+        read, the prompts cut in it hold ``chunk_tokens``, or the pacer's,
+        together; none on the pacer's probe). A prompt with at most
         ``chunk_tokens`` left that does not fit what other prompts left of the
         budget waits whole for the next step. Empty when nothing runs."""
         plan: list[PlannedChunk[_S]] = []
@@ -246,10 +259,13 @@ class BatchScheduler(Generic[_S]):
                 plan.append(PlannedChunk(seq, (seq.last_token,), pos, True))
                 budget -= 1
         most, pacer, reading = budget, self.pacer, False
-        if plan:
+        prefilling = sum(seq.phase is Phase.PREFILL for seq in running)
+        self._paced = len(plan) > prefilling
+        if self._paced:
             most = pacer.chunk_tokens(len(plan)) if pacer else self.chunk_tokens
+        probe = most <= 0
         for seq in running:
-            if seq.phase is not Phase.PREFILL or most <= 0:
+            if seq.phase is not Phase.PREFILL or probe:
                 continue
             done = seq.n_prompt_done
             left = len(seq.prompt) - done
@@ -263,12 +279,14 @@ class BatchScheduler(Generic[_S]):
                 PlannedChunk(seq, seq.prompt[done : done + take], done, take == left)
             )
             budget -= take
+            most -= 0 if short else take
             reading = True
         return plan
 
     def advance(self, plan: list[PlannedChunk[_S]], elapsed_s: float = -1.0) -> int:
         """``plan``'s step ran, in ``elapsed_s`` seconds (told to the pacer, if
-        any; negative: not measured): its prompt chunks are in the KV cache.
+        any, unless its prompt chunks were not paced; negative: not measured):
+        its prompt chunks are in the KV cache.
 
         Returns:
             The prompt tokens the step read (tokens).
@@ -281,7 +299,9 @@ class BatchScheduler(Generic[_S]):
                 read += len(chunk.tokens)
                 if seq.n_prompt_done == len(seq.prompt):
                     seq.phase = Phase.DECODE
-        if self.pacer is not None:
+        # A step that read prompts unpaced would teach the pacer the cost of a
+        # large chunk, below a small one's: the next paced chunks would overrun.
+        if self.pacer is not None and (self._paced or not read):
             self.pacer.observe(decoding, read, elapsed_s)
         return read
 

@@ -27,16 +27,18 @@ class EngineConfig:
         n_parallel: sequences decoded together in one step.
         step_tokens: tokens in one step (decode tokens and prompt chunks); also
             llama.cpp's batch and micro-batch size.
-        chunk_tokens: tokens of one prompt in one step while any sequence
-            decodes (``None``: ``step_tokens``); with ``step_ratio``, the first
-            such chunk, before step times are measured, and four times the
-            smallest. A prompt no longer than this is read in one step.
-        step_ratio: a step that reads a prompt while others decode takes about
-            this multiple of a decode-only step (the chunk sized from measured
-            step times, ``PrefillPacer``); ``None``: ``chunk_tokens`` always.
-            1.5 kept the 15 streams' gap p99 within twice their steady one
-            while a ~4,000-token prompt was read, where 2 did not
-            (docs/performance.md).
+        chunk_tokens: tokens of the prompts cut in one step while more
+            sequences decode than prompts are read (``None``: ``step_tokens``);
+            with ``step_ratio``, the first such chunk, before step times are
+            measured, and four times the smallest. A prompt no longer than this
+            is read in one step.
+        step_ratio: a step that reads prompts while more sequences decode
+            takes about this multiple of a decode-only step of as many
+            sequences, or of ``n_parallel - 1`` if fewer decode (the chunk
+            sized from measured step times, ``PrefillPacer``); ``None``:
+            ``chunk_tokens`` always. 1.5 kept the 15 streams' gap p99 within
+            twice their steady one while a ~4,000-token prompt was read, where
+            2 did not (docs/performance.md).
         n_threads: llama.cpp threads; ``None``: the cores this process may use.
         prefix_cache: keep finished sequences' KV cells for prompts that start
             with the same tokens. Off by default: a prompt partly read from
@@ -82,16 +84,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chunk-tokens",
         type=int,
         default=_DEFAULT.chunk_tokens,
-        help="tokens of one prompt per step while other streams decode "
-        "(with --step-ratio: the first such chunk, and 4x the smallest); a "
-        "prompt no longer is never cut",
+        help="tokens of the prompts cut in one step while more streams decode "
+        "than prompts are read (with --step-ratio: the first such chunk, and 4x "
+        "the smallest); a prompt no longer is never cut",
     )
     add(
         "--step-ratio",
         type=float,
         default=_DEFAULT.step_ratio,
-        help="a step reading a prompt among decoding streams takes about this "
-        "multiple of a decode-only step (0: --chunk-tokens always)",
+        help="a step reading prompts among more decoding streams takes about "
+        "this multiple of a decode-only step of as many, or of --parallel - 1 "
+        "(0: --chunk-tokens always)",
     )
     add("--threads", type=int, default=_DEFAULT.n_threads, help="llama.cpp threads")
     add(

@@ -88,10 +88,8 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
             sequence (prompt + completion) the engine serves.
         n_parallel: sequences decoded together in one step.
         step_tokens: token budget of one step (decode tokens + prefill chunk).
-        chunk_tokens: tokens of one prompt in a step while any sequence
-            decodes (default ``step_tokens``; a prompt no longer is never
-            cut); the first such chunk, and 4x the smallest, with ``step_ratio``,
-            the multiple of a decode-only step's time such a step may take.
+        chunk_tokens, step_ratio: how prompts are cut among decoding
+            sequences (``BatchScheduler``: ``EngineConfig`` has the defaults).
         n_threads: CPU threads for llama.cpp (default: one per core this
             process may run on, ``batch.usable_cores``).
         queue_limit: requests that may wait for admission; more raise
