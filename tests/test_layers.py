@@ -42,7 +42,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "core.wire": frozenset({"core"}),
     "core.upstream": frozenset({"core", "core.decoding", "core.wire"}),
     "engines": CORE,
-    "engines.llamacpp": CORE | {"engines"},
+    # The vocabulary cache lives in the data directory.
+    "engines.llamacpp": CORE | {"engines", "model"},
     "engines.scripted": CORE | {"engines"},
     "engines.upstream": CORE | {"engines"},
     # The engine process hosts a llama.cpp engine, and checks grammars with it.

@@ -121,7 +121,7 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
         self._model_ptr = llama.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model_ptr:
             raise FileNotFoundError(f"cannot load a GGUF model from {str(path)!r}")
-        tokenizer = LlamaTokenizer(self._model_ptr)
+        tokenizer = LlamaTokenizer(self._model_ptr, path)
         self._grammars = GrammarCompiler(tokenizer)
         # llguidance's view of the vocabulary takes about a second to build:
         # built beside the start-up, not in the worker on the first constrained
