@@ -43,11 +43,11 @@ def start(started: list[ServerProcess], log_dir: Path, *args: str) -> ServerProc
     return server
 
 
-@pytest.mark.llamacpp
 def test_the_second_replica_answers_429_once_the_first_spent_the_budget(
     redis_url: str, replicas: list[ServerProcess], tmp_path: Path
 ) -> None:
-    args = ("--engine", "llamacpp", "--n-ctx", "512", "--parallel", "1")
+    # The budget is spent at admission, before any engine: a scripted one.
+    args = ("--engine", "scripted")
     quota = ("--redis", redis_url, "--requests-per-minute", "1", "--api-key", "sk-a")
     first, second = (start(replicas, tmp_path, *args, *quota) for _ in range(2))
     for server in (first, second):
