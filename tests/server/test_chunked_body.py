@@ -13,6 +13,7 @@ import asyncio
 import re
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,9 +22,17 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from sluicegate.engines.scripted.engine import ScriptedEngine
+from sluicegate.server.app.factory import create_app
+from sluicegate.server.config import ServerConfig
 from sluicegate.server.http.chunked_body import ChunkedBodySend
 from sluicegate.server.http.connections import ConnectionLimits, protocol_class
+from sluicegate.server.streaming.sse_response import EventStreamResponse
+from tests.polling import wait_until
+from tests.server.asgi import HELLO
 from tests.server.test_connection_refusals import FakeTransport
+
+GIVE_UP_S = 10.0
 
 pytestmark = pytest.mark.anyio
 
@@ -219,3 +228,119 @@ async def test_start_with_writes_h11s_bytes_in_one_write_when_chunked(
         assert first == head + b"9\r\ndata: 1\n\n\r\n"  # the head and the part
     else:
         assert first == head  # the head alone, as h11 writes it
+
+
+def end_with_app(parts: list[bytes], *, paused: bool = False) -> Any:
+    """Like ``streaming_app``, the last part and the body's end sent by
+    ``end_with``; with ``paused``, while the transport is paused (two sends:
+    they then wait for the transport like any send)."""
+    writes: list[bytes] = []
+
+    async def app(scope: Scope, receive: Receive, send: Any) -> None:
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for part in parts[:-1]:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        transport = send._cycle.transport
+        write = transport.write
+
+        def recorded(data: bytes) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        transport.write = recorded
+        flow = send._cycle.flow
+        if paused:
+            flow.pause_writing()
+            asyncio.get_running_loop().call_soon(flow.resume_writing)
+        await send.end_with(parts[-1])
+        assert send._cycle.response_complete
+
+    app.writes = writes  # type: ignore[attr-defined]
+    return app
+
+
+@pytest.mark.parametrize(
+    ("name", "request_"), requests(), ids=[n for n, _ in requests()]
+)
+@pytest.mark.parametrize("paused", [False, True], ids=["writable", "paused"])
+async def test_end_with_writes_h11s_bytes_in_one_write_when_chunked(
+    name: str, request_: bytes, paused: bool
+) -> None:
+    parts = [*PARTS, b"data: [DONE]\n\n"]
+    app = end_with_app(parts, paused=paused)
+    ours = await written(LIMITED, app, request_)
+    assert ours == await written(H11Protocol, streaming_app(parts), request_)
+    if name in ("http/1.1", "close") and not paused:
+        assert app.writes == [b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"]
+    elif name == "head":
+        assert b"".join(app.writes) == b""
+    else:
+        assert app.writes[-1] == (b"0\r\n\r\n" if name != "http/1.0" else b"")
+
+
+@pytest.mark.parametrize("body", [b"", b"data: [DONE]\n\n"], ids=["empty", "part"])
+async def test_after_end_with_the_connection_is_closed_or_answers_the_next(
+    body: bytes,
+) -> None:
+    """The state after ``end_with`` is uvicorn's after its own end: a close
+    asked for closes, a pipelined request is answered after the body's end."""
+    for request_, closed in [
+        (requests()[3][1], True),
+        (requests()[0][1] * 2, False),
+    ]:
+        app = end_with_app([b"data: 1\n\n", body])
+        config = Config(app=app, http=LIMITED, log_level="warning")
+        config.load()
+        protocol = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = FakeTransport()
+        protocol.connection_made(transport)
+        protocol.data_received(request_)
+        for _ in range(200):
+            if transport.written.count(b"0\r\n\r\n") == (1 if closed else 2):
+                break
+            await asyncio.sleep(0.001)
+        assert transport.closed is closed
+        wire = bytes(transport.written)
+        assert wire.count(b"HTTP/1.1 200 OK") == (1 if closed else 2)
+        first_end = wire.index(b"0\r\n\r\n") + 5
+        assert wire[first_end:].startswith(b"" if closed else b"HTTP/1.1 200 OK")
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "task"])
+async def test_a_streams_last_frames_and_its_end_go_out_in_one_write(
+    eager: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind the server's own protocol, a finished stream's last write is its
+    last frames and the body's end, whichever writer took them; the wire is
+    the whole stream."""
+    monkeypatch.setattr(EventStreamResponse, "eager", eager)
+    app = create_app(ScriptedEngine(tokens_per_s=2000), ServerConfig())
+    config = Config(app=app, http=LIMITED, log_level="warning")
+    config.load()
+    protocol = config.http_protocol_class(  # type: ignore[call-arg]
+        config=config, server_state=ServerState(), app_state={}
+    )
+    transport = FakeTransport()
+    writes: list[bytes] = []
+    write = transport.write
+
+    def recorded(data: Any) -> None:
+        writes.append(bytes(data))
+        write(data)
+
+    transport.write = recorded  # type: ignore[method-assign]
+    body = orjson.dumps({"messages": HELLO, "stream": True})
+    protocol.connection_made(transport)
+    protocol.data_received(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: a\r\n"
+        b"Content-Type: application/json\r\n"
+        + b"Content-Length: %d\r\n\r\n%b"
+        % (len(body), body)
+    )
+    await wait_until(lambda: protocol.cycle.response_complete, GIVE_UP_S)  # type: ignore[attr-defined]
+    assert writes[-1].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert writes[-1].count(b"\r\n0\r\n\r\n") == 1
+    assert bytes(transport.written).count(b"data: [DONE]") == 1

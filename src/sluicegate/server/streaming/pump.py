@@ -165,6 +165,10 @@ class EventFrames:
         cadence_s: write on a clock of this period (seconds; 0: off): each tick
             writes what came since the last, or one heartbeat.
         on_heartbeat: called after each heartbeat went out.
+        hold_last: keep the frames that end the machine in ``last``, unwritten
+            (``take()`` returns ``None`` instead), for the caller to write
+            with the body's end; the machine is told ``wrote()`` by whoever
+            writes them.
     """
 
     __slots__ = (
@@ -182,6 +186,8 @@ class EventFrames:
         "_turn",
         "_watch",
         "beat",
+        "hold_last",
+        "last",
     )
 
     def __init__(
@@ -196,6 +202,7 @@ class EventFrames:
         interval_s: float = 0.0,
         cadence_s: float = 0.0,
         on_heartbeat: Callable[[], None] | None = None,
+        hold_last: bool = False,
     ) -> None:
         self._machine = machine
         self._buffer = buffer
@@ -211,6 +218,8 @@ class EventFrames:
         self._ready: Frames | None = None  # fed in this turn, not yet written
         self._settles = False  # _ready holds frames that move the outcome
         self._turn: _Turn | None = None
+        self.hold_last = hold_last
+        self.last: Frames | None = None  # with hold_last: the frames that end
         if eager and interval_s <= 0 and cadence_s <= 0:
             self._turn = _turn()
             buffer.direct = self
@@ -258,6 +267,10 @@ class EventFrames:
             return  # the pump took them, or the stream ended
         self._ready = None
         settles, self._settles = self._settles, False
+        if self.hold_last and self._machine.end_state is not None:
+            self.last = frames  # the caller writes them with the body's end
+            self._buffer.poke()
+            return
         offered = self._sink.offer(frames)
         if offered is not WROTE:
             if offered is BUSY:  # the pump's task writes them after its own
@@ -295,7 +308,8 @@ class EventFrames:
         if ready is not None:  # fed in this turn: before anything else
             self._settles = False
             events = self._buffer.drain()
-            return [*ready, *self._frames(events)] if events else ready
+            frames = [*ready, *self._frames(events)] if events else ready
+            return self._unless_last(frames)
         if machine.end_state is not None:
             return None
         events = self._buffer.drain()
@@ -308,6 +322,13 @@ class EventFrames:
             return self._heartbeat()
         if frames and self._interval_s > 0 and machine.end_state is None:
             self._paused = True
+        return self._unless_last(frames)
+
+    def _unless_last(self, frames: Frames) -> Frames | None:
+        """``frames``, or ``None`` when they end the machine and are held."""
+        if self.hold_last and frames and self._machine.end_state is not None:
+            self.last = frames
+            return None
         return frames
 
     def _frames(self, events: list[StreamEvent]) -> Frames:

@@ -55,7 +55,12 @@ from sluicegate.server.streaming.disconnect import CLIENT_GONE, DisconnectRace
 from sluicegate.server.streaming.generation import Generation
 from sluicegate.server.streaming.pump import EventFrames, pump
 from sluicegate.server.streaming.shared import OnEnd, StreamLimits, attached
-from sluicegate.server.streaming.sink import FrameSink, body_writes, body_writes_now
+from sluicegate.server.streaming.sink import (
+    Frames,
+    FrameSink,
+    body_writes,
+    body_writes_now,
+)
 from sluicegate.server.streaming.write_watch import WriteWatch
 
 __all__ = ["BODY_SEND", "SSE_HEADERS", "EventStreamResponse"]
@@ -147,6 +152,7 @@ class EventStreamResponse:
         """Write the stream until it ends, errs, or the client leaves."""
         machine = self._machine
         start, send = send, scope.get(BODY_SEND, send)
+        ended = False  # the body's end went out with the last frames
         try:
             head = {
                 "type": "http.response.start",
@@ -160,7 +166,14 @@ class EventStreamResponse:
                 await start(head)
                 await _send_body(send, first)
             machine.wrote()
-            await self._stream(receive, send)
+            last = await self._stream(receive, send)
+            if last:  # the frames that end the stream, with the body's end
+                if isinstance(send, ChunkedBodySend):
+                    await send.end_with(b"".join(last))
+                    ended = True
+                else:
+                    await _send_body(send, b"".join(last))
+                machine.wrote()
         except asyncio.CancelledError:
             machine.write_failed()  # stopped by someone else: nothing more goes out
             raise
@@ -172,34 +185,37 @@ class EventStreamResponse:
         finally:
             self._generation.abort_unfinished()
             self._on_end(machine.outcome, 200)
-        if machine.outcome is not EndState.ABORTED:
+        if not ended and machine.outcome is not EndState.ABORTED:
             with contextlib.suppress(OSError):  # gone after the last frame: fine
                 await _send_body(send, b"", more_body=False)
 
-    async def _stream(self, receive: Receive, send: Send) -> None:
+    async def _stream(self, receive: Receive, send: Send) -> Frames | None:
         """Attach the generation to a buffer and write it; stop when told to.
 
         The request's own task writes; ``DisconnectRace`` stops it when the
         client leaves, the buffer overflows or a write is stuck. The deadlines
-        and the shutdown come as a ``Fail`` through the buffer.
+        and the shutdown come as a ``Fail`` through the buffer. Over a
+        ``ChunkedBodySend``, the frames that end the stream are not written
+        but returned, for ``end_with``; else ``None``.
         """
         limit = self._limits.max_buffer_bytes
         with DisconnectRace(receive) as race:
             overflow = functools.partial(race.stop, f"over {limit} buffered bytes")
             buffer = stream_buffer(limit, overflow, self._limits.interval_tokens)
             with attached(self._generation, buffer, self._live, self._limits):
-                await self._write(buffer, send, race)
+                last = await self._write(buffer, send, race)
         if race.reason is None:
-            return
+            return last
         self._machine.write_failed()
         if race.reason != CLIENT_GONE and self._machine.outcome is EndState.ABORTED:
             header_id = self._machine.header.id
             logger.warning("stream %s: %s; aborted", header_id, race.reason)
             self._live.aborted_slow += 1
+        return None
 
     async def _write(
         self, buffer: StreamBuffer, send: Send, race: DisconnectRace
-    ) -> None:
+    ) -> Frames | None:
         """Pump ``buffer``'s events through the machine to ``send`` until the
         machine ends (``pump.py``); heartbeat on silence.
 
@@ -236,9 +252,12 @@ class EventStreamResponse:
             interval_s=limits.interval_s,
             cadence_s=limits.cadence_s,
             on_heartbeat=self._live.count_heartbeat,
+            hold_last=isinstance(send, ChunkedBodySend),
         )
         try:
-            await pump(source, sink)
+            if await pump(source, sink):
+                return source.last
+            return None
         finally:
             source.close()
             sink.close()
