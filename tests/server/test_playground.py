@@ -135,7 +135,9 @@ async def test_recent_requests_list_the_newest_rows_first() -> None:
     assert none["data"] == []
 
 
-@pytest.mark.parametrize("limit", ["0", str(MAX_RECENT + 1), "x", "-1"])
+@pytest.mark.parametrize(
+    "limit", ["0", str(MAX_RECENT + 1), "x", "-1", "\u00b2", "9" * 5000]
+)
 async def test_recent_requests_refuse_a_limit_out_of_range(limit: str) -> None:
     async with _client(_app()) as client:
         response = await client.get("/engine/requests", params={"limit": limit})

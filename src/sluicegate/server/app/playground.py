@@ -129,7 +129,11 @@ class PlaygroundRoutes:
 def _limit(value: str | None) -> int:
     if value is None:
         return DEFAULT_RECENT
-    if not value.isdigit() or not 1 <= int(value) <= MAX_RECENT:
+    # ASCII digits, a few: str.isdigit() took "²" and 5,000 digits, on which
+    # int() raised ValueError (a 500).
+    if not (value.isascii() and value.isdigit() and len(value) <= 10) or not (
+        1 <= int(value) <= MAX_RECENT
+    ):
         raise RequestError(
             f"limit must be an integer from 1 to {MAX_RECENT}, got {value[:32]!r}",
             param="limit",
