@@ -60,3 +60,13 @@ def test_serve_with_no_flags_runs_the_engine_settings_doctor_reports() -> None:
     from sluicegate.engines.llamacpp.config import EngineConfig, from_args
 
     assert from_args(_parser().parse_args(["serve"])) == EngineConfig()
+
+
+def test_model_id_names_the_scripted_engine_too() -> None:
+    """It was ignored: the scripted engine served "scripted" whatever was given."""
+    from sluicegate.cli import _build_engine, _parser
+
+    args = _parser().parse_args(["serve", "--engine", "scripted", "--model-id", "a/b"])
+    assert _build_engine(args).model.id == "a/b"
+    args = _parser().parse_args(["serve", "--engine", "scripted"])
+    assert _build_engine(args).model.id == "scripted"

@@ -133,6 +133,7 @@ def _build_engine(args: argparse.Namespace) -> Engine:
                 raise SystemExit(f"sluicegate: --scripted-text: {exc}") from exc
         return ScriptedEngine(
             script,
+            model_id=args.model_id or "scripted",
             tokens_per_s=args.scripted_rate,
             max_running=args.scripted_max_running,
             max_queued=args.scripted_max_queued,

@@ -66,6 +66,10 @@ async def test_models_lists_every_model_and_an_unknown_one_is_a_404(
     app = create_app([local, remote], ServerConfig())
     listed = (await _get(app, "/v1/models")).json()
     assert [card["id"] for card in listed["data"]] == ["local", "remote"]
+    assert (await _get(app, "/v1/models/remote")).json() == listed["data"][1]
+    missing = await _get(app, "/v1/models/other")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found"
     response = await _post(app, COMPLETIONS, {"model": "other", "prompt": "Hi"})
     assert response.status_code == 404
     assert "remote" in response.json()["error"]["message"]

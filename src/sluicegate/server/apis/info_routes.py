@@ -1,7 +1,8 @@
 """The endpoints that describe the server: models, health, readiness, metrics.
 
 ``InfoRoutes`` answers ``GET /v1/models`` (every served model, OpenAI list
-shape, plus ``context_length``), ``GET /health`` (liveness: ``ok``, ``draining``,
+shape, plus ``context_length``), ``GET /v1/models/{model}`` (one of them, by
+id or alias), ``GET /health`` (liveness: ``ok``, ``draining``,
 ``engine_restarting`` while an engine process is being restarted, or 503
 ``engine_failed`` once an engine's worker died; with ``serve --workers``, also
 the ``pid`` of the worker process that answered), ``GET /ready`` (200, or 503
@@ -13,7 +14,7 @@ workers of ``serve --workers``: ``worker_stats.py``; 404 for an unknown
 sums every worker's series (``worker_metrics.py``). None of them touches an engine
 beyond its ``model`` and ``stats()``.
 
-Spec: OpenAI API reference, "Models".
+Spec: OpenAI API reference, "Models" ("List models", "Retrieve model").
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.responses import Response
 from starlette.status import HTTP_503_SERVICE_UNAVAILABLE
 
 from sluicegate.core.errors import EngineUnavailable, ModelNotFound
+from sluicegate.engines.base import ModelInfo
 from sluicegate.server.apis.openapi import openapi_document
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.http.answers import error_answer, json_answer
@@ -76,19 +78,17 @@ class InfoRoutes:
         )
 
     async def list_models(self, request: Request) -> Response:
-        cards = []
-        for served in self.models:
-            model = served.engine.model
-            cards.append(
-                {
-                    "id": model.id,
-                    "object": "model",
-                    "created": model.created,
-                    "owned_by": model.owned_by,
-                    "context_length": model.context_length,
-                }
-            )
+        cards = [_card(served.engine.model) for served in self.models]
         return json_answer({"object": "list", "data": cards})
+
+    async def retrieve_model(self, request: Request) -> Response:
+        """``GET /v1/models/{model}``: the model's card, as listed (an alias
+        gets its model's); 404 ``model_not_found`` for another name."""
+        try:
+            served = self.models.resolve(request.path_params["model"])
+        except ModelNotFound as exc:
+            return error_answer(exc)
+        return json_answer(_card(served.engine.model))
 
     async def openapi(self, request: Request) -> Response:
         return json_answer(self._openapi)
@@ -137,3 +137,14 @@ class InfoRoutes:
             return json_answer(dataclasses.asdict(stats))
         self.worker_stats.publish()
         return json_answer(self.worker_stats.total(served.id, stats))
+
+
+def _card(model: ModelInfo) -> dict[str, object]:
+    """One model as ``/v1/models`` shows it, plus its ``context_length``."""
+    return {
+        "id": model.id,
+        "object": "model",
+        "created": model.created,
+        "owned_by": model.owned_by,
+        "context_length": model.context_length,
+    }

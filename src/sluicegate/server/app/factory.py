@@ -141,6 +141,7 @@ def create_app(
             Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
             *ResumableRoutes(routes.resumable).routes(),
             Route("/v1/models", info.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", info.retrieve_model, methods=["GET"]),
             Route("/health", info.health, methods=["GET"]),
             Route("/ready", info.ready, methods=["GET"]),
             Route("/metrics", info.metrics, methods=["GET"]),
