@@ -89,9 +89,26 @@ async def test_a_bad_tool_choice_names_tool_choice_not_a_union_member(
         (("chat_template_kwargs", "Mode", "bool"), "chat_template_kwargs.Mode"),
         (("metadata", "str"), "metadata.str"),
         (("logit_bias", "50256"), "logit_bias.50256"),
+        (("metadata", "k" * 65, "[key]"), "metadata." + "k" * 61 + "..."),
     ],
 )
 def test_union_labels_are_left_out_of_the_parameter_path(
     loc: tuple[int | str, ...], param: str
 ) -> None:
     assert param_name(loc) == param
+
+
+async def test_responses_metadata_is_bounded_as_openai_bounds_it(
+    client: httpx.AsyncClient,
+) -> None:
+    """Every response object repeats it (three times in a stream, and in the
+    store): it was unbounded up to the body limit."""
+    bad = [
+        ({str(i): "v" for i in range(17)}, "metadata"),
+        ({"k" * 65: "v"}, "metadata." + "k" * 61 + "..."),
+        ({"k": "v" * 513}, "metadata.k"),
+    ]
+    for metadata, param in bad:
+        body = {"model": "m", "input": "Hi", "metadata": metadata}
+        error = await _refusal(await client.post("/v1/responses", json=body))
+        assert error["param"] == param

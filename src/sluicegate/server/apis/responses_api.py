@@ -33,7 +33,7 @@ Spec: OpenAI API reference, "Responses", "Create a model response".
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -111,6 +111,14 @@ class ReasoningOptions(_Model):
     summary: str | None = None
 
 
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+    Field(max_length=16),
+]
+"""``metadata``: at most 16 pairs, keys of at most 64 characters, values of at
+most 512, as OpenAI bounds it (every response object repeats it)."""
+
+
 class ResponsesRequest(_Model):
     """A ``POST /v1/responses`` body.
 
@@ -132,7 +140,7 @@ class ResponsesRequest(_Model):
     store: bool | None = None
     background: bool = False
     previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     user: str | None = None
     reasoning: ReasoningOptions | None = None
 

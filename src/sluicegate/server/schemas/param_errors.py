@@ -66,6 +66,8 @@ def param_name(loc: tuple[int | str, ...]) -> str:
             name += f"[{part}]"
         elif after in _CLIENT_KEYED:  # a dict key (logit_bias) is the client's: cut it
             name += f".{short_name(part)}"
+        elif part == "[key]":  # pydantic's mark of the key, not the value, failing
+            pass
         elif not _UNION_LABEL.fullmatch(part):
             name += f".{part}" if name else part
         after = part
