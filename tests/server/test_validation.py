@@ -18,7 +18,11 @@ from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import RequestError
 from sluicegate.engines.base import GenerateRequest, SamplingParams
 from sluicegate.engines.scripted.engine import ScriptedEngine
-from sluicegate.server.apis.messages_api import MAX_BLOCKS
+from sluicegate.server.apis.messages_api import (
+    MAX_BLOCKS,
+    parse_messages_request,
+    to_chat_request,
+)
 from sluicegate.server.apis.openapi import openapi_document
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
@@ -417,3 +421,19 @@ async def test_a_messages_string_content_is_not_held_to_the_block_count() -> Non
     assert counted.json()["input_tokens"] >= 80, counted.text
     assert refused.status_code == 400, refused.text
     assert "1024" in refused.json()["error"]["message"], refused.text
+
+
+def test_a_messages_forced_tool_choice_without_tools_is_400() -> None:
+    """Anthropic's API refuses it; it was dropped, and the model answered in
+    words where the client forced a call."""
+    tool = {"name": "ls", "input_schema": {}}
+    for choice in ({"type": "any"}, {"type": "tool", "name": "ls"}):
+        body = {"model": "m", "max_tokens": 5, "messages": HELLO, "tool_choice": choice}
+        with pytest.raises(RequestError) as caught:
+            to_chat_request(parse_messages_request(body))
+        assert caught.value.param == "tool_choice"
+        chat = to_chat_request(parse_messages_request({**body, "tools": [tool]}))
+        assert chat.tool_choice is not None
+    for choice in ({"type": "auto"}, {"type": "none"}):  # nothing forced: taken
+        body = {"model": "m", "max_tokens": 5, "messages": HELLO, "tool_choice": choice}
+        assert to_chat_request(parse_messages_request(body)).tool_choice is None

@@ -389,11 +389,11 @@ def _chat_tool_choice(choice: ToolChoice, has_tools: bool) -> dict[str, Any]:
         raise RequestError(
             "tool_choice of type 'tool' needs a name", param="tool_choice.name"
         )
+    if choice.type in ("any", "tool") and not has_tools:  # it would answer in words
+        raise RequestError("a forced tool_choice needs tools", param="tool_choice")
     if choice.type == "none" or not has_tools:
         return {"tool_choice": "none"} if has_tools else {}
-    out: dict[str, Any] = {"parallel_tool_calls": not choice.disable_parallel_tool_use}
-    if choice.type == "tool":
-        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-    else:
-        out["tool_choice"] = "required" if choice.type == "any" else "auto"
-    return out
+    named = {"type": "function", "function": {"name": choice.name}}
+    forced = {"tool": named, "any": "required", "auto": "auto"}[choice.type]
+    out = {"parallel_tool_calls": not choice.disable_parallel_tool_use}
+    return {**out, "tool_choice": forced}
