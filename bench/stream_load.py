@@ -28,7 +28,8 @@ What a read counts, and why it is exact for these servers:
 - a response that is not ``200`` is closed at its first read (rejected).
 
 With ``--client native`` the streams are run by ``bench/stream_client.c``
-instead, which only keeps each read and its time; ``bench/stream_native.py``
+instead, which only keeps each read and its time (stamped up to a quantum
+late: it wakes at most once a quantum); ``bench/stream_native.py``
 feeds them to ``Stream.take`` afterwards, so what is counted is the same.
 
 Two reads that split a content marker would lose one count; ``tally`` compares
@@ -271,7 +272,10 @@ def _run(
         import stream_native  # bench/stream_native.py; bench/ is on the path
 
         tokens = max(int(args.rate * args.duration_s), 1)
-        ran = stream_native.run(args.port, request, delays_s, deadline_s, tokens)
+        quantum_s = getattr(args, "quantum_ms", stream_native.QUANTUM_S * 1e3) / 1e3
+        ran = stream_native.run(
+            args.port, request, delays_s, deadline_s, tokens, quantum_s
+        )
         return ran.start, ran.cpu_s, ran.wall_s, ran.streams
     with contextlib.suppress(ImportError):
         import uvloop

@@ -40,6 +40,10 @@ _STREAM = struct.Struct("=dii")  # sent_at, state, 0
 _LOG = struct.Struct("=Q")  # the log's bytes
 _READ = struct.Struct("=iid")  # stream, length, time
 _FAILED, _TIMED_OUT = 1, 2
+QUANTUM_S = 0.0005
+"""After a wake that found reads, the client sleeps until this has passed, so
+that it wakes at most 2,000 times a second (``bench/stream_client.c`` says
+why); a read is stamped up to this late."""
 BYTES_PER_TOKEN = 512
 """The log the client fills before the start, per token asked for: more than
 any server here sends (padded events are the largest, under 400 bytes); past
@@ -134,11 +138,12 @@ def run(
     delays_s: Sequence[float],
     deadline_s: float,
     tokens: int,
+    quantum_s: float = QUANTUM_S,
 ) -> NativeRun:
     """Run the client: one stream per delay (seconds after the start) sending
     ``request`` (for ``tokens`` tokens) to ``port`` on 127.0.0.1, each aborted
-    ``deadline_s`` after the start if not over (timed out); then ``replay``
-    its log."""
+    ``deadline_s`` after the start if not over (timed out), its reads gathered
+    over ``quantum_s`` (0: each taken as it comes); then ``replay`` its log."""
     binary = build()
     reserve = len(delays_s) * (tokens + 8) * BYTES_PER_TOKEN
     stdin = f"{len(request)}\n".encode() + request
@@ -146,7 +151,14 @@ def run(
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "reads"
         subprocess.run(
-            [str(binary), str(port), repr(deadline_s), str(out), str(reserve)],
+            [
+                str(binary),
+                str(port),
+                repr(deadline_s),
+                str(out),
+                str(reserve),
+                repr(quantum_s),
+            ],
             input=stdin,
             check=True,
         )

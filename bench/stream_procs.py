@@ -5,9 +5,11 @@ A ``serve --workers 2`` server is a parent, two workers and (with
 CPU seconds and open sockets every ``INTERVAL_S`` while a load runs, so a row
 says whether the workers were balanced (the streams each held, the CPU each
 used over the window where every stream runs) and what the parent and a Redis
-cost beside them. Open sockets count the connections a worker accepted and has
-not closed, less those it had before the load (its listening socket, Redis,
-the engine's socket).
+cost beside them; and the whole machine's busy CPU over the same window
+(``report_machine``), so that what neither the server nor the load used is
+seen too (other work, the hypervisor). Open sockets count the connections a
+worker accepted and has not closed, less those it had before the load (its
+listening socket, Redis, the engine's socket).
 
 And the saturation rule (``saturation``): what "delivered tokens/s at
 saturation" means when two servers are compared, the same for both.
@@ -119,6 +121,14 @@ def _cpu_s(pid: int) -> float:
     return 0.0
 
 
+def _machine_s() -> tuple[float, float]:
+    """CPU seconds the whole machine spent busy (every CPU, every process, the
+    kernel's interrupts) and stolen by the hypervisor, since boot."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+    return (user + nice + system + irq + softirq) * _TICK_S, steal * _TICK_S
+
+
 def _sockets(pid: int) -> int:
     count = 0
     with contextlib.suppress(OSError):
@@ -138,12 +148,25 @@ class ProcessWatch(threading.Thread):
         self.pids = list(pids)
         self.idle_sockets = {pid: _sockets(pid) for pid in self.pids}
         self.samples: list[tuple[float, dict[int, tuple[float, int]]]] = []
+        self.machine: list[tuple[float, tuple[float, float]]] = []
         self.stop = threading.Event()
 
     def _sample(self) -> None:
         now = time.perf_counter()
         seen = {pid: (_cpu_s(pid), _sockets(pid)) for pid in self.pids}
         self.samples.append((now, seen))
+        self.machine.append((now, _machine_s()))
+
+    def report_machine(self, window: tuple[float, float]) -> dict[str, float]:
+        """The whole machine over ``window``, in cores: ``busy`` (the server,
+        the load and everything else running) and ``stolen`` (by the
+        hypervisor)."""
+        inside = [s for s in self.machine if window[0] <= s[0] <= window[1]]
+        if len(inside) < 2:
+            inside = [self.machine[0], self.machine[-1]]
+        (t0, (busy0, steal0)), (t1, (busy1, steal1)) = inside[0], inside[-1]
+        span_s = max(t1 - t0, 1e-9)
+        return {"busy": (busy1 - busy0) / span_s, "stolen": (steal1 - steal0) / span_s}
 
     def run(self) -> None:
         self._sample()

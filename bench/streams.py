@@ -18,7 +18,8 @@ spread uniformly over ``--ramp-s`` seconds (a real server's streams do not tick 
 phase), each asking for ``rate x duration`` tokens (``bench/stream_load.py``).
 The client parses nothing while the streams run: by default (``--load-client``)
 it is ``bench/stream_client.c``, which keeps each read and its time in a log that
-``bench/stream_native.py`` parses once the streams are over (the Python client
+``bench/stream_native.py`` parses once the streams are over, and takes the reads
+of ``--load-quantum-ms`` in one wake (the Python client
 instead counts a read's content events as it comes), so that it takes as little
 as it can of the machine it shares with the server (``load_cpu_share``, and
 ``load_cpu_us_per_token`` over the streams' time; ``load_client`` says which).
@@ -27,7 +28,8 @@ as it can of the machine it shares with the server (``load_cpu_share``, and
 2``, both with ``--redis`` (a Redis started here on the load CPU): the same server
 but for the count. Their rows list each process (``processes``: the parent, each
 worker, the Redis; its CPU share over the window of the delivered tokens/s and the
-streams it held) and ``workers`` their ratio per round, at each N and at
+streams it held; ``machine_cores``: the whole machine's busy and stolen CPU over
+that window) and ``workers`` their ratio per round, at each N and at
 saturation: a server's most tokens/s among the N at which its p99 added ITL stayed
 at or under ``--p99-ms`` with no stream timed out (``bench/stream_procs.py``).
 
@@ -318,6 +320,7 @@ def _measure(
         f"--duration-s={args.duration_s}",
         f"--ramp-s={args.ramp_s}",
         f"--client={args.load_client}",
+        f"--quantum-ms={args.load_quantum_ms}",
         "--load-detail",
     ]
     pids = stream_procs.tree(pid)
@@ -375,6 +378,9 @@ def _measure(
         # Each process over the window of the delivered tokens/s (the load
         # process starts its clock a few tenths of a second after wall0).
         "processes": watch.report((wall0 + args.ramp_s + 0.5, wall0 + args.duration_s)),
+        "machine_cores": watch.report_machine(
+            (wall0 + args.ramp_s + 0.5, wall0 + args.duration_s)
+        ),
     }
 
 
@@ -682,7 +688,16 @@ def _parser() -> argparse.ArgumentParser:
         " auto: native if there is a C compiler (each row's load_client says)",
     )
     add("--load", action="store_true", help=argparse.SUPPRESS)
+    add(
+        "--load-quantum-ms",
+        type=float,
+        default=0.5,
+        help="the native client's quantum: after a wake that found reads it"
+        " sleeps until this has passed, so that a wake takes many reads (a read"
+        " is stamped up to this late; 0: each as it comes)",
+    )
     add("--client", default="python", help=argparse.SUPPRESS)
+    add("--quantum-ms", type=float, default=0.5, help=argparse.SUPPRESS)
     add("--load-detail", action="store_true", help=argparse.SUPPRESS)
     add("--port", type=int, help=argparse.SUPPRESS)
     add("--streams", type=int, help=argparse.SUPPRESS)

@@ -40,6 +40,7 @@ ROW_KEYS = {
     "load_cpu_us_per_token",
     "miscounted",
     "load_client",
+    "machine_cores",
     "cpu_budget",
     "throttled_s",
     "step_n",
