@@ -10,6 +10,7 @@ from sluicegate.check.stats import percentile, summarize
 from sluicegate.cli import main
 from sluicegate.client import StreamAssembler, StreamResult
 from sluicegate.core.events import Usage
+from sluicegate.testing import free_port
 
 from .live import serve
 
@@ -108,3 +109,14 @@ def test_bench_refuses_counts_and_rates_that_are_not_positive(
         main(["bench", "http://127.0.0.1:9", *args])
     assert exit_.value.code == 2  # a usage error, before any request
     assert args[0] in capsys.readouterr().err
+
+
+def test_bench_of_a_server_it_cannot_reach_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It printed a table of dashes and "1 truncated" (exit 1)."""
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(["bench", url, "--requests", "2"]) == 2
+    out = capsys.readouterr().out
+    assert f"cannot reach {url}" in out
+    assert "truncated" not in out

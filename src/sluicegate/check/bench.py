@@ -151,7 +151,8 @@ def run_bench(args: argparse.Namespace) -> int:
     """``sluicegate bench``: run the load, print the summary; the exit code.
 
     Returns:
-        0 when every request finished, 1 otherwise, 2 for a bad prompts file.
+        0 when every request finished, 1 otherwise, 2 for a bad prompts file
+        or a server no request reached (as ``check`` says it).
     """
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request
     console = Console()
@@ -164,7 +165,10 @@ def run_bench(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         console.print(f"[red]{exc}")
         return 2
-    summary, model = anyio.run(_bench, args, prompts, console)
+    summary, model, unreached = anyio.run(_bench, args, prompts, console)
+    if unreached is not None:  # it read as "1 truncated" in the table
+        console.print(f"[red]cannot reach {args.url} ({unreached})")
+        return 2
     print_summary(console, summary, f"sluicegate bench {args.url} ({model})")
     if args.json:
         doc = {"url": args.url, "model": model, "settings": _settings(args)}
@@ -175,7 +179,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 async def _bench(
     args: argparse.Namespace, prompts: Sequence[list[dict[str, Any]]], console: Console
-) -> tuple[Summary, str]:
+) -> tuple[Summary, str, str | None]:
+    """The summary, the model, and the connection failure when no request got
+    an answer (else ``None``)."""
     timeouts = Timeouts(first_byte_s=args.timeout_s, idle_s=args.timeout_s)
     async with AsyncClient(args.url, api_key=args.api_key, timeouts=timeouts) as client:
         model = args.model or await _discover(client)
@@ -184,7 +190,10 @@ async def _bench(
             *columns, BarColumn(), TimeElapsedColumn(), console=console
         ) as bar:
             results, wall_s = await _drive(client, model, args, prompts, bar)
-    return summarize(results, wall_s), model
+    heard = any(r.status is not None for r in results)
+    failures = [r.transport_error for r in results if r.transport_error]
+    unreached = None if heard or not failures else failures[0]
+    return summarize(results, wall_s), model, unreached
 
 
 async def _discover(client: AsyncClient) -> str:
