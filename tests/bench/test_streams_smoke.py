@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -76,6 +77,8 @@ def test_streams_bench_quick_run_reports_every_server_at_every_n(
     )
     runs = {(row["server"], row["n"]) for row in report["rows"]}
     servers = ("sluicegate", "sluicegate-plain", "baseline", "raw")
+    client = "native" if shutil.which(os.environ.get("CC", "cc")) else "python"
+    assert {row["load_client"] for row in report["rows"]} == {client}
     assert runs == {(s, n) for s in servers for n in (4, 16)}
     for row in report["rows"]:
         assert set(row) == ROW_KEYS
@@ -104,11 +107,12 @@ def test_streams_bench_repeats_resumable_rounds_and_reports_their_median(
     module = _bench(monkeypatch)
     out = tmp_path / "streams.json"
     argv = ["--quick", "--n", "4", "--servers", "sluicegate", "--resumable"]
-    argv += ["--repeat", "2"]
+    argv += ["--repeat", "2", "--load-client", "python"]  # the uvloop client
 
     assert module.main([*argv, "--json", str(out)]) == 0
 
     report = json.loads(out.read_text())
+    assert {row["load_client"] for row in report["rows"]} == {"python"}
     runs = sorted((row["round"], row["n"], row["server"]) for row in report["rows"])
     servers = ("sluicegate", "sluicegate-resumable")
     assert runs == [(r, 4, s) for r in (0, 1) for s in servers]
