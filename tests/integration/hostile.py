@@ -24,6 +24,9 @@ from sluicegate.server.ledger.ledger import LedgerRow
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "hostile"
+HOSTILE_BRIEF = "hostile-brief"
+"""The same hostile upstream under a short time to first token limit, for the
+attack that can only end by it (a flood of chunks with no content)."""
 SCRIPTED = "scripted"
 KEY_ENV = "HOSTILE_UPSTREAM_KEY"
 
@@ -279,6 +282,8 @@ UPSTREAM_FAILED = {502}
 """What a broken upstream is, before any content: docs/upstreams.md."""
 FIRST_TOKEN_LIMIT_S = 15.0
 """The hostile model's time to first token limit (``upstreams_toml``)."""
+BRIEF_FIRST_TOKEN_LIMIT_S = 4.0
+"""``HOSTILE_BRIEF``'s time to first token limit."""
 ANSWERED_WITHIN_S = 10.0
 """Every attack is answered this soon: well before the hostile model's time
 limits (15 s), so that no attack passes by timing out."""

@@ -31,9 +31,11 @@ from sluicegate import testing
 from sluicegate.server.ledger.ledger import read_rows
 
 from .hostile import (
+    BRIEF_FIRST_TOKEN_LIMIT_S,
     DISCOVERY_GIVE_UP_S,
     FIRST_TOKEN_LIMIT_S,
     HOSTILE,
+    HOSTILE_BRIEF,
     KEY_ENV,
     ROOT,
     SCRIPTED,
@@ -107,7 +109,8 @@ def upstreams_toml(hostile_url: str, scripted_url: str) -> str:
     The hostile model's pool never ejects its one member (each attack is a
     failure, and the next attack must reach it) and runs no health checks
     (they would be answered by the attack-free route anyway); its time limits
-    are a safety net well past what a test waits for.
+    are a safety net well past what a test waits for. The brief model is the
+    same upstream under a short time to first token limit.
     """
     return f"""
 [[models]]
@@ -122,6 +125,21 @@ url = "{hostile_url}"
 model = "{HOSTILE}"
 api_key_env = "{KEY_ENV}"
 first_token_timeout_s = {FIRST_TOKEN_LIMIT_S}
+idle_timeout_s = 15
+total_timeout_s = 60
+
+[[models]]
+id = "{HOSTILE_BRIEF}"
+context_length = 8192
+eject_after_failures = 1000000
+cooldown_s = 0
+health_interval_s = 0
+
+[[models.upstreams]]
+url = "{hostile_url}"
+model = "{HOSTILE}"
+api_key_env = "{KEY_ENV}"
+first_token_timeout_s = {BRIEF_FIRST_TOKEN_LIMIT_S}
 idle_timeout_s = 15
 total_timeout_s = 60
 

@@ -35,9 +35,10 @@ from sluicegate.core.endstate import EndState
 from . import hostile_upstream as fake
 from .hostile import (
     ANSWERED_WITHIN_S,
+    BRIEF_FIRST_TOKEN_LIMIT_S,
     DISCOVERY_GIVE_UP_S,
-    FIRST_TOKEN_LIMIT_S,
     GET_WEATHER,
+    HOSTILE_BRIEF,
     answered_in_time,
     finishes,
     refused,
@@ -308,15 +309,17 @@ def test_an_upstream_status_outside_the_table_is_normalized(
 
 def test_a_flood_of_empty_chunks_never_stalls_the_gateway(harness: Harness) -> None:
     """Chunks with nothing in them, as fast as loopback goes: no content, so the
-    stream ends by the hostile model's time to first token limit (15 s) or the
+    stream ends by the brief model's time to first token limit (4 s) or the
     reader's bound on a body's bytes (256 MiB), whichever comes first; the
     other streams stay live the whole time (the attack that costs the gateway
     most CPU per second). The upstream answered 200, so the client's head may
     go before the end (a heartbeat's worth after the upstream's 200): then the
     end is one in-band error, not a status."""
     with harness.client() as client, harness.attack("flood:empty") as measured:
-        seen = send(client, "attack:flood:empty")
-    assert seen.elapsed_s < FIRST_TOKEN_LIMIT_S + ANSWERED_WITHIN_S, seen.elapsed_s
+        seen = send(client, "attack:flood:empty", model=HOSTILE_BRIEF)
+    assert seen.elapsed_s < BRIEF_FIRST_TOKEN_LIMIT_S + ANSWERED_WITHIN_S, (
+        seen.elapsed_s
+    )
     if seen.status == 200:
         assert seen.text == ""
         assert seen.in_band_error()["code"], seen.events[-3:]
