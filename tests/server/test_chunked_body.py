@@ -230,10 +230,12 @@ async def test_start_with_writes_h11s_bytes_in_one_write_when_chunked(
         assert first == head  # the head alone, as h11 writes it
 
 
-def end_with_app(parts: list[bytes], *, paused: bool = False) -> Any:
+def end_with_app(parts: list[bytes], *, paused: str = "") -> Any:
     """Like ``streaming_app``, the last part and the body's end sent by
-    ``end_with``; with ``paused``, while the transport is paused (two sends:
-    they then wait for the transport like any send)."""
+    ``end_with``; with ``paused="before"``, while the transport is paused (two
+    sends: they then wait for the transport like any send); with
+    ``paused="by_write"``, the transport pauses on the write of ``end_with``
+    (uvicorn's send of the end then waits for it)."""
     writes: list[bytes] = []
 
     async def app(scope: Scope, receive: Receive, send: Any) -> None:
@@ -243,16 +245,20 @@ def end_with_app(parts: list[bytes], *, paused: bool = False) -> Any:
             await send({"type": "http.response.body", "body": part, "more_body": True})
         transport = send._cycle.transport
         write = transport.write
+        flow = send._cycle.flow
+        loop = asyncio.get_running_loop()
 
         def recorded(data: bytes) -> None:
             writes.append(bytes(data))
             write(data)
+            if paused == "by_write" and not flow.write_paused:
+                flow.pause_writing()
+                loop.call_soon(flow.resume_writing)
 
         transport.write = recorded
-        flow = send._cycle.flow
-        if paused:
+        if paused == "before":
             flow.pause_writing()
-            asyncio.get_running_loop().call_soon(flow.resume_writing)
+            loop.call_soon(flow.resume_writing)
         await send.end_with(parts[-1])
         assert send._cycle.response_complete
 
@@ -263,16 +269,17 @@ def end_with_app(parts: list[bytes], *, paused: bool = False) -> Any:
 @pytest.mark.parametrize(
     ("name", "request_"), requests(), ids=[n for n, _ in requests()]
 )
-@pytest.mark.parametrize("paused", [False, True], ids=["writable", "paused"])
+@pytest.mark.parametrize("paused", ["", "before", "by_write"])
 async def test_end_with_writes_h11s_bytes_in_one_write_when_chunked(
-    name: str, request_: bytes, paused: bool
+    name: str, request_: bytes, paused: str
 ) -> None:
     parts = [*PARTS, b"data: [DONE]\n\n"]
     app = end_with_app(parts, paused=paused)
     ours = await written(LIMITED, app, request_)
     assert ours == await written(H11Protocol, streaming_app(parts), request_)
-    if name in ("http/1.1", "close") and not paused:
-        assert app.writes == [b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"]
+    if name in ("http/1.1", "close") and paused != "before":
+        assert app.writes[0] == b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+        assert b"".join(app.writes) == app.writes[0]  # the rest dropped
     elif name == "head":
         assert b"".join(app.writes) == b""
     else:

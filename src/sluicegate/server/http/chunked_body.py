@@ -204,8 +204,8 @@ class _HeldWrites:
 
 class _WrittenEnd:
     """Stands for a transport while uvicorn sends a body's end that
-    ``end_with`` wrote already: drops what it writes, closes the transport
-    when it closes."""
+    ``end_with`` wrote already: drops what it writes; anything else (its
+    close, should the send wait for a paused transport) is the transport's."""
 
     __slots__ = ("_transport",)
 
@@ -215,8 +215,5 @@ class _WrittenEnd:
     def write(self, data: bytes) -> None:
         pass
 
-    def close(self) -> None:
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return bool(self._transport.is_closing())
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
