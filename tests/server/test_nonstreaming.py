@@ -164,5 +164,6 @@ async def test_a_bug_in_a_messages_request_is_a_500_in_anthropics_shape() -> Non
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         response = await client.post("/v1/messages", json=body)
     assert response.status_code == 500
+    assert response.headers["connection"] == "close"  # uvicorn closes it
     assert response.json()["type"] == "error"
     assert response.json()["error"]["type"] == "api_error"

@@ -89,7 +89,11 @@ def server_error(
         # Starlette's ServerErrorMiddleware calls this, then re-raises for the log.
         messages = request.scope["path"] in messages_paths
         endpoint = Endpoint.MESSAGES if messages else Endpoint.CHAT
-        return error_answer(InternalError(), endpoint=endpoint)
+        answer = error_answer(InternalError(), endpoint=endpoint)
+        # uvicorn closes the connection after an exception: said here, a client
+        # does not send its next request on it (it was reset 2 times in 5).
+        answer.headers["connection"] = "close"
+        return answer
 
     return handle
 
