@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.integration.servers import load_bench
 
 
 def load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """``bench/<name>.py`` as a module (registered, so pydantic resolves its names)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module: ModuleType = load_bench(name, monkeypatch)
     return module
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.integration.servers import load_bench
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -41,12 +41,7 @@ ROW_KEYS = {
 def test_gateway_bench_quick_run_reports_each_column_and_its_abort_probe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = importlib.util.spec_from_file_location("bench_gateway", BENCH / "gateway.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module = load_bench("gateway", monkeypatch)
     out = tmp_path / "gateway.json"
     # LiteLLM's column only where its virtual environment was made.
     columns = ["direct", "sluicegate"]

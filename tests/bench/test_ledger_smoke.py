@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.integration.servers import load_bench
 
 
 def test_ledger_bench_reports_both_backends(
@@ -18,12 +16,7 @@ def test_ledger_bench_reports_both_backends(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spec = importlib.util.spec_from_file_location("bench_ledger", BENCH / "ledger.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module = load_bench("ledger", monkeypatch)
     out = tmp_path / "ledger.json"
     argv = ["--requests", "50", "--runs", "1", "--url", postgres_url, "--out", str(out)]
     assert module.main(argv) == 0

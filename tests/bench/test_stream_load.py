@@ -11,20 +11,18 @@ connection with set writes.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import itertools
 import json
 import socket
 import struct
-import sys
 import threading
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.integration.servers import load_bench
+
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
 RATE = 20.0  # tokens/s: a 50 ms step
 
@@ -65,14 +63,7 @@ class _Transport:
 
 @pytest.fixture
 def load(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "stream_load", BENCH / "stream_load.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module: ModuleType = load_bench("stream_load", monkeypatch, "stream_load")
     return module
 
 
@@ -156,14 +147,7 @@ def test_a_content_marker_split_between_reads_is_reported_as_miscounted(
 @pytest.fixture
 def native(load: ModuleType, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """``bench/stream_native.py``, importing the ``load`` fixture's module."""
-    spec = importlib.util.spec_from_file_location(
-        "stream_native", BENCH / "stream_native.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module: ModuleType = load_bench("stream_native", monkeypatch, "stream_native")
     return module
 
 

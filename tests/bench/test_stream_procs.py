@@ -3,27 +3,17 @@ same for both servers, over rows as the bench writes them."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.integration.servers import load_bench
 
 
 @pytest.fixture
 def procs(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "stream_procs", BENCH / "stream_procs.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module: ModuleType = load_bench("stream_procs", monkeypatch, "stream_procs")
     return module
 
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.integration.servers import load_bench
 
 ROW_KEYS = {
     "server",
@@ -50,12 +48,7 @@ ROW_KEYS = {
 
 def _bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """``bench/streams.py`` as a module (bench/ is scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location("bench_streams", BENCH / "streams.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module: ModuleType = load_bench("streams", monkeypatch)
     return module
 
 

@@ -104,45 +104,24 @@ class Probe:
 
 
 def upstreams_toml(hostile_url: str, scripted_url: str) -> str:
-    """The gateway's ``--upstreams`` file: the two models.
+    """The gateway's ``--upstreams`` file: the three models.
 
-    The hostile model's pool never ejects its one member (each attack is a
-    failure, and the next attack must reach it) and runs no health checks
-    (they would be answered by the attack-free route anyway); its time limits
-    are a safety net well past what a test waits for. The brief model is the
-    same upstream under a short time to first token limit.
+    The hostile models' pools never eject their one member (each attack is a
+    failure, and the next attack must reach it) and run no health checks
+    (they would be answered by the attack-free route anyway); their time limits
+    are a safety net well past what a test waits for, but for the brief
+    model's time to first token.
     """
-    return f"""
-[[models]]
-id = "{HOSTILE}"
-context_length = 8192
-eject_after_failures = 1000000
-cooldown_s = 0
-health_interval_s = 0
-
-[[models.upstreams]]
-url = "{hostile_url}"
-model = "{HOSTILE}"
-api_key_env = "{KEY_ENV}"
-first_token_timeout_s = {FIRST_TOKEN_LIMIT_S}
-idle_timeout_s = 15
-total_timeout_s = 60
-
-[[models]]
-id = "{HOSTILE_BRIEF}"
-context_length = 8192
-eject_after_failures = 1000000
-cooldown_s = 0
-health_interval_s = 0
-
-[[models.upstreams]]
-url = "{hostile_url}"
-model = "{HOSTILE}"
-api_key_env = "{KEY_ENV}"
-first_token_timeout_s = {BRIEF_FIRST_TOKEN_LIMIT_S}
-idle_timeout_s = 15
-total_timeout_s = 60
-
+    hostile = [
+        _hostile_model(name, hostile_url, first_token_s)
+        for name, first_token_s in (
+            (HOSTILE, FIRST_TOKEN_LIMIT_S),
+            (HOSTILE_BRIEF, BRIEF_FIRST_TOKEN_LIMIT_S),
+        )
+    ]
+    return (
+        "".join(hostile)
+        + f"""
 [[models]]
 id = "{SCRIPTED}"
 health_interval_s = 0
@@ -150,6 +129,26 @@ health_interval_s = 0
 [[models.upstreams]]
 url = "{scripted_url}"
 model = "{SCRIPTED}"
+"""
+    )
+
+
+def _hostile_model(name: str, url: str, first_token_s: float) -> str:
+    return f"""
+[[models]]
+id = "{name}"
+context_length = 8192
+eject_after_failures = 1000000
+cooldown_s = 0
+health_interval_s = 0
+
+[[models.upstreams]]
+url = "{url}"
+model = "{HOSTILE}"
+api_key_env = "{KEY_ENV}"
+first_token_timeout_s = {first_token_s}
+idle_timeout_s = 15
+total_timeout_s = 60
 """
 
 

@@ -56,9 +56,16 @@ StartServer = Callable[..., ServerProcess]
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def load_bench(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The module ``bench/<name>.py`` (bench/ is scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+def load_bench(
+    name: str, monkeypatch: pytest.MonkeyPatch, as_name: str | None = None
+) -> Any:
+    """The module ``bench/<name>.py`` (bench/ is scripts, not a package),
+    registered for the test as ``as_name`` (default ``bench_<name>``): pydantic
+    resolves its names there, and a script that imports another by its own
+    name (``stream_native`` imports ``stream_load``) finds it."""
+    spec = importlib.util.spec_from_file_location(
+        as_name or f"bench_{name}", BENCH / f"{name}.py"
+    )
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
