@@ -296,3 +296,30 @@ def test_reasoning_is_an_item_of_its_own_before_the_message() -> None:
         "Four.", FinishReason.LENGTH, Usage(7, 3, reasoning_tokens=2), reasoning="plan!"
     )
     assert response_body(HEADER, whole)["output"] == final["output"]
+
+
+def test_reasoning_and_text_inside_a_call_come_after_its_item() -> None:
+    got = run(
+        call(0, '{"a"', head=True),
+        Delta(0, "", parts=DeltaParts(reasoning="hm")),
+        Delta(0, "Hi"),
+        call(0, ": 1}"),
+        Finish(0, FinishReason.LENGTH),
+        End(USAGE),
+    )
+    assert [e["sequence_number"] for e in got] == list(range(len(got)))
+    output = got[-1]["response"]["output"]
+    assert [(i["type"], i["status"]) for i in output] == [
+        ("function_call", "completed"),
+        ("reasoning", "completed"),
+        ("message", "incomplete"),
+    ]
+    assert output[0]["name"] == "f"
+    assert output[0]["arguments"] == '{"a": 1}'
+    assert output[1]["content"][0]["text"] == "hm"
+    assert output[2]["content"][0]["text"] == "Hi"
+    added = [
+        e["output_index"] for e in got if e["type"] == "response.output_item.added"
+    ]
+    done = [e["output_index"] for e in got if e["type"] == "response.output_item.done"]
+    assert added == done == [0, 1, 2]

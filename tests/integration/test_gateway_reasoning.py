@@ -46,6 +46,8 @@ BODIES: list[dict[str, Any]] = []  # what the upstream was asked, in order
 
 def _reply(body: dict[str, Any]) -> Reply:
     BODIES.append(body)
+    if body.get("tools"):
+        return _call_reply()
     names = STYLES[body.get("seed", 1)]
     events = [_chunk({"role": "assistant", "content": ""})]
     events += [_chunk(dict.fromkeys(names, text)) for text in REASONING]
@@ -71,6 +73,26 @@ def _reply(body: dict[str, Any]) -> Reply:
     )
     events.append("[DONE]")
     return Reply(events=events)
+
+
+def _call_reply() -> Reply:
+    """Reasoning and text between two fragments of one tool call's arguments
+    (an upstream that interleaves them), each chunk in a write of its own."""
+    start = {"index": 0, "id": "call_up", "type": "function"}
+    fragments = [
+        {**start, "function": {"name": "get", "arguments": ""}},
+        {"index": 0, "function": {"arguments": '{"city":'}},
+        {"index": 0, "function": {"arguments": ' "Paris"}'}},
+    ]
+    events = [_chunk({"reasoning_content": "plan"})]
+    events += [_chunk({"tool_calls": [fragment]}) for fragment in fragments[:2]]
+    events += [_chunk({"reasoning_content": ": look"}), _chunk({"content": "Hm."})]
+    events += [_chunk({"tool_calls": [fragments[2]]}), _chunk({}, "tool_calls")]
+    # Apart in time, so that no lagging writer merges the deltas.
+    return Reply(events=[*events, "[DONE]"], gap_s=0.05)
+
+
+TOOL = {"name": "get", "parameters": {"type": "object"}}
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +260,46 @@ def test_a_named_parser_splits_an_upstreams_plain_markers(
     assert whole.usage is not None
     assert whole.usage.completion_tokens_details is not None
     assert whole.usage.completion_tokens_details.reasoning_tokens == 4
+
+
+def test_reasoning_inside_a_call_never_cuts_the_call_in_two(
+    client: openai.OpenAI, gateway: ServerProcess
+) -> None:
+    stream = client.responses.create(
+        model="fake",
+        input="weather?",
+        tools=[{"type": "function", "strict": False, **TOOL}],  # type: ignore[list-item]
+        stream=True,
+    )
+    events: list[Any] = list(stream)
+    added = [e.item for e in events if e.type == "response.output_item.added"]
+    assert [item.type for item in added] == [
+        "reasoning",
+        "function_call",
+        "reasoning",
+        "message",
+    ]
+    output: list[Any] = events[-1].response.output
+    calls = [item for item in output if item.type == "function_call"]
+    assert [(c.call_id, c.name, c.arguments) for c in calls] == [
+        ("call_up", "get", '{"city": "Paris"}')
+    ]
+    thought = [c.text for i in output if i.type == "reasoning" for c in i.content or ()]
+    assert "".join(thought) == "plan: look"
+    assert events[-1].response.output_text == "Hm."
+    with (
+        anthropic.Anthropic(
+            base_url=gateway.base_url, api_key="none", max_retries=0
+        ) as claude,
+        claude.messages.stream(
+            model="fake",
+            max_tokens=64,
+            tools=[{"name": "get", "input_schema": {"type": "object"}}],
+            messages=[{"role": "user", "content": "weather?"}],
+        ) as messages,
+    ):
+        final = messages.get_final_message()
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert [(u.id, u.name, u.input) for u in uses] == [
+        ("call_up", "get", {"city": "Paris"})
+    ]

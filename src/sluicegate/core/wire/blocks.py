@@ -7,6 +7,11 @@ close (the Responses API's output items, the Messages API's content blocks), ove
 reasoning block unless one is open; text a text block unless one is open; a tool
 call's fragment a call block when it names the call or another block is open.
 
+A call's block stays open until another call begins or the output finishes:
+reasoning or text that arrives between two fragments of one call (an upstream
+that interleaves them) is held and written after the call's block closes, so a
+call is never cut into two blocks, the second without its id and name.
+
 Spec: docs/DESIGN.md, "End states"; ARCHITECTURE.md, "The stream state machine".
 """
 
@@ -57,7 +62,7 @@ class BlockMachine(WireMachine):
     (``_close_block``).
     """
 
-    __slots__ = ("_block", "_padder", "_text_frame")
+    __slots__ = ("_block", "_held", "_padder", "_text_frame")
 
     _CHOICES = "a response has one output"
     _ONE_OUTPUT = True
@@ -69,6 +74,8 @@ class BlockMachine(WireMachine):
         self._block: str | int | None = None  # REASONING, TEXT or a call's index
         # The open text block's delta of some text (bytes), else ``None``.
         self._text_frame: Callable[[str], bytes | None] = _closed
+        # Reasoning and text that came while a call's block was open, in order.
+        self._held: list[tuple[str, str]] = []
 
     def feed(self, event: StreamEvent) -> list[bytes]:
         """Take one event; the frames to write now, in order (the API's module
@@ -94,18 +101,11 @@ class BlockMachine(WireMachine):
     def _delta(self, event: Delta) -> list[bytes]:
         frames: list[bytes] = []
         text, parts = event.text, event.parts
-        if parts is not None and parts.reasoning:
-            if self._block != REASONING:
-                self._switch(REASONING, frames)
-                self._open_reasoning(frames)
-            self._reasoning(parts.reasoning, frames)
-        if text:
-            if self._block != TEXT:
-                self._switch(TEXT, frames)
-                self._open_text(frames)
-            frame = self._text_frame(text)
-            assert frame is not None  # ``_open_text`` set the text block's
-            frames.append(frame)
+        reasoning = "" if parts is None else parts.reasoning
+        if type(self._block) is int and (reasoning or text):
+            self._held.append((reasoning, text))  # inside a call: after it
+        else:
+            self._write(reasoning, text, frames)
         if parts is not None:
             for fragment in parts.tool_calls:
                 if fragment.name is not None or self._block != fragment.index:
@@ -115,15 +115,41 @@ class BlockMachine(WireMachine):
                     self._arguments(fragment, frames)
         return frames
 
+    def _write(self, reasoning: str, text: str, frames: list[bytes]) -> None:
+        if reasoning:
+            if self._block != REASONING:
+                self._switch(REASONING, frames)
+                self._open_reasoning(frames)
+            self._reasoning(reasoning, frames)
+        if text:
+            if self._block != TEXT:
+                self._switch(TEXT, frames)
+                self._open_text(frames)
+            frame = self._text_frame(text)
+            assert frame is not None  # ``_open_text`` set the text block's
+            frames.append(frame)
+
     def _finish(self, event: Finish) -> list[bytes]:
         frames: list[bytes] = []
+        if self._held:
+            self._release(frames)
         self._close(event.finish_reason, frames)
         return frames
 
     def _switch(self, block: str | int, frames: list[bytes]) -> None:
-        """Close the open block; ``block`` opens next."""
+        """Close the open block (and any written from ``_held``); ``block``
+        opens next."""
+        self._release(frames)
         self._close(None, frames)
         self._block = block
+
+    def _release(self, frames: list[bytes]) -> None:
+        """Close the open block, then write what was held while it was a
+        call's (the last block written stays open)."""
+        self._close(None, frames)
+        held, self._held = self._held, []
+        for reasoning, text in held:
+            self._write(reasoning, text, frames)
 
     def _close(self, reason: FinishReason | None, frames: list[bytes]) -> None:
         block = self._block
