@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sluicegate.core.logprobs import LogprobToken, TokenLogprob
+from sluicegate.core.slot_init import slot_init
 
 __all__ = [
     "CANCELLED",
@@ -53,7 +54,8 @@ class FinishReason(StrEnum):
     """The turn ended with tool calls (chat with ``tools``; never for a cut call)."""
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@slot_init
+@dataclass(frozen=True, slots=True)
 class EngineOutput:
     """One decode step of one sequence, as an engine reports it.
 
@@ -77,27 +79,8 @@ class EngineOutput:
     logprobs: tuple[TokenLogprob, ...] | None = None
     cached_tokens: int = 0
 
-    def __init__(
-        self,
-        token_ids: tuple[int, ...],
-        finish_reason: FinishReason | None = None,
-        logprobs: tuple[TokenLogprob, ...] | None = None,
-        cached_tokens: int = 0,
-    ) -> None:
-        # One per token per sequence, built by the engine: the slots' own setters
-        # instead of the generated object.__setattr__ per field (as ``Delta``).
-        _set_token_ids(self, token_ids)
-        _set_finish_reason(self, finish_reason)
-        _set_output_logprobs(self, logprobs)
-        _set_cached_tokens(self, cached_tokens)
 
-
-_set_token_ids = vars(EngineOutput)["token_ids"].__set__
-_set_finish_reason = vars(EngineOutput)["finish_reason"].__set__
-_set_output_logprobs = vars(EngineOutput)["logprobs"].__set__
-_set_cached_tokens = vars(EngineOutput)["cached_tokens"].__set__
-
-
+@slot_init
 @dataclass(frozen=True, slots=True)
 class TextOutput:
     """One step of a sequence from an engine that yields text, not token ids.
@@ -151,6 +134,7 @@ class TextOutput:
     token_texts: tuple[str, ...] | None = None
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Token counts of one response (OpenAI ``usage``), in tokens.
@@ -287,7 +271,8 @@ def join_all_parts(parts: Sequence[DeltaParts | None]) -> DeltaParts | None:
     return DeltaParts(calls, "".join(p.reasoning for p in present))
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@slot_init
+@dataclass(frozen=True, slots=True)
 class Delta:
     """New text for choice ``index`` (already detokenized and stop-checked).
 
@@ -310,29 +295,6 @@ class Delta:
     logprobs: tuple[LogprobToken, ...] | None = None
     usage: Usage | None = None
     parts: DeltaParts | None = None
-
-    def __init__(
-        self,
-        index: int,
-        text: str,
-        logprobs: tuple[LogprobToken, ...] | None = None,
-        usage: Usage | None = None,
-        parts: DeltaParts | None = None,
-    ) -> None:
-        # One per token. The generated __init__ of a frozen dataclass calls
-        # object.__setattr__ per field; the slots' own setters cost a third less.
-        _set_index(self, index)
-        _set_text(self, text)
-        _set_logprobs(self, logprobs)
-        _set_usage(self, usage)
-        _set_parts(self, parts)
-
-
-_set_index = vars(Delta)["index"].__set__
-_set_text = vars(Delta)["text"].__set__
-_set_logprobs = vars(Delta)["logprobs"].__set__
-_set_usage = vars(Delta)["usage"].__set__
-_set_parts = vars(Delta)["parts"].__set__
 
 
 @dataclass(frozen=True, slots=True)

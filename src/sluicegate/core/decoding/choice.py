@@ -27,11 +27,13 @@ from sluicegate.core.decoding.detokenize import (
 from sluicegate.core.decoding.stops import StopMatcher
 from sluicegate.core.errors import LocalProtocolError
 from sluicegate.core.events import Delta, FinishReason, Usage
+from sluicegate.core.slot_init import slot_init
 
 __all__ = ["ChoiceDecoder", "ChoiceStep"]
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@slot_init
+@dataclass(frozen=True, slots=True)
 class ChoiceStep:
     """Text safe to emit now, and ``FinishReason.STOP`` when a stop string matched.
 
@@ -49,20 +51,6 @@ class ChoiceStep:
         default=None, init=False, compare=False, repr=False
     )
 
-    def __init__(
-        self,
-        text: str,
-        finish_reason: FinishReason | None = None,
-        reasoning: str = "",
-    ) -> None:
-        # On the per-token path (texts not shared yet). The generated __init__ of a
-        # frozen dataclass calls object.__setattr__ per field; the slots' own
-        # setters cost a third less.
-        _set_text(self, text)
-        _set_finish_reason(self, finish_reason)
-        _set_reasoning(self, reasoning)
-        _set_shared(self, None)
-
     def events(self, index: int, usage: Usage | None = None) -> tuple[Delta, ...]:
         """The text as choice ``index``'s content ``Delta`` (with ``usage``), or
         ``()`` for empty text; the reasoning is not in it.
@@ -79,9 +67,6 @@ class ChoiceStep:
         return (Delta(index, self.text, None, usage),)
 
 
-_set_text = vars(ChoiceStep)["text"].__set__
-_set_finish_reason = vars(ChoiceStep)["finish_reason"].__set__
-_set_reasoning = vars(ChoiceStep)["reasoning"].__set__
 _set_shared = vars(ChoiceStep)["_shared"].__set__
 _NOTHING = ChoiceStep("")
 _set_shared(_NOTHING, ())

@@ -43,12 +43,14 @@ from dataclasses import dataclass
 
 from sluicegate.core.decoding.stop_pattern import StopPattern, compile_stops
 from sluicegate.core.errors import LocalProtocolError
+from sluicegate.core.slot_init import slot_init
 
 # compile_stops is stop_pattern.py's; it stays exported here while
 # core/decoding/response.py imports it from this module.
 __all__ = ["StopMatcher", "StopStep", "compile_stops"]
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class StopStep:
     """Result of ``StopMatcher.feed``.

@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from sluicegate.core.events import FinishReason, ToolCallFragment, Usage
 from sluicegate.core.logprobs import LogprobToken
+from sluicegate.core.slot_init import slot_init
 
 __all__ = [
     "PROTOCOL_ERROR_CODE",
@@ -32,6 +33,7 @@ PROTOCOL_ERROR_CODE = "upstream_protocol_error"
 """``UpstreamError.code`` of a stream that is not an OpenAI event stream."""
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class UpstreamDelta:
     """New text of choice ``index`` (non-empty; only what is new), and the
