@@ -297,6 +297,11 @@ class _Pourer:
         if future.done():  # cancelled: the reading task is leaving
             return
         while True:
+            # Nothing to read (the end of each HTTP chunk wakes this too, and
+            # every read is followed by a look): the reader's own read would
+            # make the same empty answer through four calls.
+            if not content._buffer and content._exception is None:
+                break
             try:
                 data = content.read_nowait()
             except Exception as exc:  # the body's own error: pour maps it
