@@ -25,6 +25,9 @@ its first part was read by an earlier request and when it was not, with the
 
 Run: ``.venv/bin/python bench/engine.py [--repeats 3] [--concurrency 1,16]``
 (``--sluicegate-args`` / ``--llama-server-args`` add flags to one side).
+``--before-src DIR`` puts ``sluicegate-before`` (the same ``serve`` command on
+the ``src`` folder of another checkout, a worktree of an older commit) where
+llama-server was: the code before a change against the code now, turn by turn.
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "engine.json"
 SHORT = "Once upon a time, in a lighthouse by the sea, there lived"
 SYSTEMS = ("sluicegate", "llama-server")
+BEFORE = "sluicegate-before"
+
+
+def systems(args: argparse.Namespace) -> tuple[str, str]:
+    """The two systems of this run: sluicegate and llama-server, or sluicegate
+    and sluicegate on ``--before-src``."""
+    return (SYSTEMS[0], BEFORE) if args.before_src else SYSTEMS
 
 
 def _filler(n: int, tag: str) -> str:
@@ -84,30 +94,38 @@ def cpu_s(pid: int) -> float:
 def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, ServerProcess]:
     """Both servers, ready; stopped by the caller."""
     model = str(default_model_path())
-    binary = subprocess.run(
-        ["bash", str(ROOT / "bench" / "llama-server.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.splitlines()[-1]
     t, ctx, par = str(args.threads), str(args.n_ctx), str(args.parallel)
-    ports = {name: free_port() for name in SYSTEMS}
+    ports = {name: free_port() for name in systems(args)}
     ours = [sys.executable, "-m", "sluicegate", "serve", "--port"]
     ours += [str(ports["sluicegate"]), "--parallel", par, "--n-ctx", ctx]
     if not args.no_prefix_cache:
         ours += ["--prefix-cache"]  # as cache_prompt, on by default in llama-server
     ours += ["--threads", t, "--log-level", "warning"]
     ours += shlex.split(args.sluicegate_args)
-    theirs = [binary, "-m", model, "--port", str(ports["llama-server"])]
-    theirs += ["-c", ctx, "-np", par, "-t", t, "-tb", t, "-kvu", "-a", "default"]
-    theirs += shlex.split(args.llama_server_args)
+    other, env = systems(args)[1], {}
+    if args.before_src:
+        theirs = [*ours[:5], str(ports[other]), *ours[6:]]
+        env = {"PYTHONPATH": str(args.before_src.resolve())}
+    else:
+        binary = subprocess.run(
+            ["bash", str(ROOT / "bench" / "llama-server.sh")],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()[-1]
+        theirs = [binary, "-m", model, "--port", str(ports[other])]
+        theirs += ["-c", ctx, "-np", par, "-t", t, "-tb", t, "-kvu", "-a", "default"]
+        theirs += shlex.split(args.llama_server_args)
     servers: dict[str, ServerProcess] = {}
     try:
         for name, cmd, health in [
             ("sluicegate", ours, "/health"),
-            ("llama-server", theirs, "/health"),
+            (other, theirs, "/health"),
         ]:
-            server = ServerProcess(cmd, ports[name], log_path=logs / f"{name}.log")
+            log = logs / f"{name}.log"
+            server = ServerProcess(
+                cmd, ports[name], log_path=log, env=env if name == BEFORE else None
+            )
             servers[name] = server
             server.wait_ready(health, timeout_s=180, interval_s=0.5)
             asyncio.run(run_streams(ports[name], [prompt("short", "warm")], 4))
@@ -140,17 +158,18 @@ def measure_cells(
     rows: list[dict[str, Any]],
 ) -> None:
     """Every (prompt kind, concurrency) cell, the systems taking turns."""
+    names = systems(args)
     for kind in args.prompts.split(","):
         for level in [int(c) for c in args.concurrency.split(",")]:
             Console().print(f"{kind} prompts, {level} streams")
             load = os.getloadavg()[0]
-            runs: dict[str, list[tuple[list[Stream], float]]] = {s: [] for s in SYSTEMS}
-            cpu = dict.fromkeys(SYSTEMS, 0.0)
+            runs: dict[str, list[tuple[list[Stream], float]]] = {s: [] for s in names}
+            cpu = dict.fromkeys(names, 0.0)
             for r in range(args.repeats):
                 prompts = [
                     prompt(kind, f"{kind[0]}{level}r{r}s{i}") for i in range(level)
                 ]
-                order = SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]
+                order = names if r % 2 == 0 else names[::-1]
                 for name in order:
                     server = servers[name]
                     before = cpu_s(server.pid)
@@ -162,9 +181,9 @@ def measure_cells(
                 sum(s.tokens for s in a[0])
                 / a[1]
                 / (sum(s.tokens for s in b[0]) / b[1])
-                for a, b in zip(runs["sluicegate"], runs["llama-server"], strict=True)
+                for a, b in zip(runs[names[0]], runs[names[1]], strict=True)
             ]
-            for name in SYSTEMS:
+            for name in names:
                 row = {
                     "system": name,
                     "prompt": kind,
@@ -262,6 +281,12 @@ def main() -> int:
     parser.add_argument("--n-ctx", type=int, default=8192)
     parser.add_argument("--sluicegate-args", default="")
     parser.add_argument("--llama-server-args", default="")
+    parser.add_argument(
+        "--before-src",
+        type=Path,
+        help="the src folder of another checkout (a worktree of an older commit):"
+        " sluicegate-before, run on it, takes llama-server's place",
+    )
     parser.add_argument("--no-extras", action="store_true", help="cells only")
     parser.add_argument(
         "--no-cells", action="store_true", help="the long prompt and prefix only"
@@ -293,7 +318,8 @@ def main() -> int:
         if not args.no_cells:
             measure_cells(servers, args, rows)
         for r in range(0 if args.no_extras else args.repeats):
-            for name in SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]:
+            names = systems(args)
+            for name in names if r % 2 == 0 else names[::-1]:
                 console.print(f"{name}: one long prompt among 15 streams; prefix reuse")
                 load = os.getloadavg()[0]
                 port = servers[name].port
