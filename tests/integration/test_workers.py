@@ -112,6 +112,15 @@ def test_more_than_one_worker_without_redis_is_refused_naming_the_option() -> No
         main(["serve", "--workers", "2", "--engine", "scripted", "--port", "0"])
 
 
+def test_a_second_serve_workers_on_the_port_is_refused(
+    server: ServerProcess, redis_server: RedisServer
+) -> None:
+    port = server.base_url.rsplit(":", 1)[1]
+    argv = ["serve", "--workers", "2", "--engine", "scripted", "--port", port]
+    with pytest.raises(SystemExit, match=f"cannot listen on 127.0.0.1:{port}"):
+        main([*argv, "--redis", redis_server.url])
+
+
 def test_a_stream_started_on_one_worker_resumes_on_the_other(
     server: ServerProcess,
 ) -> None:

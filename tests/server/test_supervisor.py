@@ -56,7 +56,7 @@ def test_an_engine_process_that_keeps_dying_stops_the_workers_too(
 def test_workers_is_a_count_from_one_or_auto() -> None:
     assert parse_workers("3") == 3
     assert worker_count(parse_workers("auto")) == len(os.sched_getaffinity(0))
-    for bad in ("0", "-1"):
+    for bad in ("0", "-1", "two"):
         with pytest.raises(ValueError, match="auto or an integer >= 1"):
             parse_workers(bad)
 
@@ -187,3 +187,25 @@ def test_an_engine_process_that_stops_beating_is_killed_and_restarted(
     assert engine.kills[0].startswith("no heartbeat for ")
     assert len(seen) == 2  # restarted: a new engine process
     assert now[0] >= 5.0  # not before the heartbeat limit
+
+
+def test_a_port_another_serve_workers_listens_on_is_refused() -> None:
+    """A second ``serve --workers`` on a port the first one's ``SO_REUSEPORT``
+    sockets listen on fails to bind, as a second single-process ``serve``
+    does; it joined their group and took half of their connections."""
+    first = worker_sockets(
+        argparse.Namespace(host="127.0.0.1", port=0, workers=2, max_connections=None)
+    )
+    try:
+        port = first[0].getsockname()[1]
+        again = argparse.Namespace(
+            host="127.0.0.1", port=port, workers=2, max_connections=None
+        )
+        with pytest.raises(OSError, match="in use"):
+            worker_sockets(again)
+    finally:
+        for sock in first:
+            sock.close()
+    second = worker_sockets(again)  # free again: bound as before
+    for sock in second:
+        sock.close()

@@ -78,7 +78,10 @@ def parse_workers(text: str) -> int:
     """
     if text == "auto":
         return 0
-    count = int(text)
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0  # "two": the same message as for "0"
     if count < 1:
         raise ValueError(f"expected auto or an integer >= 1, got {text!r}")
     return count
@@ -146,7 +149,10 @@ def listen_sockets(
     ``net.core.somaxconn``), inheritable by children.
 
     Port 0 binds a free port for the first, and the others bind that one
-    (``getsockname()`` tells which).
+    (``getsockname()`` tells which). A port some socket already listens on is
+    refused, as one process's ``serve`` refuses it: ``SO_REUSEPORT`` sockets
+    would join the listening group of another ``serve --workers`` of the same
+    user on that port, and the two servers would share its connections.
 
     Raises:
         OSError: the address cannot be bound (in use, not local).
@@ -154,6 +160,10 @@ def listen_sockets(
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
+    with socket.socket(family, kind, proto) as probe:  # without SO_REUSEPORT
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(address)
+        address = probe.getsockname()
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
