@@ -12,7 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sluicegate.core.pacing import PrefillPacer
-from sluicegate.core.scheduling import BatchScheduler, Phase, Scheduled
+from sluicegate.core.scheduling import BatchScheduler, Phase, PlannedChunk, Scheduled
 
 EOS = 99
 
@@ -259,6 +259,51 @@ def _paced_scheduler(
     )
 
 
+# Step times the pacer may have learnt before a test's prompts arrive:
+# (decoding sequences, prompt tokens, seconds), negative and zero times too.
+LEARNT = st.lists(
+    st.tuples(
+        st.integers(0, 3),
+        st.integers(0, 64),
+        st.floats(-1.0, 10.0, allow_nan=False),
+    ),
+    max_size=30,
+)
+
+
+def _taught(
+    learnt: list[tuple[int, int, float]],
+    *,
+    kv_cells: int,
+    slots: int,
+    step_tokens: int,
+    queue_limit: int,
+    ratio: float,
+) -> BatchScheduler[Scheduled]:
+    """A paced scheduler (first chunk 8 tokens) whose pacer saw ``learnt``."""
+    scheduler = BatchScheduler[Scheduled](
+        kv_cells=kv_cells,
+        slots=slots,
+        step_tokens=step_tokens,
+        queue_limit=queue_limit,
+        chunk_tokens=8,
+        step_ratio=ratio,
+    )
+    assert scheduler.pacer is not None
+    for decoding, prompt_tokens, seconds in learnt:
+        scheduler.pacer.observe(decoding, prompt_tokens, seconds)
+    return scheduler
+
+
+def _take_tokens(
+    scheduler: BatchScheduler[Scheduled], plan: list[PlannedChunk[Scheduled]]
+) -> None:
+    """Each chunk that asked for logits takes token 7; a sequence that ends leaves."""
+    for chunk in plan:
+        if chunk.wants_logits and scheduler.accept(chunk.seq, 7) is not None:
+            scheduler.release(chunk.seq)
+
+
 def test_a_step_ratio_of_one_or_less_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="expected step_ratio > 1"):
         BatchScheduler[Scheduled](
@@ -371,9 +416,7 @@ def test_any_step_times_read_every_prompt_once_within_the_step_budget(
             read_all = c.first_pos + len(c.tokens) >= len(c.seq.prompt)
             assert c.wants_logits == read_all
         read += scheduler.advance(plan, times[steps % len(times)])
-        for chunk in plan:
-            if chunk.wants_logits and scheduler.accept(chunk.seq, 7) is not None:
-                scheduler.release(chunk.seq)
+        _take_tokens(scheduler, plan)
         steps += 1
         assert steps <= 2 * (sum(prompts) + 3 * len(prompts))  # progress
     assert read == sum(prompts)
@@ -381,14 +424,7 @@ def test_any_step_times_read_every_prompt_once_within_the_step_budget(
 
 
 @given(
-    learnt=st.lists(
-        st.tuples(
-            st.integers(0, 3),
-            st.integers(0, 64),
-            st.floats(-1.0, 10.0, allow_nan=False),
-        ),
-        max_size=30,
-    ),
+    learnt=LEARNT,
     times=st.lists(st.floats(0.0, 5.0, allow_nan=False), min_size=1, max_size=8),
     ratio=st.sampled_from([1.1, 1.5, 2.0, 4.0]),
     length=st.integers(1, 8),
@@ -414,17 +450,9 @@ def test_two_identical_short_prompts_are_cut_alike_whatever_the_pacer_learnt(
     # The first is read while nothing decodes, its twin among decoding steps
     # (and maybe beside a long prompt): llama.cpp's arithmetic depends on how a
     # prompt is cut, so a greedy answer is the same only if both are read whole.
-    scheduler = BatchScheduler[Scheduled](
-        kv_cells=1000,
-        slots=3,
-        step_tokens=16,
-        queue_limit=4,
-        chunk_tokens=8,
-        step_ratio=ratio,
+    scheduler = _taught(
+        learnt, kv_cells=1000, slots=3, step_tokens=16, queue_limit=4, ratio=ratio
     )
-    assert scheduler.pacer is not None
-    for d, p, s in learnt:
-        scheduler.pacer.observe(d, p, s)
     prompt = tuple(range(length))
     first = Scheduled("first", prompt, 40, frozenset())
     twin = Scheduled("twin", prompt, 3, frozenset())
@@ -449,23 +477,14 @@ def test_two_identical_short_prompts_are_cut_alike_whatever_the_pacer_learnt(
             elif decoding:  # the long prompt: never below a quarter of 8
                 assert len(chunk.tokens) >= min(2, left)
         scheduler.advance(plan, times[step % len(times)])
-        for chunk in plan:
-            if chunk.wants_logits and scheduler.accept(chunk.seq, 7) is not None:
-                scheduler.release(chunk.seq)
+        _take_tokens(scheduler, plan)
         step += 1
         assert step <= 400  # progress
     assert cuts == {"first": [length], "twin": [length]}
 
 
 @given(
-    learnt=st.lists(
-        st.tuples(
-            st.integers(0, 3),
-            st.integers(0, 64),
-            st.floats(-1.0, 10.0, allow_nan=False),
-        ),
-        max_size=30,
-    ),
+    learnt=LEARNT,
     times=st.lists(st.floats(0.0, 5.0, allow_nan=False), min_size=1, max_size=8),
     decoders=st.integers(1, 4),
     lengths=st.lists(st.integers(1, 120), min_size=1, max_size=4),
@@ -480,17 +499,10 @@ def test_prompts_beside_decoding_ones_are_paced_together_or_given_the_step(
     # the step's, not each prompt's (four chunks would make a step four times
     # as long as planned); else the prompts get all the step holds. Either
     # way the oldest prompt is read first.
-    scheduler = BatchScheduler[Scheduled](
-        kv_cells=2000,
-        slots=8,
-        step_tokens=48,
-        queue_limit=8,
-        chunk_tokens=8,
-        step_ratio=1.5,
+    scheduler = _taught(
+        learnt, kv_cells=2000, slots=8, step_tokens=48, queue_limit=8, ratio=1.5
     )
     assert scheduler.pacer is not None
-    for d, p, s in learnt:
-        scheduler.pacer.observe(d, p, s)
     _decoding(scheduler, decoders)
     for i, n in enumerate(lengths):
         scheduler.submit(Scheduled(f"p{i}", tuple(range(n)), 2, frozenset()))
@@ -514,8 +526,6 @@ def test_prompts_beside_decoding_ones_are_paced_together_or_given_the_step(
             assert not room or all(room < n <= 8 for n in unread)
         assert all(c.wants_logits for c in cut[:-1])  # the oldest first
         scheduler.advance(plan, times[step % len(times)])
-        for chunk in plan:
-            if chunk.wants_logits and scheduler.accept(chunk.seq, 7) is not None:
-                scheduler.release(chunk.seq)
+        _take_tokens(scheduler, plan)
         step += 1
         assert step <= 400  # progress

@@ -1,8 +1,8 @@
 """A chaos run of resumable streams: 200 clients, and the ledger agrees with each.
 
 Two hundred chat streams against one ``sluicegate serve --resumable`` process
-(scripted engine, an SQLite ledger, a grace period of ``GRACE_S``), at most
-``CONCURRENCY`` at a time, each drawn with a fixed seed to be:
+(scripted engine, an SQLite ledger, a grace period of ``GRACE_S``), all at
+once, each drawn with a fixed seed to be:
 
 - ``whole``: read to its end;
 - ``resume``: cut at a random byte (inside an event or between two), then
@@ -28,7 +28,11 @@ decode step ``STALL_STEP``, and every cut falls before that step's event, so a
 client's last resume (at most three pauses of ``PAUSE_S``, and the reconnects)
 starts while the producer still runs (a resume after its end is not counted),
 and an abandoned stream's grace (plus one check interval) runs out long before
-its generation could end.
+its generation could end. The grace is long beside the pauses because the
+server is slow here: two hundred streams start at once (4,000 tokens before
+the stall) in a server traced for coverage beside the rest of the suite, and
+it read some resumes 3-5 s after they were sent (a 3 s grace, with 50 streams
+at a time, expired under some of them).
 """
 
 from __future__ import annotations
@@ -58,11 +62,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 CHAT = "/v1/chat/completions"
 STREAMS = 200
 SEED = 17
-CONCURRENCY = 50
 RATE = 50.0
 """Scripted tokens per second per sequence (one token: one event, ~310 bytes)."""
-STALL_STEP, STALL_S = 20, 5.0
-GRACE_S = 3.0
+STALL_STEP, STALL_S = 20, 15.0
+GRACE_S = 10.0
 PAUSE_S = (0.05, 0.3)
 """A pause before a resume, when there is one: shorter than ``GRACE_S``."""
 FIRST_CUT = (1, 2500)
@@ -74,6 +77,8 @@ MAX_TOKENS = (30, 40, 50)
 SCRIPT = "The quick brown fox streams tokens correctly, once upon a time. " * 4
 """What the engine says: more tokens (words, letters) than ``MAX_TOKENS``."""
 PROMPTS = ("Hi", "Tell me a story about a fox.")
+RUNS = STREAMS + len(PROMPTS) * len(MAX_TOKENS)
+"""Streams in all: the plans and one reference per distinct request."""
 KINDS = ("whole", "resume", "abandon", "cancel")
 WEIGHTS = (3, 4, 2, 1)
 GIVE_UP_S = 30.0
@@ -217,18 +222,16 @@ async def run_cancel(http: httpx.AsyncClient, plan: Plan) -> Outcome:
 
 async def drive(base_url: str, made: Sequence[Plan]) -> list[Outcome]:
     """One uninterrupted reference stream per distinct request (index -1), then
-    every plan, at most ``CONCURRENCY`` streams at once."""
+    every plan, all at once."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    slots = asyncio.Semaphore(CONCURRENCY)
     references = [
         Plan(-1, "whole", prompt, n) for prompt in PROMPTS for n in MAX_TOKENS
     ]
 
     async def one(http: httpx.AsyncClient, plan: Plan) -> Outcome:
-        async with slots:
-            if plan.kind == "cancel":
-                return await run_cancel(http, plan)
-            return await run_cuts(http, plan)
+        if plan.kind == "cancel":
+            return await run_cancel(http, plan)
+        return await run_cuts(http, plan)
 
     async with httpx.AsyncClient(
         base_url=base_url, limits=limits, timeout=GIVE_UP_S
@@ -345,7 +348,7 @@ def chaos_server(
         "resumable-chaos",
         *("--log-level", "warning", "--engine", "scripted", "--resumable"),
         *("--scripted-rate", str(RATE), "--scripted-text", str(script)),
-        *("--scripted-max-running", str(STREAMS), "--scripted-max-queued", "64"),
+        *("--scripted-max-running", str(RUNS), "--scripted-max-queued", "64"),
         *("--fault", f"stall:{STALL_STEP}:{STALL_S}", "--heartbeat-s", "0.5"),
         *("--resume-grace-s", str(GRACE_S), "--ledger", str(ledger)),
     )
@@ -367,7 +370,7 @@ def test_two_hundred_cut_resumed_abandoned_and_cancelled_streams_agree_with_the_
         assert result.usage is not None
         assert (result.finish_reason, result.usage.completion_tokens) == ("length", n)
     assert compare(outcomes, rows) == []
-    assert len(rows) == len(outcomes) == STREAMS + len(PROMPTS) * len(MAX_TOKENS)
+    assert len(rows) == len(outcomes) == RUNS
     assert abandoned_tails(server.base_url, outcomes) == []
     stats = httpx.get(f"{server.base_url}/engine/stats").json()
     assert (stats["running"], stats["queued"], stats["kv_cells_used"]) == (0, 0, 0)
