@@ -251,6 +251,50 @@ def test_errors_are_in_anthropic_shape_before_the_stream(
     assert _body(unknown.value)["error"]["type"] == "not_found_error"
 
 
+def test_what_anthropic_refuses_is_a_400_naming_the_field_once(
+    claude: anthropic.Anthropic, model_id: str
+) -> None:
+    """A block's missing field was named with its type twice
+    (``messages[0].content[0].text.text``); an empty message, a user's thinking
+    block and thinking with a forced tool_choice were served."""
+    thought: Any = {"type": "thinking", "thinking": "hm", "signature": "s"}
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    result: Any = {"type": "tool_result", "tool_use_id": "t", "content": [{}]}
+    refused: list[tuple[dict[str, Any], str]] = [
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+            "Missing required parameter: 'messages[0].content[0].text'",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [result]}]},
+            "Missing required parameter: 'messages[0].content[0].content[0].type'",
+        ),
+        (
+            {"messages": [{"role": "user", "content": []}]},
+            "messages[0]: all messages must have non-empty content except for"
+            " the optional final assistant message",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [thought]}]},
+            "messages[0].content[0]: 'thinking' blocks may only be in assistant"
+            " messages",
+        ),
+    ]
+    for choice in ({"type": "any"}, {"type": "tool", "name": WEATHER["name"]}):
+        forced = {"tools": [WEATHER], "tool_choice": choice, "thinking": thinking}
+        message = "Thinking may not be enabled when tool_choice forces tool use"
+        refused.append(({**forced, "max_tokens": 2048, "messages": HELLO}, message))
+    for body, message in refused:
+        kw: Any = {"model": model_id, "max_tokens": 4, **body}
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            claude.messages.create(**kw)
+        error = _body(bad.value)["error"]
+        assert error["type"] == "invalid_request_error"
+        assert message in error["message"], error
+    prefill: Any = [*HELLO, {"role": "assistant", "content": []}]  # may be empty
+    assert claude.messages.count_tokens(model=model_id, messages=prefill).input_tokens
+
+
 def test_closing_a_message_stream_aborts_the_engine(
     base_url: str, http: httpx.Client, model_id: str
 ) -> None:

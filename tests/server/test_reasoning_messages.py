@@ -14,7 +14,8 @@ import pytest
 from starlette.applications import Starlette
 
 from sluicegate.core.wire.messages import thinking_signature
-from sluicegate.server.apis.messages_api import parse_messages_request, to_chat_request
+from sluicegate.server.apis.messages_api import to_chat_request
+from sluicegate.server.schemas.anthropic_messages import parse_messages_request
 from tests.reasoning_splits import S28, marker_splits
 
 from .test_reasoning import scripted_app

@@ -18,15 +18,15 @@ from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import RequestError
 from sluicegate.engines.base import GenerateRequest, SamplingParams
 from sluicegate.engines.scripted.engine import ScriptedEngine
-from sluicegate.server.apis.messages_api import (
-    MAX_BLOCKS,
-    parse_messages_request,
-    to_chat_request,
-)
+from sluicegate.server.apis.messages_api import to_chat_request
 from sluicegate.server.apis.openapi import openapi_document
 from sluicegate.server.app.factory import create_app
 from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger.ledger import Ledger
+from sluicegate.server.schemas.anthropic_messages import (
+    MAX_BLOCKS,
+    parse_messages_request,
+)
 from sluicegate.server.schemas.chat import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from sluicegate.server.schemas.parse import (
     parse_chat_request,

@@ -1,9 +1,11 @@
 """Anthropic's Messages API in front of the chat path: its body in, a chat request out.
 
-A ``POST /v1/messages`` body is validated by its own models (so a 400 names the
-Messages API's parameter), then translated into a chat-completions request that
-the chat planner checks and tokenizes as any other (same template, tools,
-grammar, stop matcher, limits and engines, upstream ones included):
+A ``POST /v1/messages`` body is validated by its own models
+(``server/schemas/anthropic_messages.py``: a 400 names the Messages API's
+parameter, and what Anthropic's API refuses is refused there), then translated
+into a chat-completions request that the chat planner checks and tokenizes as
+any other (same template, tools, grammar, stop matcher, limits and engines,
+upstream ones included):
 
 ::
 
@@ -21,7 +23,7 @@ grammar, stop matcher, limits and engines, upstream ones included):
     assistant thinking blocks of the open tool-use cycle -> reasoning_content
     other thinking / redacted_thinking blocks -> left out of the prompt
 
-Image and document blocks are refused (400 naming them). Earlier thinking
+Earlier thinking
 blocks are accepted with or without their ``signature``. Anthropic's API drops
 the thinking of earlier turns from the context, except in a tool-use cycle that
 is still open: the thinking of the assistant turn whose calls the user turns
@@ -37,232 +39,29 @@ Spec: Anthropic API reference, "Messages", "Count message tokens", "Errors".
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluicegate.core.errors import RequestError
+from sluicegate.server.schemas.anthropic_messages import (
+    Message,
+    MessagesRequest,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    Tool,
+    ToolChoice,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from sluicegate.server.schemas.chat import ChatCompletionRequest
-from sluicegate.server.schemas.fields import MAX_STOP_STRINGS
-from sluicegate.server.schemas.param_errors import request_error
 from sluicegate.server.schemas.parse import parse_chat_request
 
-__all__ = [
-    "MESSAGES_PATHS",
-    "MessagesRequest",
-    "parse_messages_request",
-    "to_chat_request",
-]
+__all__ = ["MESSAGES_PATHS", "to_chat_request"]
 
 MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 """The paths whose refusals (the guard's too) are in Anthropic's shape."""
-
-MIN_THINKING_BUDGET = 1024
-"""The least ``thinking.budget_tokens`` Anthropic's API takes (tokens)."""
-
-MAX_BLOCKS = 1024
-"""Most content blocks in one message (a bound on the work of one request)."""
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class TextBlock(_Model):
-    """``{"type": "text", "text"}``."""
-
-    type: Literal["text"]
-    text: str
-
-
-class ToolUseBlock(_Model):
-    """An assistant's call: ``{"type": "tool_use", "id", "name", "input"}``."""
-
-    type: Literal["tool_use"]
-    id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    input: dict[str, Any] = Field(default_factory=dict)
-
-
-class ToolResultBlock(_Model):
-    """A call's result: ``{"type": "tool_result", "tool_use_id", "content"}``."""
-
-    type: Literal["tool_result"]
-    tool_use_id: str = Field(min_length=1)
-    content: str | list[TextBlock] = ""
-    is_error: bool = False
-
-
-class ThinkingBlock(_Model):
-    """Earlier reasoning: ``{"type": "thinking", "thinking", "signature"}``."""
-
-    type: Literal["thinking"]
-    thinking: str
-    signature: str = ""
-
-
-class RedactedThinkingBlock(_Model):
-    """Earlier reasoning a provider encrypted: ``{"type": "redacted_thinking",
-    "data"}``."""
-
-    type: Literal["redacted_thinking"]
-    data: str = ""
-
-
-class Thinking(_Model):
-    """``thinking``: ``{"type": "enabled", "budget_tokens"}``,
-    ``{"type": "adaptive"}`` (thinking on, no budget) or ``{"type":
-    "disabled"}``."""
-
-    type: Literal["enabled", "adaptive", "disabled"]
-    budget_tokens: int | None = Field(None, ge=MIN_THINKING_BUDGET)
-
-
-Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
-    Field(discriminator="type"),
-]
-
-
-class Message(_Model):
-    """One turn: ``role`` and a string or content blocks."""
-
-    role: Literal["user", "assistant"]
-    content: Annotated[list[Block], Field(max_length=MAX_BLOCKS)] | str
-
-
-class Tool(_Model):
-    """``{"name", "description", "input_schema"}``."""
-
-    name: str = Field(min_length=1)
-    description: str | None = None
-    input_schema: dict[str, Any] = Field(default_factory=dict)
-
-
-class ToolChoice(_Model):
-    """``{"type": "auto"|"any"|"tool"|"none", "name", "disable_parallel_tool_use"}``."""
-
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
-    disable_parallel_tool_use: bool = False
-
-
-class OutputFormat(_Model):
-    """``{"type": "json_schema", "schema"}``: the answer is JSON matching it."""
-
-    type: Literal["json_schema"]
-    json_schema: dict[str, Any] = Field(alias="schema")
-
-
-class OutputConfig(_Model):
-    """``output_config``: its ``format`` (structured output); ``effort`` is
-    accepted and has no effect on these models."""
-
-    format: OutputFormat | None = None
-
-
-class MessagesRequest(_Model):
-    """A ``POST /v1/messages`` (or ``count_tokens``) body.
-
-    ``max_tokens`` is required to create a message, not to count its tokens.
-
-    Spec: Anthropic API reference, "Messages".
-    """
-
-    model: str
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    system: str | list[TextBlock] | None = None
-    stop_sequences: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
-    temperature: float | None = Field(None, ge=0.0, le=1.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=1)
-    tools: list[Tool] = Field(default_factory=list)
-    tool_choice: ToolChoice | None = None
-    stream: bool = False
-    metadata: dict[str, Any] | None = None
-    output_config: OutputConfig | None = None
-    thinking: Thinking | None = None
-
-
-_REFUSED_BLOCKS = frozenset({"image", "document", "search_result"})
-
-
-def parse_messages_request(
-    body: dict[str, Any], *, counting: bool = False
-) -> MessagesRequest:
-    """Validate a Messages body.
-
-    Args:
-        body: the decoded JSON object.
-        counting: for ``count_tokens``: ``max_tokens`` may be left out.
-
-    Raises:
-        RequestError: 400 naming the parameter (``messages[0].content[1].type``),
-            e.g. a missing ``max_tokens`` or an image block.
-    """
-    _refuse_blocks(body.get("messages"))
-    try:
-        request = MessagesRequest.model_validate(
-            {k: v for k, v in body.items() if v is not None}
-        )
-    except ValidationError as exc:
-        raise request_error(exc.errors()[0]) from exc
-    if request.max_tokens is None and not counting:
-        raise RequestError(
-            "Missing required parameter: 'max_tokens'", param="max_tokens"
-        )
-    _check_thinking(request)
-    return request
-
-
-def _check_thinking(request: MessagesRequest) -> None:
-    """``budget_tokens`` is required when thinking is enabled, and below
-    ``max_tokens``, as Anthropic's API requires."""
-    thinking = request.thinking
-    if thinking is None or thinking.type != "enabled":
-        return
-    budget = thinking.budget_tokens
-    if budget is None:
-        raise RequestError(
-            "thinking.budget_tokens is required when thinking is enabled",
-            param="thinking.budget_tokens",
-        )
-    if request.max_tokens is not None and budget >= request.max_tokens:
-        raise RequestError(
-            f"thinking.budget_tokens must be less than max_tokens; got "
-            f"{budget} and max_tokens={request.max_tokens}",
-            param="thinking.budget_tokens",
-        )
-
-
-def _refuse_blocks(messages: object) -> None:
-    if not isinstance(messages, list):
-        return
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        _refuse_in(content, f"messages[{i}].content")
-
-
-def _refuse_in(blocks: list[Any], at: str, outer: bool = True) -> None:
-    """Refuse an unsupported block of ``blocks``, or of a ``tool_result``'s
-    content among them (where Anthropic allows images too), naming it; one
-    level deep only (a tool result holds no tool result)."""
-    for j, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind in _REFUSED_BLOCKS:
-            raise RequestError(
-                f"{at}[{j}]: content blocks of type {kind!r} are not supported"
-                " (this server serves text models)",
-                param=f"{at}[{j}].type",
-                code="unsupported_content",
-            )
-        inner = block.get("content") if kind == "tool_result" and outer else None
-        if isinstance(inner, list):
-            _refuse_in(inner, f"{at}[{j}].content", outer=False)
 
 
 def to_chat_request(

@@ -20,13 +20,14 @@ from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.engines.base import OutputKind
 from sluicegate.engines.upstream.count import TRIED
 from sluicegate.server.admission.keys import ApiKey
-from sluicegate.server.apis.messages_api import parse_messages_request, to_chat_request
+from sluicegate.server.apis.messages_api import to_chat_request
 from sluicegate.server.apis.translated import named_as, plan_translated
 from sluicegate.server.http.answers import error_answer, json_answer
 from sluicegate.server.http.bodies import read_json_object
 from sluicegate.server.http.errors import AdmissionError
 from sluicegate.server.prepare.plan import Plan
 from sluicegate.server.prepare.tokens import plan_chat
+from sluicegate.server.schemas.anthropic_messages import parse_messages_request
 
 if TYPE_CHECKING:
     from sluicegate.server.apis.completion_routes import CompletionRoutes

@@ -41,7 +41,11 @@ from sluicegate.core.errors import RequestError
 from sluicegate.server.apis.responses_input import chat_messages
 from sluicegate.server.schemas.chat import ChatCompletionRequest
 from sluicegate.server.schemas.fields import MAX_STREAM_INTERVAL
-from sluicegate.server.schemas.param_errors import check_tool_choice, request_error
+from sluicegate.server.schemas.param_errors import (
+    check_tool_choice,
+    reported_error,
+    request_error,
+)
 from sluicegate.server.schemas.parse import parse_chat_request
 
 __all__ = [
@@ -188,7 +192,7 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
             {k: v for k, v in body.items() if v is not None}
         )
     except ValidationError as exc:
-        raise request_error(exc.errors()[0]) from exc
+        raise request_error(reported_error(exc.errors())) from exc
     if request.background and request.store is False:
         raise RequestError(
             "A background response must be stored: set 'store' to true",

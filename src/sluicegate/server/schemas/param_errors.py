@@ -13,6 +13,7 @@ tried (``literal['none','auto','required']``, ``function-after[...]``,
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from pydantic_core import ErrorDetails
 
@@ -22,6 +23,7 @@ __all__ = [
     "MAX_NAME_CHARS",
     "check_tool_choice",
     "param_name",
+    "reported_error",
     "request_error",
     "short_name",
 ]
@@ -43,6 +45,20 @@ def request_error(error: ErrorDetails) -> RequestError:
         param=param,
         code="invalid_value",
     )
+
+
+def reported_error(errors: Sequence[ErrorDetails]) -> ErrorDetails:
+    """The one of a body's pydantic errors (>= 1) a 400 reports: the first that
+    is not a union member's type mismatch, else the first. A list given where
+    ``str | list[TextBlock]`` is taken fails as a string too
+    (``("system", "str")``, ``string_type``); the error inside the list
+    (``("system", "list[TextBlock]", 0, "text")``, missing) says what is wrong."""
+    for error in errors:
+        last = error["loc"][-1] if error["loc"] else None
+        mismatch = isinstance(last, str) and bool(_UNION_LABEL.fullmatch(last))
+        if not (mismatch and error["type"].endswith("_type")):
+            return error
+    return errors[0]
 
 
 # A union member's label: a schema with arguments (literal[...], list[str],

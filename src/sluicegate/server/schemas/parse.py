@@ -23,6 +23,7 @@ from sluicegate.server.schemas.fields import RequestFields
 from sluicegate.server.schemas.param_errors import (
     MAX_NAME_CHARS,
     check_tool_choice,
+    reported_error,
     request_error,
     short_name,
 )
@@ -121,7 +122,7 @@ def _parse(
         # ``null`` means "not given", as the reference API reads it.
         request = model.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as exc:
-        raise request_error(exc.errors()[0]) from exc
+        raise request_error(reported_error(exc.errors())) from exc
     if request.stream_options is not None and not request.stream:
         raise RequestError(
             "stream_options is only allowed when stream is true",
