@@ -203,3 +203,22 @@ def test_rename_params_maps_an_indexed_path_keeping_its_indices() -> None:
     )
     other.rename_params(names)
     assert other.param == "tool_list"
+
+
+def test_rename_params_maps_one_indexed_element_and_what_is_under_it() -> None:
+    names = {"messages[0]": "instructions", "messages[2]": "input[1]"}
+    error = RequestError(
+        "The chat template cannot render messages[2] (role 'user')",
+        param="messages[2]",
+    )
+    error.rename_params(names)
+    assert (error.param, error.message) == (
+        "input[1]",
+        "The chat template cannot render input[1] (role 'user')",
+    )
+    deeper = RequestError("Bad 'messages[2].role'", param="messages[2].role")
+    deeper.rename_params(names)
+    assert (deeper.param, str(deeper)) == ("input[1].role", "Bad 'input[1].role'")
+    unmapped = RequestError("Bad 'messages[1]'", param="messages[1]")
+    unmapped.rename_params(names)  # no name for it: kept
+    assert unmapped.param == "messages[1]"

@@ -199,6 +199,26 @@ def test_bad_input_is_a_400_naming_the_parameter(
         assert _body(bad.value)["param"] == param, body
 
 
+def test_a_template_refusal_names_the_input_item_not_the_chat_message(
+    sdk: openai.OpenAI, model_id: str
+) -> None:
+    """The model's template refuses a system message after the first: it is
+    ``input[1]``, which was chat's ``messages[2]`` behind the instructions'
+    system message (the error named that, with ``param`` ``input``)."""
+    turns: Any = [
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": "Be brief."},
+    ]
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.responses.create(
+            model=model_id, instructions="Hi.", input=turns, max_output_tokens=1
+        )
+    error = _body(bad.value)  # the SDK's body is the error object
+    assert error["param"] == "input[1]"
+    assert "cannot render input[1] (role 'system')" in error["message"]
+    assert "messages" not in error["message"]
+
+
 def test_closing_a_response_stream_aborts_the_engine(
     base_url: str, http: httpx.Client, model_id: str
 ) -> None:

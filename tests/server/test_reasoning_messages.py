@@ -180,7 +180,7 @@ async def test_a_bad_thinking_config_is_a_400(thinking: dict[str, Any]) -> None:
 def _turns(*messages: Any) -> list[dict[str, Any]]:
     """The chat messages a Messages body with these turns asks for."""
     body = {"model": "m", "max_tokens": 8, "messages": list(messages)}
-    chat = to_chat_request(parse_messages_request(body))
+    chat = to_chat_request(parse_messages_request(body)).chat
     return [m.model_dump(exclude_defaults=True) for m in chat.messages]
 
 

@@ -20,7 +20,7 @@ ASK: dict[str, Any] = {"role": "user", "content": "What is in the repo?"}
 def _chat(*items: Any, history: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     """The chat messages a Responses body with these input items asks for."""
     request = parse_responses_request({"model": "m", "input": list(items)})
-    chat = to_chat_request(request, history=history)
+    chat = to_chat_request(request, history=history).chat
     return [m.model_dump(exclude_defaults=True) for m in chat.messages]
 
 

@@ -432,8 +432,8 @@ def test_a_messages_forced_tool_choice_without_tools_is_400() -> None:
         with pytest.raises(RequestError) as caught:
             to_chat_request(parse_messages_request(body))
         assert caught.value.param == "tool_choice"
-        chat = to_chat_request(parse_messages_request({**body, "tools": [tool]}))
+        chat = to_chat_request(parse_messages_request({**body, "tools": [tool]})).chat
         assert chat.tool_choice is not None
     for choice in ({"type": "auto"}, {"type": "none"}):  # nothing forced: taken
         body = {"model": "m", "max_tokens": 5, "messages": HELLO, "tool_choice": choice}
-        assert to_chat_request(parse_messages_request(body)).tool_choice is None
+        assert to_chat_request(parse_messages_request(body)).chat.tool_choice is None

@@ -63,6 +63,7 @@ __all__ = [
 ]
 
 _INDEX = re.compile(r"\[(\d+)\]")
+_FIRST_INDEXED = re.compile(r"[^.\[]+\[\d+\]")  # messages[3] of messages[3].role
 
 REPR_MAX_CHARS = 200
 """Most characters of a client's value that an error message echoes."""
@@ -209,9 +210,17 @@ class RequestError(SluicegateError):
         a mapped one (``messages[2].content``) becomes the mapped name alone.
         A name with ``[]`` maps that path whatever its indices, which carry
         over in order (``{"tools[].function.parameters": "tools[].input_schema"}``
-        renames ``tools[3].function.parameters`` to ``tools[3].input_schema``)."""
+        renames ``tools[3].function.parameters`` to ``tools[3].input_schema``);
+        one with an index maps that element (``{"messages[2]": "input[1]"}``)."""
         param = self.param
         if param is None:
+            return
+        first = _FIRST_INDEXED.match(param)
+        if first is not None and first.group() in names:
+            element = names[first.group()]
+            self.param = element + param[first.end() :]
+            self.message = self.message.replace(first.group(), element)
+            self.args = (self.message,)
             return
         indices = _INDEX.findall(param)
         template = names.get(_INDEX.sub("[]", param)) if indices else None

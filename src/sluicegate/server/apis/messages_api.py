@@ -55,8 +55,7 @@ from sluicegate.server.schemas.anthropic_messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from sluicegate.server.schemas.chat import ChatCompletionRequest
-from sluicegate.server.schemas.parse import parse_chat_request
+from sluicegate.server.schemas.translation import Translation, translate
 
 __all__ = ["MESSAGES_PATHS", "to_chat_request"]
 
@@ -64,10 +63,9 @@ MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 """The paths whose refusals (the guard's too) are in Anthropic's shape."""
 
 
-def to_chat_request(
-    request: MessagesRequest, *, max_tokens: int = 1
-) -> ChatCompletionRequest:
-    """The chat-completions request that asks for what ``request`` asks.
+def to_chat_request(request: MessagesRequest, *, max_tokens: int = 1) -> Translation:
+    """The chat-completions request that asks for what ``request`` asks, and
+    the Messages name of each of its messages (``system``, ``messages[1]``).
 
     Args:
         request: a validated Messages body.
@@ -78,11 +76,14 @@ def to_chat_request(
             constraint cannot express, naming the keyword).
     """
     messages: list[dict[str, Any]] = []
+    origins: list[str] = []
     if request.system:
         messages.append({"role": "system", "content": _text(request.system)})
+        origins.append("system")
     cycle = _open_cycle(request.messages)
     for i, message in enumerate(request.messages):
         messages += _chat_messages(message, thinking=i == cycle)
+        origins += [f"messages[{i}]"] * (len(messages) - len(origins))
     body: dict[str, Any] = {
         "model": request.model,
         "messages": messages,
@@ -111,7 +112,7 @@ def to_chat_request(
         body["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
         if kind == "enabled":
             body["thinking_token_budget"] = request.thinking.budget_tokens
-    return parse_chat_request(body)
+    return translate(body, origins)
 
 
 def _text(content: str | list[TextBlock]) -> str:

@@ -79,11 +79,14 @@ class MessagesRoutes:
         try:
             body = await read_json_object(request, config.max_body_bytes)
             with named_as(CHAT_NAMES):
-                chat = to_chat_request(parse_messages_request(body, counting=True))
-                served = self._routes.models.resolve(chat.model)
-                plan = await plan_chat(
-                    chat, "count_tokens", served.engine, served.template, config
-                )
+                asked = parse_messages_request(body, counting=True)
+                translation = to_chat_request(asked)
+                chat = translation.chat
+                with named_as(translation.names):
+                    served = self._routes.models.resolve(chat.model)
+                    plan = await plan_chat(
+                        chat, "count_tokens", served.engine, served.template, config
+                    )
             engine = served.engine
             if engine.output_kind is OutputKind.TEXT:
                 counted = None

@@ -39,14 +39,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluicegate.core.errors import RequestError
 from sluicegate.server.apis.responses_input import chat_messages
-from sluicegate.server.schemas.chat import ChatCompletionRequest
 from sluicegate.server.schemas.fields import MAX_STREAM_INTERVAL
 from sluicegate.server.schemas.param_errors import (
     check_tool_choice,
     reported_error,
     request_error,
 )
-from sluicegate.server.schemas.parse import parse_chat_request
+from sluicegate.server.schemas.translation import Translation, translate
 
 __all__ = [
     "ResponsesRequest",
@@ -254,8 +253,9 @@ def to_chat_request(
     request: ResponsesRequest,
     stored: bool = False,
     history: Sequence[dict[str, Any]] = (),
-) -> ChatCompletionRequest:
-    """The chat-completions request that asks for what ``request`` asks.
+) -> Translation:
+    """The chat-completions request that asks for what ``request`` asks, and
+    the Responses name of each of its messages (``instructions``, ``input[2]``).
 
     Args:
         stored: ask for a resumable stream, whatever ``request.stream`` says
@@ -265,11 +265,9 @@ def to_chat_request(
 
     Raises:
         RequestError: 400 for an input item or part this server cannot take,
-            naming it, or from the chat checks.
+            naming it, or from the chat checks (naming the item a message
+            came from).
     """
-    messages: list[dict[str, Any]] = []
-    if request.instructions:
-        messages.append({"role": "system", "content": request.instructions})
     items = [
         (item, f"previous_response_id.items[{i}]") for i, item in enumerate(history)
     ]
@@ -277,7 +275,10 @@ def to_chat_request(
         items.append(({"role": "user", "content": request.input}, "input"))
     else:
         items += [(item, f"input[{i}]") for i, item in enumerate(request.input)]
-    messages += chat_messages(items)
+    messages, origins = chat_messages(items)
+    if request.instructions:
+        messages.insert(0, {"role": "system", "content": request.instructions})
+        origins.insert(0, "instructions")
     stream = request.stream or stored
     body: dict[str, Any] = {
         "model": request.model,
@@ -312,7 +313,7 @@ def to_chat_request(
         body["response_format"] = _response_format(request.text.format)
     if request.reasoning is not None and request.reasoning.effort is not None:
         body["reasoning_effort"] = request.reasoning.effort
-    return parse_chat_request(body)
+    return translate(body, origins)
 
 
 def _chat_tool(tool: FunctionTool) -> dict[str, Any]:

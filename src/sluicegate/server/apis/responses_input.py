@@ -39,8 +39,11 @@ Item = tuple[dict[str, Any], str]
 """An input item and where it is in the request (``input[3]``), for errors."""
 
 
-def chat_messages(items: Sequence[Item]) -> list[dict[str, Any]]:
-    """The chat messages ``items`` ask for, in order (see the module docstring).
+def chat_messages(
+    items: Sequence[Item],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The chat messages ``items`` ask for, in order (see the module docstring),
+    and where each came from: the item that began it (``input[2]``).
 
     Raises:
         RequestError: 400 for an item or part this server cannot take, naming
@@ -48,18 +51,20 @@ def chat_messages(items: Sequence[Item]) -> list[dict[str, Any]]:
     """
     kept = open_cycle_reasoning([item for item, _ in items])
     messages: list[dict[str, Any]] = []
+    origins: list[str] = []
     thoughts: list[str] = []
     for n, (item, at) in enumerate(items):
         if n in kept:
             thoughts += _reasoning_texts(item)
             continue
         _add_item(messages, item, at)
+        origins += [at] * (len(messages) - len(origins))
         if thoughts and item.get("type") == "function_call":
             turn = messages[-1]
             before = [turn["reasoning_content"]] if "reasoning_content" in turn else []
             turn["reasoning_content"] = "\n".join([*before, *thoughts])
             thoughts = []
-    return messages
+    return messages, origins
 
 
 def open_cycle_reasoning(items: Sequence[dict[str, Any]]) -> set[int]:

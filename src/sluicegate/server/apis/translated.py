@@ -6,7 +6,9 @@ A Responses or Messages body is parsed by its API's models, translated into a
 request (``CompletionRoutes._check_admissible``, ``prepare.tokens.plan_chat``);
 its plan's frames are written by its API's stream machine. ``plan_translated``
 does the part after the translation for both, so a refusal from the chat checks
-names the API's own parameter (``named_as``) on either.
+names the API's own parameter (``named_as``) on either: a chat message by the
+item or turn it came from (``Translation.names``: ``input[3]``, not
+``messages[4]``), any other by the API's name of that chat parameter.
 
 Spec: OpenAI API reference, "Responses"; Anthropic API reference, "Messages".
 """
@@ -23,7 +25,7 @@ from sluicegate.core.wire.chunks import Endpoint
 from sluicegate.server.admission.keys import ApiKey
 from sluicegate.server.prepare.plan import Plan
 from sluicegate.server.prepare.tokens import plan_chat
-from sluicegate.server.schemas.chat import ChatCompletionRequest
+from sluicegate.server.schemas.translation import Translation
 
 if TYPE_CHECKING:
     from sluicegate.server.apis.completion_routes import CompletionRoutes
@@ -52,7 +54,7 @@ async def plan_translated(
     routes: CompletionRoutes,
     endpoint: Endpoint,
     names: Mapping[str, str],
-    translate: Callable[[], ChatCompletionRequest],
+    translate: Callable[[], Translation],
     response_id: str,
     key: ApiKey | None,
     small: bool,
@@ -61,7 +63,8 @@ async def plan_translated(
     request, admitted for ``key`` and written by ``endpoint``'s stream machine.
 
     Args:
-        names: the API's name of each chat parameter (``named_as``).
+        names: the API's name of each chat parameter (``named_as``); a chat
+            message is named by the translation's ``names`` first.
         small: a request that, short only of tokens, is still planned
             (``CompletionRoutes._check_admissible``).
 
@@ -70,9 +73,11 @@ async def plan_translated(
         ``plan_chat`` raise; a ``RequestError`` names the API's parameter.
     """
     with named_as(names):
-        chat = translate()
-        served = await routes._check_admissible(key, chat, small)
-        plan = await plan_chat(
-            chat, response_id, served.engine, served.template, routes.config
-        )
+        translation = translate()
+        chat = translation.chat
+        with named_as(translation.names):  # first: messages[i] is the client's
+            served = await routes._check_admissible(key, chat, small)
+            plan = await plan_chat(
+                chat, response_id, served.engine, served.template, routes.config
+            )
     return with_endpoint(plan, endpoint)
