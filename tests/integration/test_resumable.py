@@ -451,17 +451,29 @@ def test_a_cancelled_stream_is_aborted_at_once_for_its_key_only(
         response_id = first[4:].rpartition(".")[0]
         cancelled = client.post(f"{CHAT}/{response_id}/cancel")
         tail = client.get(f"{CHAT}/{response_id}/events").text
-        again = client.post(f"{CHAT}/{response_id}/cancel")
     assert cancelled.json() == {"id": response_id, "cancelled": True}
     assert '"code":"cancelled"' in tail
-    assert again.status_code == 404  # it ended
     with (
         http(server, KEY_A) as mine,
         http(server, KEY_B) as theirs,
-        mine.stream("POST", CHAT, json=chat_body()) as response,
     ):
-        first = next(response.iter_lines())
-        response_id = first[4:].rpartition(".")[0]
-        refused = theirs.post(f"{CHAT}/{response_id}/cancel")
+        with mine.stream("POST", CHAT, json=chat_body()) as response:
+            first = next(response.iter_lines())
+            response_id = first[4:].rpartition(".")[0]
+            refused = theirs.post(f"{CHAT}/{response_id}/cancel")
+        whole = mine.get(f"{CHAT}/{response_id}/events")  # read to its end
+        finished = mine.post(f"{CHAT}/{response_id}/cancel")
+        again = mine.get(f"{CHAT}/{response_id}/events")
     assert refused.status_code == 404
     assert refused.json()["error"]["code"] == "not_found"
+    # Ended and still kept: its events are read, and a cancel says it ended
+    # (it was a 404, as for an unknown stream).
+    assert whole.status_code == again.status_code == 200
+    assert whole.text.rstrip().endswith("data: [DONE]")
+    assert finished.status_code == 409, finished.text
+    error = finished.json()["error"]
+    assert (error["code"], error["type"]) == (
+        "stream_finished",
+        "invalid_request_error",
+    )
+    assert "has already finished" in error["message"]

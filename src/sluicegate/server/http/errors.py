@@ -15,9 +15,9 @@ answered with.
     │   ├── UnsupportedMediaType  415 unsupported_media_type
     │   ├── NotFound              404 not_found: a stored response or a resumable
     │   │                         stream that is unknown, another key's or expired
-    │   ├── IdempotencyConflict   409 an idempotency key reused with another body
+    │   ├── Conflict              409, its own code (a finished stream's cancel):
+    │   │                         IdempotencyConflict, ProducedElsewhere
     │   ├── RouteNotFound         404, MethodNotAllowed 405: Starlette's routing
-    │   ├── ProducedElsewhere     409 produced_elsewhere: still running elsewhere
     │   ├── RequestTimeout        408 request_timeout: a head or body arrived late
     │   └── HeadTooLarge          431 request_header_too_large
     ├── AdmissionError            400 (refused before any work)
@@ -53,8 +53,7 @@ Invariants:
       gets the fixed message of its code (``store_refusal_message``).
 
 Deliberate divergence: exceptions that never reach a client stay private to
-the module that raises and catches them (a writer thread's give-up, an attach
-to a kept log, a schema walk's breach).
+the module that raises and catches them (a writer's give-up, a schema breach).
 
 Spec: docs/DESIGN.md, "Status first, errors in band"; OpenAI API reference,
 "Error codes"; Anthropic API reference, "Errors".
@@ -89,6 +88,7 @@ __all__ = [
     "STORE_LOST",
     "STORE_UNAVAILABLE",
     "AdmissionError",
+    "Conflict",
     "CursorEvicted",
     "ErrorKind",
     "Forbidden",
@@ -219,23 +219,24 @@ class ProducerLost(StoreError):
 
 
 class StoreFull(StoreError):
-    """No room for a new log: the live logs alone fill the store's bound (or
-    the shared store's own memory is full)."""
+    """No room for a new log: live logs fill the bound (or the shared store)."""
 
 
 class RedisUnavailable(StoreError):
-    """Redis cannot be reached, or answered with an error (503 before the first
-    byte, an in-band error after it)."""
+    """Redis cannot be reached, or answered with an error (503, or in band)."""
 
 
 class RedisFull(RedisUnavailable, StoreFull):
-    """Redis refused a write: its memory is at ``maxmemory`` (with
-    ``noeviction``). A ``StoreFull``: 503 ``resume_store_full`` before the first
-    byte, the same code in band after it."""
+    """Redis refused a write: its memory is at ``maxmemory`` (``noeviction``);
+    answered as a ``StoreFull`` (``resume_store_full``, 503 or in band)."""
 
 
-class IdempotencyConflict(RequestError):
-    """An idempotency key reused with another request body (409)."""
+class Conflict(RequestError):
+    """A request at odds with the state of what it names (409; its own code)."""
+
+
+class IdempotencyConflict(Conflict):
+    """An idempotency key reused with another request body."""
 
 
 class NotFound(RequestError):
@@ -260,8 +261,8 @@ class MethodNotAllowed(RequestError):
         super().__init__(f"Method {method} is not allowed for {path}")
 
 
-class ProducedElsewhere(RequestError):
-    """A stored response that another replica still produces (409)."""
+class ProducedElsewhere(Conflict):
+    """A stored response that another replica still produces."""
 
     def __init__(self, response_id: str) -> None:
         super().__init__(
@@ -333,8 +334,7 @@ KINDS: dict[type[SluicegateError], ErrorKind] = {
     RouteNotFound: ErrorKind(404, _INVALID),
     MethodNotAllowed: ErrorKind(405, _INVALID),
     RequestTimeout: ErrorKind(408, _INVALID, "request_timeout"),
-    IdempotencyConflict: ErrorKind(409, _INVALID, "idempotency_key_reused"),
-    ProducedElsewhere: ErrorKind(409, _INVALID, "produced_elsewhere"),
+    Conflict: ErrorKind(409, _INVALID),
     BodyTooLarge: ErrorKind(413, _INVALID, "request_too_large"),
     UnsupportedMediaType: ErrorKind(415, _INVALID, "unsupported_media_type"),
     HeadTooLarge: ErrorKind(431, _INVALID, "request_header_too_large"),

@@ -5,12 +5,15 @@ cursor in ``Last-Event-ID`` (or ``?after=``), then the live tail. Unknown id,
 another key's log and an expired one answer the same 404; an evicted cursor
 410 (``cursor_evicted``); a malformed cursor 400; a cursor at or past the end
 of a log that has ended 400 (``cursor_past_end``). ``POST .../{id}/cancel``
-aborts a stream its client gave up on on purpose. Each reads the request and
-asks ``ResumableStreams``; the paths' prefix (``chatcmpl-`` or ``cmpl-``) must
+aborts a stream its client gave up on on purpose; one that has ended while its
+log is kept is a 409 (``stream_finished``) that says so, as OpenAI's API
+refuses to cancel a completed background response (a 400 there: a conflict
+with the stream's state is what 409 says). Each reads the request and asks
+``ResumableStreams``; the paths' prefix (``chatcmpl-`` or ``cmpl-``) must
 match the id's.
 
-Spec: WHATWG HTML, "9.2 Server-sent events", "Last-Event-ID";
-docs/resumable-streams.md.
+Spec: WHATWG HTML, "9.2 Server-sent events", "Last-Event-ID"; OpenAI API
+reference, "Cancel a response"; docs/resumable-streams.md.
 """
 
 from __future__ import annotations
@@ -21,12 +24,28 @@ from starlette.routing import Route
 
 from sluicegate.core.errors import RequestError
 from sluicegate.server.http.answers import error_answer, json_answer
-from sluicegate.server.http.errors import NotFound
+from sluicegate.server.http.errors import Conflict, LogNotFound, NotFound, StoreError
 from sluicegate.server.resumable.log_response import LogStreamResponse
 from sluicegate.server.resumable.requests import NOT_FOUND, owner_of, parse_cursor
 from sluicegate.server.resumable.streams import ResumableStreams
+from sluicegate.server.stores.event_store import EventStore
 
-__all__ = ["ResumableRoutes"]
+__all__ = ["STREAM_FINISHED", "ResumableRoutes"]
+
+STREAM_FINISHED = "stream_finished"
+"""Error code of the 409 for a cancel of a stream that has ended."""
+
+_PAST_ANY = 10**15  # past any frame (a seq has 12 digits at most): reads none
+
+
+def _finished(response_id: str) -> Conflict:
+    """The 409 of a cancel of a resumable stream that has ended (its log kept)."""
+    return Conflict(
+        f"The stream {response_id[:80]!r} has already finished: there is nothing"
+        " to cancel (its events can still be read from its events endpoint until"
+        " it expires)",
+        code=STREAM_FINISHED,
+    )
 
 
 class ResumableRoutes:
@@ -74,13 +93,39 @@ class ResumableRoutes:
         Returns:
             200 ``{"id": ..., "cancelled": true}`` when this server produces
             that stream for this key (it is aborted now, as if its grace ran
-            out); the resume endpoint's 404 otherwise (unknown, another key's,
-            ended, or produced by another replica).
+            out); 409 ``stream_finished`` when this key's stream has ended
+            (on its own or by an earlier cancel) and its log is kept; 503 when
+            a shared store cannot be reached; the resume endpoint's 404
+            otherwise (unknown, another key's, expired, or produced by another
+            replica).
         """
         response_id = request.path_params["response_id"]
         prefix = "cmpl-" if request.scope["path"].startswith("/v1/completions") else ""
-        if not response_id.startswith(
-            prefix or "chatcmpl-"
-        ) or not self._streams.cancel_own(response_id, owner_of(request)):
-            return error_answer(NotFound(NOT_FOUND))  # ended ones too, task or not
-        return json_answer({"id": response_id, "cancelled": True})
+        if not response_id.startswith(prefix or "chatcmpl-"):
+            return error_answer(NotFound(NOT_FOUND))
+        owner = owner_of(request)
+        if self._streams.cancel_own(response_id, owner):
+            return json_answer({"id": response_id, "cancelled": True})
+        try:
+            ended = await _has_ended(self._streams.store, response_id, owner)
+        except StoreError as exc:
+            return self._streams.unavailable(exc)
+        if ended:
+            return error_answer(_finished(response_id))
+        return error_answer(NotFound(NOT_FOUND))
+
+
+async def _has_ended(store: EventStore, response_id: str, owner: str) -> bool:
+    """Whether ``owner``'s log of ``response_id`` is kept and finished: a read
+    past its last frame ends at once for a finished log, and gives a first
+    (empty) batch for a live one (``EventStore.read``)."""
+    reads = store.read(response_id, owner, _PAST_ANY)
+    try:
+        await anext(reads)
+    except StopAsyncIteration:
+        return True
+    except LogNotFound:
+        return False
+    finally:
+        await reads.aclose()
+    return False
