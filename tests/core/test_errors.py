@@ -17,6 +17,7 @@ from sluicegate.core.errors import (
     StreamClosed,
     StreamConsumed,
     StreamError,
+    UnsupportedMediaType,
     UpstreamFailed,
     UpstreamsBusy,
     UpstreamTimedOut,
@@ -59,6 +60,23 @@ def test_body_too_large_gives_limit_and_size() -> None:
     assert error.code == "request_too_large"
     assert "11 bytes" in error.message
     assert "limit is 10" in error.message
+    decoded = BodyTooLarge(10, 10, "gzip")  # how much more is not known
+    assert decoded.message == (
+        "The request body decodes (gzip) to more than 10 bytes; the limit is 10"
+    )
+
+
+def test_unsupported_media_type_names_the_type_or_the_coding() -> None:
+    plain = UnsupportedMediaType("text/plain")
+    assert (plain.code, "got 'text/plain'" in plain.message) == (
+        "unsupported_media_type",
+        True,
+    )
+    coded = UnsupportedMediaType("application/json", "br")
+    assert coded.code == "unsupported_content_encoding"
+    assert coded.message == (
+        "The request body must be sent as gzip, deflate or identity; got 'br'"
+    )
 
 
 def test_engine_errors_say_whether_a_retry_may_help() -> None:

@@ -7,12 +7,14 @@ The servers run the scripted engine with small limits set by their CLI flags.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import shutil
 import socket
 import subprocess
 import time
+import zlib
 from contextlib import ExitStack, closing
 
 import httpx
@@ -339,6 +341,37 @@ def test_a_text_plain_post_is_415(limited: ServerProcess) -> None:
     )
     assert response.status_code == 415
     assert response.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_a_compressed_body_is_decoded_within_the_body_limit(
+    limited: ServerProcess,
+) -> None:
+    """``Content-Encoding`` was ignored: a gzip body was parsed as if plain. It
+    is decoded now, bounded by the body limit (4 MiB) in decoded bytes too: a
+    64 KiB body that inflates to 16 MiB is a 413, not 16 MiB of memory."""
+    body = json.dumps({**CHAT_BODY, "max_tokens": 1}).encode()
+    bomb = gzip.compress(b"[" + b" " * (16 * 1024 * 1024) + b"]")
+    assert len(bomb) < 64 * 1024
+    sent = [
+        ("gzip", gzip.compress(body), CHAT, 200, None),
+        ("deflate", zlib.compress(body), CHAT, 200, None),
+        ("gzip", bomb, CHAT, 413, "request_too_large"),
+        ("gzip", gzip.compress(body)[:-9], CHAT, 400, "invalid_encoding"),
+        ("br", body, CHAT, 415, "unsupported_content_encoding"),
+        ("gzip", bomb, "/v1/messages", 413, None),
+    ]
+    with httpx.Client(base_url=limited.base_url, timeout=GIVE_UP_S) as client:
+        for coding, data, path, status, code in sent:
+            headers = {"Content-Type": "application/json", "Content-Encoding": coding}
+            answer = client.post(path, content=data, headers=headers)
+            assert answer.status_code == status, (coding, path, answer.text)
+            if status == 200:
+                assert answer.json()["choices"][0]["finish_reason"] == "length"
+            elif path == CHAT:
+                assert answer.json()["error"]["code"] == code
+            else:  # Anthropic's shape
+                assert answer.json()["error"]["type"] == "request_too_large"
+    assert "decodes (gzip) to more than 4194304 bytes" in answer.text
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/engine/stats", "/metrics"])

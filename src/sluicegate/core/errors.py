@@ -8,8 +8,8 @@
     │   └── RemoteProtocolError  the peer did: bad SSE line, bad JSON, bad chunk shape
     ├── RequestError             invalid client request -> 400; carries .param
     │   ├── ModelNotFound        unknown model -> 404
-    │   ├── BodyTooLarge         request body over the limit -> 413
-    │   └── UnsupportedMediaType body not sent as application/json -> 415
+    │   ├── BodyTooLarge         request body over the limit, decoded or not -> 413
+    │   └── UnsupportedMediaType not application/json, or a coding not decoded -> 415
     ├── EngineError              the engine failed; .retryable
     │   ├── EngineUnavailable    overloaded or shutting down (retryable)
     │   ├── EngineCrashed        the engine process died mid-request (retryable)
@@ -105,13 +105,9 @@ def _echo(value: object, depth: int, parts: list[str], room: int) -> int:
     if room <= 0:
         return room
     if isinstance(value, list | tuple | dict):
-        opening, closing = (
-            "{}"
-            if isinstance(value, dict)
-            else "[]"
-            if isinstance(value, list)
-            else "()"
-        )
+        opening, closing = "[]" if isinstance(value, list) else "()"
+        if isinstance(value, dict):
+            opening, closing = "{}"
         if depth <= 0 and value:
             parts.append(f"{opening}...{closing}")
             return room - 5
@@ -258,24 +254,28 @@ class ModelNotFound(RequestError):
 
 
 class BodyTooLarge(RequestError):
-    """The request body is larger than the configured limit (413)."""
+    """The request body (received, or decoded from a ``coding``) is over the limit."""
 
-    def __init__(self, limit_bytes: int, seen_bytes: int) -> None:
+    def __init__(self, limit_bytes: int, seen_bytes: int, coding: str = "") -> None:
+        has = f"decodes ({coding}) to more than" if coding else "has"
         super().__init__(
-            f"The request body has {seen_bytes} bytes; the limit is {limit_bytes}",
+            f"The request body {has} {seen_bytes} bytes; the limit is {limit_bytes}",
             code="request_too_large",
         )
 
 
 class UnsupportedMediaType(RequestError):
-    """A request body whose ``Content-Type`` is not ``application/json`` (415)."""
+    """A request body whose ``Content-Type`` is not ``application/json``, or in
+    a content ``coding`` (its ``Content-Encoding``) not decoded here (415)."""
 
-    def __init__(self, content_type: str | None) -> None:
+    def __init__(self, content_type: str | None, coding: str | None = None) -> None:
         seen = "none" if content_type is None else bounded_repr(content_type)
+        wanted, code = "'Content-Type: application/json'", "unsupported_media_type"
+        if coding is not None:
+            seen, wanted = bounded_repr(coding), "gzip, deflate or identity"
+            code = "unsupported_content_encoding"
         super().__init__(
-            f"The request body must be sent as 'Content-Type: application/json'; "
-            f"got {seen}",
-            code="unsupported_media_type",
+            f"The request body must be sent as {wanted}; got {seen}", code=code
         )
 
 

@@ -12,7 +12,7 @@ answered with.
     ├── RequestError (core)       400 invalid_request_error
     │   ├── ModelNotFound (core)  404 model_not_found
     │   ├── BodyTooLarge (core)   413 request_too_large
-    │   ├── UnsupportedMediaType  415 unsupported_media_type
+    │   ├── UnsupportedMediaType  415 unsupported_media_type, _content_encoding
     │   ├── NotFound              404 not_found: a stored response or a resumable
     │   │                         stream that is unknown, another key's or expired
     │   ├── Conflict              409, its own code (a finished stream's cancel):
