@@ -19,9 +19,12 @@ Redis above one) and a SQLite ledger, then SIGKILL of the engine process once
 every stream has had a token: reported are the seconds from the kill to the
 last stream's in-band error, how many streams ended with exactly one
 ``engine_crashed`` error and no ``[DONE]``, the seconds to the first 200
-after the kill, and the streams' ledger rows: how many were closed, how many
-as ``errored``, and how many of those count at least the tokens their client
-was sent.
+after the kill (against what it is documented to take: the supervisor's
+back-off, seen as when the new engine process started, then that engine's
+start, bounded by the first one's from its process's start to the first
+ready answer, then at most 0.1 s for a worker's next try), and the streams'
+ledger rows: how many were closed, how many as ``errored``, and how many of
+those count at least the tokens their client was sent.
 
 Each mode writes its results as JSON (``--json``; by default
 ``bench/results/engine-process-<mode>.json``) with the machine's load
@@ -192,6 +195,7 @@ async def _kill(base_url: str, parent: int, streams: int) -> dict[str, Any]:
         load_before = os.getloadavg()
         engine = _engine_pid(parent)
         killed = time.monotonic()
+        killed_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
         os.kill(engine, signal.SIGKILL)
         results = await asyncio.gather(*tasks)
         last_error_s = max(r["ended_s"] for r in results) - killed
@@ -200,7 +204,12 @@ async def _kill(base_url: str, parent: int, streams: int) -> dict[str, Any]:
         while (await c.post("/v1/chat/completions", json=body)).status_code != 200:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         back_s = time.monotonic() - killed
+    replacement = _engine_pid(parent)
     return {
+        # The replacement's start (the kernel's, to a clock tick) after the kill:
+        # the supervisor's back-off; first_200 less it is the new engine's
+        # start and a worker's next try of its socket.
+        "engine_started_after_kill_s": _started_boot_s(replacement) - killed_boot,
         "streams": streams,
         "one_engine_crashed_no_done": ok,
         "last_error_after_kill_s": last_error_s,
@@ -224,6 +233,12 @@ def _engine_pid(parent: int) -> int:
             ):
                 return int(entry.name)
     raise LookupError("no engine process")
+
+
+def _started_boot_s(pid: int) -> float:
+    """When ``pid`` started, seconds since boot (``CLOCK_BOOTTIME``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime, in ticks
 
 
 def _rows(ledger: Path, results: list[dict[str, Any]]) -> dict[str, int]:
@@ -265,8 +280,14 @@ def kill(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     try:
         with ServerProcess(command, port, name="kill", cwd=ROOT) as server:
-            server.wait_ready("/health", timeout_s=120)
+            # The engine's first start, as the restart's is bounded by it: from
+            # the engine process's start to the first ready answer (with the
+            # workers starting beside it, so at most this).
+            server.wait_ready("/ready", timeout_s=120, interval_s=0.01)
+            ready_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+            first_start_s = ready_boot - _started_boot_s(_engine_pid(server.pid))
             run = asyncio.run(_kill(server.base_url, server.pid, args.streams))
+            run["engine_first_start_s"] = first_start_s
             run["ledger_rows"] = _rows(ledger, run.pop("results"))
     finally:
         if redis_process is not None:
@@ -279,7 +300,9 @@ def kill(args: argparse.Namespace) -> dict[str, Any]:
         f"{run['one_engine_crashed_no_done']}/{args.streams} streams ended with one "
         f"engine_crashed and no [DONE]; last error "
         f"{run['last_error_after_kill_s']:.3f} s after the kill; first 200 after "
-        f"{run['first_200_after_kill_s']:.2f} s; ledger rows closed "
+        f"{run['first_200_after_kill_s']:.2f} s (the new engine started "
+        f"{run['engine_started_after_kill_s']:.2f} s after the kill; its first start "
+        f"took {run['engine_first_start_s']:.2f} s); ledger rows closed "
         f"{rows['closed']}/{args.streams}, errored {rows['errored']}, with the "
         f"tokens streamed {rows['errored_with_streamed_tokens']}",
         flush=True,

@@ -328,5 +328,10 @@ def main(args: argparse.Namespace) -> int:
         report["load_cpu_us_per_token"] = cpu_s / max(stats.events, 1) * 1e6
         report["miscounted"] = stats.miscounted
         report["load_client"] = getattr(args, "client", "python")
+        # When the server answered each stream (its first byte), in seconds
+        # after the load's start: against the ramp, how fast it took new ones.
+        report["answered_s"] = percentiles(
+            [s.stamps[0] - start for s in streams if s is not None and s.stamps]
+        )
     print(json.dumps(report))
     return 0

@@ -47,6 +47,16 @@ Reported per server and N:
   before the server answered (the accept queue, reading and admitting the
   request) against what it waited after (the engine's first step, the first
   token's write);
+- where a new stream waited, from the server's side: ``listen_queue`` (the
+  connections waiting to be accepted, sampled every 0.25 s with ``ss``: the
+  deepest sample and when the queue was last seen non-empty, seconds after the
+  load started), ``answered_s`` (when the streams' first bytes came, seconds
+  after the load started, against the ``--ramp-s`` over which they were sent)
+  and, for sluicegate, ``server_side``: the server's own histograms over the
+  load (``/metrics``, read before and after it), ``ttft_s`` from a request's
+  receipt in its route to its first token and ``loop_lag_s``, each as the
+  bucket bounds that hold its p50 and p99: the client's TTFT less the
+  server's is the time before the route (the listen queue, the read);
 - server CPU (share of one core over the load) and CPU us per token, peak RSS
   (MiB, sampled ``VmRSS``);
 - bytes per token: every byte the client received (HTTP head and chunk framing
@@ -66,6 +76,8 @@ process (all on the load CPU), so that whatever the shared machine does during
 the round falls on every server alike; the server CPU must then have room for
 all of them (each row's ``paired_cpu_share`` is their sum: over 0.9, the
 servers waited for the core and the round says so).
+Each server first serves ``WARM_UP_STREAMS`` streams for a second, not
+recorded (not with ``--quick``), so that its first row is not its first requests.
 Prints a table and writes ``bench/results/streams.json``, with the load average.
 Not a test: nothing here asserts a timing.
 
@@ -91,6 +103,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from sluicegate.testing import ServerProcess, free_port
 
@@ -295,15 +309,12 @@ class _RssSampler(threading.Thread):
                 self.peak_mib = max(self.peak_mib, _rss_mib(self.pid))
 
 
-def _measure(
-    kind: str,
-    pid: int,
-    port: int,
-    n: int,
-    args: argparse.Namespace,
-    profile: Path | None,
-) -> dict[str, Any]:
-    command = [
+def _load_command(
+    port: int, n: int, args: argparse.Namespace, duration_s: float, ramp_s: float
+) -> list[str]:
+    """The load process's command: ``n`` streams of ``duration_s`` started over
+    ``ramp_s``."""
+    return [
         # The load's stamps must not wait behind a server process that shares
         # its CPU (two workers on two CPUs do): a real-time priority lets it
         # take each read as it comes.
@@ -317,16 +328,40 @@ def _measure(
         f"--port={port}",
         f"--streams={n}",
         f"--rate={args.rate}",
-        f"--duration-s={args.duration_s}",
-        f"--ramp-s={args.ramp_s}",
+        f"--duration-s={duration_s}",
+        f"--ramp-s={ramp_s}",
         f"--client={args.load_client}",
         f"--quantum-ms={args.load_quantum_ms}",
         "--load-detail",
     ]
+
+
+WARM_UP_STREAMS = 200
+"""Streams of the load each server gets once before its first row (1 s long,
+started over 0.5 s; not recorded): a new process's first requests pay for what
+it loads and builds on first use, which its first row would otherwise carry."""
+
+
+def _warm_up(port: int, args: argparse.Namespace) -> None:
+    command = _load_command(port, WARM_UP_STREAMS, args, 1.0, 0.5)
+    subprocess.run(command, capture_output=True, check=True, cwd=ROOT)
+
+
+def _measure(
+    kind: str,
+    pid: int,
+    port: int,
+    n: int,
+    args: argparse.Namespace,
+    profile: Path | None,
+) -> dict[str, Any]:
+    command = _load_command(port, n, args, args.duration_s, args.ramp_s)
     pids = stream_procs.tree(pid)
     if _redis_pid[0] and kind in ("sluicegate-redis", *_WORKERS):
         pids.append(_redis_pid[0])
-    watch = stream_procs.ProcessWatch(pid, pids)
+    watch = stream_procs.ProcessWatch(pid, pids, port)
+    scraped = kind in _SLUICEGATES
+    histograms0 = _histograms(port) if scraped else {}
     watch.start()
     sampler = _RssSampler(pid)
     sampler.start()
@@ -363,6 +398,8 @@ def _measure(
     if spy is not None:
         spy.wait()
     result: dict[str, Any] = json.loads(load.stdout)
+    if scraped:
+        result["server_side"] = _server_side(histograms0, _histograms(port))
     tokens = max(result["events"], 1)
     return {
         "server": kind,
@@ -381,7 +418,53 @@ def _measure(
         "machine_cores": watch.report_machine(
             (wall0 + args.ramp_s + 0.5, wall0 + args.duration_s)
         ),
+        "listen_queue": watch.report_queue(wall0),
     }
+
+
+_SERVER_SIDE = {
+    "ttft_s": "sluicegate_time_to_first_token_seconds",
+    "loop_lag_s": "sluicegate_event_loop_lag_seconds",
+}
+"""The server's own histograms a row reports (``server_side``): the time from
+a request's receipt (its route, once the head and body are read) to its first
+token, and how late the event loop ran its timer."""
+
+
+def _histograms(port: int) -> dict[str, dict[float, float]]:
+    """The cumulative buckets of ``_SERVER_SIDE``'s histograms as ``/metrics``
+    says now (every worker's, summed by the server): name -> {le: count}."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return {}
+    found: dict[str, dict[float, float]] = {}
+    for line in text.splitlines():
+        for name, metric in _SERVER_SIDE.items():
+            if line.startswith(metric + "_bucket{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                found.setdefault(name, {})[float(le)] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def _server_side(
+    before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
+) -> dict[str, dict[str, float | None]]:
+    """Per histogram, over one load (``after`` less ``before``): the count and
+    the bucket bounds (seconds) that hold its p50 and p99 (``None``: past the
+    last bound)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, buckets in after.items():
+        counts = {
+            le: n - before.get(name, {}).get(le, 0.0) for le, n in buckets.items()
+        }
+        total = counts.get(float("inf"), 0.0)
+        cut: dict[str, float | None] = {"count": total}
+        for q, key in ((0.5, "p50_le"), (0.99, "p99_le")):
+            le = min((le for le, n in counts.items() if n >= q * total), default=None)
+            cut[key] = None if le is None or le == float("inf") or not total else le
+        out[name] = cut
+    return out
 
 
 def _measure_together(
@@ -754,6 +837,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 for kind in args.servers
             }
+            if not args.quick:
+                for _pid, port in servers.values():
+                    _warm_up(port, args)
             for round_ in range(args.repeat):
                 for n in args.n:
                     # Each round in the other order: a machine that gets noisier

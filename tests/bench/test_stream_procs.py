@@ -3,6 +3,7 @@ same for both servers, over rows as the bench writes them."""
 
 from __future__ import annotations
 
+import socket
 from types import ModuleType
 from typing import Any
 
@@ -52,3 +53,22 @@ def test_saturation_is_the_most_tokens_at_an_n_that_kept_both_bounds(
         ("saturation", 2.0),
     ]
     assert ratios[-1]["at_n"] == [1000, 2000]
+
+
+def test_listen_queue_counts_the_connections_no_one_accepted(
+    procs: ModuleType,
+) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        assert procs.listen_queue(port) == 0
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        try:
+            assert procs.listen_queue(port) == 3
+            accepted, _ = listener.accept()
+            accepted.close()
+            assert procs.listen_queue(port) == 2
+        finally:
+            for client in clients:
+                client.close()

@@ -43,6 +43,8 @@ ROW_KEYS = {
     "cpu_budget",
     "throttled_s",
     "step_n",
+    "listen_queue",
+    "answered_s",
 }
 
 
@@ -74,7 +76,14 @@ def test_streams_bench_quick_run_reports_every_server_at_every_n(
     assert {row["load_client"] for row in report["rows"]} == {client}
     assert runs == {(s, n) for s in servers for n in (4, 16)}
     for row in report["rows"]:
-        assert set(row) == ROW_KEYS
+        # The server's own histograms: sluicegate's only (/metrics).
+        assert set(row) - {"server_side"} == ROW_KEYS
+        if row["server"].startswith("sluicegate"):
+            assert row["server_side"]["ttft_s"]["count"] >= row["finished"] > 0
+            assert row["server_side"]["ttft_s"]["p99_le"] is not None
+        else:
+            assert "server_side" not in row
+        assert row["answered_s"]["max"] is not None
         assert set(row["itl_added_ms"]) == {"p50", "p99", "max"}
         assert row["finished"] + row["truncated"] + row["timed_out"] > 0
         assert row["miscounted"] == 0
