@@ -147,7 +147,7 @@ def test_paired_rounds_measure_every_server_over_the_same_window(
     servers = ("sluicegate", "sluicegate-resumable")
     assert runs == [(4, s) for s in servers]
     for row in report["rows"]:
-        assert set(row) == ROW_KEYS | {"paired_cpu_share"}
+        assert set(row) == ROW_KEYS | {"paired_cpu_share", "server_side"}
         assert row["finished"] == row["n"]
         # the sum over the servers measured together, the same in each row
         together = [r for r in report["rows"] if r["n"] == row["n"]]
