@@ -56,6 +56,9 @@ from sluicegate.server.ledger.read import read_rows
 from sluicegate.testing import ServerProcess, free_port, serve_command
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))  # bench/ is scripts, not a package
+import stream_procs  # noqa: E402  (bench/stream_procs.py: a server's processes)
+
 PYTHON = sys.executable
 RESULTS = ROOT / "bench" / "results"
 ROWS_GIVE_UP_S = 30.0
@@ -113,7 +116,15 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                         url = server.base_url
                         _bench(url, args, Path(tmp) / "warm.json", 16)
                         load = os.getloadavg()
+                        watch = stream_procs.ProcessWatch(
+                            server.pid, stream_procs.tree(server.pid)
+                        )
+                        watch.start()
+                        began = time.perf_counter()
                         summary = _bench(url, args, Path(tmp) / "b.json", args.requests)
+                        window = (began, time.perf_counter())
+                        watch.stop.set()
+                        watch.join()
                     row = {
                         "round": round_,
                         "server": kind,
@@ -121,6 +132,14 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                         "load_before": load,
                         "load_after": os.getloadavg(),
                         **summary,
+                        # Each process's share of a core over the measured
+                        # requests (the parent, the workers, the engine), and
+                        # the whole machine's busy and stolen cores.
+                        "processes": [
+                            {k: v for k, v in p.items() if k != "streams"}
+                            for p in watch.report(window)
+                        ],
+                        "machine_cores": watch.report_machine(window),
                     }
                     rows.append(row)
                     print(json.dumps(_short(row)), flush=True)
@@ -152,6 +171,14 @@ def _short(row: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s": round(row["output_tokens_per_s"], 1),
         "ttft_p50_ms": round(_p(row, "ttft_s", "p50") * 1000, 1),
         "ttft_p99_ms": round(_p(row, "ttft_s", "p99") * 1000, 1),
+        "cpu": {
+            role: round(
+                sum(p["cpu_share"] for p in row["processes"] if p["role"] == role), 2
+            )
+            for role in dict.fromkeys(p["role"] for p in row["processes"])
+        },
+        "machine_busy": round(row["machine_cores"]["busy"], 2),
+        "stolen": round(row["machine_cores"]["stolen"], 2),
     }
 
 
