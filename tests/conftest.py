@@ -1,9 +1,12 @@
 """Settings shared by the whole suite.
 
-Hypothesis runs under the derandomized ``ci`` profile: the same examples on every
-run and every machine, no deadline (CI machines are small and shared), and the
-failing example's blob printed so it can be replayed. Tests that need fewer
-examples set ``max_examples`` themselves.
+Hypothesis runs under the derandomized ``ci`` profile: the same 100 examples a
+test on every run and every machine (Hypothesis's default count), no deadline
+(CI machines are small and shared), and the failing example's blob printed so
+it can be replayed. Derandomized, more examples would only repeat the same
+larger set on every run (200 cost the suite about a minute); new ground is
+searched with ``HYPOTHESIS_PROFILE=explore``: random examples, 2,000 a test.
+Tests that need another count set ``max_examples`` themselves.
 
 Under pytest-xdist with no more workers than usable cores, each worker pins
 itself (and so every server, llama.cpp thread and tool it starts) to cores of
@@ -56,9 +59,10 @@ def _one_ca_file() -> None:
 _one_ca_file()
 
 settings.register_profile(
-    "ci", derandomize=True, deadline=None, max_examples=200, print_blob=True
+    "ci", derandomize=True, deadline=None, max_examples=100, print_blob=True
 )
-settings.load_profile("ci")
+settings.register_profile("explore", deadline=None, max_examples=2000, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _pin_xdist_worker() -> None:
