@@ -234,3 +234,19 @@ def test_cancel_and_delete_on_another_replica_abort_the_producers_engine(
         stats = http.get(f"{producer.base_url}/engine/stats").json()
         assert (stats["running"], stats["kv_cells_used"]) == (0, 0)
         assert stats["aborted_requests"] == 2
+        # A resumable chat stream too (it was a 404 from the other replica).
+        chat = {**CHAT, "model": "scripted", "max_tokens": 4000, "stream": True}
+        chat["stream_options"] = {"resumable": True}
+        path = "/v1/chat/completions"
+        with http.stream("POST", f"{producer.base_url}{path}", json=chat) as stream:
+            lines = stream.iter_lines()
+            chat_id = next(lines)[4:].rpartition(".")[0]  # id: <response id>.0
+            stopped = http.post(f"{other.base_url}{path}/{chat_id}/cancel")
+            rest = "\n".join(lines)
+        assert stopped.json() == {"id": chat_id, "cancelled": True}
+        assert '"code":"cancelled"' in rest
+        again = http.post(f"{other.base_url}{path}/{chat_id}/cancel")
+        assert again.status_code == 409, again.text
+        assert again.json()["error"]["code"] == "stream_finished"
+        stats = http.get(f"{producer.base_url}/engine/stats").json()
+        assert (stats["running"], stats["aborted_requests"]) == (0, 3)

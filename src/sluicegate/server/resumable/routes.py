@@ -5,8 +5,10 @@ cursor in ``Last-Event-ID`` (or ``?after=``), then the live tail. Unknown id,
 another key's log and an expired one answer the same 404; an evicted cursor
 410 (``cursor_evicted``); a malformed cursor 400; a cursor at or past the end
 of a log that has ended 400 (``cursor_past_end``). ``POST .../{id}/cancel``
-aborts a stream its client gave up on on purpose; one that has ended while its
-log is kept is a 409 (``stream_finished``) that says so, as OpenAI's API
+aborts a stream its client gave up on on purpose (one that another replica
+produces, with a shared store, through that store's cancel channel, as the
+Responses API's cancel does); one that has ended while its log is kept is a
+409 (``stream_finished``) that says so, as OpenAI's API
 refuses to cancel a completed background response (a 400 there: a conflict
 with the stream's state is what 409 says). Each reads the request and asks
 ``ResumableStreams``; the paths' prefix (``chatcmpl-`` or ``cmpl-``) must
@@ -17,6 +19,8 @@ reference, "Cancel a response"; docs/resumable-streams.md.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -93,11 +97,12 @@ class ResumableRoutes:
         Returns:
             200 ``{"id": ..., "cancelled": true}`` when this server produces
             that stream for this key (it is aborted now, as if its grace ran
-            out); 409 ``stream_finished`` when this key's stream has ended
-            (on its own or by an earlier cancel) and its log is kept; 503 when
-            a shared store cannot be reached; the resume endpoint's 404
-            otherwise (unknown, another key's, expired, or produced by another
-            replica).
+            out), or another replica does and the shared store's cancel
+            channel took the request (that replica aborts it when it gets it);
+            409 ``stream_finished`` when this key's stream has ended (on its
+            own or by an earlier cancel) and its log is kept; 503 when a shared
+            store cannot be reached; the resume endpoint's 404 otherwise
+            (unknown, another key's, expired).
         """
         response_id = request.path_params["response_id"]
         prefix = "cmpl-" if request.scope["path"].startswith("/v1/completions") else ""
@@ -107,25 +112,30 @@ class ResumableRoutes:
         if self._streams.cancel_own(response_id, owner):
             return json_answer({"id": response_id, "cancelled": True})
         try:
-            ended = await _has_ended(self._streams.store, response_id, owner)
+            state = await _log_state(self._streams.store, response_id, owner)
+            asked = state == "live" and await self._streams.ask_cancel(response_id)
         except StoreError as exc:
             return self._streams.unavailable(exc)
-        if ended:
+        if asked:  # produced by another replica: it got the request
+            return json_answer({"id": response_id, "cancelled": True})
+        if state == "ended":
             return error_answer(_finished(response_id))
         return error_answer(NotFound(NOT_FOUND))
 
 
-async def _has_ended(store: EventStore, response_id: str, owner: str) -> bool:
-    """Whether ``owner``'s log of ``response_id`` is kept and finished: a read
-    past its last frame ends at once for a finished log, and gives a first
-    (empty) batch for a live one (``EventStore.read``)."""
+async def _log_state(
+    store: EventStore, response_id: str, owner: str
+) -> Literal["live", "ended"] | None:
+    """Whether ``owner``'s log of ``response_id`` is kept, and whether it has
+    ended: a read past its last frame ends at once for a finished log, and
+    gives a first (empty) batch for a live one (``EventStore.read``)."""
     reads = store.read(response_id, owner, _PAST_ANY)
     try:
         await anext(reads)
     except StopAsyncIteration:
-        return True
+        return "ended"
     except LogNotFound:
-        return False
+        return None
     finally:
         await reads.aclose()
-    return False
+    return "live"
