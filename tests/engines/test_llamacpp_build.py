@@ -11,6 +11,7 @@ on a machine without AMX or AVX-512 as well as on one with them.
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import re
 import shutil
@@ -35,6 +36,9 @@ AVX512 = re.compile(r"%zmm\d|\{%k[1-7]\}|%k[0-7][,\s]")
 
 
 def _libraries() -> list[Path]:
+    """One path per distinct library file: the wheel's install writes each
+    library three times (``libllama.so``, ``.so.0``, ``.so.0.5.0``) as copies,
+    not links, and a copy's code is its original's."""
     import llama_cpp
 
     lib = Path(llama_cpp.__file__).parent / "lib"
@@ -44,7 +48,8 @@ def _libraries() -> list[Path]:
         if p.name.startswith(("libggml", "libllama")) and not p.is_symlink()
     )
     assert found, f"no llama.cpp libraries under {lib}"
-    return found
+    distinct = {hashlib.sha256(p.read_bytes()).digest(): p for p in reversed(found)}
+    return sorted(distinct.values())
 
 
 def _disassembly(path: Path) -> Iterator[str]:
