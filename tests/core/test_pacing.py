@@ -164,6 +164,29 @@ def test_after_probe_every_mixed_steps_one_decodes_alone_and_is_measured() -> No
     assert pacer.chunk_tokens(4) == 16
 
 
+def test_a_decode_step_grown_during_the_read_shrinks_the_chunk_not_the_gaps() -> None:
+    # Before the prompt, 4 sequences decode in 0.25 s; while it is read (a probe
+    # after each mixed step) a decode-only step grows to 0.375 s. The mixed step
+    # is held to twice the step before the read (0.5 s), not to twice 0.375 s.
+    pacer = PrefillPacer(step_ratio=2.0, first_chunk_tokens=32, probe_every=1)
+    pacer.observe(4, 0, 0.25)
+    pacer.observe(4, 0, 0.25)
+    for _ in range(5):
+        pacer.observe(4, 32, 0.5)
+        assert pacer.chunk_tokens(4) == 0
+        pacer.observe(4, 0, 0.375)
+    decode_s, token_s = pacer.decode_step_s(4), pacer.prompt_token_s()
+    assert decode_s == 0.375
+    assert token_s is not None
+    chunk = pacer.chunk_tokens(4)
+    assert decode_s + chunk * token_s <= 0.5 * (1 + 1e-9)
+    assert decode_s + (chunk + 1) * token_s > 0.5
+    # Two decode-only steps in a row: no read under way, the step measured now
+    # is the one before the next read.
+    pacer.observe(4, 0, 0.375)
+    assert pacer.chunk_tokens(4) == min(64, int(0.375 / token_s))
+
+
 @given(
     steps=st.lists(
         st.tuples(

@@ -29,6 +29,12 @@ Invariants:
       prompt's cells join a unified KV memory (its attention spans them), and
       a decode-only time measured before the prompt came would count that
       growth as the prompt's and shrink its chunks towards one token.
+    - A mixed step is sized against the smaller of the decode-only step
+      measured now (the probes) and the one measured before the read began
+      (the last decode-only step that was not a probe: one of two or more in
+      a row): the growth above then comes out of the prompt's chunk, not out
+      of the decoding streams' gaps, which are compared with the ones they had
+      before the prompt came.
     - What a prompt token adds is the mixed steps' time beyond the decode-only
       estimate, summed over the last ``window`` mixed steps and divided by their
       prompt tokens, so one step slowed by other work moves it by a share.
@@ -102,6 +108,8 @@ class PrefillPacer:
         self._decode_s_per_seq: deque[float] = deque(maxlen=decode_window)
         self._mixed: deque[tuple[int, float]] = deque(maxlen=window)
         self._mixed_in_a_row = 0
+        self._decode_in_a_row = 0
+        self._before_s_per_seq: float | None = None  # before the read began
 
     def decode_step_s(self, decoding: int) -> float | None:
         """The expected time of a decode-only step of ``decoding`` sequences
@@ -127,10 +135,11 @@ class PrefillPacer:
         Returns:
             0 after ``probe_every`` mixed steps in a row (the next step decodes
             alone); ``first_chunk_tokens`` until both kinds of step were
-            observed; else what fits in ``step_ratio - 1`` decode-only steps of
-            ``max(decoding, full_batch)`` sequences at the measured cost per
-            prompt token, at most twice the largest recent chunk; never below
-            ``min_chunk_tokens`` but for the probe.
+            observed; else what fits between a decode-only step of
+            ``max(decoding, full_batch)`` sequences and ``step_ratio`` times
+            the smaller of that step and the one before the read began, at the
+            measured cost per prompt token, at most twice the largest recent
+            chunk; never below ``min_chunk_tokens`` but for the probe.
         """
         if self._mixed_in_a_row >= self.probe_every:
             return 0
@@ -142,7 +151,11 @@ class PrefillPacer:
         token_s = self.prompt_token_s()
         if token_s is None:
             return most
-        fits = int((self.step_ratio - 1) * decode_s / token_s)
+        n = max(decoding, self.full_batch)
+        before_s = (
+            decode_s if self._before_s_per_seq is None else self._before_s_per_seq * n
+        )
+        fits = int((self.step_ratio * min(before_s, decode_s) - decode_s) / token_s)
         return max(least, min(most, fits))
 
     def observe(self, decoding: int, prompt_tokens: int, elapsed_s: float) -> None:
@@ -158,8 +171,12 @@ class PrefillPacer:
         if prompt_tokens <= 0:
             self._decode_s_per_seq.append(elapsed_s / decoding)
             self._mixed_in_a_row = 0
+            self._decode_in_a_row += 1
+            if self._decode_in_a_row > 1 or self._before_s_per_seq is None:
+                self._before_s_per_seq = statistics.median(self._decode_s_per_seq)
             return
         self._mixed_in_a_row += 1
+        self._decode_in_a_row = 0
         decode_s = self.decode_step_s(decoding)
         if decode_s is not None:
             self._mixed.append((prompt_tokens, elapsed_s - decode_s))

@@ -71,7 +71,8 @@ class BatchScheduler(Generic[_S]):
             A prompt no longer than this is never cut.
         step_ratio: size that chunk from the step times given to ``advance``
             so that such a step takes about this multiple of a decode-only
-            one of ``slots - 1`` sequences, or of as many as decode if more
+            one of ``slots - 1`` sequences, or of as many as decode if more,
+            measured now or before the read began, whichever is shorter
             (> 1; ``PrefillPacer``); default: ``chunk_tokens`` always.
         queue_limit: sequences that may wait for admission.
         prefix_cache: where the cells of sequences that left are held for

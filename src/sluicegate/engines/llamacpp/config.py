@@ -34,11 +34,13 @@ class EngineConfig:
             is read in one step.
         step_ratio: a step that reads prompts while more sequences decode
             takes about this multiple of a decode-only step of as many
-            sequences, or of ``n_parallel - 1`` if fewer decode (the chunk
-            sized from measured step times, ``PrefillPacer``); ``None``:
-            ``chunk_tokens`` always. 1.5 kept the 15 streams' gap p99 within
-            twice their steady one while a ~4,000-token prompt was read, where
-            2 did not (docs/performance.md).
+            sequences, or of ``n_parallel - 1`` if fewer decode, measured now
+            or before the read began, whichever is shorter (the chunk sized
+            from measured step times, ``PrefillPacer``); ``None``:
+            ``chunk_tokens`` always. At 1.5 the 15 streams' gap p99 while a
+            ~4,000-token prompt was read stayed within twice their steady one
+            in seven runs of nine; 1.3 leaves room for a slow step
+            (docs/performance.md).
         n_threads: llama.cpp threads; ``None``: the cores this process may use.
         prefix_cache: keep finished sequences' KV cells for prompts that start
             with the same tokens. Off by default: a prompt partly read from
@@ -51,7 +53,7 @@ class EngineConfig:
     n_parallel: int = 16
     step_tokens: int = 512
     chunk_tokens: int | None = 32
-    step_ratio: float | None = 1.5
+    step_ratio: float | None = 1.3
     n_threads: int | None = None
     prefix_cache: bool = False
 
