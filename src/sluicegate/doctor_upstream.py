@@ -9,8 +9,9 @@ has, ``list_models``). Redirects are not followed.
 
 A base that answered 404 without ``/v1`` at the end of its path, or that has
 no scheme, most likely lacks them (``--upstream 10.0.0.5:8000``): the same
-base with them is asked too, and the line says what to pass instead when it
-lists models (``use --upstream http://10.0.0.5:8000/v1``), or what it answered.
+base with them is asked too (``list_models``, as discovery at start-up does),
+and the line says what to pass instead when it lists models (``use --upstream
+http://10.0.0.5:8000/v1``), or what it answered.
 
 Exit codes: 0 every upstream listed at least one model; 1 otherwise.
 """
@@ -50,22 +51,12 @@ def diagnose_upstreams(
     """
     started = time.monotonic()
     results = list_models(urls, timeout_s, transport)
-    guesses = {
-        url: guess
-        for url, (_, ids) in zip(urls, results, strict=True)
-        if isinstance(ids, str) and (guess := _likely_base(url, ids)) is not None
-    }
-    left_s = max(1.0, timeout_s - (time.monotonic() - started))
-    tried = list_models(list(guesses.values()), left_s, transport) if guesses else []
-    hints = dict(zip(guesses, tried, strict=True))
     elapsed = time.monotonic() - started
     failed = 0
-    for url, (listing, ids) in zip(urls, results, strict=True):
+    for listing, ids in results:
         if isinstance(ids, str) or not ids:
             failed += 1
             why = ids if isinstance(ids, str) else "lists no model"
-            if url in hints:
-                why += _hint(*hints[url])
             out.write(f"upstream {listing}: error: {why}\n")
         else:
             shown = ", ".join(map(repr, ids[:20])) + (" ..." if len(ids) > 20 else "")
@@ -76,28 +67,3 @@ def diagnose_upstreams(
         return 1
     out.write("doctor: upstreams ok\n")
     return 0
-
-
-def _likely_base(url: str, why: str) -> str | None:
-    """``url`` with the scheme (``http``) and the ``/v1`` it seems to lack, or
-    ``None`` when nothing looks missing (or it is no URL at all)."""
-    guess = url if "://" in url else f"http://{url}"
-    try:
-        parsed = httpx.URL(guess)
-    except httpx.InvalidURL:
-        return None
-    missing = why == "answered 404" or guess != url
-    if missing and not parsed.path.rstrip("/").endswith("/v1"):
-        parsed = parsed.copy_with(path=parsed.path.rstrip("/") + "/v1")
-    found = str(parsed)
-    return found if found != url.rstrip("/") and parsed.host else None
-
-
-def _hint(listing: str, ids: list[str] | str) -> str:
-    """What the upstream line adds about the likely base (its listing URL,
-    redacted as every URL the doctor prints): use it, or what it answered."""
-    base = listing.removesuffix("/models")  # guess/models, redacted
-    if isinstance(ids, list) and ids:
-        return f"; {listing} lists {len(ids)} models: use --upstream {base}"
-    why = ids if isinstance(ids, str) else "lists no model"
-    return f" (is the base {base}? {listing}: {why})"

@@ -140,3 +140,29 @@ def test_a_redirect_is_not_followed() -> None:
     with pytest.raises(ValueError, match="answered 307"):
         served_model([A], transport=pool(answer))
     assert asked == [A + "/models"]
+
+
+def test_a_base_without_v1_is_refused_with_the_base_to_pass() -> None:
+    """A server's root has no ``/models`` (404): the refusal said only
+    "answered 404"; it asks the base with ``/v1`` too and says to pass it,
+    as ``sluicegate doctor --upstream`` does (one shared ``list_models``)."""
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        if request.url.path == "/v1/models":
+            return listing("qwen")
+        return httpx.Response(404)
+
+    base = "http://10.0.0.5:8000"
+    with pytest.raises(ValueError, match="could not ask") as raised:
+        served_model([base], transport=pool(answer))
+    assert (
+        f"{base}/models: answered 404; {base}/v1/models lists 1 models: "
+        f"use --upstream {base}/v1"
+    ) in str(raised.value)
+    assert asked == [f"{base}/models", f"{base}/v1/models"]
+    asked.clear()
+    with pytest.raises(ValueError, match="answered 404") as raised:
+        served_model([A], transport=pool(lambda _: httpx.Response(404)))
+    assert "use --upstream" not in str(raised.value)  # it has /v1: no guess

@@ -140,14 +140,59 @@ def list_models(
 
     Every URL is asked at once, all within one deadline of ``timeout_s``
     seconds; no redirect is followed; at most ``MODELS_MAX_BYTES`` of a list
-    are read.
+    are read. A base that answered 404 without ``/v1`` at the end of its path,
+    or that has no scheme, most likely lacks them (``10.0.0.5:8000``): the
+    same base with them is asked too, in what is left of the deadline (1 s at
+    least), and the message says what to pass instead when it lists models
+    (``answered 404; http://10.0.0.5:8000/v1/models lists 1 models: use
+    --upstream http://10.0.0.5:8000/v1``), or what it answered.
 
     Returns:
         Per URL, in order: its listing URL (``redact_url``: no userinfo, no
         query) and its ids, or a message saying why it has none (no secret
         and none of the upstream's words, only its status).
     """
-    return asyncio.run(_list_all(urls, timeout_s, transport))
+    started = time.monotonic()
+    results = asyncio.run(_list_all(urls, timeout_s, transport))
+    guesses = {
+        url: guess
+        for url, (_, ids) in zip(urls, results, strict=True)
+        if isinstance(ids, str) and (guess := _likely_base(url, ids)) is not None
+    }
+    if not guesses:
+        return results
+    left_s = max(1.0, timeout_s - (time.monotonic() - started))
+    tried = asyncio.run(_list_all(list(guesses.values()), left_s, transport))
+    hints = {url: _hint(*answer) for url, answer in zip(guesses, tried, strict=True)}
+    return [
+        (listing, f"{ids}{hints[url]}" if url in hints else ids)
+        for url, (listing, ids) in zip(urls, results, strict=True)
+    ]
+
+
+def _likely_base(url: str, why: str) -> str | None:
+    """``url`` with the scheme (``http``) and the ``/v1`` it seems to lack, or
+    ``None`` when nothing looks missing (or it is no URL at all)."""
+    guess = url if "://" in url else f"http://{url}"
+    try:
+        parsed = httpx.URL(guess)
+    except httpx.InvalidURL:
+        return None
+    missing = why == "answered 404" or guess != url
+    if missing and not parsed.path.rstrip("/").endswith("/v1"):
+        parsed = parsed.copy_with(path=parsed.path.rstrip("/") + "/v1")
+    found = str(parsed)
+    return found if found != url.rstrip("/") and parsed.host else None
+
+
+def _hint(listing: str, ids: list[str] | str) -> str:
+    """What a failure's message adds about the likely base (its listing URL,
+    redacted as every URL discovery names): use it, or what it answered."""
+    base = listing.removesuffix("/models")  # guess/models, redacted
+    if isinstance(ids, list) and ids:
+        return f"; {listing} lists {len(ids)} models: use --upstream {base}"
+    why = ids if isinstance(ids, str) else "lists no model"
+    return f" (is the base {base}? {listing}: {why})"
 
 
 async def _list_all(
