@@ -167,6 +167,8 @@ class ProcessWatch(threading.Thread):
         self.pids = list(pids)
         self.port = port
         self.idle_sockets = {pid: _sockets(pid) for pid in self.pids}
+        # While they run: a report may come after the server has stopped.
+        self.roles = {pid: role(pid, root) for pid in self.pids}
         self.samples: list[tuple[float, dict[int, tuple[float, int]]]] = []
         self.machine: list[tuple[float, tuple[float, float]]] = []
         self.queue: list[tuple[float, int]] = []
@@ -223,7 +225,7 @@ class ProcessWatch(threading.Thread):
         return [
             {
                 "pid": pid,
-                "role": role(pid, self.root),
+                "role": self.roles[pid],
                 "cpu_share": (last[pid][0] - first[pid][0]) / span_s,
                 "streams": max(s[pid][1] for _, s in inside) - self.idle_sockets[pid],
             }
