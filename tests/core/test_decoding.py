@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from sluicegate.core.decoding.choice import ChoiceStep
 from sluicegate.core.decoding.choice_setup import TextChoiceDecoder
 from sluicegate.core.decoding.deltas import NO_CALL, CallTerms
+from sluicegate.core.decoding.reasoning import ReasoningSplitter
+from sluicegate.core.decoding.reasoning_parsers import reasoning_parser
 from sluicegate.core.decoding.response import (
     ENDED_WITHOUT_FINISH,
     ChoiceOptions,
@@ -464,6 +466,21 @@ def test_a_text_choice_decoder_refuses_use_after_flush() -> None:
     assert plain.flush() == ChoiceStep("")
     with pytest.raises(LocalProtocolError):
         plain.feed("a", 1)
+
+
+def test_an_engine_that_splits_its_reasoning_ends_the_splitting_here() -> None:
+    """Thinking on, the output begins inside the reasoning; an upstream that
+    sends its own ``reasoning_content`` has split it, so its text is content."""
+    qwen3 = reasoning_parser("qwen3")
+    splitter = ReasoningSplitter(qwen3, starts_inside=True)
+    decoder = TextChoiceDecoder(StopMatcher(["!"]), splitter)
+    assert decoder.feed("a</th", 1) == ChoiceStep("", None, "a")
+    decoder.engine_splits()
+    decoder.engine_splits()  # again: nothing changes
+    assert decoder.reasoning_tokens == 0  # the engine counts its own
+    assert decoder.feed("", 1) == ChoiceStep("", None, "</th")  # held, as it was
+    assert decoder.feed("The answer!", 1) == ChoiceStep("The answer", STOP)
+    assert decoder.flush() == ChoiceStep("")
 
 
 @pytest.mark.parametrize("stops", [(), ("5",)])

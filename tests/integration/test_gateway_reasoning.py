@@ -224,7 +224,9 @@ def test_a_budget_is_asked_of_the_upstream_and_its_reasoning_cut_there(
 
 def _plain_reply(body: dict[str, Any]) -> Reply:
     """An upstream without a reasoning parser: its markers are in the content,
-    split across chunks."""
+    split across chunks; asked "split?", one with a parser (``_reply``)."""
+    if "split?" in json.dumps(body["messages"][-1]):
+        return _reply(body)
     pieces = ["<th", "ink>pl", "an</thi", "nk>The answer"]
     events = [_chunk({"content": piece}) for piece in pieces]
     return Reply(events=[*events, _chunk({}, "stop"), "[DONE]"])
@@ -253,6 +255,37 @@ def test_a_named_parser_splits_an_upstreams_plain_markers(
                 messages=[{"role": "user", "content": "2+2?"}],
                 extra_body={"thinking_token_budget": 1},
             )
+            # Thinking on: the output begins inside the reasoning, and an
+            # upstream that split its reasoning itself ends it.
+            thinking = {"chat_template_kwargs": {"enable_thinking": True}}
+            split = client.chat.completions.create(
+                model="fake",
+                messages=[{"role": "user", "content": "split?"}],
+                extra_body=thinking,
+            )
+        with (
+            anthropic.Anthropic(base_url=gateway.base_url, api_key="none") as claude,
+            claude.messages.stream(
+                model="fake",
+                max_tokens=2048,
+                thinking={"type": "enabled", "budget_tokens": 1024},
+                messages=[{"role": "user", "content": "split?"}],
+            ) as stream,
+        ):
+            final = stream.get_final_message()
+    blocks = [block.model_dump() for block in final.content]
+    assert [(b["type"], b.get("thinking") or b.get("text")) for b in blocks] == [
+        ("thinking", "".join(REASONING)),
+        ("text", "".join(CONTENT)),
+    ]
+    message = split.choices[0].message.model_dump()
+    assert (message["reasoning_content"], message["content"]) == (
+        "".join(REASONING),
+        "".join(CONTENT),
+    )
+    assert split.usage is not None
+    assert split.usage.completion_tokens_details is not None
+    assert split.usage.completion_tokens_details.reasoning_tokens == 3  # its own
     message = whole.choices[0].message.model_dump()
     assert (message["reasoning_content"], message["content"]) == ("plan", "The answer")
     message = cut.choices[0].message.model_dump()

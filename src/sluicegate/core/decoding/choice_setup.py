@@ -88,7 +88,14 @@ class TextChoiceDecoder:
             engine counted them (all of the step that completed the stop).
     """
 
-    __slots__ = ("_budget", "_reasoned", "_splitter", "_stops", "completion_tokens")
+    __slots__ = (
+        "_budget",
+        "_held_split",
+        "_reasoned",
+        "_splitter",
+        "_stops",
+        "completion_tokens",
+    )
 
     def __init__(
         self,
@@ -100,6 +107,7 @@ class TextChoiceDecoder:
         self._splitter = splitter
         self._budget = budget_tokens
         self._reasoned = 0  # tokens of the steps whose reasoning was sent
+        self._held_split: tuple[str, str] | None = None  # see ``engine_splits``
         self.completion_tokens = 0
 
     @property
@@ -158,6 +166,19 @@ class TextChoiceDecoder:
         data = answer.encode()
         return dataclasses.replace(token, token=token.token[at:], token_bytes=data)
 
+    def engine_splits(self) -> None:
+        """The engine splits the reasoning itself (an upstream sent
+        ``reasoning_content``): from now on its text is content, not split here
+        (an upstream's plain answer is not reasoning for lack of an end marker,
+        and its reasoning is not counted twice). The splitter's count is
+        dropped; what it held goes out with the next ``feed``, in its channel.
+        Nothing changes without a splitter, or when called again."""
+        splitter = self._splitter
+        if splitter is not None:
+            self._splitter = None
+            held = splitter.end_reasoning()
+            self._held_split = (held.reasoning, held.content)
+
     def feed(self, text: str, tokens: int) -> ChoiceStep:
         """Take one step's ``text`` (standing for ``tokens`` tokens).
 
@@ -177,6 +198,9 @@ class TextChoiceDecoder:
         if self._splitter is not None:
             split = self._splitter.feed(text, tokens)
             reasoning, text = split.reasoning, split.content
+        elif self._held_split is not None:
+            (reasoning, held), self._held_split = self._held_split, None
+            text = held + text
         step = stops.feed(text)
         if step.stop is not None:
             return ChoiceStep(step.text, FinishReason.STOP, reasoning)

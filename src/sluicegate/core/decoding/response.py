@@ -276,6 +276,8 @@ class ResponseDecoder:
                 self._tally.count_prompt(index, item)
                 aligned: list[StreamEvent] | None = None
                 text_decoder = self._text_decoders[index]
+                if item.reasoning:
+                    text_decoder.engine_splits()
                 if choice.text_aligner is None:
                     step = text_decoder.feed(item.text, item.completion_tokens)
                 else:
