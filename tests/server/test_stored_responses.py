@@ -206,6 +206,36 @@ async def test_cancel_aborts_a_background_response_in_the_engine() -> None:
         assert [r.end_state for r in rows] == [EndState.ABORTED]
 
 
+async def test_cancel_of_a_response_that_ended_on_its_own_is_a_400(
+    client: httpx.AsyncClient,
+) -> None:
+    """It answered 200 with the completed object; OpenAI's API refuses it, and
+    a cancelled one answers as it ended (above); it can still be deleted."""
+    body = {"model": "scripted", "input": "Hi", "background": True}
+    background = await ended(
+        client, (await client.post(RESPONSES, json=body)).json()["id"]
+    )
+    plain = {"model": "scripted", "input": "Hi", "store": True}
+    synchronous = (await client.post(RESPONSES, json=plain)).json()
+    for response, message in (
+        (background, "Cannot cancel a completed response."),
+        (synchronous, "Cannot cancel a synchronous response."),
+    ):
+        assert response["status"] == "completed"
+        refused = await client.post(f"{RESPONSES}/{response['id']}/cancel")
+        assert refused.status_code == 400
+        assert refused.json() == {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+        assert (await client.get(f"{RESPONSES}/{response['id']}")).json() == response
+    assert (await client.delete(f"{RESPONSES}/{background['id']}")).status_code == 200
+
+
 async def test_delete_forgets_a_response_and_cancels_a_running_one() -> None:
     engine = ScriptedEngine(tokens_per_s=200, never_finishes=True)
     async with _client(engine) as client:

@@ -21,8 +21,9 @@ TTL, the same owner check, the same bound on the whole store.
 ``StoredResponses`` serves the routes over it: ``retrieve`` (the object, or
 ``?stream=true&starting_after=N``: the log after event ``N``, then the live
 tail; the Responses stream numbers its events from 0, as the log numbers its
-frames), ``cancel`` (the producer is aborted; the response ends ``cancelled``),
-``delete``. Unknown ids, another key's and expired ones get the same 404. A
+frames), ``cancel`` (the producer is aborted; the response ends ``cancelled``;
+one that ended otherwise is a 400, as OpenAI's API answers), ``delete``.
+Unknown ids, another key's and expired ones get the same 404. A
 stored response not streamed to its client is answered whole by
 ``whole_from_log.py``.
 
@@ -219,9 +220,14 @@ class StoredResponses:
         """``POST /v1/responses/{id}/cancel``: abort a running response.
 
         Returns:
-            200 with the response object: ``cancelled`` when this call stopped
-            it, else as it ended; 404 as for ``retrieve``; 409 when another
-            replica produces it and it did not end within ``CANCEL_WAIT_S``.
+            200 with the response object, ``cancelled`` (by this call, or by an
+            earlier one: cancelling twice answers the same object, as OpenAI's
+            background mode does); 400 ``invalid_request_error`` for one that
+            ended otherwise (completed, incomplete, failed), as OpenAI's API
+            answers ("Cannot cancel a completed response.", or "... a
+            synchronous response." for one not created with ``background``);
+            404 as for ``retrieve``; 409 when another replica produces it and
+            it did not end within ``CANCEL_WAIT_S``.
         """
         response_id = request.path_params["response_id"]
         try:
@@ -230,7 +236,11 @@ class StoredResponses:
             return self._resumable.unavailable(exc)
         if isinstance(ended, Response):
             return ended
-        return json_answer(_current(response_id, ended))
+        final = _current(response_id, ended)
+        if final["status"] != "cancelled":
+            refusal = RequestError(_cannot_cancel(ended["background"], final["status"]))
+            return error_answer(refusal, endpoint=Endpoint.RESPONSES)
+        return json_answer(final)
 
     async def delete(self, request: Request) -> Response:
         """``DELETE /v1/responses/{id}``: forget a response (a running one is
@@ -319,6 +329,16 @@ def _current(response_id: str, record: dict[str, Any]) -> dict[str, Any]:
         **response_object(header, "in_progress", []),
         "background": record["background"],
     }
+
+
+def _cannot_cancel(background: bool, status: str) -> str:
+    """Why a response that ended without a cancel cannot be cancelled, in
+    OpenAI's words where they are known (only background ones can be)."""
+    if not background:
+        return "Cannot cancel a synchronous response."
+    if status == "completed":
+        return "Cannot cancel a completed response."
+    return f"Cannot cancel a response that has ended ({status})."
 
 
 def _starting_after(request: Request, response_id: str) -> tuple[int, str]:
