@@ -25,7 +25,8 @@ one sorted list against the i-th of the other.
 
 Prints and writes (``--json``) p50, p99 and max of each wait, the first
 byte's and the first token's times (the client's), and the loop's lag while
-the streams start and after. Not a test.
+the streams start and after, with the kernel's counts of listen-queue
+overflows and SYN cookies over the run (the machine's). Not a test.
 
 Run: ``.venv/bin/python bench/stream_waits.py --n 2000 --json FILE``
 """
@@ -116,6 +117,25 @@ def _serve(argv: list[str]) -> int:
     return main(argv)
 
 
+_NETSTAT = (
+    "ListenOverflows",
+    "ListenDrops",
+    "TCPReqQFullDoCookies",
+    "TCPReqQFullDrop",
+    "SyncookiesSent",
+    "SyncookiesRecv",
+)
+
+
+def _netstat() -> dict[str, int]:
+    """The kernel's TCP counters of a listen queue's overflows and SYN cookies
+    (``/proc/net/netstat``, the whole machine's)."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    heads, values = (line.split() for line in lines[:2])
+    counts = dict(zip(heads[1:], (int(v) for v in values[1:]), strict=True))
+    return {name: counts.get(name, 0) for name in _NETSTAT}
+
+
 def _cuts(values: Sequence[float]) -> dict[str, float | None]:
     """p50, p99 and max of ``values``, in ms."""
     cut = stream_load.percentiles([1000 * v for v in values])
@@ -177,11 +197,14 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         rng = random.Random(args.n)
         delays = [rng.uniform(0, args.ramp_s) for _ in range(args.n)]
         os.sched_setaffinity(0, {int(c) for c in args.load_cpu.split(",")})
+        kernel = _netstat()
         run = stream_native.run(port, request, delays, args.duration_s + 30, tokens)
+        after = _netstat()
     finally:
         server.stop(signal.SIGINT)
     row = {"streams": args.n, "loadavg_1m": loadavg}
     row |= _waits(json.loads(out.read_text()), run)
+    row["kernel_counts"] = {k: after[k] - kernel[k] for k in kernel}
     row["loadavg_1m_after"] = os.getloadavg()[0]
     return row
 
