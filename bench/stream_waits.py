@@ -188,6 +188,8 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     command += ["--scripted-max-running=100000", "--scripted-max-queued=100000"]
     command += ["--no-ledger", "--log-level=warning"]
     env = {STAMPS_ENV: str(out)}
+    if args.src is not None:  # the server runs another checkout's code
+        env["PYTHONPATH"] = str(args.src.resolve())
     server = ServerProcess(command, port, name="sluicegate", cwd=ROOT, env=env)
     loadavg = os.getloadavg()[0]
     try:
@@ -202,7 +204,7 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         after = _netstat()
     finally:
         server.stop(signal.SIGINT)
-    row = {"streams": args.n, "loadavg_1m": loadavg}
+    row = {"streams": args.n, "src": args.src_name, "loadavg_1m": loadavg}
     row |= _waits(json.loads(out.read_text()), run)
     row["kernel_counts"] = {k: after[k] - kernel[k] for k in kernel}
     row["loadavg_1m_after"] = os.getloadavg()[0]
@@ -221,6 +223,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs")
     parser.add_argument("--server-cpu", default="0")
     parser.add_argument("--load-cpu", default="1")
+    parser.add_argument(
+        "--src",
+        type=Path,
+        help="the src folder of another checkout for the server (a worktree of"
+        " an older commit); this tree's code by default",
+    )
+    parser.add_argument(
+        "--src-name", default="this tree", help="what the rows call --src's code"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     stream_native.build()
@@ -232,7 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         report = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "command": "bench/stream_waits.py " + " ".join(argv),
+            "command": "bench/stream_waits.py "
+            + " ".join(
+                "OLD_CHECKOUT/src" if before == "--src" else a
+                for before, a in zip(["", *argv], argv, strict=False)
+            ),
             "rows": rows,
             "median_first_byte_p99_ms": statistics.median(
                 r["first_byte_ms"]["p99"] for r in rows

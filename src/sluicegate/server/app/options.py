@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -279,13 +278,14 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
     timeout. Their refusals count in the app's metrics.
 
     Raises:
-        SystemExit: a connection limit is out of range (message names it).
+        SystemExit: a limit is out of range, or the address cannot be bound.
 
     Returns:
         The process exit code: 0, or 1 when the engine stopped serving.
     """
     import uvicorn
 
+    from sluicegate.server.app.workers import serve_sockets
     from sluicegate.server.http.connections import (
         ConnectionLimits,
         default_max_connections,
@@ -337,7 +337,7 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
     # walks only what requests and kept logs made (a pause of milliseconds, not
     # tens of them). Spec: the gc module's documentation, gc.freeze().
     gc.freeze()
-    server.run(sockets=[socket.socket(fileno=args.listen_fd)] if worker else None)
+    server.run(sockets=serve_sockets(args, limits.backlog))
     return server.exit_code
 
 

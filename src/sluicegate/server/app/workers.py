@@ -61,12 +61,20 @@ __all__ = [
     "parse_workers",
     "run_engine_process",
     "run_workers",
+    "serve_sockets",
     "supervised",
     "worker_count",
     "worker_sockets",
 ]
 
 logger = logging.getLogger(__name__)
+
+ACCEPT_SOCKETS = 8
+"""Listening sockets one ``serve`` process binds to its address (``SO_REUSEPORT``;
+the kernel spreads new connections over them). The event loop (libuv) accepts
+one connection per listening socket per turn, and a turn at thousands of
+streams takes milliseconds: with one socket, a burst of new connections waited
+in the kernel's queue for seconds (``bench/stream_waits.py``)."""
 
 
 def parse_workers(text: str) -> int:
@@ -142,11 +150,12 @@ def add_worker_options(serve: argparse.ArgumentParser) -> None:
 
 
 def listen_sockets(
-    host: str, port: int, count: int, backlog: int
+    host: str, port: int, count: int, backlog: int, *, inheritable: bool = True
 ) -> list[socket.socket]:
     """``count`` TCP sockets bound to ``host:port`` with ``SO_REUSEPORT``,
     listening with ``backlog`` (connections; the kernel caps it at
-    ``net.core.somaxconn``), inheritable by children.
+    ``net.core.somaxconn``), inheritable by children unless ``inheritable``
+    is false.
 
     Port 0 binds a free port for the first, and the others bind that one
     (``getsockname()`` tells which). A port some socket already listens on is
@@ -174,12 +183,32 @@ def listen_sockets(
             sock.bind(address)
             address = sock.getsockname()  # port 0: the one the first got
             sock.listen(backlog)
-            sock.set_inheritable(True)
+            sock.set_inheritable(inheritable)
     except BaseException:
         for sock in sockets:
             sock.close()
         raise
     return sockets
+
+
+def serve_sockets(args: argparse.Namespace, backlog: int) -> list[socket.socket]:
+    """The sockets ``serve``'s server listens on: a worker's, from its parent
+    (``--listen-fd``), else ``ACCEPT_SOCKETS`` bound to ``--host``/``--port``
+    with ``backlog`` each.
+
+    Raises:
+        SystemExit: the address cannot be bound (the message names it).
+    """
+    if args.listen_fd is not None:
+        return [socket.socket(fileno=args.listen_fd)]
+    try:
+        return listen_sockets(
+            args.host, args.port, ACCEPT_SOCKETS, backlog, inheritable=False
+        )
+    except OSError as exc:
+        raise SystemExit(
+            f"sluicegate: cannot listen on {args.host}:{args.port}: {exc}"
+        ) from exc
 
 
 def worker_sockets(args: argparse.Namespace) -> list[socket.socket]:
