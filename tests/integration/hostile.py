@@ -284,6 +284,8 @@ FIRST_TOKEN_LIMIT_S = 15.0
 """The hostile model's time to first token limit (``upstreams_toml``)."""
 BRIEF_FIRST_TOKEN_LIMIT_S = 4.0
 """``HOSTILE_BRIEF``'s time to first token limit."""
+COUNT_LIMIT_S = 1.0
+"""The hostile models' wait for their upstream's token counter."""
 ANSWERED_WITHIN_S = 10.0
 """Every attack is answered this soon: well before the hostile model's time
 limits (15 s), so that no attack passes by timing out."""

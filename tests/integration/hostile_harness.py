@@ -32,6 +32,7 @@ from sluicegate.server.ledger.ledger import read_rows
 
 from .hostile import (
     BRIEF_FIRST_TOKEN_LIMIT_S,
+    COUNT_LIMIT_S,
     DISCOVERY_GIVE_UP_S,
     FIRST_TOKEN_LIMIT_S,
     HOSTILE,
@@ -147,6 +148,7 @@ url = "{url}"
 model = "{HOSTILE}"
 api_key_env = "{KEY_ENV}"
 first_token_timeout_s = {first_token_s}
+count_timeout_s = {COUNT_LIMIT_S}
 idle_timeout_s = 15
 total_timeout_s = 60
 """

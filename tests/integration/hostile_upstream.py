@@ -36,6 +36,11 @@ some):
 - ``garbage:[seed]``: a 200 head, then seeded random bytes; ``garbage_raw:[seed]``:
   random bytes where the response's head should be;
 - ``splits:[seed]``: a valid stream written in seeded random pieces.
+
+One attack is on ``POST /v1/messages/count_tokens`` (the first token counter
+the gateway asks; the others, ``/tokenize`` and the rest, answer 404):
+``slow_count`` is never answered (for ``ENDLESS_LIMIT_S``); any other body is
+a 404 there.
 """
 
 from __future__ import annotations
@@ -402,6 +407,12 @@ async def answer(request: Request, send: Send) -> None:
         await drip(send)
     elif request.method == "GET" and path.endswith("/models"):
         await send(json_answer(200, {"object": "list", "data": [{"id": MODEL}]}))
+    elif request.method == "POST" and path.endswith("/messages/count_tokens"):
+        name, _ = attack_of(request.body)
+        STATS.attacks[name] = STATS.attacks.get(name, 0) + 1
+        if name == "slow_count":  # a counter slower than the gateway waits for
+            await asyncio.sleep(ENDLESS_LIMIT_S)
+        await send(json_answer(404, {"error": {"message": f"no route {path}"}}))
     elif request.method == "POST" and path.endswith("/chat/completions"):
         STATS.requests += 1
         name, args = attack_of(request.body)

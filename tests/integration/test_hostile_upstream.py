@@ -36,8 +36,10 @@ from . import hostile_upstream as fake
 from .hostile import (
     ANSWERED_WITHIN_S,
     BRIEF_FIRST_TOKEN_LIMIT_S,
+    COUNT_LIMIT_S,
     DISCOVERY_GIVE_UP_S,
     GET_WEATHER,
+    HOSTILE,
     HOSTILE_BRIEF,
     answered_in_time,
     finishes,
@@ -327,6 +329,34 @@ def test_a_flood_of_empty_chunks_never_stalls_the_gateway(harness: Harness) -> N
         refused(seen, {502, 504})
     measured.assert_row_matches(seen)
     measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+def test_a_token_counter_slower_than_its_limit_is_said_to_be_slow(
+    harness: Harness,
+) -> None:
+    """count_tokens said "offers no token counter" of one that answered after
+    the gateway's wait; it now says it was too slow (a 504), keeps serving,
+    and asks again next time (where every counter answers 404: none)."""
+    asked = {"model": HOSTILE, "max_tokens": 8}
+    before = harness.upstream_stats()["attacks"].get("slow_count", 0)
+    with harness.client() as client, harness.attack("slow_count", 0) as measured:
+        messages = [{"role": "user", "content": "attack:slow_count"}]
+        slow = client.post(
+            "/v1/messages/count_tokens", json={**asked, "messages": messages}
+        )
+        messages = [{"role": "user", "content": "Hi"}]
+        none = client.post(
+            "/v1/messages/count_tokens", json={**asked, "messages": messages}
+        )
+    assert slow.status_code == 504, slow.text
+    error = slow.json()["error"]
+    assert f"did not answer within {COUNT_LIMIT_S:g} s" in error["message"], error
+    assert "offers no token counter" not in error["message"]
+    assert none.status_code == 400, none.text
+    assert "offers no token counter" in none.json()["error"]["message"]
+    assert harness.upstream_stats()["attacks"]["slow_count"] == before + 1
+    assert measured.rows == []
     measured.assert_live()
 
 

@@ -44,12 +44,15 @@ class UpstreamTimeouts:
         idle_s: the longest silence between two events once the first token
             came (keep-alive comments do not count).
         total_s: from ``generate`` to the stream's end.
+        count_s: for its token counter's answer to a ``count_tokens`` request
+            (``count.py``); a counter that does not answer in time is a 504.
     """
 
     connect_s: float | None = 5.0
     first_token_s: float | None = 120.0
     idle_s: float | None = 60.0
     total_s: float | None = None
+    count_s: float | None = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +117,7 @@ _TIMEOUT_KEYS = {
     "first_token_timeout_s": "first_token_s",
     "idle_timeout_s": "idle_s",
     "total_timeout_s": "total_s",
+    "count_timeout_s": "count_s",
 }
 _KEYS = frozenset(
     {"url", "model", "api_key_env", "max_streams", "continuous_usage", "health_path"}
@@ -133,7 +137,8 @@ def upstream_from_dict(
             environment variable holding the key), ``max_streams``,
             ``continuous_usage``, ``logprobs``, ``health_path``, the time limits
             ``connect_timeout_s``, ``first_token_timeout_s``,
-            ``idle_timeout_s``, ``total_timeout_s`` (seconds, or ``null``),
+            ``idle_timeout_s``, ``total_timeout_s``, ``count_timeout_s``
+            (seconds, or ``null``),
             and the reader's bounds ``max_line_bytes``, ``max_event_bytes``,
             ``max_deltas_per_chunk``, ``max_tool_calls``,
             ``max_response_bytes`` (integers >= 1; ``ReaderLimits``).

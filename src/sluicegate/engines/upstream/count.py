@@ -20,7 +20,9 @@ upstream, in this order, until one answers with a count:
 of them with a count (Ollama, OpenAI) gives ``None``, and the route
 refuses the request, naming the model, instead of answering a 0 that a client
 cannot tell from a count. No redirect is followed; at most ``MAX_BYTES`` of an
-answer are read; the whole count has one deadline.
+answer are read; the whole count has one deadline, and a counter that does
+not answer within it raises ``TimeoutError`` (slow, not absent: it is asked
+again next time).
 
 A ``PromptCounter`` keeps one HTTP client for its upstream's life and skips a
 route the upstream answered 404, 405 or 501 for ``FORGET_ABSENT_S``: an
@@ -89,17 +91,21 @@ class PromptCounter:
         model: str,
         chat: Mapping[str, Any],
         messages_body: Mapping[str, Any],
-        timeout_s: float = 10.0,
+        timeout_s: float | None = 10.0,
     ) -> int | None:
         """The prompt's tokens by the upstream's tokenizer, or ``None`` when it
-        offers no counter or none answered within ``timeout_s`` (seconds).
+        offers no counter.
 
         Args:
             model: the model's name there.
             chat: the chat body the gateway would send (its ``messages`` and
                 ``tools`` are counted).
             messages_body: the client's Messages body (``{}``: none).
-            timeout_s: the deadline of the whole count.
+            timeout_s: the deadline of the whole count (seconds; ``None``:
+                none).
+
+        Raises:
+            TimeoutError: no count and no refusal within ``timeout_s``.
         """
         if self._client is None:  # made on the event loop, once
             headers = {}
@@ -112,11 +118,8 @@ class PromptCounter:
                 follow_redirects=False,
                 headers=headers,
             )
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await self._count(model, chat, messages_body)
-        except TimeoutError:
-            return None
+        async with asyncio.timeout(timeout_s):
+            return await self._count(model, chat, messages_body)
 
     async def aclose(self) -> None:
         """Close the client (a later ``count`` makes a new one)."""

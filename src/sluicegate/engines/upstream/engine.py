@@ -198,11 +198,26 @@ class UpstreamEngine:
     ) -> int | None:
         """``request``'s prompt tokens by the first upstream's tokenizer, or ``None``
         when it offers none (``count.py``); with ``estimate``, then (or when the
-        counter is slow) this engine's estimate (``estimate.py``)."""
-        model = self._upstreams[0].model or self._model.id
+        counter is slow) this engine's estimate (``estimate.py``).
+
+        Raises:
+            UpstreamTimedOut: without ``estimate``, the counter did not answer
+                within the upstream's ``count_timeout_s`` (a 504).
+        """
+        first = self._upstreams[0]
+        model = first.model or self._model.id
         chat = orjson.loads(request_body(request, model, continuous_usage=False))
-        wait_s = COUNT_BEFORE_ESTIMATE_S if estimate else 10.0
-        counted = await self._counter.count(model, chat, messages_body, wait_s)
+        wait_s = COUNT_BEFORE_ESTIMATE_S if estimate else first.timeouts.count_s
+        try:
+            counted = await self._counter.count(model, chat, messages_body, wait_s)
+        except TimeoutError as exc:
+            if not estimate:
+                raise UpstreamTimedOut(
+                    f"count_tokens cannot count the prompts of {self._model.id!r}"
+                    f" now: its upstream's token counter did not answer within"
+                    f" {wait_s:g} s (it is asked again on the next request)"
+                ) from exc
+            counted = None
         return self._estimate.fill(request.text_prompt, counted, estimate)
 
     def learn(self, facts: Sequence[UpstreamFacts]) -> None:

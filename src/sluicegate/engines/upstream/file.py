@@ -28,6 +28,7 @@ unique.
     first_token_timeout_s = 120
     idle_timeout_s = 60
     total_timeout_s = 600              # or leave out: no total limit
+    count_timeout_s = 10               # its token counter (count_tokens)
     max_line_bytes = 1048576           # the reader's bounds (docs/security.md,
     max_event_bytes = 1048576          # "Upstream reader limits"): an SSE line,
     max_deltas_per_chunk = 1024        # an event's data, a chunk's choices and

@@ -73,7 +73,8 @@ class MessagesRoutes:
         An engine that takes text (an upstream server) has the prompt counted
         by the upstream's tokenizer (``engines/upstream/count.py``); one with
         no counter is a 400 naming the model, never a 0 a client would take
-        for a count.
+        for a count; one whose counter is slower than its ``count_timeout_s``
+        is a 504 that says so.
         """
         config = self._routes.config
         try:
