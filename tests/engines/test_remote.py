@@ -6,6 +6,7 @@ side; the host's beats of a stalled engine, judged stuck."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -130,7 +131,7 @@ async def test_grammars_are_checked_by_the_engine_process(served: Served) -> Non
 
 @pytest.mark.anyio
 async def test_the_engine_is_unavailable_while_its_process_is_away_then_back(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "engine.sock"
 
@@ -154,6 +155,13 @@ async def test_the_engine_is_unavailable_while_its_process_is_away_then_back(
                 await asyncio.sleep(0.01)
             with pytest.raises(EngineUnavailable):
                 await remote.generate(_request("u-1")).accepted()
+            caplog.set_level(logging.DEBUG, logger="sluicegate.engines.remote")
+            while len(_unreachable(caplog)) < 3:  # noqa: ASYNC110 (every 0.1 s)
+                await asyncio.sleep(0.01)
+        # Said once per absence, not ten times a second while a model loads.
+        levels = [record.levelno for record in _unreachable(caplog)]
+        assert levels[0] == logging.WARNING
+        assert set(levels[1:]) == {logging.DEBUG}
         second = serve(second_stop)  # restarted on the same socket
         with anyio.fail_after(10):
             while remote.stats().unavailable is not None:  # noqa: ASYNC110
@@ -165,6 +173,11 @@ async def test_the_engine_is_unavailable_while_its_process_is_away_then_back(
         second_stop.set()
     with anyio.fail_after(10):
         await second
+
+
+def _unreachable(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The records of failed tries to reach the engine process."""
+    return [r for r in caplog.records if "unreachable" in r.getMessage()]
 
 
 async def _next_beat(path: Path, after: Beat | None) -> Beat:

@@ -123,6 +123,7 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
         self._sequences: dict[str, RemoteOutputs] = {}
         self._asks = itertools.count()
         self._closed = False
+        self._told_away = False  # the absence's first failed connect was logged
 
     @classmethod
     def connect(cls, path: Path, timeout_s: float = 300.0) -> RemoteEngine:
@@ -251,13 +252,20 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
                 lambda: _Link(self), str(self._path)
             )
         except OSError as exc:
-            logger.warning("engine process unreachable: %s", exc)
+            # Tried every RECONNECT_S while the process is away (its model loads
+            # for seconds): warned once per absence, each later try at debug.
+            level = logging.DEBUG if self._told_away else logging.WARNING
+            logger.log(level, "engine process unreachable: %s", exc)
+            self._told_away = True
             self._connecting = None
             self._refuse_backlog()
             self._away()
             return
         self._link = link
         self._connecting = None
+        if self._told_away:
+            logger.info("engine process reachable again")
+            self._told_away = False
         self._stats = dataclasses.replace(self._stats, unavailable=None)
         backlog, self._backlog = self._backlog, []
         for message in backlog:
