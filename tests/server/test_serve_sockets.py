@@ -52,3 +52,14 @@ def test_a_port_taken_without_reuse_is_refused_naming_the_address() -> None:
             serve_sockets(_args(port), 64)
     finally:
         taken.close()
+
+
+def test_a_second_server_on_the_port_is_refused_not_let_share_it() -> None:
+    first = serve_sockets(_args(0), 64)
+    port = first[0].getsockname()[1]
+    try:
+        with pytest.raises(SystemExit, match=f"cannot listen on 127.0.0.1:{port}"):
+            serve_sockets(_args(port), 64)
+    finally:
+        for s in first:
+            s.close()

@@ -202,8 +202,18 @@ def serve_sockets(args: argparse.Namespace, backlog: int) -> list[socket.socket]
     if args.listen_fd is not None:
         return [socket.socket(fileno=args.listen_fd)]
     try:
+        # A socket without SO_REUSEPORT first: it cannot bind a port another
+        # server listens on, so a second ``serve`` there is refused, as it was
+        # with one socket, instead of sharing the first one's connections.
+        family, kind, proto, _, address = socket.getaddrinfo(
+            args.host, args.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+            port = probe.getsockname()[1]  # port 0: a free one
         return listen_sockets(
-            args.host, args.port, ACCEPT_SOCKETS, backlog, inheritable=False
+            args.host, port, ACCEPT_SOCKETS, backlog, inheritable=False
         )
     except OSError as exc:
         raise SystemExit(
