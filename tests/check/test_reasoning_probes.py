@@ -12,6 +12,7 @@ import pytest
 from sluicegate.check import reasoning_events as re_
 from sluicegate.check.event_streams import events_of
 from sluicegate.check.probes import MESSAGES_PROBES, RESPONSES_PROBES
+from sluicegate.check.responses_probes import responses_matches_plain
 from sluicegate.check.transcript import Transcript
 from sluicegate.check.verdicts import Verdict
 from tests.server.test_reasoning import scripted_app
@@ -38,7 +39,8 @@ Events = list[dict[str, Any]]
 
 
 async def _record(tokens: list[bytes], parser: str = "qwen3") -> dict[str, Transcript]:
-    """The ``responses_reasoning`` and ``messages_thinking`` exchanges."""
+    """The ``responses_reasoning`` and ``messages_thinking`` exchanges, and a
+    Responses request streamed and not (``responses_stream``, ``_plain``)."""
     app = scripted_app(tokens, reasoning_parser=parser)
     transport = httpx.ASGITransport(app=app)
     out = {}
@@ -46,6 +48,8 @@ async def _record(tokens: list[bytes], parser: str = "qwen3") -> dict[str, Trans
         for name, path, body in (
             ("responses_reasoning", "responses", RESPONSES),
             ("messages_thinking", "messages", MESSAGES),
+            ("responses_stream", "responses", RESPONSES),
+            ("responses_plain", "responses", {**RESPONSES, "stream": False}),
         ):
             answer = await http.post(path, json=body)
             out[name] = Transcript(
@@ -73,6 +77,8 @@ async def test_sluicegates_own_reasoning_streams_pass() -> None:
     assert re_.messages_reasoning_framing(recording).verdict is Verdict.PASS
     assert re_.responses_reasoning_framing in RESPONSES_PROBES
     assert re_.messages_reasoning_framing in MESSAGES_PROBES
+    # The non-streamed answer's text is its message's, not its reasoning's too.
+    assert responses_matches_plain(recording).verdict is Verdict.PASS
 
 
 async def test_streams_without_reasoning_are_not_observable() -> None:

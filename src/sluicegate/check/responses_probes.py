@@ -111,12 +111,17 @@ def responses_usage(recording: Mapping[str, Transcript]) -> ProbeResult:
 
 
 def _plain_text(body: Any) -> tuple[str] | None:
+    """The text of a non-streamed response's message items (what the stream's
+    ``response.output_text.delta`` events carry; a reasoning item's
+    ``reasoning_text`` is not part of it)."""
     if not isinstance(body, dict) or not isinstance(body.get("output"), list):
         return None
     return ("".join(
         str(part.get("text", ""))
-        for item in body["output"] if isinstance(item, dict)
-        for part in item.get("content") or [] if isinstance(part, dict)
+        for item in body["output"]
+        if isinstance(item, dict) and item.get("type") == "message"
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") == "output_text"
     ),)  # fmt: skip
 
 
