@@ -70,3 +70,12 @@ def test_model_id_names_the_scripted_engine_too() -> None:
     assert _build_engine(args).model.id == "a/b"
     args = _parser().parse_args(["serve", "--engine", "scripted"])
     assert _build_engine(args).model.id == "scripted"
+
+
+def test_prefix_reuse_without_the_full_sliding_window_cache_is_refused() -> None:
+    from sluicegate.cli import _parser
+    from sluicegate.engines.llamacpp.config import from_args
+
+    args = _parser().parse_args(["serve", "--prefix-cache", "--no-swa-full"])
+    with pytest.raises(SystemExit, match="--no-swa-full"):
+        from_args(args)

@@ -339,3 +339,28 @@ async def test_greedy_alone_draws_what_llama_cpps_greedy_chain_draws(
     ids = [t for o in plain for t in o.token_ids]
     assert ids == [t for o in chained for t in o.token_ids]
     assert len(set(ids)) > 1  # real text, not one token repeated
+
+
+async def test_the_window_only_cache_reads_long_prompts_and_frees_them() -> None:
+    """With ``swa_full=False`` the sliding-window layers keep only the window's
+    cells (llama-server's setting): a prompt past the window (512 on Gemma 3), read in
+    chunks, answers; an abort then frees every cell in llama.cpp's memory, and
+    the engine goes on serving."""
+    import llama_cpp as llama
+
+    with pytest.raises(ValueError, match="sliding-window"):
+        LlamaCppEngine(default_model_path(), prefix_cache=True, swa_full=False)
+    eng = LlamaCppEngine(default_model_path(), n_ctx=1024, n_parallel=2, swa_full=False)
+    try:
+        long_prompt = "lighthouse keeper " * 280  # about 560 tokens: five steps
+        outputs = eng.generate(request(eng, "window", long_prompt, max_tokens=400))
+        await outputs.__anext__()
+        eng.abort("window")
+        stats = await wait_idle(eng)
+        assert stats.kv_cells_used == 0
+        memory = llama.llama_get_memory(eng._ctx)  # the engine's own; no public view
+        assert [llama.llama_memory_seq_pos_max(memory, s) for s in (0, 1)] == [-1, -1]
+        after = await collect(eng.generate(request(eng, "after")))
+        assert sum(len(o.token_ids) for o in after) == 8
+    finally:
+        await eng.aclose()

@@ -45,7 +45,13 @@ def usable_cores() -> int:
 
 
 def new_context(
-    model: Any, n_ctx: int, n_parallel: int, step_tokens: int, n_threads: int | None
+    model: Any,
+    n_ctx: int,
+    n_parallel: int,
+    step_tokens: int,
+    n_threads: int | None,
+    *,
+    swa_full: bool = True,
 ) -> Any:
     """A llama.cpp context over ``model``; a null pointer when llama.cpp fails.
 
@@ -56,6 +62,11 @@ def new_context(
         step_tokens: tokens of one batch (and of one micro-batch).
         n_threads: CPU threads for decoding, one token or a batch (``None``:
             ``usable_cores()``).
+        swa_full: keep every cell of a sequence in the sliding-window layers
+            (llama.cpp's ``swa_full``; its own default). ``False``, as
+            llama-server has it: those layers keep only the window's cells
+            (plus a micro-batch), so a sequence's prefix beyond the window
+            cannot be read back from them (no prefix reuse).
     """
     cparams = llama.llama_context_default_params()
     cparams.n_ctx = n_ctx
@@ -64,6 +75,7 @@ def new_context(
     cparams.n_seq_max = n_parallel
     cparams.n_threads = cparams.n_threads_batch = n_threads or usable_cores()
     cparams.kv_unified = True
+    cparams.swa_full = swa_full
     cparams.no_perf = True
     return llama.llama_init_from_model(model, cparams)
 

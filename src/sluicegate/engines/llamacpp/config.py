@@ -47,6 +47,11 @@ class EngineConfig:
             cells gets logits that differ in the last bits from one read whole
             (llama.cpp's kernels depend on how many tokens a step holds), so a
             temperature-0 answer could change between two identical requests.
+        swa_full: keep every cell in the sliding-window layers of a model that
+            has them (Gemma 3), as llama.cpp's own default does; ``False``:
+            only the window's, as llama-server does (no prefix reuse then,
+            which reads prefixes back from them). Measured side by side with
+            llama-server, neither was faster (docs/performance.md).
     """
 
     n_ctx: int = 8192
@@ -56,6 +61,7 @@ class EngineConfig:
     step_ratio: float | None = 1.3
     n_threads: int | None = None
     prefix_cache: bool = False
+    swa_full: bool = True
 
     def kwargs(self) -> dict[str, Any]:
         """These settings as ``LlamaCppEngine`` keyword arguments."""
@@ -71,8 +77,8 @@ _DEFAULT = EngineConfig()
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--n-ctx``, ``--parallel``, ``--step-tokens``, ``--chunk-tokens``,
-    ``--step-ratio``, ``--threads`` and ``--prefix-cache`` to ``parser``, with
-    the defaults of ``EngineConfig``."""
+    ``--step-ratio``, ``--threads``, ``--prefix-cache`` and ``--swa-full`` to
+    ``parser``, with the defaults of ``EngineConfig``."""
     add = parser.add_argument
     add("--n-ctx", type=int, default=_DEFAULT.n_ctx, help="KV cells (tokens)")
     add("--parallel", type=int, default=_DEFAULT.n_parallel, help="sequences per step")
@@ -105,10 +111,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep finished sequences' KV cells for prompts that start alike "
         "(temperature-0 answers may then differ between identical requests)",
     )
+    add(
+        "--swa-full",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULT.swa_full,
+        help="keep every cell in a sliding-window model's window layers "
+        "(--no-swa-full: only the window's, as llama-server; not with --prefix-cache)",
+    )
 
 
 def from_args(args: argparse.Namespace) -> EngineConfig:
-    """The ``EngineConfig`` that ``add_arguments``' flags in ``args`` say."""
+    """The ``EngineConfig`` that ``add_arguments``' flags in ``args`` say.
+
+    Raises:
+        SystemExit: ``--prefix-cache`` with ``--no-swa-full``.
+    """
+    if args.prefix_cache and not args.swa_full:
+        raise SystemExit(
+            "sluicegate: --prefix-cache reads prefixes back from the full "
+            "sliding-window cache; drop --no-swa-full"
+        )
     return EngineConfig(
         n_ctx=args.n_ctx,
         n_parallel=args.parallel,
@@ -117,4 +139,5 @@ def from_args(args: argparse.Namespace) -> EngineConfig:
         step_ratio=args.step_ratio or None,
         n_threads=args.threads,
         prefix_cache=args.prefix_cache,
+        swa_full=args.swa_full,
     )

@@ -8,22 +8,19 @@ This module keeps what needs llama.cpp: the batch (``batch``), the samplers
 Threading: the worker thread owns the llama.cpp context; the event loop touches
 plain Python state under ``_lock`` only. One step's outputs reach their requests'
 ``SequenceOutputs`` through one ``loop.call_soon_threadsafe`` (one wake-up of the
-loop per step), so the worker never waits on a consumer. ctypes releases the GIL
-during ``llama_decode``.
+loop per step): the worker never waits on a consumer. ``llama_decode`` frees the GIL.
 
 Capacity: ``n_parallel`` sequences at once and ``n_ctx`` KV cells shared by all
 (a unified KV cache). A request is admitted (FIFO) when its prompt plus its
 ``max_tokens`` fits in the cells not yet reserved: no sequence runs out mid-stream.
 
 Abort: ``abort(id)`` removes a queued request at once; a prefilling or decoding
-one is dropped before the next step. Tokens sampled in a step that was already
-running when the abort came are counted as waste.
+one is dropped before the next step (tokens of a step already running: waste).
 
 Prefix reuse: the KV cells of a sequence that left stay in its slot
 (``core/prefix_cache.py``); a prompt that starts with the same tokens gets that
-slot, its prefill starts after them, and its first output says how many
-(``EngineOutput.cached_tokens``). ``trim_memory`` removes what the bookkeeping
-lets go from llama.cpp's memory before the next step.
+slot and reads only the rest, its first output saying how many
+(``EngineOutput.cached_tokens``); ``trim_memory`` removes the rest before a step.
 
 Deliberate divergence from the house rule on ``except Exception`` (the stream's
 outermost frame and the CLI only): the worker catches any exception of one step
@@ -96,9 +93,12 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
             ``EngineUnavailable`` from ``generate``.
         prefix_cache: keep finished sequences' KV cells for prompts that
             start alike (16 tokens or more; ``EngineConfig`` says why it is off).
+        swa_full: keep every cell in a sliding-window model's window layers
+            (``batch.new_context``); prefix reuse reads them.
 
     Raises:
         FileNotFoundError: ``model_path`` cannot be loaded.
+        ValueError: ``prefix_cache`` without ``swa_full``.
     """
 
     def __init__(
@@ -114,7 +114,10 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
         n_threads: int | None = None,
         queue_limit: int = 64,
         prefix_cache: bool = False,
+        swa_full: bool = True,
     ) -> None:
+        if prefix_cache and not swa_full:
+            raise ValueError("prefix reuse needs the full sliding-window cache")
         quiet_logs()
         path = Path(model_path)
         mparams = llama.llama_model_default_params()
@@ -123,9 +126,8 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
             raise FileNotFoundError(f"cannot load a GGUF model from {str(path)!r}")
         tokenizer = LlamaTokenizer(self._model_ptr, path)
         self._grammars = GrammarCompiler(tokenizer)
-        # llguidance's view of the vocabulary takes about a second to build:
-        # built beside the start-up, not in the worker on the first constrained
-        # request (where every stream would wait for it).
+        # llguidance's view of the vocabulary takes about a second: built beside
+        # the start-up, not by the worker on the first constrained request.
         threading.Thread(
             target=self._grammars.lltokenizer, name="llguidance-vocab", daemon=True
         ).start()
@@ -134,7 +136,7 @@ class LlamaCppEngine(TokenEngineBase[LlamaTokenizer, SequenceOutputs[EngineOutpu
         self._n_parallel = n_parallel
         self._step_tokens = max(step_tokens, n_parallel)
         shape = (self._n_ctx, n_parallel, self._step_tokens, n_threads)
-        self._ctx = new_context(self._model_ptr, *shape)
+        self._ctx = new_context(self._model_ptr, *shape, swa_full=swa_full)
         if not self._ctx:
             llama.llama_model_free(self._model_ptr)
             raise EngineError(f"llama.cpp could not create a context of {n_ctx} cells")
