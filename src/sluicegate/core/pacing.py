@@ -121,12 +121,12 @@ class PrefillPacer:
     def prompt_token_s(self) -> float | None:
         """What one prompt token adds to a mixed step (seconds), or ``None``
         before a mixed step was observed after a decode-only one (or while the
-        mixed steps took no longer than the estimate)."""
+        mixed steps took no longer than the estimate, or too little longer for
+        a float: a cost that rounds to 0 s would make any chunk fit)."""
         tokens = sum(n for n, _ in self._mixed)
         extra_s = sum(s for _, s in self._mixed)
-        if not tokens or extra_s <= 0:
-            return None
-        return extra_s / tokens
+        token_s = extra_s / tokens if tokens else 0.0
+        return token_s if token_s > 0 else None
 
     def chunk_tokens(self, decoding: int) -> int:
         """Prompt tokens in the next step, in which ``decoding`` sequences
