@@ -91,6 +91,16 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def llama_server_binary() -> str:
+    """The path of ``llama-server``, built by ``bench/llama-server.sh`` if not yet."""
+    return subprocess.run(
+        ["bash", str(ROOT / "bench" / "llama-server.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()[-1]
+
+
 def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, ServerProcess]:
     """Both servers, ready; stopped by the caller."""
     model = str(default_model_path())
@@ -107,13 +117,7 @@ def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, ServerProce
         theirs = [*ours[:5], str(ports[other]), *ours[6:]]
         env = {"PYTHONPATH": str(args.before_src.resolve())}
     else:
-        binary = subprocess.run(
-            ["bash", str(ROOT / "bench" / "llama-server.sh")],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.splitlines()[-1]
-        theirs = [binary, "-m", model, "--port", str(ports[other])]
+        theirs = [llama_server_binary(), "-m", model, "--port", str(ports[other])]
         theirs += ["-c", ctx, "-np", par, "-t", t, "-tb", t, "-kvu", "-a", "default"]
         theirs += shlex.split(args.llama_server_args)
     servers: dict[str, ServerProcess] = {}

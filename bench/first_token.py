@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -150,7 +149,7 @@ def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--serve-with-points":
         return _serve_with_points(Path(sys.argv[2]), sys.argv[3:])
     sys.path.insert(0, str(ROOT / "bench"))
-    from engine import prompt
+    from engine import llama_server_binary, prompt
     from engine_load import stream_once
 
     from sluicegate.model import default_model_path
@@ -166,12 +165,7 @@ def main() -> int:
     logs = Path(tempfile.mkdtemp(prefix="sluicegate-first-token-"))
     events = logs / "points.txt"
     events.touch()
-    binary = subprocess.run(
-        ["bash", str(ROOT / "bench" / "llama-server.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.splitlines()[-1]
+    binary = llama_server_binary()
     t, ports = (
         str(args.threads),
         {"sluicegate": free_port(), "llama-server": free_port()},

@@ -167,23 +167,25 @@ def test_responses_has_a_reasoning_item_before_the_message(
     assert response.usage.output_tokens_details.reasoning_tokens == 3
 
 
-@pytest.mark.parametrize("seed", [2])
-def test_messages_has_a_thinking_block_before_the_text(
-    gateway: ServerProcess, seed: int
-) -> None:
+def _thinking_message(base_url: str, content: str) -> anthropic.types.Message:
+    """The Messages stream's final message for ``content``, thinking on."""
     with (
-        anthropic.Anthropic(
-            base_url=gateway.base_url, api_key="none", max_retries=0
-        ) as claude,
+        anthropic.Anthropic(base_url=base_url, api_key="none", max_retries=0) as claude,
         claude.messages.stream(
             model="fake",
             max_tokens=2048,
             thinking={"type": "enabled", "budget_tokens": 1024},
-            messages=[{"role": "user", "content": "2+2?"}],
+            messages=[{"role": "user", "content": content}],
         ) as stream,
     ):
-        final = stream.get_final_message()
-    thinking, text = final.content
+        return stream.get_final_message()
+
+
+@pytest.mark.parametrize("seed", [2])
+def test_messages_has_a_thinking_block_before_the_text(
+    gateway: ServerProcess, seed: int
+) -> None:
+    thinking, text = _thinking_message(gateway.base_url, "2+2?").content
     assert thinking.type == "thinking"
     assert thinking.thinking == "".join(REASONING)
     assert thinking.signature
@@ -263,16 +265,7 @@ def test_a_named_parser_splits_an_upstreams_plain_markers(
                 messages=[{"role": "user", "content": "split?"}],
                 extra_body=thinking,
             )
-        with (
-            anthropic.Anthropic(base_url=gateway.base_url, api_key="none") as claude,
-            claude.messages.stream(
-                model="fake",
-                max_tokens=2048,
-                thinking={"type": "enabled", "budget_tokens": 1024},
-                messages=[{"role": "user", "content": "split?"}],
-            ) as stream,
-        ):
-            final = stream.get_final_message()
+        final = _thinking_message(gateway.base_url, "split?")
     blocks = [block.model_dump() for block in final.content]
     assert [(b["type"], b.get("thinking") or b.get("text")) for b in blocks] == [
         ("thinking", "".join(REASONING)),
