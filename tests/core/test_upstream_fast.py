@@ -27,7 +27,11 @@ from sluicegate.core.upstream.fast import (
     plain_event,
 )
 from sluicegate.core.upstream.items import UpstreamDelta, UpstreamItem
-from sluicegate.core.upstream.limits import READER_LIMITS
+from sluicegate.core.upstream.limits import (
+    NO_USAGE_BOUNDS,
+    READER_LIMITS,
+    UsageBounds,
+)
 from sluicegate.core.upstream.reader import UpstreamReader
 from sluicegate.core.wire.chunks import Endpoint
 
@@ -63,11 +67,13 @@ def chat(text: Any, **fields: Any) -> dict[str, Any]:
     return chunk
 
 
-def slow(endpoint: Endpoint, body: bytes) -> list[UpstreamItem]:
+def slow(
+    endpoint: Endpoint, body: bytes, bounds: UsageBounds = NO_USAGE_BOUNDS
+) -> list[UpstreamItem]:
     """The items of ``body`` fed so that no event is read by the fast path: each
     event without its last byte (the decoder then holds it, so the reader does
     not stand between two events), then that byte."""
-    reader = UpstreamReader(endpoint)
+    reader = UpstreamReader(endpoint, usage_bounds=bounds)
     items: list[UpstreamItem] = []
     for one in body.split(b"\n\n")[:-1]:
         items += reader.feed(one + b"\n")
@@ -75,8 +81,10 @@ def slow(endpoint: Endpoint, body: bytes) -> list[UpstreamItem]:
     return items + reader.flush()
 
 
-def fast(endpoint: Endpoint, events: list[bytes]) -> tuple[list[UpstreamItem], Any]:
-    reader = UpstreamReader(endpoint)
+def fast(
+    endpoint: Endpoint, events: list[bytes], bounds: UsageBounds = NO_USAGE_BOUNDS
+) -> tuple[list[UpstreamItem], Any]:
+    reader = UpstreamReader(endpoint, usage_bounds=bounds)
     items: list[UpstreamItem] = []
     for one in events:
         items += reader.feed(one)
@@ -297,15 +305,18 @@ def chunks(draw: st.DrawFn) -> dict[str, Any]:
         max_size=8,
     ),
     st.booleans(),
+    st.sampled_from([None, 1, 2, 3, 10**9]),
 )
 def test_any_events_give_what_the_full_parse_gives(
-    drawn: list[tuple[dict[str, Any], str]], done: bool
+    drawn: list[tuple[dict[str, Any], str]], done: bool, max_tokens: int | None
 ) -> None:
+    # A max_tokens that cuts a choice after a few chunks, or never.
     events = [event(_encode(chunk, how)) for chunk, how in drawn]
     if done:
         events.append(b"data: [DONE]\n\n")
-    items, _ = fast(CHAT, events)
-    assert items == slow(CHAT, b"".join(events))
+    bounds = UsageBounds(max_tokens)
+    items, _ = fast(CHAT, events, bounds)
+    assert items == slow(CHAT, b"".join(events), bounds)
 
 
 @given(st.lists(texts, min_size=1, max_size=6), st.text(alphabet=PAD, max_size=4))

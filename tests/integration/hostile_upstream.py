@@ -29,6 +29,8 @@ some):
 - ``flood:[comment|empty]``: keep-alive comments, or chunks with nothing in
   them, written until the peer leaves;
 - ``many_deltas:[N]``: N one-character deltas, all in one write;
+  ``overrun:[N]:[content|reasoning]``: N chunks of that kind, whatever
+  the request's ``max_tokens``, then ``length`` and a usage of N;
   ``huge_delta:[MiB]:[before|after]``;
 - ``retry_after:[status]``: that status with ``Retry-After: 1000000000``;
   ``status:[code]``: that status with an error body;
@@ -270,6 +272,15 @@ async def many_deltas(send: Send, request: Request, args: list[str]) -> None:
     await send(b"".join([SSE_HEAD, role, *deltas, end]))
 
 
+async def overrun(send: Send, request: Request, args: list[str]) -> None:
+    """More output chunks than the ``max_tokens`` asked for, all in one write."""
+    count, kind = int(args[0]), args[1]
+    key = "content" if kind == "content" else "reasoning_content"
+    pieces = [event(chunk({key: "w "}))] * count
+    end = event(chunk({}, "length")) + usage_event(str(count)) + b"data: [DONE]\n\n"
+    await send(b"".join([SSE_HEAD, *pieces, end]))
+
+
 async def huge_delta(send: Send, request: Request, args: list[str]) -> None:
     # Built before the head goes: encoding it takes this process long enough,
     # on a loaded machine, for the gateway to send its headers meanwhile.
@@ -334,6 +345,7 @@ ATTACKS: dict[str, Attack] = {
         endless_line,
         flood,
         many_deltas,
+        overrun,
         huge_delta,
         retry_after,
         status,

@@ -28,6 +28,7 @@ import json
 import string
 import time
 
+import openai
 import pytest
 
 from sluicegate.core.endstate import EndState
@@ -106,6 +107,37 @@ def test_usage_an_upstream_cannot_mean_is_replaced_by_the_gateways_count(
     assert 0 <= row.prompt_tokens <= 8192, row
     assert row.usage_estimated, row
     measured.assert_memory_bounded()
+    measured.assert_live()
+
+
+@pytest.mark.parametrize("kind", ["content", "reasoning"])
+def test_an_upstream_past_max_tokens_is_cut_at_max_tokens(
+    harness: Harness, kind: str
+) -> None:
+    """50 chunks when 5 tokens were asked for: the client (the openai SDK) gets
+    the first 5, finish_reason length, and a usage (and a ledger row) of the 5
+    it got, not the upstream's 50."""
+    client = openai.OpenAI(
+        base_url=f"{harness.gateway.base_url}/v1", api_key="unused", max_retries=0
+    )
+    with harness.attack(f"overrun:{kind}") as measured:
+        stream = client.chat.completions.create(
+            model=HOSTILE,
+            messages=[{"role": "user", "content": f"attack:overrun:50:{kind}"}],
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    field = "content" if kind == "content" else "reasoning_content"
+    assert "".join(getattr(d, field, None) or "" for d in deltas) == "w " * 5
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert [r for r in reasons if r] == ["length"]
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == 5, usage
+    assert [row.completion_tokens for row in measured.rows] == [5]
     measured.assert_live()
 
 

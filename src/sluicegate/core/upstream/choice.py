@@ -37,7 +37,16 @@ _LENGTH_REASONS = frozenset({"length", "max_tokens", "model_length"})
 class UpstreamChoice:
     """Cumulative-text detection and finish bookkeeping of one choice."""
 
-    __slots__ = ("finished", "first", "held", "mode", "seen", "token_texts", "tools")
+    __slots__ = (
+        "chunks",
+        "finished",
+        "first",
+        "held",
+        "mode",
+        "seen",
+        "token_texts",
+        "tools",
+    )
 
     def __init__(self) -> None:
         self.tools: ToolCallNormalizer | None = None  # at its first tool call
@@ -47,6 +56,7 @@ class UpstreamChoice:
         self.held = ""  # an ambiguous second text, held back
         self.seen = ""  # cumulative: the upstream's whole text so far
         self.finished = False
+        self.chunks = 0  # chunks that carried output (text, reasoning, calls)
 
     def feed(self, text: str) -> str:
         """What of ``text`` (non-empty) is new."""

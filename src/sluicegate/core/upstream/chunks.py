@@ -81,6 +81,7 @@ class ChunkReader:
         "_chunk_deltas",
         "_endpoint",
         "_limits",
+        "_max_chunks",
         "_new_id",
         "_state",
         "_tool_names",
@@ -103,6 +104,9 @@ class ChunkReader:
         self._limits = limits
         self._tool_names = tool_names
         self._usage_bounds = usage_bounds
+        # A choice ends at this many output chunks (-1: never); an upstream
+        # sends at most one per token, so max_tokens of them are all it may.
+        self._max_chunks = usage_bounds.max_completion_tokens or -1
         self._state = ReaderState.READING
         self._choices: dict[int, UpstreamChoice] = {}
         self._usage: Usage | None = None
@@ -119,6 +123,9 @@ class ChunkReader:
             new = state.feed(text)
             if new:
                 out.append(UpstreamDelta(0, new, None))
+            state.chunks += 1
+            if state.chunks == self._max_chunks:
+                self._finish(0, state, "length", None, out)
 
     def _object(self, obj: dict[str, Any], out: list[UpstreamItem]) -> None:
         """Read one event's JSON object (not of an ``error`` event)."""
@@ -194,19 +201,38 @@ class ChunkReader:
                 self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
                 return
             out.extend(UpstreamToolCall(index, f) for f in fragments)
+        if thought or calls or (type(text) is str and text):
+            state.chunks += 1
         reason = choice.get("finish_reason")
         if type(reason) is str and reason:
             if reason in _FAILED_REASONS:
                 why = f"the upstream ended choice {index} with finish_reason {reason!r}"
                 self._fail(out, why)
                 return
-            state.finished = True
-            try:
-                tools = settle_choice(index, state, out)
-            except RemoteProtocolError as exc:
-                self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
-                return
-            finish = finish_reason_of(reason, tools)
+            self._finish(index, state, reason, choice, out)
+        elif state.chunks == self._max_chunks:
+            self._finish(index, state, "length", None, out)
+
+    def _finish(
+        self,
+        index: int,
+        state: UpstreamChoice,
+        reason: str,
+        choice: dict[str, Any] | None,
+        out: list[UpstreamItem],
+    ) -> None:
+        """End choice ``index`` with the upstream's ``reason`` (its ``choice``),
+        or cut it at ``max_tokens`` output chunks (``choice`` ``None``)."""
+        state.finished = True
+        try:
+            tools = settle_choice(index, state, out)
+        except RemoteProtocolError as exc:
+            self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
+            return
+        finish = finish_reason_of(reason, tools)
+        if choice is None:
+            out.append(UpstreamFinish(index, finish, reason, None, True))
+        else:
             out.append(UpstreamFinish(index, finish, reason, _matched_stop(choice)))
 
     def _reasoning(

@@ -74,12 +74,15 @@ class UpstreamToolCall:
 class UpstreamFinish:
     """Choice ``index`` ended; ``raw`` is the upstream's own ``finish_reason``;
     ``matched_stop`` the stop string the upstream says it stopped on (vLLM's
-    ``stop_reason``, SGLang's ``matched_stop``), or ``None``."""
+    ``stop_reason``, SGLang's ``matched_stop``), or ``None``; ``cut``: the
+    reader ended it (``LENGTH``, ``raw`` ``"length"``) at the request's
+    ``max_tokens`` output chunks, and drops the rest of it."""
 
     index: int
     finish_reason: FinishReason
     raw: str
     matched_stop: str | None = None
+    cut: bool = False
 
 
 @dataclass(frozen=True, slots=True)

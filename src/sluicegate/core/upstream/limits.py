@@ -89,7 +89,8 @@ class UsageBounds:
     """What a request's usage can be at most (tokens; ``None``: not known).
 
     Attributes:
-        max_completion_tokens: the ``max_tokens`` the upstream was asked for.
+        max_completion_tokens: the ``max_tokens`` the upstream was asked for;
+            the reader also cuts a choice at that many output chunks.
         context_tokens: the model's context window (prompt and completion).
     """
 

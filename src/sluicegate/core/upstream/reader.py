@@ -41,7 +41,11 @@ deltas of one chunk, the tool calls of one choice and the whole body each have
 one; past it the stream ends with an ``UpstreamError`` of code
 ``PROTOCOL_ERROR_CODE``. So does a tool call naming a tool that is not in
 ``tool_names``. A usage that cannot be true (``usage_problem``) is reported
-once as ``UpstreamUsageRejected``, and no usage after it.
+once as ``UpstreamUsageRejected``, and no usage after it. A choice that
+has sent ``usage_bounds.max_completion_tokens`` chunks carrying output (text,
+reasoning or tool-call fragments: an upstream sends at most one per token) and
+no finish is cut: it finishes ``LENGTH`` (``UpstreamFinish.cut``) and the rest
+of its output is dropped.
 
 Invariants:
     - ``feed`` and ``flush`` raise nothing but ``LocalProtocolError`` (a call
@@ -271,6 +275,8 @@ class UpstreamReader(ChunkReader):
                 if read[1] is not None:  # before the text, as in _object
                     self._read_usage(read[1], out)
                 self._plain_delta(read[0], out)
+                if self._state is not ReaderState.READING:
+                    return size  # a cut that refused a held tool call
                 start = end
                 continue
             try:

@@ -32,6 +32,9 @@ Invariants:
       ``MAX_UNTAKEN`` outputs wait for a consumer (the response has not begun
       listening yet), nothing more is read: the client's buffer bound then
       never meets a backlog it had no chance to write.
+    - Choice 0 cut at ``max_tokens`` output chunks (``UpstreamFinish.cut``)
+      finishes the sequence at once, and the connection is closed, not
+      drained: the upstream aborts its request and frees its cache.
     - After ``[DONE]`` the body's end is read for at most ``DRAIN_S``, so that
       the connection is kept alive.
 """
@@ -46,6 +49,7 @@ from collections.abc import Sequence
 from sluicegate.core.errors import EngineRefused
 from sluicegate.core.events import FinishReason, TextOutput, Usage
 from sluicegate.core.upstream.items import (
+    ReaderState,
     UpstreamDelta,
     UpstreamDone,
     UpstreamError,
@@ -160,7 +164,7 @@ async def read_stream(
     except HopError as exc:
         return _broken(seq, upstreams, f"the upstream stream broke: {exc}")
     assert ended is not None, "flush() ends the stream"
-    if ended is Outcome.SUCCESS:
+    if ended is Outcome.SUCCESS and reader.state is ReaderState.DONE:
         # Read the body's end, so that the connection is kept alive; a peer
         # that keeps it open past [DONE] loses it.
         if seq.timer is not None:
@@ -270,6 +274,8 @@ def _apply(
                 seq.matched_stop = _asked_stop(seq, item.matched_stop)
                 if seq.first_at is None:
                     _first_token(seq, lease, upstreams)
+                if item.cut:  # n is 1: the stream is over; closing aborts it
+                    return _finish(seq, upstreams, counts)
         elif type(item) is UpstreamDone:
             return _finish(seq, upstreams, counts)
         elif type(item) is UpstreamError:
