@@ -135,6 +135,7 @@ def send(
     tools: Sequence[Mapping[str, Any]] = (),
     model: str = HOSTILE,
     usage: bool = False,
+    max_tokens: int | None = None,
 ) -> Seen:
     """POST one streamed chat request whose last message is ``content``; read it all.
 
@@ -150,6 +151,8 @@ def send(
         body["tools"] = list(tools)
     if usage:
         body["stream_options"] = {"include_usage": True}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
     started = time.monotonic()
     events: list[str] = []
     raw = bytearray()
