@@ -12,6 +12,13 @@ this upstream's own final counts showed so far, ``CHARS_PER_TOKEN`` until one
 did. A prompt of token ids is counted exactly. The estimate is never passed
 off as a count: the upstream's final usage replaces it, and a ledger row that
 keeps it is marked ``usage_estimated``.
+
+A count is learnt only when the prompt could hold it: every token but the
+chat template's own covers at least one byte of the prompt, so a count past
+the prompt's bytes and ``TEMPLATE_TOKENS`` is a lie or a count of something
+else (one usage of 10^12 prompt tokens made every later estimate of that
+upstream billions). For the same reason no estimate is past the prompt's
+bytes (characters of a completion prompt), whatever was learnt.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from sluicegate.engines.values import TextPrompt
 __all__ = [
     "CHARS_PER_TOKEN",
     "COUNT_BEFORE_ESTIMATE_S",
+    "TEMPLATE_TOKENS",
     "PromptEstimate",
     "prompt_chars",
 ]
@@ -34,6 +42,13 @@ COUNT_BEFORE_ESTIMATE_S = 0.5
 """How long a counter is waited for (seconds) when an estimate may stand in:
 a counter slower than that is skipped for the estimate, so the first event
 is not held for it."""
+TEMPLATE_TOKENS = 4096
+"""The most prompt tokens a count may hold past the prompt's bytes (the chat
+template's own: special tokens, role names, a default system prompt, images)
+to be learnt from."""
+MIN_CHARS_PER_TOKEN = 1.0
+"""The fewest characters per token an estimate uses: a token of the prompt
+covers at least one byte of it."""
 LEARNED_TOKENS = 1 << 20
 """Past this many prompt tokens learned, older counts weigh half as much, so
 the ratio follows what the upstream is sent now."""
@@ -61,9 +76,11 @@ class PromptEstimate:
         self._tokens = 0.0
 
     def learn(self, prompt: TextPrompt, prompt_tokens: int) -> None:
-        """Take an upstream's own count of ``prompt`` (tokens, > 0 to count)."""
+        """Take an upstream's own count of ``prompt`` (tokens, > 0 to count;
+        one past the prompt's characters and ``TEMPLATE_TOKENS`` is not
+        taken)."""
         chars = prompt_chars(prompt)
-        if isinstance(chars, tuple) or prompt_tokens <= 0:
+        if isinstance(chars, tuple) or not 0 < prompt_tokens <= chars + TEMPLATE_TOKENS:
             return
         if self._tokens > LEARNED_TOKENS:
             self._chars, self._tokens = self._chars / 2, self._tokens / 2
@@ -80,9 +97,11 @@ class PromptEstimate:
         return self.estimate(prompt)
 
     def estimate(self, prompt: TextPrompt) -> int:
-        """``prompt``'s tokens: exact for token ids, else estimated (at least 1)."""
+        """``prompt``'s tokens: exact for token ids, else estimated (at least 1,
+        at most its characters)."""
         chars = prompt_chars(prompt)
         if isinstance(chars, tuple):
             return len(chars)
         per_token = self._chars / self._tokens if self._tokens else CHARS_PER_TOKEN
+        per_token = max(per_token, MIN_CHARS_PER_TOKEN)
         return max(1, round(chars / per_token))
