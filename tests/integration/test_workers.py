@@ -24,7 +24,7 @@ import pytest
 from sluicegate.cli import main
 from tests.redis_server import RedisServer
 
-from .servers import ServerProcess
+from .servers import ServerProcess, free_port
 from .workers import client_on, eventually, parent_of, worker_pids
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -110,6 +110,49 @@ def test_each_worker_serves_the_gateway_model_through_its_own_pool(
 def test_more_than_one_worker_without_redis_is_refused_naming_the_option() -> None:
     with pytest.raises(SystemExit, match="pass --redis redis://"):
         main(["serve", "--workers", "2", "--engine", "scripted", "--port", "0"])
+
+
+def test_a_redis_url_that_is_no_redis_url_is_refused_before_any_worker() -> None:
+    with pytest.raises(SystemExit, match="--redis 'http://x': Redis URL must"):
+        main(["serve", "--workers", "2", "--engine", "scripted", "--port", "0",
+              "--redis", "http://x"])  # fmt: skip
+
+
+def test_an_unreachable_redis_is_warned_about_and_quotas_refuse_with_503(
+    tmp_path: Path,
+) -> None:
+    # A free port nobody listens on: the Redis that is not there.
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    process = ServerProcess(
+        "workers-no-redis",
+        [
+            "--workers", "2", "--engine", "scripted", "--redis", url,
+            "--requests-per-minute", "5", "--api-key", "sk-a", "--no-ledger",
+        ],
+        tmp_path,
+    )  # fmt: skip
+    with process:
+        process.wait_healthy()
+        answer = httpx.post(
+            f"{process.base_url}/v1/chat/completions",
+            json=CHAT,
+            headers={"Authorization": "Bearer sk-a"},
+            timeout=30,
+        )
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "quota_store_unavailable"
+    assert process.log_path is not None
+    log = process.log_path.read_text()
+    warned = [line for line in log.splitlines() if "does not answer" in line]
+    assert len(warned) == 1, log
+    assert "WARNING" in warned[0]
+    assert "redis://:***@127.0.0.1:" in warned[0]
+    assert "hunter2" not in log
+
+
+def test_a_reachable_redis_is_not_warned_about(server: ServerProcess) -> None:
+    assert server.log_path is not None
+    assert "does not answer" not in server.log_path.read_text()
 
 
 def test_a_second_serve_workers_on_the_port_is_refused(

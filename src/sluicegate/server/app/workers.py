@@ -59,6 +59,7 @@ __all__ = [
     "add_worker_options",
     "listen_sockets",
     "parse_workers",
+    "redis_unreachable",
     "run_engine_process",
     "run_workers",
     "serve_sockets",
@@ -245,6 +246,55 @@ def worker_sockets(args: argparse.Namespace) -> list[socket.socket]:
     return listen_sockets(args.host, args.port, worker_count(args.workers), backlog)
 
 
+def redis_unreachable(url: str, timeout_s: float = 1.0) -> str | None:
+    """Why the Redis at ``url`` does not answer a ``PING`` within about
+    ``timeout_s`` seconds (connect, then reply), or ``None`` when it does.
+
+    Raises:
+        ValueError: ``url`` is not a Redis URL (``redis://``, ``rediss://``,
+            ``unix://``).
+    """
+    import redis
+
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+    )
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        return str(exc) or type(exc).__name__
+    finally:
+        client.close()
+    return None
+
+
+def _check_redis(url: str) -> None:
+    """Refuse a ``--redis`` that is no Redis URL; warn when it does not answer.
+
+    Every worker would fail on a malformed URL at its start, and the parent
+    would restart them until its limit; an unreachable Redis is not fatal (it
+    may come up later), but until it answers each request that quotas apply to
+    is refused with 503 and resumable streams fail, so it is said at once.
+
+    Raises:
+        SystemExit: ``url`` is not a Redis URL.
+    """
+    from sluicegate.server.ledger.pg_schema import redact
+
+    try:
+        why = redis_unreachable(url)
+    except ValueError as exc:
+        raise SystemExit(f"sluicegate: --redis {redact(url)!r}: {exc}") from exc
+    if why is not None:
+        logger.warning(
+            "Redis at %s does not answer (%s): the workers start, but until it"
+            " does, requests that a quota applies to and resumable streams are"
+            " refused with 503",
+            redact(url),
+            why,
+        )
+
+
 def supervised(args: argparse.Namespace) -> bool:
     """Whether ``serve``'s ``args`` make this process the parent of workers
     (``--workers`` above 1, or ``--engine-process``), not a worker itself."""
@@ -266,9 +316,13 @@ def run_workers(args: argparse.Namespace) -> int:
     and for llama.cpp above one worker (one model in memory, one batch); a
     scripted engine above one worker runs in each worker.
 
+    A ``--redis`` that does not answer a ``PING`` is warned about in the log
+    (``redis_unreachable``); the workers start all the same.
+
     Raises:
-        SystemExit: above one worker, no ``--redis``; the port cannot be bound
-            (each message says what to pass).
+        SystemExit: above one worker, no ``--redis``; a ``--redis`` that is no
+            Redis URL; the port cannot be bound (each message says what to
+            pass).
 
     Returns:
         The exit code: 0, or 1 (a restart limit, a failed stop).
@@ -280,6 +334,8 @@ def run_workers(args: argparse.Namespace) -> int:
             " Redis, shared by the workers: pass --redis redis://HOST:PORT/DB"
             " (or --workers 1)"
         )
+    if args.redis is not None:
+        _check_redis(args.redis)
     llamacpp = _local_engine(args) and args.engine != "scripted"
     separate = _local_engine(args) and (args.engine_process or llamacpp)
     try:
