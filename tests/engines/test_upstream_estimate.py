@@ -64,3 +64,15 @@ def test_a_prompt_of_token_ids_is_counted_and_teaches_nothing() -> None:
     chars = prompt_chars(_chat("Hi"))
     assert isinstance(chars, int)
     assert estimate.estimate(_chat("Hi")) == round(chars / CHARS_PER_TOKEN)
+
+
+def test_an_honest_count_of_rare_characters_is_learnt() -> None:
+    """A tokenizer's byte fallback spends a token on each byte of a rare
+    character, so an honest count of such a completion prompt is past its
+    characters; the bound is its bytes, and the count is learnt."""
+    prompt = TextPrompt(Endpoint.COMPLETION, prompt="\U0001f9ec" * 2000)
+    honest = 4 * 2000  # four UTF-8 bytes, four fallback tokens, each
+    assert honest > len(prompt.prompt) + TEMPLATE_TOKENS
+    estimate = PromptEstimate()
+    estimate.learn(prompt, honest)
+    assert estimate.estimate(prompt) == honest

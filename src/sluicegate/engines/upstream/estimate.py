@@ -6,8 +6,8 @@ prompt had only in its last usage chunk. What needs the count before that (a
 Messages stream's ``message_start``, the chunks of a
 ``continuous_usage_stats`` stream, the ledger row of a request its client
 left) gets this estimate instead of 0, and so does a prompt whose counter
-does not answer within ``COUNT_BEFORE_ESTIMATE_S``: the prompt's characters (the JSON of
-its messages and tools as sent, or its text) over the characters per token
+does not answer within ``COUNT_BEFORE_ESTIMATE_S``: the prompt's UTF-8 bytes (the JSON
+of its messages and tools as sent, or its text) over the bytes per token
 this upstream's own final counts showed so far, ``CHARS_PER_TOKEN`` until one
 did. A prompt of token ids is counted exactly. The estimate is never passed
 off as a count: the upstream's final usage replaces it, and a ledger row that
@@ -18,7 +18,7 @@ chat template's own covers at least one byte of the prompt, so a count past
 the prompt's bytes and ``TEMPLATE_TOKENS`` is a lie or a count of something
 else (one usage of 10^12 prompt tokens made every later estimate of that
 upstream billions). For the same reason no estimate is past the prompt's
-bytes (characters of a completion prompt), whatever was learnt.
+bytes, whatever was learnt.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 CHARS_PER_TOKEN = 4.0
-"""Characters per token before an upstream's own counts taught one (about
+"""Bytes per token before an upstream's own counts taught one (about
 what English text in JSON takes in common BPE vocabularies)."""
 COUNT_BEFORE_ESTIMATE_S = 0.5
 """How long a counter is waited for (seconds) when an estimate may stand in:
@@ -47,7 +47,7 @@ TEMPLATE_TOKENS = 4096
 template's own: special tokens, role names, a default system prompt, images)
 to be learnt from."""
 MIN_CHARS_PER_TOKEN = 1.0
-"""The fewest characters per token an estimate uses: a token of the prompt
+"""The fewest bytes per token an estimate uses: a token of the prompt
 covers at least one byte of it."""
 LEARNED_TOKENS = 1 << 20
 """Past this many prompt tokens learned, older counts weigh half as much, so
@@ -55,19 +55,21 @@ the ratio follows what the upstream is sent now."""
 
 
 def prompt_chars(prompt: TextPrompt) -> int | tuple[int, ...]:
-    """What the estimate is made from: the characters of ``prompt`` as it goes
-    to the upstream (chat: the JSON of its messages and tools; completions:
-    its text), or its token ids, which need no estimate."""
+    """What the estimate is made from: the UTF-8 bytes of ``prompt`` as it
+    goes to the upstream (chat: the JSON of its messages and tools;
+    completions: its text), or its token ids, which need no estimate. Bytes,
+    not characters: a tokenizer's byte fallback spends up to one token a byte
+    on a rare character, so only bytes bound an honest count."""
     if not isinstance(prompt.prompt, str):
         return prompt.prompt
     if not prompt.messages:
-        return len(prompt.prompt)
+        return len(prompt.prompt.encode("utf-8", "surrogatepass"))
     sent = {"messages": prompt.messages, "tools": prompt.extra.get("tools")}
     return len(orjson.dumps(sent, default=str))
 
 
 class PromptEstimate:
-    """Characters per prompt token, learned from one engine's final usages."""
+    """Prompt bytes per token, learned from one engine's final usages."""
 
     __slots__ = ("_chars", "_tokens")
 
@@ -77,7 +79,7 @@ class PromptEstimate:
 
     def learn(self, prompt: TextPrompt, prompt_tokens: int) -> None:
         """Take an upstream's own count of ``prompt`` (tokens, > 0 to count;
-        one past the prompt's characters and ``TEMPLATE_TOKENS`` is not
+        one past the prompt's bytes and ``TEMPLATE_TOKENS`` is not
         taken)."""
         chars = prompt_chars(prompt)
         if isinstance(chars, tuple) or not 0 < prompt_tokens <= chars + TEMPLATE_TOKENS:
@@ -98,7 +100,7 @@ class PromptEstimate:
 
     def estimate(self, prompt: TextPrompt) -> int:
         """``prompt``'s tokens: exact for token ids, else estimated (at least 1,
-        at most its characters)."""
+        at most its bytes)."""
         chars = prompt_chars(prompt)
         if isinstance(chars, tuple):
             return len(chars)
