@@ -368,6 +368,29 @@ def test_a_fault_mid_stream_is_one_error_event_after_pings(
     claude.close()
 
 
+@pytest.fixture(scope="module")
+def too_slow(start_server: StartServer) -> ServerProcess:
+    """A scripted engine whose prefill outlasts the request's time limit."""
+    return start_server(
+        "scripted-too-slow",
+        *("--engine", "scripted", "--fault", "prefill-delay:60"),
+        *("--request-timeout-s", "0.3", "--log-level", "warning"),
+    )
+
+
+def test_a_request_past_its_time_limit_is_a_504_timeout_error(
+    too_slow: ServerProcess,
+) -> None:
+    """Anthropic's "Errors" page lists 504 as ``timeout_error``; it was
+    ``api_error``, the type of an internal error."""
+    claude = anthropic.Anthropic(base_url=too_slow.base_url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.InternalServerError) as late:
+        claude.messages.create(model="default", max_tokens=8, messages=HELLO)
+    claude.close()
+    assert late.value.status_code == 504
+    assert _body(late.value)["error"]["type"] == "timeout_error"
+
+
 def test_the_api_key_may_come_as_x_api_key_and_a_wrong_one_is_a_401(
     scripted: ServerProcess,
 ) -> None:

@@ -36,10 +36,13 @@ ERROR_TYPES = {
     413: "request_too_large",
     429: "rate_limit_error",
     503: "overloaded_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
 """HTTP status -> Anthropic's error ``type``; any other status is ``api_error``
-(a 4xx not listed: ``invalid_request_error``)."""
+(a 4xx not listed: ``invalid_request_error``). Anthropic's "Errors" page lists
+504 as ``timeout_error`` (the request timed out while processing); 503 is this
+server's busy answer, which Anthropic sends as 529."""
 
 _STOP_REASONS = {
     FinishReason.LENGTH: "max_tokens",
