@@ -24,6 +24,7 @@ LOOSE = SchemaLimits(
     max_ref_chain=10**6,
     max_properties=10**6,
     max_enum=10**6,
+    max_pattern_properties=10**6,
 )
 
 
@@ -34,6 +35,7 @@ def limits(**bounds: int) -> SchemaLimits:
         "max_ref_chain": LOOSE.max_ref_chain,
         "max_properties": LOOSE.max_properties,
         "max_enum": LOOSE.max_enum,
+        "max_pattern_properties": LOOSE.max_pattern_properties,
     }
     return SchemaLimits(**{**fields, **bounds})
 
@@ -68,12 +70,20 @@ def test_defaults_are_documented_values() -> None:
         max_ref_chain=32,
         max_properties=2000,
         max_enum=2000,
+        max_pattern_properties=64,
     )
 
 
 @pytest.mark.parametrize(
     "field",
-    ["max_bytes", "max_depth", "max_ref_chain", "max_properties", "max_enum"],
+    [
+        "max_bytes",
+        "max_depth",
+        "max_ref_chain",
+        "max_properties",
+        "max_enum",
+        "max_pattern_properties",
+    ],
 )
 def test_a_bound_below_one_is_refused(field: str) -> None:
     with pytest.raises(ValueError, match=field):
@@ -266,6 +276,24 @@ def test_properties_at_the_bound_pass_and_one_past_is_named() -> None:
     assert measure_schema(schema, limits(max_properties=7)) == SchemaBreach(
         SchemaLimit.PROPERTIES, 8, 7
     )
+
+
+def test_pattern_properties_of_one_object_at_the_bound_pass_and_one_past_is_named() -> (
+    None
+):
+    """The bound is per object: the compiler's work grows with about the cube
+    of one object's patterns, so two objects of 4 pass a bound of 4."""
+    four: dict[str, Any] = {f"^p{i}": {} for i in range(4)}
+    schema = {
+        "patternProperties": four,
+        "properties": {"inner": {"patternProperties": four}},
+    }
+    assert measure_schema(schema, limits(max_pattern_properties=4)) is None
+    five = {"patternProperties": {**four, "^q": {}}}
+    assert measure_schema(five, limits(max_pattern_properties=4)) == SchemaBreach(
+        SchemaLimit.PATTERN_PROPERTIES, 5, 4
+    )
+    assert measure_schema({"patternProperties": "bad"}, limits()) is None
 
 
 def test_enum_items_and_consts_at_the_bound_pass_and_one_past_is_named() -> None:

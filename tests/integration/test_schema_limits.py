@@ -108,6 +108,34 @@ def test_tools_nested_150_levels_are_a_400(
     serves(http, model_id)
 
 
+def test_an_object_of_500_pattern_properties_is_a_400_and_blocks_no_one(
+    llama_server: ServerProcess, http: httpx.Client, model_id: str
+) -> None:
+    """500 ``patternProperties`` (30 KB, within every other limit) took the
+    compiler over a minute of native work no deadline stops; two of them held
+    both schema threads, and every other client's schema got a 400
+    ``schema_timeout`` for minutes. Refused before any compile, the next
+    request's schema compiles as usual."""
+    many = {f"^p{i}[a-z]*$": {"type": "string"} for i in range(500)}
+    hostile = {"type": "object", "patternProperties": many}
+    body: dict[str, Any] = {"model": model_id, "messages": HELLO, "max_tokens": 4}
+    for _ in range(2):
+        response = http.post(
+            "/v1/chat/completions",
+            json={**body, "response_format": chat_format(hostile)},
+        )
+        assert response.status_code == 400, response.text[:2000]
+        error = response.json()["error"]
+        assert error["code"] == "schema_limit_exceeded", error
+        assert "--schema-max-pattern-properties" in error["message"]
+    plain = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    response = http.post(
+        "/v1/chat/completions", json={**body, "response_format": chat_format(plain)}
+    )
+    assert response.status_code == 200, response.text[:2000]
+    alive(llama_server, http)
+
+
 def _fuzz_schema(rng: random.Random) -> Any:
     kind = rng.choice(["deep", "wide", "chain", "enum", "cycle", "mixed", "bytes"])
     if kind == "deep":

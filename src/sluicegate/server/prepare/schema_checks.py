@@ -42,6 +42,7 @@ _FLAGS = {
     SchemaLimit.DEPTH: "--schema-max-depth",
     SchemaLimit.REF_CHAIN: "--schema-max-ref-chain",
     SchemaLimit.PROPERTIES: "--schema-max-properties",
+    SchemaLimit.PATTERN_PROPERTIES: "--schema-max-pattern-properties",
     SchemaLimit.ENUM: "--schema-max-enum",
 }
 _WHAT = {
@@ -49,6 +50,9 @@ _WHAT = {
     SchemaLimit.DEPTH: "nested more than {bound} levels deep (counted through $ref)",
     SchemaLimit.REF_CHAIN: "whose $ref chains enter more than {bound} definitions",
     SchemaLimit.PROPERTIES: "with more than {bound} properties",
+    SchemaLimit.PATTERN_PROPERTIES: (
+        "with more than {bound} patternProperties in one object"
+    ),
     SchemaLimit.ENUM: "with more than {bound} enum and const values",
 }
 
@@ -117,6 +121,12 @@ def add_schema_options(serve: argparse.ArgumentParser) -> None:
     add("--schema-max-properties", type=int, default=default.max_properties)
     add("--schema-max-enum", type=int, default=default.max_enum)
     add(
+        "--schema-max-pattern-properties",
+        type=int,
+        default=default.max_pattern_properties,
+        help="patternProperties of one object",
+    )
+    add(
         "--schema-timeout-s",
         type=float,
         default=10.0,
@@ -137,6 +147,7 @@ def schema_config_fields(args: argparse.Namespace) -> dict[str, Any]:
             max_ref_chain=args.schema_max_ref_chain,
             max_properties=args.schema_max_properties,
             max_enum=args.schema_max_enum,
+            max_pattern_properties=args.schema_max_pattern_properties,
         )
     except ValueError as exc:
         raise SystemExit(f"sluicegate: schema limit: {exc}") from exc
