@@ -161,8 +161,10 @@ def test_a_base_without_v1_is_refused_with_the_base_to_pass() -> None:
         f"{base}/models: answered 404; {base}/v1/models lists 1 models: "
         f"use --upstream {base}/v1"
     ) in str(raised.value)
+    assert "--upstream-model" not in str(raised.value)  # no discovery with it
     assert asked == [f"{base}/models", f"{base}/v1/models"]
     asked.clear()
     with pytest.raises(ValueError, match="answered 404") as raised:
         served_model([A], transport=pool(lambda _: httpx.Response(404)))
     assert "use --upstream" not in str(raised.value)  # it has /v1: no guess
+    assert "pass --upstream-model NAME" in str(raised.value)

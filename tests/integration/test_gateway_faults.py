@@ -115,6 +115,24 @@ def test_a_gateway_whose_pool_cannot_be_asked_for_its_model_does_not_start() -> 
     assert "--upstream-model" in done.stderr
 
 
+def test_a_gateway_given_a_base_without_v1_says_only_which_base_to_pass(
+    plain: ServerProcess,
+) -> None:
+    """The refusal said "use --upstream BASE/v1" and then "pass --upstream-model
+    NAME"; with that flag there is no discovery, so the wrong base would go
+    unnoticed until the first request: only the base applies."""
+    done = subprocess.run(
+        [sys.executable, "-m", "sluicegate", "serve", "--upstream", plain.base_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert f"use --upstream {plain.base_url}/v1" in done.stderr, done.stderr
+    assert "--upstream-model" not in done.stderr, done.stderr
+
+
 def error_event(recorded_events: list[str]) -> dict[str, Any]:
     """The stream's one in-band error event (the last event); no ``[DONE]``."""
     assert "[DONE]" not in recorded_events, recorded_events[-5:]

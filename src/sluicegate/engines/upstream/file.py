@@ -92,6 +92,8 @@ def engine_from_urls(
 
 MODELS_MAX_BYTES = 1 << 20
 """Most bytes of an upstream's model list that discovery reads."""
+_BASE_HINT = "use --upstream "
+"""How a failure names the base that lists models where the one given did not."""
 
 
 def served_model(
@@ -111,8 +113,10 @@ def served_model(
     Raises:
         ValueError: no URL answered 200 with a model list in time, or the list
             does not hold exactly one model (the message names them, or why
-            each URL failed, each by its ``redact_url``, and says to pass
-            ``--upstream-model``).
+            each URL failed, each by its ``redact_url``; it says to pass
+            ``--upstream-model`` where that applies: several models listed, or
+            no answer, but not beside a base that lists models once ``/v1`` is
+            added, where it says which base to pass instead).
     """
     results = list_models(urls, timeout_s, transport)
     for listing, ids in results:
@@ -126,9 +130,13 @@ def served_model(
             "--upstream-model NAME to say which one to serve"
         )
     failures = "; ".join(f"{listing}: {why}" for listing, why in results)
+    what = "could not ask the upstreams which model they serve"
+    if any(_BASE_HINT in why for _, why in results):
+        # A base that lacks /v1: --upstream-model would skip this discovery,
+        # not mend the base; the hint beside it is what applies.
+        raise ValueError(f"{what}: {failures}")
     raise ValueError(
-        f"could not ask the upstreams which model they serve ({failures}): "
-        "pass --upstream-model NAME"
+        f"{what} ({failures}): pass --upstream-model NAME to serve without asking"
     )
 
 
@@ -191,7 +199,7 @@ def _hint(listing: str, ids: list[str] | str) -> str:
     redacted as every URL discovery names): use it, or what it answered."""
     base = listing.removesuffix("/models")  # guess/models, redacted
     if isinstance(ids, list) and ids:
-        return f"; {listing} lists {len(ids)} models: use --upstream {base}"
+        return f"; {listing} lists {len(ids)} models: {_BASE_HINT}{base}"
     why = ids if isinstance(ids, str) else "lists no model"
     return f" (is the base {base}? {listing}: {why})"
 
