@@ -295,6 +295,42 @@ def test_what_anthropic_refuses_is_a_400_naming_the_field_once(
     assert claude.messages.count_tokens(model=model_id, messages=prefill).input_tokens
 
 
+def test_an_empty_text_block_is_refused_wherever_it_is(
+    claude: anthropic.Anthropic, model_id: str
+) -> None:
+    """Anthropic refuses ``{"type": "text", "text": ""}`` with a 400 ("messages:
+    text content blocks must be non-empty"), in any message, a tool result's
+    content or the system prompt; this server served it. Empty string content
+    stays allowed where Anthropic allows it (the final assistant message)."""
+    empty: Any = {"type": "text", "text": ""}
+    call: Any = {"type": "tool_use", "id": "t", "name": "get_weather", "input": {}}
+    result: Any = {"type": "tool_result", "tool_use_id": "t", "content": [empty]}
+    called: Any = [*HELLO, {"role": "assistant", "content": [call]}]
+    cases: list[tuple[dict[str, Any], str]] = [
+        (
+            {"messages": [{"role": "user", "content": [empty]}]},
+            "messages[0].content[0]",
+        ),
+        (
+            {"messages": [*HELLO, {"role": "assistant", "content": [empty, call]}]},
+            "messages[1].content[0]",
+        ),
+        (
+            {"messages": [*called, {"role": "user", "content": [result]}]},
+            "messages[2].content[0].content[0]",
+        ),
+        ({"messages": HELLO, "system": [empty]}, "system[0]"),
+    ]
+    for body, where in cases:
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            claude.messages.create(model=model_id, max_tokens=4, **body)
+        error = _body(bad.value)["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["message"] == f"{where}: text content blocks must be non-empty"
+    prefill: Any = [*HELLO, {"role": "assistant", "content": ""}]
+    assert claude.messages.count_tokens(model=model_id, messages=prefill).input_tokens
+
+
 def test_closing_a_message_stream_aborts_the_engine(
     base_url: str, http: httpx.Client, model_id: str
 ) -> None:

@@ -12,6 +12,11 @@ naming the parameter, before the body is translated into a chat request
   (``messages.0.content.0.text.text``); this server says it in words instead;
 - image, document and search-result blocks (this server serves text models);
 - a message with no content (``""`` or ``[]``), but the final assistant one;
+- an empty text block (``{"type": "text", "text": ""}``) anywhere: in a
+  message (the final assistant one too), in a ``tool_result``'s content, in
+  ``system``. Anthropic refuses it with "messages: text content blocks must be
+  non-empty" (``system:`` for the system prompt); only a message's or the
+  system prompt's string content may be empty;
 - a block in a role that cannot send it: ``thinking``, ``redacted_thinking``
   and ``tool_use`` come only from the assistant, ``tool_result`` only from the
   user;
@@ -26,6 +31,7 @@ with extended thinking" (tool choice with thinking).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -246,13 +252,29 @@ def parse_messages_request(
             "Missing required parameter: 'max_tokens'", param="max_tokens"
         )
     _check_turns(request.messages)
+    if isinstance(request.system, list):
+        _check_texts(request.system, "system")
     _check_thinking(request)
     return request
 
 
+def _check_texts(blocks: Sequence[object], at: str) -> None:
+    """No empty text block among ``blocks`` (at ``at``), nor in a
+    ``tool_result``'s content among them."""
+    for j, block in enumerate(blocks):
+        if isinstance(block, TextBlock) and not block.text:
+            raise RequestError(
+                f"{at}[{j}]: text content blocks must be non-empty",
+                param=f"{at}[{j}].text",
+            )
+        if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
+            _check_texts(block.content, f"{at}[{j}].content")
+
+
 def _check_turns(messages: list[Message]) -> None:
-    """No empty message but the final assistant one (a prefill), and each block
-    in a role that can send it, as Anthropic's API requires."""
+    """No empty message but the final assistant one (a prefill), no empty text
+    block, and each block in a role that can send it, as Anthropic's API
+    requires."""
     last = len(messages) - 1
     for i, message in enumerate(messages):
         if not message.content and not (i == last and message.role == "assistant"):
@@ -263,6 +285,7 @@ def _check_turns(messages: list[Message]) -> None:
             )
         if isinstance(message.content, str):
             continue
+        _check_texts(message.content, f"messages[{i}].content")
         for j, block in enumerate(message.content):
             sender = _SENDER.get(block.type, message.role)  # text: either
             if sender == message.role:
