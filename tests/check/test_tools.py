@@ -6,15 +6,24 @@ real default model) and names the probe that must fail and why.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from sluicegate.check import names, tools
+from sluicegate.check.record import (
+    TOOL_CUT_MAX_TOKENS,
+    TOOL_MAX_TOKENS,
+    TOOL_PROMPT,
+    WEATHER_TOOL,
+)
 from sluicegate.check.transcript import Transcript, load_recording
 from sluicegate.check.verdicts import ProbeResult, Verdict
+from tests.server.test_reasoning import scripted_app
 
 GOOD = load_recording(
     (Path(__file__).parent / "transcripts" / "good.json").read_bytes()
@@ -23,9 +32,17 @@ GOOD = load_recording(
 
 def edited(key: str, old: str, new: str) -> dict[str, Transcript]:
     """The good recording with ``old`` replaced by ``new`` in one body."""
-    body = GOOD[key].body.decode()
-    assert old in body, (key, old)
-    return {**GOOD, key: replace(GOOD[key], body=body.replace(old, new).encode())}
+    return edited_in(GOOD, key, old, new)
+
+
+def edited_in(
+    recording: dict[str, Transcript], key: str, old: str, new: str
+) -> dict[str, Transcript]:
+    """``recording`` with ``old`` replaced by ``new`` in one body."""
+    body = recording[key].body.decode()
+    assert old in body, (key, old, body)
+    new_body = body.replace(old, new).encode()
+    return {**recording, key: replace(recording[key], body=new_body)}
 
 
 def first_fragment_of(recording: dict[str, Transcript]) -> str:
@@ -115,7 +132,65 @@ def test_a_call_with_text_beside_it_or_no_call_fails_the_finish_probe() -> None:
         '"finish_reason":"tool_calls"',
     )
     verdict(tools.tool_call_finish(cut), Verdict.FAIL, "tools_cut_plain: finish_reason")
-    verdict(tools.tool_call_finish(GOOD), Verdict.PASS, "tool_calls / tool_calls")
+    both = "tools: tool_calls; tools_plain: tool_calls"
+    verdict(tools.tool_call_finish(GOOD), Verdict.PASS, both)
+
+
+THINKING = [b"<think>", *[b" step"] * (TOOL_MAX_TOKENS + 8)]
+"""A thinking model that reasons past every ``max_tokens`` the recorder asks."""
+
+
+async def _tool_exchanges(tokens: list[bytes]) -> dict[str, Transcript]:
+    """The four tool exchanges, as ``check`` sends them, answered by sluicegate
+    serving a scripted model that says ``tokens``."""
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    call: dict[str, Any] = {
+        "model": "scripted",
+        "messages": [{"role": "user", "content": TOOL_PROMPT}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": choice,
+        "temperature": 0,
+        "max_tokens": TOOL_MAX_TOKENS,
+    }
+    cut = {**call, "max_tokens": TOOL_CUT_MAX_TOKENS}
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    app = scripted_app(tokens)
+    out = {}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t/v1/"
+    ) as http:
+        for name, body in (
+            (names.TOOLS, {**call, **usage}),
+            (names.TOOLS_PLAIN, call),
+            (names.TOOLS_CUT, {**cut, **usage}),
+            (names.TOOLS_CUT_PLAIN, cut),
+        ):
+            answer = await http.post("chat/completions", json=body)
+            out[name] = Transcript(
+                request=body,
+                path="chat/completions",
+                status=answer.status_code,
+                headers=dict(answer.headers),
+                body=answer.content,
+            )
+    return out
+
+
+@pytest.mark.anyio
+async def test_an_answer_cut_inside_its_reasoning_is_not_a_finish_failure() -> None:
+    """A thinking model cut by max_tokens before it called: reasoning, finish
+    length and (not streamed) ``content: ""``; the probe failed it as text
+    beside the call, though nothing of the call could be seen yet."""
+    recording = await _tool_exchanges(THINKING)
+    message = json.loads(recording[names.TOOLS_PLAIN].body)["choices"][0]
+    assert message["finish_reason"] == "length"
+    assert message["message"]["reasoning_content"]
+    assert not message["message"]["content"]
+    result = tools.tool_call_finish(recording)
+    verdict(result, Verdict.NOT_OBSERVABLE, "inside their reasoning")
+    # One answer that can be judged is: text where the call should be fails.
+    spoken = edited_in(recording, names.TOOLS_PLAIN, '"content":""', '"content":"Hi"')
+    verdict(tools.tool_call_finish(spoken), Verdict.FAIL, "content beside the call")
 
 
 @pytest.mark.parametrize(

@@ -199,6 +199,12 @@ def tool_call_finish(recording: Mapping[str, Transcript]) -> ProbeResult:
     ``tool_choice`` asks for is made, with no text (``content: null`` when not
     streamed).
 
+    An answer that ``max_tokens`` cut inside its reasoning, before any call or
+    text (a thinking model: reasoning, then ``finish_reason`` ``length``, no
+    content but ``""``), shows none of this: it is not judged, and when neither
+    answer can be, the verdict is not-observable. The cut exchanges are judged
+    either way.
+
     Spec: OpenAI API reference, "Create chat completion" (``tool_choice``),
     "The chat completion object" (``finish_reason``, ``message.content``) and
     "Function calling".
@@ -213,24 +219,6 @@ def tool_call_finish(recording: Mapping[str, Transcript]) -> ProbeResult:
     if isinstance(got, ProbeResult):
         return got
     stream, whole, cut, cut_whole = got
-    result = assemble(stream)
-    message, reason = _choice(whole)
-    answers = [  # streamed: no text at all; not streamed: content null
-        (
-            names.TOOLS,
-            result.finish_reason,
-            _streamed_calls(stream),
-            result.text or None,
-        ),
-        (names.TOOLS_PLAIN, reason, _plain_calls(whole), message.get("content")),
-    ]
-    for key, finish, calls, text in answers:
-        if not calls and finish != "length":
-            return fail(f"{key}: no call, though tool_choice names one ({finish!r})")
-        if finish not in ("tool_calls", "length"):
-            return fail(f"{key}: finish_reason {finish!r} after {clip(calls, 80)}")
-        if text is not None:
-            return fail(f"{key}: content beside the call: {clip(text, 80)}")
     for key, finish in (
         (names.TOOLS_CUT, assemble(cut).finish_reason),
         (names.TOOLS_CUT_PLAIN, _choice(cut_whole)[1]),
@@ -238,7 +226,52 @@ def tool_call_finish(recording: Mapping[str, Transcript]) -> ProbeResult:
         if finish != "length":
             limit = cut.request.get("max_tokens")
             return fail(f"{key}: finish_reason {finish!r} with max_tokens {limit}")
-    return passed(f"{result.finish_reason} / {reason}; cut: length / length")
+    result = assemble(stream)
+    message, reason = _choice(whole)
+    thought = result.choices[0].reasoning if result.choices else ""
+    answers = [  # streamed: no text at all; not streamed: content null
+        (
+            names.TOOLS,
+            result.finish_reason,
+            _streamed_calls(stream),
+            result.text or None,
+            thought,
+        ),
+        (
+            names.TOOLS_PLAIN,
+            reason,
+            _plain_calls(whole),
+            message.get("content"),
+            _plain_reasoning(message),
+        ),
+    ]
+    judged = []
+    for key, finish, calls, text, reasoning in answers:
+        if not calls and not text and reasoning and finish == "length":
+            continue  # cut while it reasoned: no call, no text to judge yet
+        if not calls and finish != "length":
+            return fail(f"{key}: no call, though tool_choice names one ({finish!r})")
+        if finish not in ("tool_calls", "length"):
+            return fail(f"{key}: finish_reason {finish!r} after {clip(calls, 80)}")
+        if text is not None:
+            return fail(f"{key}: content beside the call: {clip(text, 80)}")
+        judged.append(f"{key}: {finish}")
+    if not judged:
+        return not_observable(
+            "both answers were cut by max_tokens inside their reasoning, before"
+            " any call (raise the exchanges' max_tokens to see one)"
+        )
+    return passed(f"{'; '.join(judged)}; cut: length / length")
+
+
+def _plain_reasoning(message: Mapping[str, Any]) -> str:
+    """A non-streamed message's reasoning (``reasoning_content``, else
+    ``reasoning``), ``""`` for none."""
+    for name in ("reasoning_content", "reasoning"):
+        value = message.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return ""
 
 
 def tool_arguments_valid(recording: Mapping[str, Transcript]) -> ProbeResult:
