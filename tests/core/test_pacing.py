@@ -164,6 +164,45 @@ def test_after_probe_every_mixed_steps_one_decodes_alone_and_is_measured() -> No
     assert pacer.chunk_tokens(4) == 16
 
 
+def test_a_mixed_step_faster_than_a_stale_estimate_calls_a_probe_that_replaces_it() -> (
+    None
+):
+    # 16 sequences decode in 1/8 s, a prompt token adds 1/256 s; five
+    # decode-only steps of 1/4 s (the machine was busy) come just before the
+    # prompt. Its first 8 tokens take 1/8 + 8/256 s, less than the 1/4 s
+    # estimate: the next step decodes alone, and its time is the estimate.
+    pacer = PrefillPacer(step_ratio=1.5, first_chunk_tokens=8)
+    for _ in range(5):
+        pacer.observe(16, 0, 0.25)
+    sizes = []
+    for _ in range(5):
+        chunk = pacer.chunk_tokens(16)
+        sizes.append(chunk)
+        pacer.observe(16, chunk, 0.125 + chunk / 256)
+    # Without the probe the 8 tokens seem to cost less than nothing, and the
+    # chunk doubles each step (16, 32, 64, ...). With it, 1/16 s of room at
+    # 1/256 s a token is 16 tokens.
+    assert sizes == [8, 0, 16, 16, 16]
+    assert pacer.decode_step_s(16) == 0.125
+    assert pacer.prompt_token_s() == 1 / 256
+
+
+def test_a_stale_estimate_is_taken_back_from_the_steps_measured_against_it() -> None:
+    # Mixed steps measured against a decode-only estimate of 1/4 s, which the
+    # decode-only steps after them bring down to 1/8 s: what their prompt
+    # tokens add is counted from 1/8 s now (the larger cost, the smaller chunk).
+    pacer = _pacer(first=32)
+    pacer.observe(4, 0, 0.25)
+    for _ in range(3):
+        pacer.observe(4, 32, 0.25 + 32 / 128)
+    assert pacer.prompt_token_s() == 1 / 128
+    for _ in range(3):
+        pacer.observe(4, 0, 0.125)
+    assert pacer.decode_step_s(4) == 0.125
+    assert pacer.prompt_token_s() == (0.5 - 0.125) / 32
+    assert pacer.chunk_tokens(4) == 10  # 1/8 s of room at 3/256 s a token
+
+
 def test_a_decode_step_grown_during_the_read_shrinks_the_chunk_not_the_gaps() -> None:
     # Before the prompt, 4 sequences decode in 0.25 s; while it is read (a probe
     # after each mixed step) a decode-only step grows to 0.375 s. The mixed step
@@ -208,10 +247,14 @@ def test_any_step_times_give_a_probe_or_a_chunk_within_its_bounds(
     in_a_row = len(seen) - max(
         (i + 1 for i, (_, p) in enumerate(seen) if p <= 0), default=0
     )
+    faster = False  # the last step seen was mixed and faster than the estimate
     for d, p, s in steps:
+        estimate_s = pacer.decode_step_s(d) if d > 0 else None
+        if d > 0 and s >= 0:
+            faster = p > 0 and estimate_s is not None and s < estimate_s
         pacer.observe(d, p, s)
     chunk = pacer.chunk_tokens(decoding)
-    if in_a_row >= 8:
+    if in_a_row >= 8 or faster:
         assert chunk == 0
     else:
         assert least <= chunk <= max(8, least, 2 * max(mixed[-16:], default=0))
@@ -273,6 +316,102 @@ def test_with_a_per_sequence_cost_the_decoders_delay_is_a_full_batchs_at_most(
     room_s = (ratio - 1) * max(decoding, full_batch) * seq_s
     assert added_s <= room_s * (1 + 1e-9) or added_s == token_s
     assert added_s + 2 * token_s > room_s
+
+
+STALE = {
+    "overhead_s": st.floats(0.0, 0.1),
+    "seq_s": st.floats(1e-4, 0.1),
+    "token_s": st.floats(1e-5, 0.05),
+    "ratio": st.floats(1.1, 4.0),
+    "decoding": st.integers(1, 16),
+    "slower": st.floats(1.0, 16.0),
+    "slow_steps": st.integers(1, 8),
+    "warm_steps": st.integers(0, 20),
+}
+
+
+def _stale_pacer(
+    overhead_s: float,
+    seq_s: float,
+    token_s: float,
+    ratio: float,
+    decoding: int,
+    slower: float,
+    slow_steps: int,
+    warm_steps: int,
+) -> tuple[PrefillPacer, float, int]:
+    """A pacer that read ``warm_steps`` chunks at a linear cost, then saw
+    ``slow_steps`` decode-only steps ``slower`` times the true one (the
+    machine was busy); with the true decode-only step (seconds) and the
+    largest chunk it gave before those (tokens)."""
+    decode_s = overhead_s + decoding * seq_s
+    pacer = _pacer(ratio=ratio)
+    pacer.observe(decoding, 0, decode_s)
+    largest = 8
+    for _ in range(warm_steps):
+        chunk = pacer.chunk_tokens(decoding)
+        largest = max(largest, chunk)
+        pacer.observe(decoding, chunk, decode_s + chunk * token_s)
+    for _ in range(slow_steps):
+        pacer.observe(decoding, 0, slower * decode_s)
+    return pacer, decode_s, largest
+
+
+@given(**STALE)
+def test_a_stale_too_slow_decode_estimate_cannot_make_the_chunk_grow_unbounded(
+    overhead_s: float,
+    seq_s: float,
+    token_s: float,
+    ratio: float,
+    decoding: int,
+    slower: float,
+    slow_steps: int,
+    warm_steps: int,
+) -> None:
+    # Once the machine is fast again, the chunk stays within a few times the
+    # larger of the chunks before and what fits beside the stale estimate at
+    # the true cost of a prompt token; it does not double step by step.
+    pacer, decode_s, largest = _stale_pacer(
+        overhead_s, seq_s, token_s, ratio, decoding, slower, slow_steps, warm_steps
+    )
+    fits_stale = (ratio - 1) * slower * decode_s / token_s
+    for _ in range(60):
+        chunk = pacer.chunk_tokens(decoding)
+        assert chunk <= 4 * max(largest, fits_stale)
+        pacer.observe(decoding, chunk, decode_s + chunk * token_s)
+
+
+@given(**STALE)
+def test_a_mixed_step_faster_than_the_estimate_is_followed_by_a_true_one(
+    overhead_s: float,
+    seq_s: float,
+    token_s: float,
+    ratio: float,
+    decoding: int,
+    slower: float,
+    slow_steps: int,
+    warm_steps: int,
+) -> None:
+    # The first mixed step faster than the decode-only estimate is followed
+    # by a probe; from its time on, the estimate is the true one and the next
+    # chunk fits the true step's budget.
+    pacer, decode_s, _ = _stale_pacer(
+        overhead_s, seq_s, token_s, ratio, decoding, slower, slow_steps, warm_steps
+    )
+    for _ in range(60):
+        estimate_s = pacer.decode_step_s(decoding)
+        chunk = pacer.chunk_tokens(decoding)
+        elapsed_s = decode_s + chunk * token_s
+        pacer.observe(decoding, chunk, elapsed_s)
+        if chunk and estimate_s is not None and elapsed_s < estimate_s:
+            break
+    else:
+        return  # never faster: the estimate was not too slow for these steps
+    assert pacer.chunk_tokens(decoding) == 0
+    pacer.observe(decoding, 0, decode_s)
+    assert pacer.decode_step_s(decoding) == pytest.approx(decode_s, rel=1e-9)
+    chunk = pacer.chunk_tokens(decoding)
+    assert decode_s + chunk * token_s <= ratio * decode_s * (1 + 1e-9) or chunk == 1
 
 
 def _paced_scheduler(

@@ -35,9 +35,20 @@ Invariants:
       a row): the growth above then comes out of the prompt's chunk, not out
       of the decoding streams' gaps, which are compared with the ones they had
       before the prompt came.
-    - What a prompt token adds is the mixed steps' time beyond the decode-only
-      estimate, summed over the last ``window`` mixed steps and divided by their
+    - What a prompt token adds is the mixed steps' time beyond a decode-only
+      step, summed over the last ``window`` mixed steps and divided by their
       prompt tokens, so one step slowed by other work moves it by a share.
+      Each mixed step's decode-only part is the smaller of the estimate when
+      it ran and the estimate now: an estimate that was too slow (learnt while
+      other work slowed the machine) is taken back from the steps measured
+      against it once a faster one replaces it, and a decode-only step that
+      grows during a read is not counted as the prompt's.
+    - A mixed step faster than the decode-only estimate shows the estimate
+      too slow: the next step is a probe (chunk 0), and its time replaces the
+      estimate instead of joining the median. Otherwise each mixed step's
+      prompt tokens would seem to cost nothing or less, and the chunk would
+      double step by step (the bound below) until one step ran many times
+      the planned time.
     - Otherwise the chunk is at least ``min_chunk_tokens`` (a prompt always
       advances, and by a bounded number of steps however slow the machine's
       steps are made by other work) and at most twice the largest chunk among
@@ -106,7 +117,10 @@ class PrefillPacer:
         self.probe_every = probe_every
         self.full_batch = full_batch
         self._decode_s_per_seq: deque[float] = deque(maxlen=decode_window)
-        self._mixed: deque[tuple[int, float]] = deque(maxlen=window)
+        # (prompt tokens, seconds, decoding sequences, decode-only estimate per
+        # sequence when it ran) of each mixed step
+        self._mixed: deque[tuple[int, float, int, float]] = deque(maxlen=window)
+        self._stale = False  # a mixed step ran faster than the estimate
         self._mixed_in_a_row = 0
         self._decode_in_a_row = 0
         self._before_s_per_seq: float | None = None  # before the read began
@@ -121,11 +135,15 @@ class PrefillPacer:
     def prompt_token_s(self) -> float | None:
         """What one prompt token adds to a mixed step (seconds), or ``None``
         before a mixed step was observed after a decode-only one (or while the
-        mixed steps took no longer than the estimate, or too little longer for
-        a float: a cost that rounds to 0 s would make any chunk fit)."""
-        tokens = sum(n for n, _ in self._mixed)
-        extra_s = sum(s for _, s in self._mixed)
-        token_s = extra_s / tokens if tokens else 0.0
+        mixed steps took no longer than a decode-only step, or too little
+        longer for a float: a cost that rounds to 0 s would make any chunk
+        fit)."""
+        if not self._mixed:
+            return None
+        now_s = statistics.median(self._decode_s_per_seq)
+        tokens = sum(n for n, _, _, _ in self._mixed)
+        extra_s = sum(s - min(then, now_s) * d for _, s, d, then in self._mixed)
+        token_s = extra_s / tokens
         return token_s if token_s > 0 else None
 
     def chunk_tokens(self, decoding: int) -> int:
@@ -133,21 +151,22 @@ class PrefillPacer:
         (>= 1) decode.
 
         Returns:
-            0 after ``probe_every`` mixed steps in a row (the next step decodes
-            alone); ``first_chunk_tokens`` until both kinds of step were
-            observed; else what fits between a decode-only step of
+            0 after ``probe_every`` mixed steps in a row or a mixed step faster
+            than the decode-only estimate (the next step decodes alone);
+            ``first_chunk_tokens`` until both kinds of step were observed;
+            else what fits between a decode-only step of
             ``max(decoding, full_batch)`` sequences and ``step_ratio`` times
             the smaller of that step and the one before the read began, at the
             measured cost per prompt token, at most twice the largest recent
             chunk; never below ``min_chunk_tokens`` but for the probe.
         """
-        if self._mixed_in_a_row >= self.probe_every:
+        if self._stale or self._mixed_in_a_row >= self.probe_every:
             return 0
         decode_s = self.decode_step_s(max(decoding, self.full_batch))
         least = self.min_chunk_tokens
         if decode_s is None or not self._mixed:
             return max(least, self.first_chunk_tokens)
-        most = max(least, 2 * max(n for n, _ in self._mixed))
+        most = max(least, 2 * max(n for n, _, _, _ in self._mixed))
         token_s = self.prompt_token_s()
         if token_s is None:
             return most
@@ -164,11 +183,15 @@ class PrefillPacer:
 
         A step with nothing decoding (prompts alone) or nothing at all teaches
         nothing here and is ignored, as is a mixed step before any decode-only
-        one (there is nothing to subtract yet).
+        one (there is nothing to subtract yet). A decode-only step after a
+        mixed one that ran faster than the estimate replaces the estimate.
         """
         if decoding <= 0 or elapsed_s < 0:
             return
         if prompt_tokens <= 0:
+            if self._stale:
+                self._decode_s_per_seq.clear()
+                self._stale = False
             self._decode_s_per_seq.append(elapsed_s / decoding)
             self._mixed_in_a_row = 0
             self._decode_in_a_row += 1
@@ -177,6 +200,7 @@ class PrefillPacer:
             return
         self._mixed_in_a_row += 1
         self._decode_in_a_row = 0
-        decode_s = self.decode_step_s(decoding)
-        if decode_s is not None:
-            self._mixed.append((prompt_tokens, elapsed_s - decode_s))
+        if self._decode_s_per_seq:
+            then_s = statistics.median(self._decode_s_per_seq)
+            self._mixed.append((prompt_tokens, elapsed_s, decoding, then_s))
+            self._stale = elapsed_s < then_s * decoding
