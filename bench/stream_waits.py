@@ -178,7 +178,9 @@ def _waits(server: dict[str, Any], run: stream_native.NativeRun) -> dict[str, An
     }
 
 
-def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def _measure(
+    args: argparse.Namespace, tmp: Path, sockets: int | None
+) -> dict[str, Any]:
     text, out = tmp / "script.txt", tmp / "stamps.json"
     text.write_text(SENTENCE * (int(args.rate * args.duration_s) // 10 + 1))
     port = free_port()
@@ -187,6 +189,8 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     command += [f"--scripted-rate={args.rate}", f"--scripted-text={text}"]
     command += ["--scripted-max-running=100000", "--scripted-max-queued=100000"]
     command += ["--no-ledger", "--log-level=warning"]
+    if sockets is not None:
+        command.append(f"--accept-sockets={sockets}")
     env = {STAMPS_ENV: str(out)}
     if args.src is not None:  # the server runs another checkout's code
         env["PYTHONPATH"] = str(args.src.resolve())
@@ -204,7 +208,8 @@ def _measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         after = _netstat()
     finally:
         server.stop(signal.SIGINT)
-    row = {"streams": args.n, "src": args.src_name, "loadavg_1m": loadavg}
+    row = {"streams": args.n, "src": args.src_name, "accept_sockets": sockets}
+    row["loadavg_1m"] = loadavg
     row |= _waits(json.loads(out.read_text()), run)
     row["kernel_counts"] = {k: after[k] - kernel[k] for k in kernel}
     row["loadavg_1m_after"] = os.getloadavg()[0]
@@ -232,14 +237,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--src-name", default="this tree", help="what the rows call --src's code"
     )
+    parser.add_argument(
+        "--accept-sockets",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="serve's --accept-sockets: one server per count, each run (the"
+        " order reversed every other run); the server's default if not given",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     stream_native.build()
     rows = []
-    for _ in range(args.repeat):
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(_measure(args, Path(tmp)))
-        print(json.dumps(rows[-1], indent=1))
+    counts: list[int | None] = list(args.accept_sockets or [None])
+    for run in range(args.repeat):
+        for sockets in counts if run % 2 == 0 else counts[::-1]:
+            with tempfile.TemporaryDirectory() as tmp:
+                rows.append(_measure(args, Path(tmp), sockets))
+            print(json.dumps(rows[-1], indent=1))
     if args.json:
         report = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

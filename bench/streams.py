@@ -204,7 +204,8 @@ def _server_env(kind: str) -> dict[str, str]:
 
 
 def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
-    if kind in _SLUICEGATES or kind.startswith("sluicegate-gc="):
+    sockets = kind.startswith("sluicegate-sockets=")
+    if kind in _SLUICEGATES or kind.startswith("sluicegate-gc=") or sockets:
         start = ["-m", "sluicegate"]
         if kind == "sluicegate-task":
             start = ["-c", _TASK_WRITER]
@@ -221,6 +222,8 @@ def _server_command(kind: str, port: int, rate: float, text: Path) -> list[str]:
             extra.append(f"--workers={kind[-1]}")
         if kind.startswith("sluicegate-plain"):
             extra.append("--no-obfuscation")
+        if sockets:
+            extra.append(f"--accept-sockets={kind.partition('=')[2]}")
         return [
             PYTHON,
             *start,
@@ -696,6 +699,15 @@ def _parser() -> argparse.ArgumentParser:
         " (gc.set_threshold), one server each",
     )
     add(
+        "--accept-sockets",
+        nargs="+",
+        type=int,
+        default=[],
+        metavar="N",
+        help="also measure sluicegate listening on N sockets (serve's"
+        " --accept-sockets), one server each (sluicegate-sockets=N)",
+    )
+    add(
         "--resumable",
         action="store_true",
         help="measure sluicegate with resumable streams on (memory store) next to"
@@ -812,6 +824,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit("the -before servers need --before-src")
         _before_src[0] = str(args.before_src.resolve())
     args.servers += [f"sluicegate-gc={thresholds}" for thresholds in args.gc]
+    args.servers += [f"sluicegate-sockets={n}" for n in args.accept_sockets]
     cpus = os.cpu_count() or 1
     if cpus < 2:
         args.server_cpu = args.load_cpu = "0"

@@ -11,8 +11,12 @@ import pytest
 from sluicegate.server.app.workers import ACCEPT_SOCKETS, serve_sockets
 
 
-def _args(port: int, listen_fd: int | None = None) -> argparse.Namespace:
-    return argparse.Namespace(host="127.0.0.1", port=port, listen_fd=listen_fd)
+def _args(
+    port: int, listen_fd: int | None = None, accept_sockets: int = ACCEPT_SOCKETS
+) -> argparse.Namespace:
+    return argparse.Namespace(
+        host="127.0.0.1", port=port, listen_fd=listen_fd, accept_sockets=accept_sockets
+    )
 
 
 def test_one_process_listens_on_several_sockets_of_one_port() -> None:
@@ -25,6 +29,19 @@ def test_one_process_listens_on_several_sockets_of_one_port() -> None:
         # Each one listens: a connection to the port is queued on one of them.
         with socket.create_connection(("127.0.0.1", ports.pop()), timeout=5):
             pass
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_accept_sockets_sets_how_many_sockets_one_process_listens_on(
+    count: int,
+) -> None:
+    sockets = serve_sockets(_args(0, accept_sockets=count), 64)
+    try:
+        assert len(sockets) == count
+        assert len({s.getsockname()[1] for s in sockets}) == 1
     finally:
         for s in sockets:
             s.close()

@@ -181,6 +181,7 @@ def _add_resume_options(serve: argparse.ArgumentParser) -> None:
 
 
 def _add_http_options(serve: argparse.ArgumentParser) -> None:
+    from sluicegate.server.app.workers import ACCEPT_SOCKETS
     from sluicegate.server.http.connections import ConnectionLimits
 
     limits = ConnectionLimits()
@@ -190,6 +191,16 @@ def _add_http_options(serve: argparse.ArgumentParser) -> None:
         type=int,
         help="open connections served at once; a request on one more gets 503"
         " (default: 4096, or the open-file limit minus 64 when lower)",
+    )
+    add(
+        "--accept-sockets",
+        type=int,
+        default=ACCEPT_SOCKETS,
+        metavar="N",
+        help="SO_REUSEPORT listening sockets of one serve process on its port;"
+        " the event loop accepts one connection per socket per turn, so a burst"
+        " of new connections waits less with more (default: %(default)s;"
+        " a worker of --workers listens on its parent's one)",
     )
     add(
         "--max-header-bytes",
@@ -294,9 +305,10 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
     from sluicegate.server.streaming.shutdown import DrainingServer
 
     max_connections = args.max_connections or default_max_connections()
-    if max_connections < 1 or args.keep_alive_timeout_s < 1:
+    if max_connections < 1 or args.keep_alive_timeout_s < 1 or args.accept_sockets < 1:
         raise SystemExit(
-            "sluicegate: --max-connections and --keep-alive-timeout-s must be >= 1"
+            "sluicegate: --max-connections, --keep-alive-timeout-s and"
+            " --accept-sockets must be >= 1"
         )
     try:
         limits = ConnectionLimits(

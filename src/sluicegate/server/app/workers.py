@@ -71,7 +71,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ACCEPT_SOCKETS = 8
-"""Listening sockets one ``serve`` process binds to its address (``SO_REUSEPORT``;
+"""Listening sockets one ``serve`` process binds to its address by default
+(``--accept-sockets``; ``SO_REUSEPORT``;
 the kernel spreads new connections over them). The event loop (libuv) accepts
 one connection per listening socket per turn, and a turn at thousands of
 streams takes milliseconds: with one socket, a burst of new connections waited
@@ -194,8 +195,8 @@ def listen_sockets(
 
 def serve_sockets(args: argparse.Namespace, backlog: int) -> list[socket.socket]:
     """The sockets ``serve``'s server listens on: a worker's, from its parent
-    (``--listen-fd``), else ``ACCEPT_SOCKETS`` bound to ``--host``/``--port``
-    with ``backlog`` each.
+    (``--listen-fd``), else ``--accept-sockets`` of them bound to
+    ``--host``/``--port`` with ``backlog`` each.
 
     Raises:
         SystemExit: the address cannot be bound (the message names it).
@@ -214,7 +215,11 @@ def serve_sockets(args: argparse.Namespace, backlog: int) -> list[socket.socket]
             probe.bind(address)
             port = probe.getsockname()[1]  # port 0: a free one
         return listen_sockets(
-            args.host, port, ACCEPT_SOCKETS, backlog, inheritable=False
+            args.host,
+            port,
+            args.accept_sockets,
+            backlog,
+            inheritable=False,
         )
     except OSError as exc:
         raise SystemExit(
