@@ -80,7 +80,8 @@ def test_the_ladder_is_one_step_up_to_16_bytes_then_powers_of_two() -> None:
 
 def test_a_filler_gives_pad_characters_repeatably_from_its_seed() -> None:
     a, b = Filler(7), Filler(7)
-    sizes = [0, 1, 15, 4000, 200, 5000, 3]  # refills, and one past the pool
+    # refills as the pool grows, takes past the pool's size, and past its largest
+    sizes = [0, 1, 15, 300, 200, 4000, 200, 5000, 3, *[97] * 200]
     taken = [a.take(n) for n in sizes]
     assert taken == [b.take(n) for n in sizes]
     assert [len(t) for t in taken] == sizes
