@@ -98,6 +98,37 @@ def test_a_marker_in_the_content_or_a_wrong_count_fails_the_reasoning_probe(
     assert got["reasoning-framing"] is Verdict.FAIL
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "want"),
+    [
+        # Markers the model writes in its answer are its text: the server
+        # passes them on (the first end marker ended the reasoning).
+        ('"content":"Hello"', '"content":"<think>Hello"', Verdict.PASS),
+        ('"content":"Hello"', '"content":"Hello </think> <think>"', Verdict.PASS),
+        # Where the reasoning and the answer meet is the server's split.
+        ('"content":"Hello"', '"content":" \\n</think>Hello"', Verdict.FAIL),
+        ('"reasoning_content":"in words."', '"reasoning_content":"words</think>"',
+         Verdict.FAIL),
+        ('"reasoning_content":"Count "', '"reasoning_content":"<think>Count "',
+         Verdict.FAIL),
+    ],
+)  # fmt: skip
+def test_only_a_marker_where_reasoning_and_answer_meet_fails_the_probe(
+    old: str, new: str, want: Verdict
+) -> None:
+    """The probe failed any ``</think>`` in the answer and an answer opening
+    with ``<think>``: a model that writes its markers again in its answer
+    failed the server that passed them on as the model wrote them."""
+    recording = load_recording((CORPUS / "reasoning.json").read_bytes())
+    stream = recording["stream"]
+    old_bytes, new_bytes = old.encode(), new.encode()
+    assert old_bytes in stream.body
+    body = stream.body.replace(old_bytes, new_bytes)
+    edited = {**recording, "stream": dataclasses.replace(stream, body=body)}
+    got = {r.probe: r for r in run_probes(edited)}
+    assert got["reasoning-framing"].verdict is want, got["reasoning-framing"]
+
+
 def test_a_missing_exchange_is_not_observable_not_a_pass() -> None:
     got = verdicts("missing_role")
     assert got["multibyte-text"] is Verdict.NOT_OBSERVABLE

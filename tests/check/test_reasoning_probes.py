@@ -153,6 +153,38 @@ def _thinking_in_text(events: Events) -> Events:
     return events
 
 
+def _answer_quotes_markers(kind: str, field: str) -> Callable[[Events], Events]:
+    """The first answer delta opens with ``<think>`` and quotes ``</think>``:
+    the model's own text, as a second block or a quote."""
+
+    def edit(events: Events) -> Events:
+        for event in events:
+            delta = event.get("delta")
+            if event["type"] != kind:
+                continue
+            if isinstance(delta, dict) and delta.get("type") == field:
+                event["delta"] = {**delta, "text": f"<think>{delta['text']} </think>"}
+                break
+            if isinstance(delta, str):
+                event["delta"] = f"<think>{delta} </think>"
+                break
+        return events
+
+    return edit
+
+
+def _thought_closed(events: Events) -> Events:
+    """The last thinking delta keeps the end marker the split should drop."""
+    last = max(
+        i
+        for i, e in enumerate(events)
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "thinking_delta"
+    )
+    delta = events[last]["delta"]
+    events[last]["delta"] = {**delta, "thinking": delta["thinking"] + "</think>"}
+    return events
+
+
 @pytest.mark.parametrize(
     ("name", "edit", "evidence"),
     [
@@ -160,14 +192,25 @@ def _thinking_in_text(events: Events) -> Events:
         (
             "responses_reasoning",
             _marked("response.output_text.delta", "delta"),
-            "marker",
+            "the answer begins with </think>",
         ),
         ("responses_reasoning", _done_differs, "!= deltas"),
         ("responses_reasoning", _uncounted, "reasoning_tokens 0"),
         ("messages_thinking", _unsigned, "signature_delta events"),
         ("messages_thinking", _thinking_in_text, "in a 'text' block"),
-        ("messages_thinking", _text_marked, "marker"),
+        ("messages_thinking", _text_marked, "the answer begins with </think>"),
         ("messages_thinking", _marked("content_block_delta", "thinking"), None),
+        ("messages_thinking", _thought_closed, "the reasoning ends with </think>"),
+        (
+            "messages_thinking",
+            _answer_quotes_markers("content_block_delta", "text_delta"),
+            None,
+        ),
+        (
+            "responses_reasoning",
+            _answer_quotes_markers("response.output_text.delta", ""),
+            None,
+        ),
     ],
 )
 async def test_a_stream_that_breaks_a_rule_fails(
@@ -181,7 +224,7 @@ async def test_a_stream_that_breaks_a_rule_fails(
         else re_.messages_reasoning_framing
     )
     result = probe(recording)
-    if evidence is None:  # a marker inside the thinking is the model's own text
+    if evidence is None:  # a marker away from the boundary is the model's text
         assert result.verdict is Verdict.PASS, result
         return
     assert result.verdict is Verdict.FAIL, result

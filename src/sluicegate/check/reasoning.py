@@ -25,7 +25,12 @@ from sluicegate.check.verdicts import (
     text_of,
 )
 
-__all__ = ["reasoning_framing"]
+__all__ = ["END_MARKER", "START_MARKER", "boundary_problem", "reasoning_framing"]
+
+START_MARKER = "<think>"
+"""The start marker a ``<think>`` family of models writes (docs/DESIGN.md)."""
+END_MARKER = "</think>"
+"""Its end marker."""
 
 
 def _reasoning_of(choice: Mapping[str, Any]) -> str:
@@ -41,11 +46,34 @@ def _reasoning_of(choice: Mapping[str, Any]) -> str:
     return ""
 
 
+def boundary_problem(reasoning: str, answer: str) -> str | None:
+    """What a server left of the markers where it split a choice's reasoning
+    from its answer, or ``None``: the reasoning begins with a start marker
+    (``<think>``) or ends with an end marker (``</think>``), or the answer
+    begins with an end marker (whitespace aside).
+
+    Only that boundary is the server's: the first end marker ends the
+    reasoning, and a marker the model writes anywhere else (a second
+    ``<think>`` block opening its answer, a ``</think>`` it quotes) is text of
+    its channel, as the server must pass it on.
+
+    Spec: docs/DESIGN.md, "Reasoning" (one block at the start; later markers
+    are text of the answer; markers reach neither channel).
+    """
+    if reasoning.lstrip().startswith(START_MARKER):
+        return f"the reasoning begins with {START_MARKER}: {clip(reasoning)}"
+    if reasoning.rstrip().endswith(END_MARKER):
+        return f"the reasoning ends with {END_MARKER}: {clip(reasoning[-80:])}"
+    if answer.lstrip().startswith(END_MARKER):
+        return f"the answer begins with {END_MARKER}: {clip(answer)}"
+    return None
+
+
 def reasoning_framing(recording: Mapping[str, Transcript]) -> ProbeResult:
-    """A choice's reasoning all comes before its first content, its content
-    holds no end marker (``</think>``) nor a leading start marker, and a usage
-    that counts ``reasoning_tokens`` counts at least one and at most the
-    completion tokens.
+    """A choice's reasoning all comes before its first content, no reasoning
+    marker is left where its reasoning and its content meet
+    (``boundary_problem``), and a usage that counts ``reasoning_tokens``
+    counts at least one and at most the completion tokens.
 
     Spec: docs/DESIGN.md, "Reasoning" (one block at the start, markers in
     neither channel); OpenAI API reference, "The chat completion object"
@@ -55,7 +83,7 @@ def reasoning_framing(recording: Mapping[str, Transcript]) -> ProbeResult:
     for name, _, parsed in streams(recording):
         reasoned = False
         for index, items in choice_deltas(parsed).items():
-            content = ""
+            content = thoughts = ""
             for pos, choice in items:
                 thought = _reasoning_of(choice)
                 if thought and content:
@@ -63,13 +91,13 @@ def reasoning_framing(recording: Mapping[str, Transcript]) -> ProbeResult:
                         f"{name}: choice {index}, reasoning at #{pos} after content "
                         f"{clip(content)}"
                     )
-                reasoned = reasoned or bool(thought)
+                thoughts += thought
                 seen += bool(thought)
                 content += text_of(choice)
-            if reasoned and (
-                "</think>" in content or content.lstrip().startswith("<think>")
-            ):
-                return fail(f"{name}: choice {index}, a marker in {clip(content)}")
+            problem = boundary_problem(thoughts, content) if thoughts else None
+            if problem:
+                return fail(f"{name}: choice {index}, {problem}")
+            reasoned = reasoned or bool(thoughts)
         usage = next(
             (c["usage"] for _, c in parsed.chunks if isinstance(c.get("usage"), dict)),
             None,

@@ -1,5 +1,6 @@
 """Probes of reasoning on Responses and Messages streams: its item or block
-before the answer's, its events where they belong, no marker in the answer.
+before the answer's, its events where they belong, no marker left where the
+reasoning and the answer meet (``check.reasoning.boundary_problem``).
 
 The chat probe is ``check.reasoning.reasoning_framing``. These grade the
 recorded ``responses_*`` and ``messages_*`` streams that carry reasoning: the
@@ -21,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sluicegate.check.event_streams import Events, streams_of
+from sluicegate.check.reasoning import boundary_problem
 from sluicegate.check.transcript import Transcript
 from sluicegate.check.verdicts import ProbeResult, clip, fail, not_observable, passed
 
@@ -32,12 +34,6 @@ _REASONING_DELTAS = frozenset(
     {"response.reasoning_text.delta", "response.reasoning_summary_text.delta"}
 )
 _THINKING = frozenset({"thinking", "redacted_thinking"})
-
-
-def _marked(answer: str) -> bool:
-    """Whether an answer shows a reasoning marker: an end marker anywhere, or
-    a start marker first."""
-    return "</think>" in answer or answer.lstrip().startswith("<think>")
 
 
 def _responses_problem(events: Events) -> tuple[int, str | None]:
@@ -66,9 +62,7 @@ def _responses_problem(events: Events) -> tuple[int, str | None]:
             problem = _count_problem(obj.get("response"))
             if problem:
                 return deltas, problem
-    if deltas and _marked(answer):
-        return deltas, f"a reasoning marker in the answer {clip(answer)}"
-    return deltas, None
+    return deltas, boundary_problem(thought, answer) if deltas else None
 
 
 def _count_problem(response: Any) -> str | None:
@@ -89,7 +83,7 @@ def _messages_problem(events: Events) -> tuple[int, str | None]:
     """``(thinking deltas, the first problem)`` of one Messages stream."""
     kinds: dict[Any, str] = {}  # block index -> block type
     signed: dict[Any, int] = {}  # thinking block index -> signature deltas
-    answer, deltas = "", 0
+    answer, deltas, thought = "", 0, ""
     for pos, (name, obj) in enumerate(events):
         index = obj.get("index")
         if name == "content_block_start":
@@ -111,6 +105,8 @@ def _messages_problem(events: Events) -> tuple[int, str | None]:
             signed[index] = signed.get(index, 0) + (kind == "signature_delta")
             if kind == "text_delta" and isinstance(delta, dict):
                 answer += str(delta.get("text", ""))
+            if kind == "thinking_delta" and isinstance(delta, dict):
+                thought += str(delta.get("thinking", ""))
         elif name == "content_block_stop" and kinds.get(index) == "thinking":
             count = signed.get(index, 0)
             if count != 1:
@@ -118,9 +114,7 @@ def _messages_problem(events: Events) -> tuple[int, str | None]:
                     f"thinking block {index} ends with {count} signature_delta "
                     "events (one expected)"
                 )
-    if deltas and _marked(answer):
-        return deltas, f"a reasoning marker in the answer {clip(answer)}"
-    return deltas, None
+    return deltas, boundary_problem(thought, answer) if deltas else None
 
 
 def _grade(
@@ -145,9 +139,9 @@ def _grade(
 def responses_reasoning_framing(recording: Mapping[str, Transcript]) -> ProbeResult:
     """A Responses stream's reasoning is a ``reasoning`` item before the
     message item: its deltas come in that item, before any answer text; its
-    ``reasoning_text.done`` holds the deltas' text; the answer holds no
-    reasoning marker; a usage that counts ``reasoning_tokens`` counts at least
-    one and at most the output tokens.
+    ``reasoning_text.done`` holds the deltas' text; no reasoning marker is
+    left where the reasoning and the answer meet; a usage that counts
+    ``reasoning_tokens`` counts at least one and at most the output tokens.
 
     Spec: OpenAI API reference, "Responses: streaming events" and "The
     response object" (``output_tokens_details.reasoning_tokens``);
@@ -160,7 +154,8 @@ def messages_reasoning_framing(recording: Mapping[str, Transcript]) -> ProbeResu
     """A Messages stream's thinking is in ``thinking`` blocks before the first
     text block: ``thinking_delta`` and ``signature_delta`` only in a thinking
     block, one ``signature_delta`` per block after its last ``thinking_delta``,
-    ``text_delta`` only in a text block, and no reasoning marker in the text.
+    ``text_delta`` only in a text block, and no reasoning marker left where
+    the thinking and the text meet.
 
     Spec: Anthropic API, "Extended thinking" and "Streaming Messages"
     (``thinking_delta``, ``signature_delta``); docs/DESIGN.md, "Reasoning".
