@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 
+import sluicegate
 from sluicegate.core.endstate import EndState
 from sluicegate.core.errors import RequestError
 from sluicegate.engines.base import GenerateRequest, SamplingParams
@@ -25,9 +27,11 @@ from sluicegate.server.config import ServerConfig
 from sluicegate.server.ledger.ledger import Ledger
 from sluicegate.server.schemas.anthropic_messages import (
     MAX_BLOCKS,
+    MessagesRequest,
     parse_messages_request,
 )
 from sluicegate.server.schemas.chat import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from sluicegate.server.schemas.param_errors import validated
 from sluicegate.server.schemas.parse import (
     parse_chat_request,
     parse_completion_request,
@@ -437,3 +441,22 @@ def test_a_messages_forced_tool_choice_without_tools_is_400() -> None:
     for choice in ({"type": "auto"}, {"type": "none"}):  # nothing forced: taken
         body = {"model": "m", "max_tokens": 5, "messages": HELLO, "tool_choice": choice}
         assert to_chat_request(parse_messages_request(body)).chat.tool_choice is None
+
+
+def test_one_helper_validates_every_apis_body_and_names_the_parameter() -> None:
+    """Chat, Responses and Messages each validated a body against its model and
+    turned pydantic's error into the 400 by hand; ``validated`` is the one
+    place now: ``null`` is "not given", the error names its parameter."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    request = validated(MessagesRequest, {**body, "max_tokens": None, "top_k": 2})
+    assert (request.max_tokens, request.top_k) == (None, 2)
+    with pytest.raises(RequestError) as bad:
+        validated(MessagesRequest, {**body, "messages": [{"role": "robot"}]})
+    assert bad.value.param == "messages[0].role"
+    src = Path(sluicegate.__file__).parent
+    handlers = sorted(
+        path.relative_to(src).as_posix()
+        for path in src.rglob("*.py")
+        if "except ValidationError" in path.read_text()
+    )
+    assert handlers == ["server/schemas/param_errors.py"]

@@ -35,15 +35,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from sluicegate.core.errors import RequestError
 from sluicegate.server.apis.responses_input import chat_messages
 from sluicegate.server.schemas.fields import MAX_STREAM_INTERVAL
 from sluicegate.server.schemas.param_errors import (
     check_tool_choice,
-    reported_error,
-    request_error,
+    validated,
 )
 from sluicegate.server.schemas.translation import Translation, translate
 
@@ -186,12 +185,7 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
                     code="unsupported_parameter",
                 )
     check_tool_choice(body.get("tool_choice"))
-    try:
-        request = ResponsesRequest.model_validate(
-            {k: v for k, v in body.items() if v is not None}
-        )
-    except ValidationError as exc:
-        raise request_error(reported_error(exc.errors())) from exc
+    request = validated(ResponsesRequest, body)
     if request.background and request.store is False:
         raise RequestError(
             "A background response must be stored: set 'store' to true",

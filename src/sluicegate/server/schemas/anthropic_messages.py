@@ -40,12 +40,13 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationError,
 )
 
 from sluicegate.core.errors import RequestError
 from sluicegate.server.schemas.fields import MAX_STOP_STRINGS
-from sluicegate.server.schemas.param_errors import reported_error, request_error
+from sluicegate.server.schemas.param_errors import (
+    validated,
+)
 
 __all__ = [
     "MAX_BLOCKS",
@@ -241,12 +242,7 @@ def parse_messages_request(
             thinking with a forced ``tool_choice``.
     """
     _refuse_blocks(body.get("messages"))
-    try:
-        request = MessagesRequest.model_validate(
-            {k: v for k, v in body.items() if v is not None}
-        )
-    except ValidationError as exc:
-        raise request_error(reported_error(exc.errors())) from exc
+    request = validated(MessagesRequest, body)
     if request.max_tokens is None and not counting:
         raise RequestError(
             "Missing required parameter: 'max_tokens'", param="max_tokens"

@@ -8,13 +8,17 @@
 shown. The labels pydantic puts in a location for the member of a union it
 tried (``literal['none','auto','required']``, ``function-after[...]``,
 ``NamedToolChoice``, ``str``) are not the client's and are left out.
+``validated`` is the one place a body is checked against its model and
+pydantic's error becomes that 400 (chat and completions, Responses, Messages).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from sluicegate.core.errors import RequestError, bounded_repr
@@ -26,11 +30,28 @@ __all__ = [
     "reported_error",
     "request_error",
     "short_name",
+    "validated",
 ]
+
+M = TypeVar("M", bound=BaseModel)
 
 MAX_NAME_CHARS = 64
 """Most characters of a client's parameter name that a log line or a ``param``
 shows (and that ``parse.MAX_LOGGED_UNKNOWN`` keeps per name)."""
+
+
+def validated(model: type[M], body: Mapping[str, Any]) -> M:
+    """``body`` as a ``model``: its ``null`` values left out first (``null``
+    means "not given", as the reference APIs read a body), the rest validated.
+
+    Raises:
+        RequestError: 400 for the error ``reported_error`` picks, naming its
+            parameter (``request_error``).
+    """
+    try:
+        return model.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as exc:
+        raise request_error(reported_error(exc.errors())) from exc
 
 
 def request_error(error: ErrorDetails) -> RequestError:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from sluicegate.core.errors import RequestError, bounded_repr
 from sluicegate.server.schemas.chat import ChatCompletionRequest, CompletionRequest
@@ -23,9 +23,8 @@ from sluicegate.server.schemas.fields import RequestFields
 from sluicegate.server.schemas.param_errors import (
     MAX_NAME_CHARS,
     check_tool_choice,
-    reported_error,
-    request_error,
     short_name,
+    validated,
 )
 from sluicegate.server.schemas.tools import check_tools
 
@@ -118,11 +117,7 @@ def _parse(
                 code="unsupported_parameter",
             )
     _log_unknown(model, body, unsupported)
-    try:
-        # ``null`` means "not given", as the reference API reads it.
-        request = model.model_validate({k: v for k, v in body.items() if v is not None})
-    except ValidationError as exc:
-        raise request_error(reported_error(exc.errors())) from exc
+    request = validated(model, body)
     if request.stream_options is not None and not request.stream:
         raise RequestError(
             "stream_options is only allowed when stream is true",
