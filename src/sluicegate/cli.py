@@ -166,8 +166,6 @@ def _serve(args: argparse.Namespace) -> int:
     if args.engine_serve is not None:  # the engine process itself
         return workers.run_engine_process(args, _build_engine(args))
     engines = _build_engines(args)
-    # httpx logs every upstream request at INFO: one line per stream is noise.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     template = options.read_chat_template(args.chat_template)
     try:
         config = ServerConfig(  # a setting out of range: one line, no traceback
@@ -375,6 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(args, "log_level", "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # httpx logs every request's URL at INFO: one line per request is noise, and
+    # an upstream URL's userinfo (a password) would be in it; the upstreams are
+    # named without it by ``redact_url``.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:

@@ -12,6 +12,8 @@ or the SQLite ledger file. The statuses are the table's (docs/security.md).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +154,47 @@ def test_the_key_is_nowhere_a_client_or_an_operator_can_read(
         if ledger.is_file():
             assert secret not in ledger.read_bytes(), ledger
     assert "answered 401" in server.log_text()  # the log has the upstream's story
+
+
+PASSWORD = "pw-in-the-url-7f3a9c"
+
+
+def test_a_password_in_the_upstream_url_is_in_no_log_line(tmp_path: Path) -> None:
+    """httpx logs every request's URL at INFO; the gateway's first requests (its
+    upstreams' model lists and context windows, at start-up) went out before it
+    was quieted, so ``--upstream http://user:PASSWORD@host/v1`` put the
+    password in the log, as ``sluicegate doctor --upstream`` did on the
+    terminal."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        return Reply(
+            events=[chat_chunk(0, "hi"), chat_chunk(0, None, "stop"), "[DONE]"]
+        )
+
+    with FakeUpstream(reply) as upstream:
+        url = upstream.url.replace("http://", f"http://alice:{PASSWORD}@")
+        port = free_port()
+        command = testing.serve_command(
+            port,
+            *("--upstream", url, "--upstream-model", MODEL, "--no-ledger"),
+            *("--log-level", "info"),
+        )
+        with testing.ServerProcess(
+            command, port, log_path=tmp_path / "gateway.log"
+        ) as server:
+            server.wait_ready("/health", timeout_s=60)
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            response = httpx.post(f"{server.base_url}{CHAT}", json=body, timeout=30)
+            assert response.status_code == 200, response.text
+            assert "GET /v1/models" in upstream.calls  # it was asked at start-up
+            log = server.log_text()
+        assert PASSWORD not in log
+        doctor = subprocess.run(
+            [sys.executable, "-m", "sluicegate", "doctor", "--upstream", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert "127.0.0.1" in doctor.stdout + doctor.stderr
+        assert PASSWORD not in doctor.stdout + doctor.stderr
