@@ -37,6 +37,7 @@ from sluicegate.engines.base import (
     SamplingParams,
     TextPrompt,
 )
+from sluicegate.engines.clocks import ManualClock
 from sluicegate.engines.upstream.config import UpstreamConfig, UpstreamTimeouts
 from sluicegate.engines.upstream.engine import UpstreamEngine, UpstreamOutputs
 from sluicegate.server.http.answers import status_of
@@ -810,3 +811,40 @@ async def test_a_usage_that_cannot_be_true_is_replaced_by_our_count(
     assert items[-1].prompt_tokens is None
     assert sum(o.completion_tokens for o in items) == 2
     assert [c.usage_rejected_total for c in counters] == [1]
+
+
+@pytest.mark.parametrize(("count_s", "want"), [(0.1, "estimate"), (10.0, "count")])
+async def test_a_count_before_the_first_event_waits_no_longer_than_its_limit(
+    fault: tuple[FaultUpstream, str], count_s: float, want: str
+) -> None:
+    """The estimate's wait for the upstream's counter was 0.5 s even when the
+    upstream's ``count_timeout_s`` was shorter. On a stepped clock: past
+    ``count_s`` (0.1 s) the estimate stands in, and the count that comes then
+    is not waited for; with a longer limit the count, come by 0.1 s, is taken."""
+    upstream, url = fault
+    asked, release = asyncio.Event(), asyncio.Event()
+    count = b'{"count": 1000}'
+
+    async def late_count(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        asked.set()
+        await release.wait()
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(count)}\r\n\r\n"
+        writer.write(head.encode() + count)
+        await writer.drain()
+
+    upstream.scripts.append(late_count)
+    clock = ManualClock()
+    timeouts = UpstreamTimeouts(count_s=count_s)
+    engine = engine_for(url, timeouts=timeouts, timers=clock)
+    try:
+        counting = asyncio.create_task(
+            engine.count_prompt(chat_request(), {}, estimate=True)
+        )
+        await asyncio.wait_for(asked.wait(), GIVE_UP_S)
+        clock.advance(0.1)
+        release.set()
+        counted = await asyncio.wait_for(counting, GIVE_UP_S)
+    finally:
+        await engine.aclose()
+    assert upstream.heads[0].startswith(b"POST /tokenize ")
+    assert (counted == 1000) is (want == "count"), counted

@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 
-from sluicegate.engines.clocks import Timers
+from sluicegate.engines.clocks import Deadline, Timers
 from sluicegate.engines.upstream.config import UpstreamConfig
 from sluicegate.engines.upstream.context import MAX_BYTES, answer_json
 
@@ -67,8 +67,8 @@ class PromptCounter:
     Args:
         upstream: the upstream asked.
         transport: an httpx transport to use instead of the network (tests).
-        timers: the clock of ``FORGET_ABSENT_S`` (the running loop when
-            ``None``; a ``ManualClock`` in tests).
+        timers: the clock of ``FORGET_ABSENT_S`` and of a count's deadline
+            (the running loop when ``None``; a ``ManualClock`` in tests).
     """
 
     __slots__ = ("_absent", "_client", "_root", "_timers", "_transport", "_upstream")
@@ -118,7 +118,10 @@ class PromptCounter:
                 follow_redirects=False,
                 headers=headers,
             )
-        async with asyncio.timeout(timeout_s):
+        if timeout_s is None:
+            return await self._count(model, chat, messages_body)
+        timers = self._timers or asyncio.get_running_loop()
+        async with Deadline(timers, timeout_s):
             return await self._count(model, chat, messages_body)
 
     async def aclose(self) -> None:

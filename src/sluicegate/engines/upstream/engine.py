@@ -198,7 +198,9 @@ class UpstreamEngine:
     ) -> int | None:
         """``request``'s prompt tokens by the first upstream's tokenizer, or ``None``
         when it offers none (``count.py``); with ``estimate``, then (or when the
-        counter is slow) this engine's estimate (``estimate.py``).
+        counter is slow: no count within ``COUNT_BEFORE_ESTIMATE_S``, or within
+        the upstream's ``count_timeout_s`` where that is shorter) this engine's
+        estimate (``estimate.py``).
 
         Raises:
             UpstreamTimedOut: without ``estimate``, the counter did not answer
@@ -207,7 +209,9 @@ class UpstreamEngine:
         first = self._upstreams[0]
         model = first.model or self._model.id
         chat = orjson.loads(request_body(request, model, continuous_usage=False))
-        wait_s = COUNT_BEFORE_ESTIMATE_S if estimate else first.timeouts.count_s
+        wait_s = first.timeouts.count_s
+        if estimate:  # the counter's own limit, where that is shorter, bounds it
+            wait_s = min(wait_s or COUNT_BEFORE_ESTIMATE_S, COUNT_BEFORE_ESTIMATE_S)
         try:
             counted = await self._counter.count(model, chat, messages_body, wait_s)
         except TimeoutError as exc:

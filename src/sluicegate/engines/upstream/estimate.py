@@ -6,7 +6,8 @@ prompt had only in its last usage chunk. What needs the count before that (a
 Messages stream's ``message_start``, the chunks of a
 ``continuous_usage_stats`` stream, the ledger row of a request its client
 left) gets this estimate instead of 0, and so does a prompt whose counter
-does not answer within ``COUNT_BEFORE_ESTIMATE_S``: the prompt's UTF-8 bytes (the JSON
+does not answer within ``COUNT_BEFORE_ESTIMATE_S`` (or its upstream's
+``count_timeout_s``, when shorter): the prompt's UTF-8 bytes (the JSON
 of its messages and tools as sent, or its text) over the bytes per token
 this upstream's own final counts showed so far, ``CHARS_PER_TOKEN`` until one
 did. A prompt of token ids is counted exactly. The estimate is never passed
@@ -41,7 +42,8 @@ what English text in JSON takes in common BPE vocabularies)."""
 COUNT_BEFORE_ESTIMATE_S = 0.5
 """How long a counter is waited for (seconds) when an estimate may stand in:
 a counter slower than that is skipped for the estimate, so the first event
-is not held for it."""
+is not held for it. An upstream whose ``count_timeout_s`` is shorter is waited
+for that long only."""
 TEMPLATE_TOKENS = 4096
 """The most prompt tokens a count may hold past the prompt's bytes (the chat
 template's own: special tokens, role names, a default system prompt, images)
