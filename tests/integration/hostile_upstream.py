@@ -30,7 +30,8 @@ some):
   them, written until the peer leaves;
 - ``many_deltas:[N]``: N one-character deltas, all in one write;
   ``overrun:[N]:[content|reasoning]``: N chunks of that kind, whatever
-  the request's ``max_tokens``, then ``length`` and a usage of N;
+  the request's ``max_tokens``, then ``length`` and a usage of N
+  (``overrun:endless:KIND``: chunks until the peer leaves);
   ``huge_delta:[MiB]:[before|after]``;
 - ``retry_after:[status]``: that status with ``Retry-After: 1000000000``;
   ``status:[code]``: that status with an error body;
@@ -230,25 +231,19 @@ async def error_code(send: Send, request: Request, args: list[str]) -> None:
 
 
 async def endless_line(send: Send, request: Request, args: list[str]) -> None:
-    await send(
-        leading(args[0]) + b'data: {"choices": [{"index": 0, "delta": {"content": "'
-    )
-    piece = b"a" * 65536
-    STATS.endless_bytes, STATS.endless_ended = 0, "limit"
-    loop = asyncio.get_running_loop()
-    stop_at = loop.time() + ENDLESS_LIMIT_S
-    try:
-        while loop.time() < stop_at:
-            await send(piece)
-            STATS.endless_bytes += len(piece)
-    except OSError:
-        STATS.endless_ended = "peer closed"
+    line = b'data: {"choices": [{"index": 0, "delta": {"content": "'
+    await _until_closed(send, leading(args[0]) + line, b"a" * 65536)
 
 
 async def flood(send: Send, request: Request, args: list[str]) -> None:
     line = {"comment": b": keep-alive\n", "empty": event(chunk({}))}[args[0]]
-    piece = line * (65536 // len(line))
-    await send(SSE_HEAD)
+    await _until_closed(send, SSE_HEAD, line * (65536 // len(line)))
+
+
+async def _until_closed(send: Send, first: bytes, piece: bytes) -> None:
+    """``first``, then ``piece`` again and again until the peer leaves, or
+    ``ENDLESS_LIMIT_S``; the bytes and the reason it ended in ``STATS``."""
+    await send(first)
     loop = asyncio.get_running_loop()
     stop_at = loop.time() + ENDLESS_LIMIT_S
     STATS.endless_bytes, STATS.endless_ended = 0, "limit"
@@ -273,9 +268,14 @@ async def many_deltas(send: Send, request: Request, args: list[str]) -> None:
 
 
 async def overrun(send: Send, request: Request, args: list[str]) -> None:
-    """More output chunks than the ``max_tokens`` asked for, all in one write."""
-    count, kind = int(args[0]), args[1]
+    """More output chunks than the ``max_tokens`` asked for, all in one write;
+    ``endless``: written until the peer leaves (``Stats.endless_ended``)."""
+    kind = args[1]
     key = "content" if kind == "content" else "reasoning_content"
+    if args[0] == "endless":
+        await _until_closed(send, SSE_HEAD, event(chunk({key: "w "})) * 512)
+        return
+    count = int(args[0])
     pieces = [event(chunk({key: "w "}))] * count
     end = event(chunk({}, "length")) + usage_event(str(count)) + b"data: [DONE]\n\n"
     await send(b"".join([SSE_HEAD, *pieces, end]))

@@ -141,6 +141,36 @@ def test_an_upstream_past_max_tokens_is_cut_at_max_tokens(
     measured.assert_live()
 
 
+def test_an_upstream_cut_at_max_tokens_sees_its_connection_closed(
+    harness: Harness,
+) -> None:
+    """After the cut the gateway closes the upstream request (the upstream
+    aborts it and frees its cache) instead of reading on: an upstream that
+    writes chunks until its peer leaves sees it leave, not its own limit."""
+    client = openai.OpenAI(
+        base_url=f"{harness.gateway.base_url}/v1", api_key="unused", max_retries=0
+    )
+    with harness.attack("overrun:endless") as measured:
+        chunks = list(
+            client.chat.completions.create(
+                model=HOSTILE,
+                messages=[
+                    {"role": "user", "content": "attack:overrun:endless:content"}
+                ],
+                max_tokens=5,
+                stream=True,
+            )
+        )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "w " * 5
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    deadline = time.monotonic() + 10  # the upstream writes for 60 s otherwise
+    while (stats := harness.upstream_stats())["endless_ended"] != "peer closed":
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.1)
+    measured.assert_live()
+
+
 @pytest.mark.parametrize(
     ("count", "shape"),
     [(4000, "same"), (4000, "many"), (100_000, "same"), (100_000, "many")],
