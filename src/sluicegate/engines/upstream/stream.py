@@ -162,7 +162,10 @@ async def read_stream(
                 data, held = held, b""
                 ended = await _feed_slowly(seq, reader, data, lease, upstreams, counts)
     except HopError as exc:
-        return _broken(seq, upstreams, f"the upstream stream broke: {exc}")
+        # The hop's message names the upstream (an internal address, for the
+        # log); the client's names the failure only.
+        why = type(exc.__cause__ or exc).__name__
+        return _broken(seq, upstreams, f"the upstream stream broke ({why})")
     assert ended is not None, "flush() ends the stream"
     if ended is Outcome.SUCCESS and reader.state is ReaderState.DONE:
         # Read the body's end, so that the connection is kept alive; a peer
