@@ -58,6 +58,7 @@ RESULTS = ROOT / "bench" / "results" / "engine.json"
 SHORT = "Once upon a time, in a lighthouse by the sea, there lived"
 SYSTEMS = ("sluicegate", "llama-server")
 BEFORE = "sluicegate-before"
+STEPS = "sluicegate-steps.jsonl"
 
 
 def systems(args: argparse.Namespace) -> tuple[str, str]:
@@ -120,6 +121,9 @@ def start_servers(args: argparse.Namespace, logs: Path) -> dict[str, ServerProce
         theirs = [llama_server_binary(), "-m", model, "--port", str(ports[other])]
         theirs += ["-c", ctx, "-np", par, "-t", t, "-tb", t, "-kvu", "-a", "default"]
         theirs += shlex.split(args.llama_server_args)
+    if args.step_log:
+        trace = ROOT / "bench" / "step_trace.py"
+        ours = [sys.executable, str(trace), str(logs / STEPS), *ours[3:]]
     servers: dict[str, ServerProcess] = {}
     try:
         for name, cmd, health in [
@@ -209,7 +213,7 @@ async def _interference(
 ) -> dict[str, float]:
     """15 short streams decoding, then one ~4,000-token prompt among them;
     the 15 are closed once it has had its tokens."""
-    start = time.perf_counter()
+    start, start_unix_s = time.perf_counter(), time.time()
     done = asyncio.Event()
     shorts = [
         asyncio.ensure_future(
@@ -246,6 +250,45 @@ async def _interference(
         "p99_during_over_steady": percentile(during, 99) / percentile(steady, 99),
         "gaps_during": len(during),
         "long_ttft_ms": 1000 * (long_stream.ttft_s - arrived),
+        "arrived_unix_s": start_unix_s + arrived,
+        "read_unix_s": start_unix_s + read_until,
+    }
+
+
+def _steps_while_read(steps_log: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """sluicegate's steps (``bench/step_trace.py``) from the long prompt's
+    arrival to its first token: what each took and read, the decode-only
+    steps just before it came, and the slowest steps with the pacer's
+    estimates they were planned with."""
+    steps = [json.loads(line) for line in steps_log.read_text().splitlines()]
+    arrived, read = extra["arrived_unix_s"], extra["read_unix_s"]
+    during = [s for s in steps if arrived <= s["t"] <= read and s["decoding"]]
+    before = [
+        s for s in steps if arrived - 5 <= s["t"] < arrived and s["decoding"] >= 15
+    ][-10:]
+    mixed = [s for s in during if s["read"]]
+    slowest = sorted(during, key=lambda s: -s["elapsed_s"])[:5]
+
+    def ms(s: dict[str, Any], key: str) -> float | None:
+        return None if s[key] is None else round(1000 * s[key], 3)
+
+    return {
+        "steps_during": len(during),
+        "mixed_steps": len(mixed),
+        "mixed_step_p50_ms": 1000 * percentile([s["elapsed_s"] for s in mixed], 50),
+        "decode_only_before_ms": [round(1000 * s["elapsed_s"], 1) for s in before],
+        "step_ms_during": [round(1000 * s["elapsed_s"], 1) for s in during],
+        "read_during": [s["read"] for s in during],
+        "slowest_steps": [
+            {
+                "ms": round(1000 * s["elapsed_s"], 1),
+                "decoding": s["decoding"],
+                "read": s["read"],
+                "estimate_ms": ms(s, "estimate_s"),
+                "token_ms": ms(s, "token_s"),
+            }
+            for s in slowest
+        ],
     }
 
 
@@ -262,13 +305,19 @@ async def _prefix(port: int, tag: str) -> dict[str, float]:
 
 
 def _table(title: str, rows: list[dict[str, Any]]) -> Table:
+    """The rows' figures (not their lists, nor the clock readings) as a table."""
     table = Table(title=title)
-    for col in rows[0]:
+    cols = [
+        k
+        for k in dict.fromkeys(k for row in rows for k in row)
+        if not k.endswith("_unix_s")
+        and all(not isinstance(row.get(k), list | dict) for row in rows)
+    ]
+    for col in cols:
         table.add_column(col, justify="right")
     for row in rows:
-        table.add_row(
-            *(f"{v:.1f}" if isinstance(v, float) else str(v) for v in row.values())
-        )
+        values = [row.get(col, "") for col in cols]
+        table.add_row(*(f"{v:.1f}" if isinstance(v, float) else str(v) for v in values))
     return table
 
 
@@ -311,6 +360,12 @@ def main() -> int:
     parser.add_argument(
         "--settle-s", type=float, default=3.0, help="before the long prompt comes"
     )
+    parser.add_argument(
+        "--step-log",
+        action="store_true",
+        help="sluicegate's steps through bench/step_trace.py: the long prompt's "
+        "run records the steps that ran while it was read",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     console = Console(width=240)
@@ -331,6 +386,8 @@ def main() -> int:
                 extra |= asyncio.run(
                     _interference(port, args.extra_tokens, args.settle_s)
                 )
+                if args.step_log and name == "sluicegate":
+                    extra |= _steps_while_read(logs / STEPS, extra)
                 extra |= asyncio.run(_prefix(port, f"P{r}{name[0]}{time.time():.0f}"))
                 extra["load_1m_after"] = os.getloadavg()[0]
                 extras.append(extra)
