@@ -178,6 +178,8 @@ class ServerConfig:
                 f"default_max_tokens must be >= 1 or None, got "
                 f"{self.default_max_tokens!r}"
             )
+        if self.retry_after_s < 0:
+            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s!r}")
         for name in ("first_token_timeout_s", "request_timeout_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -100,6 +100,12 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     _add_resume_options(serve)
     add("--first-token-timeout-s", type=float, help="time to first token limit")
     add("--request-timeout-s", type=float, help="total time limit of a request")
+    add(
+        "--retry-after-s",
+        type=int,
+        default=1,
+        help="Retry-After seconds of a 503 (overload, draining, a store down)",
+    )
     add("--stream-buffer-bytes", type=int, default=1024 * 1024)
     add("--stuck-stream-timeout", type=float, default=30.0, help="seconds")
     add("--stream-interval-ms", type=float, default=0.0, help="event pacing")
@@ -257,6 +263,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "quota": Quota(args.requests_per_minute, args.tokens_per_minute),
         "first_token_timeout_s": args.first_token_timeout_s,
         "request_timeout_s": args.request_timeout_s,
+        "retry_after_s": args.retry_after_s,
         "max_stream_buffer_bytes": args.stream_buffer_bytes,
         "stuck_stream_timeout_s": args.stuck_stream_timeout,
         "stream_interval_s": args.stream_interval_ms / 1000.0,
