@@ -277,6 +277,29 @@ async def test_the_worker_gives_up_at_its_deadline_and_goes_on() -> None:
     assert await worker.run(lambda: 7, 10, "x", None) == 7
 
 
+@pytest.mark.anyio
+async def test_a_call_whose_waiter_gave_up_in_the_queue_is_never_run() -> None:
+    """Behind a compile that outlives every deadline, the calls queued after it
+    timed out for their clients; each then ran all the same, one after the
+    other, so the backlog (and the CPU it burnt) outlived the attack."""
+    clock = ManualClock()
+    worker = SchemaWorker(threads=1, stack_bytes=4 * 1024 * 1024, timers=clock)
+    release = threading.Event()
+    ran: list[int] = []
+    first = asyncio.ensure_future(worker.run(lambda: release.wait(10), 5, "x", None))
+    queued = asyncio.ensure_future(worker.run(lambda: ran.append(1), 5, "x", None))
+    while clock.next_due == math.inf:  # noqa: ASYNC110 (until both wait)
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    clock.advance(5)
+    for call in (first, queued):
+        with pytest.raises(RequestError):
+            await call
+    release.set()
+    assert await worker.run(lambda: 7, 10, "x", None) == 7
+    assert ran == []
+
+
 CRASH = textwrap.dedent(
     """
     import json, sys, threading

@@ -8,7 +8,8 @@ is not known. ``SchemaWorker`` runs such calls in its own threads, each started
 with ``STACK_BYTES`` of stack (address space; pages are touched only as used),
 and gives up waiting after a deadline: the caller gets a 400 naming the
 setting, and the thread finishes the call on its own (native code cannot be
-interrupted) before it takes the next one.
+interrupted) before it takes the next one; a call whose waiter gave up while
+it was still queued is dropped unrun.
 
 The schema limits (``core/schema_limits.py``) keep native recursion to a few
 hundred KiB of stack; the large stack here is the margin, not the defence.
@@ -128,6 +129,8 @@ class SchemaWorker:
     def _serve(self) -> None:
         while True:
             job = self._jobs.get()
+            if job.token is None:  # its waiter gave up while it was queued
+                continue
             try:
                 job.result = job.fn()
             except Exception as exc:  # not handled here: re-raised by run()
