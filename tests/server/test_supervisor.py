@@ -19,7 +19,7 @@ import pytest
 
 from sluicegate.core.restarts import RestartBudget, StuckWatch
 from sluicegate.engines.remote.host import read_beat
-from sluicegate.server.app.supervisor import WorkerSupervisor
+from sluicegate.server.app.supervisor import BEAT_READ_S, WorkerSupervisor
 from sluicegate.server.app.workers import parse_workers, worker_count, worker_sockets
 from sluicegate.server.http.connections import default_max_connections
 
@@ -51,6 +51,29 @@ def test_an_engine_process_that_keeps_dying_stops_the_workers_too(
     (worker,) = supervisor.workers
     assert worker.exits == [-15]  # stopped by the supervisor's SIGTERM
     assert "engine process exited with 3; restart limit reached" in caplog.text
+
+
+def test_the_parent_sleeps_until_a_child_exits_instead_of_polling() -> None:
+    # One child that lives two seconds: the parent looks at its children (and
+    # reads the clock) when the child exits and at each beat read, not every
+    # 50 ms as it did (20 looks a second, each a wake-up on the engine's cores).
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(time.monotonic())
+        return reads[-1]
+
+    sleeper = [sys.executable, "-c", "import time, sys; time.sleep(2.0); sys.exit(3)"]
+    supervisor = WorkerSupervisor(
+        sleeper, [0], {}, budget=lambda: RestartBudget(limit=0), clock=clock
+    )
+    assert supervisor.run() == 1
+    (slot,) = supervisor.workers
+    assert slot.exits == [3]
+    lived_s = reads[-1] - reads[0]
+    assert lived_s >= 2.0
+    # two reads a look (the child, the sleep), a look a beat read and at the exit
+    assert len(reads) <= 3 * (lived_s / BEAT_READ_S + 2), len(reads)
 
 
 def test_workers_is_a_count_from_one_or_auto() -> None:

@@ -11,10 +11,18 @@ only once every worker has exited, so that draining streams keep their engine.
 The engine process may also be alive and not working: stopped, its loop
 blocked, or in a step that never returns. It writes a beat every 50 ms
 (``engines/remote/host.py``); a ``StuckWatch`` (``core/restarts.py``) reads
-them, and an engine process with no beat for ``heartbeat_s`` seconds, or busy
-with no progress for ``step_deadline_s``, is killed with SIGKILL: its
-workers' streams end with the in-band ``engine_crashed`` error, and it is
-restarted as after any other exit.
+them every ``BEAT_READ_S``, and an engine process with no beat for
+``heartbeat_s`` seconds, or busy with no progress for ``step_deadline_s``, is
+killed with SIGKILL: its workers' streams end with the in-band
+``engine_crashed`` error, and it is restarted as after any other exit.
+
+The parent sleeps until something happens: a child's exit (a pidfd per child
+becomes readable), a signal (its wake-up fd), a restart that is due, or the
+next read of the beat. It used to wake every 50 ms to poll; on a machine whose
+cores llama.cpp's threads keep busy, each wake-up of another process takes a
+core from one of them while the other waits for it at the step's barrier
+(docs/performance.md, "The engine process"). Without pidfds (not Linux) it
+polls every ``POLL_S``.
 
 Each child runs in its own session: a terminal's Ctrl-C reaches only the
 parent, which forwards it once.
@@ -26,6 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import select
 import signal
 import subprocess
 import time
@@ -37,11 +47,16 @@ from types import FrameType
 from sluicegate.core.restarts import RestartBudget, StuckWatch
 from sluicegate.engines.remote.host import read_beat
 
-__all__ = ["WorkerSupervisor"]
+__all__ = ["BEAT_READ_S", "POLL_S", "WorkerSupervisor"]
 
 logger = logging.getLogger(__name__)
 
-_POLL_S = 0.05
+POLL_S = 0.05
+"""Seconds between two looks at the children where a child's exit cannot be
+waited for (no ``os.pidfd_open``)."""
+BEAT_READ_S = 0.5
+"""Seconds between two reads of the engine process's beat: a stuck engine is
+killed at most this long after its limit."""
 
 
 @dataclass(slots=True)
@@ -58,6 +73,7 @@ class _Slot:
     beat: Path | None = None  # the engine process's beat file
     watch: StuckWatch | None = None
     kills: list[str] = field(default_factory=list)  # why each stuck one was
+    exited: int | None = None  # a pidfd readable once the process exits
 
 
 class WorkerSupervisor:
@@ -121,6 +137,10 @@ class WorkerSupervisor:
             sig: signal.signal(sig, self._on_signal)
             for sig in (signal.SIGTERM, signal.SIGINT)
         }
+        woken, wake = os.pipe()
+        os.set_blocking(woken, False)
+        os.set_blocking(wake, False)
+        previous_wake = signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
         try:
             for slot in self._children():
                 self._start(slot)
@@ -128,12 +148,35 @@ class WorkerSupervisor:
                 self._forward_signals()
                 for slot in self._children():
                     self._watch(slot)
-                time.sleep(_POLL_S)
+                self._sleep(woken)
         finally:
+            signal.set_wakeup_fd(previous_wake)
+            os.close(woken)
+            os.close(wake)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._kill_all()
+            for slot in self._children():
+                self._close_pidfd(slot)
         return self.exit_code
+
+    def _sleep(self, woken: int) -> None:
+        """Until a child exits, a signal comes (``woken`` is the signals'
+        wake-up fd), a restart is due or the beat is to be read."""
+        timeout_s = BEAT_READ_S
+        now = self._clock()
+        for slot in self._children():
+            if slot.process is None and slot.restart_at_s is not None:
+                timeout_s = min(timeout_s, max(0.0, slot.restart_at_s - now))
+            elif slot.process is not None and slot.exited is None:
+                timeout_s = min(timeout_s, POLL_S)  # no pidfd: poll
+        poller = select.poll()
+        poller.register(woken, select.POLLIN)
+        for slot in self._children():
+            if slot.exited is not None:
+                poller.register(slot.exited, select.POLLIN)
+        if any(fd == woken for fd, _ in poller.poll(timeout_s * 1000)):
+            os.read(woken, 512)  # the signal's handler has run
 
     def _children(self) -> list[_Slot]:
         return self.workers if self.engine is None else [self.engine, *self.workers]
@@ -176,6 +219,7 @@ class WorkerSupervisor:
             self._watch_beat(slot, now)
             return
         slot.process = None
+        self._close_pidfd(slot)
         slot.exits.append(code)
         if self._stopping():
             if code not in (0, -signal.SIGTERM):
@@ -230,7 +274,17 @@ class WorkerSupervisor:
             # only, which forwards it once (two would end the drain).
             start_new_session=True,
         )
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is not None:
+            with contextlib.suppress(OSError):  # a kernel before 5.3: polled
+                slot.exited = pidfd_open(slot.process.pid)
         logger.info("%s started (pid %d)", slot.name, slot.process.pid)
+
+    @staticmethod
+    def _close_pidfd(slot: _Slot) -> None:
+        if slot.exited is not None:
+            os.close(slot.exited)
+            slot.exited = None
 
     def _kill_all(self) -> None:
         """On the way out (a bug here, or ``run`` interrupted): no orphans."""
