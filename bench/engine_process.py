@@ -11,7 +11,13 @@ each driven by ``sluicegate bench --concurrency 16`` (16 requests to warm up,
 then ``--requests`` streamed requests of ``--max-tokens`` tokens, the prompt of
 ``--prompt-words`` words; ``--threads`` sets llama.cpp's). Reported:
 output tokens/s, TTFT p50/p99, and the ratios split/one. The order of the
-servers alternates between rounds.
+servers alternates between rounds (``--first-round`` numbers them, so that
+rounds run one per command still alternate). Each row also has the engine's
+decode steps over the measured requests (``/engine/stats`` before and after:
+how many, their mean time, the share of the window spent in one) and every
+thread of the server's processes that ran (CPU seconds, voluntary and
+involuntary context switches): where the CPU beside llama.cpp's threads went,
+and how often each process woke.
 
 ``kill``: ``--streams`` scripted streams through ``--engine-process``
 (the scripted engine there, paced; ``--workers`` front-end workers, with a
@@ -108,7 +114,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for round_ in range(args.rounds):
+            for round_ in range(args.first_round, args.first_round + args.rounds):
                 kinds = ["one", "split"] if round_ % 2 == 0 else ["split", "one"]
                 for kind in kinds:
                     log = Path(tmp) / f"{kind}.log"
@@ -120,9 +126,16 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                             server.pid, stream_procs.tree(server.pid)
                         )
                         watch.start()
+                        stats_before = _engine_stats(url)
+                        threads_before = _threads(watch.pids)
                         began = time.perf_counter()
                         summary = _bench(url, args, Path(tmp) / "b.json", args.requests)
                         window = (began, time.perf_counter())
+                        threads = _thread_deltas(threads_before, _threads(watch.pids))
+                        # A worker is sent the engine's stats at most a tick
+                        # late once its requests are done; the engine is idle.
+                        time.sleep(0.5)
+                        steps = _steps(stats_before, _engine_stats(url), window)
                         watch.stop.set()
                         watch.join()
                     row = {
@@ -140,6 +153,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                             for p in watch.report(window)
                         ],
                         "machine_cores": watch.report_machine(window),
+                        "engine_steps": steps,
+                        "threads": threads,
                     }
                     rows.append(row)
                     print(json.dumps(_short(row)), flush=True)
@@ -147,7 +162,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         redis_process.terminate()
         redis_process.wait(10)
     ratios = []
-    for round_ in range(args.rounds):
+    for round_ in range(args.first_round, args.first_round + args.rounds):
         one, split = (
             next(r for r in rows if r["round"] == round_ and r["server"] == k)
             for k in ("one", "split")
@@ -157,6 +172,72 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         ratios.append({"round": round_, "tokens_per_s": tokens, "ttft_p50": ttft})
         print(f"round {round_}: tok/s split/one {tokens:.3f}, TTFT p50 {ttft:.3f}")
     return {"rows": rows, "split_over_one": ratios}
+
+
+def _engine_stats(url: str) -> dict[str, Any]:
+    stats: dict[str, Any] = httpx.get(f"{url}/engine/stats", timeout=30).json()
+    return stats
+
+
+def _steps(
+    before: dict[str, Any], after: dict[str, Any], window: tuple[float, float]
+) -> dict[str, float]:
+    """The engine's decode steps over the measured requests: how many, their
+    mean time, and the share of the window the engine spent in a step (what is
+    left is time with no step running: waiting for requests, or for the lock)."""
+    steps = after["steps"] - before["steps"]
+    busy_s = after["step_time_s"] - before["step_time_s"]
+    wall_s = window[1] - window[0]
+    return {
+        "steps": steps,
+        "step_ms": busy_s / steps * 1000 if steps else 0.0,
+        "busy_share": busy_s / wall_s,
+        "idle_s": wall_s - busy_s,
+        "prompt_tokens": after["prompt_tokens"] - before["prompt_tokens"],
+        "generated_tokens": after["generated_tokens"] - before["generated_tokens"],
+    }
+
+
+def _threads(pids: list[int]) -> dict[str, tuple[float, int, int]]:
+    """Every thread of ``pids``: CPU seconds, voluntary and involuntary
+    context switches (``/proc/PID/task/TID/status``), keyed by pid/name/tid."""
+    found: dict[str, tuple[float, int, int]] = {}
+    tick = 1.0 / os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                stat = (task / "stat").read_text()
+                status = (task / "status").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            switches = dict(
+                line.split(":\t") for line in status.splitlines() if "ctxt" in line
+            )
+            found[f"{pid}/{name}/{task.name}"] = (
+                (int(fields[11]) + int(fields[12])) * tick,
+                int(switches["voluntary_ctxt_switches"]),
+                int(switches["nonvoluntary_ctxt_switches"]),
+            )
+    return found
+
+
+def _thread_deltas(
+    before: dict[str, tuple[float, int, int]], after: dict[str, tuple[float, int, int]]
+) -> list[dict[str, Any]]:
+    """The threads that ran over the window: CPU seconds and switches."""
+    rows = []
+    for key, (cpu, voluntary, forced) in after.items():
+        cpu0, voluntary0, forced0 = before.get(key, (0.0, 0, 0))
+        if cpu - cpu0 > 0.005 or forced - forced0 > 0:
+            rows.append({
+                "thread": key,
+                "cpu_s": round(cpu - cpu0, 3),
+                "voluntary_switches": voluntary - voluntary0,
+                "involuntary_switches": forced - forced0,
+            })  # fmt: skip
+    return rows
 
 
 def _p(row: dict[str, Any], name: str, cut: str) -> float:
@@ -178,6 +259,7 @@ def _short(row: dict[str, Any]) -> dict[str, Any]:
             for role in dict.fromkeys(p["role"] for p in row["processes"])
         },
         "machine_busy": round(row["machine_cores"]["busy"], 2),
+        "steps": row["engine_steps"],
         "stolen": round(row["machine_cores"]["stolen"], 2),
     }
 
@@ -343,6 +425,13 @@ def main(argv: list[str] | None = None) -> int:
         "mode", nargs="?", choices=["compare", "kill"], default="compare"
     )
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--first-round",
+        type=int,
+        default=0,
+        help="the first round's number (compare): the order alternates by it,"
+        " so rounds run one per command keep alternating",
+    )
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-words", type=int, default=32)

@@ -65,6 +65,36 @@ async def test_a_request_is_accepted_then_its_token_ids_arrive(served: Served) -
 
 
 @pytest.mark.anyio
+async def test_the_stats_come_with_each_steps_outputs_and_to_an_idle_worker(
+    served: Served, tmp_path: Path
+) -> None:
+    # A second worker, connected (its first request ended), then idle.
+    idle = await asyncio.to_thread(RemoteEngine.connect, tmp_path / "engine.sock")
+    with anyio.fail_after(10):
+        first = idle.generate(_request("r-idle", max_tokens=1))
+        await first.accepted()
+        assert [len(o.token_ids) async for o in first] == [1]
+    # A worker with a request running gets the engine's stats in the frame of
+    # each step's outputs (not on a timer of their own): when an output is
+    # read, the stats already count it.
+    outputs = served.remote.generate(_request("r-s", max_tokens=20))
+    counted: list[tuple[int, int]] = []
+    with anyio.fail_after(10):
+        await outputs.accepted()
+        received = 0
+        async for output in outputs:
+            received += len(output.token_ids)
+            counted.append((received, served.remote.stats().generated_tokens))
+    assert received == 20
+    assert all(stats >= 1 + tokens for tokens, stats in counted), counted
+    # The idle worker got no output since: the host's tick sends them.
+    with anyio.fail_after(10):
+        while idle.stats().generated_tokens < 21:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    await idle.aclose()
+
+
+@pytest.mark.anyio
 async def test_an_abort_crosses_and_the_sequence_ends_without_a_finish(
     served: Served,
 ) -> None:

@@ -15,11 +15,17 @@ connection, with the frames of ``frames.py``:
   (``server/prepare/grammar_check.py``), each in a thread of this process (native code
   that may crash takes this process down, not a worker), then
   ``GRAMMAR_DONE``;
-- every ``STATS_INTERVAL_S`` the engine's ``stats()``, when they changed, go
-  to every worker as ``STATS`` (a worker's ``/engine/stats`` reads the last),
-  and a beat is written to the beat file (``write_beat``): a tick, the
-  engine's progress and whether it is busy, which the supervisor reads to
-  kill an engine process that is stuck (``core/restarts.py``, ``StuckWatch``).
+- the engine's ``stats()``, when they changed, go to a worker as ``STATS``
+  (a worker's ``/engine/stats`` reads the last): to a worker with requests
+  running, in the frame of each step's outputs for it (and at a tick only
+  when it got no frame for ``STATS_IDLE_S``); to a worker with none, at every
+  tick. A busy worker is woken once a step, not by a timer too: on cores
+  that llama.cpp's threads keep busy, each wake-up costs the step
+  (docs/performance.md, "The engine process");
+- every ``STATS_INTERVAL_S`` (a tick) a beat is written to the beat file
+  (``write_beat``): a tick, the engine's progress and whether it is busy,
+  which the supervisor reads to kill an engine process that is stuck
+  (``core/restarts.py``, ``StuckWatch``).
 
 The outputs of one engine step reach the loop in one callback
 (``engines/llamacpp/handoff.py``), so their frames are gathered per connection and
@@ -70,6 +76,7 @@ from sluicegate.engines.values import EngineStats, GenerateRequest, Grammar
 
 __all__ = [
     "MAX_UNREAD_BYTES",
+    "STATS_IDLE_S",
     "STATS_INTERVAL_S",
     "beat_path",
     "read_beat",
@@ -80,7 +87,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.05
-"""Seconds between two pushes of the engine's stats (when they changed)."""
+"""Seconds between two ticks: a beat, and the stats of idle workers."""
+
+STATS_IDLE_S = 0.5
+"""Seconds a worker with requests running may go without a frame (a long
+step) before a tick sends it the stats (when they changed); it gets them with
+each step's outputs otherwise."""
 
 MAX_UNREAD_BYTES = 64 * 1024 * 1024
 """Bytes of frames a worker may leave unread before its link is closed (its
@@ -94,13 +106,15 @@ class _Link(FrameLink):
         super().__init__("worker", MAX_UNREAD_BYTES)
         self._host = host
         self.outputs: dict[str, SequenceOutputs[EngineOutput]] = {}
+        self.stats_sent: EngineStats | None = None
+        self.sent_at = 0.0  # the loop's time of the last frame written
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._host.links.add(self)
         engine = self._host.engine
         self.send((HELLO, engine.model, engine.capabilities, self._host.vocab))
-        self.send((STATS, engine.stats()))
+        self.send_stats(engine.stats())
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -109,6 +123,20 @@ class _Link(FrameLink):
         for request_id, sequence in outputs.items():
             sequence.close()  # the engine aborts it at its next step
             logger.info("worker gone: aborted %s", request_id)
+
+    def send_stats(self, stats: EngineStats) -> None:
+        """Queue ``stats`` for this worker, unless it has them already."""
+        if stats != self.stats_sent:
+            self.stats_sent = stats
+            self.send((STATS, stats))
+
+    def flush(self) -> None:
+        """Write what is queued as one frame, with the engine's stats when they
+        changed (a step's outputs: the worker reads them in the same wake)."""
+        if self._pending and self.transport is not None:
+            self.send_stats(self._host.engine.stats())
+            self.sent_at = asyncio.get_running_loop().time()
+        super().flush()
 
     def receive(self, message: tuple[object, ...]) -> None:
         """One frame's message from the worker."""
@@ -178,15 +206,17 @@ class _Host:
         self.links: set[_Link] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.failure: str | None = None
-        self._last: EngineStats | None = None
 
     def push_stats(self) -> EngineStats:
+        """The engine's stats now; sent to each worker with no request running,
+        and to one with requests that got no frame for ``STATS_IDLE_S`` (the
+        others get them with their outputs)."""
         stats = self.engine.stats()
         self.failure = stats.failure
-        if stats != self._last:
-            self._last = stats
-            for link in self.links:
-                link.send((STATS, stats))
+        now = asyncio.get_running_loop().time()
+        for link in self.links:
+            if not link.outputs or now - link.sent_at >= STATS_IDLE_S:
+                link.send_stats(stats)
         return stats
 
 
