@@ -224,7 +224,8 @@ def _port(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     from sluicegate.core.decoding.reasoning_parsers import REASONING_PARSERS
     from sluicegate.engines.llamacpp.config import add_arguments as engine_arguments
-    from sluicegate.server.app.options import add_serve_options, add_usage_command
+    from sluicegate.server.app.options import add_serve_options
+    from sluicegate.server.app.usage_command import add_usage_command
 
     parser = argparse.ArgumentParser(
         prog="sluicegate",

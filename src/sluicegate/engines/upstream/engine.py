@@ -72,11 +72,7 @@ from sluicegate.engines.upstream.failover import serve
 from sluicegate.engines.upstream.health import check_health
 from sluicegate.engines.upstream.http import AiohttpHop
 from sluicegate.engines.upstream.limits import arm
-from sluicegate.engines.upstream.pool import (
-    PoolMember,
-    UpstreamCounters,
-    UpstreamPool,
-)
+from sluicegate.engines.upstream.pool import PoolMember, UpstreamCounters, UpstreamPool
 from sluicegate.engines.upstream.sequence import (
     LOGPROBS_UNAVAILABLE,
     UpstreamOutputs,
@@ -197,10 +193,9 @@ class UpstreamEngine:
         estimate: bool = False,
     ) -> int | None:
         """``request``'s prompt tokens by the first upstream's tokenizer, or ``None``
-        when it offers none (``count.py``); with ``estimate``, then (or when the
-        counter is slow: no count within ``COUNT_BEFORE_ESTIMATE_S``, or within
-        the upstream's ``count_timeout_s`` where that is shorter) this engine's
-        estimate (``estimate.py``).
+        when it offers none (``count.py``); with ``estimate``, then (or when no
+        count came within ``COUNT_BEFORE_ESTIMATE_S`` or the upstream's shorter
+        ``count_timeout_s``) this engine's estimate (``estimate.py``).
 
         Raises:
             UpstreamTimedOut: without ``estimate``, the counter did not answer
@@ -216,10 +211,10 @@ class UpstreamEngine:
             counted = await self._counter.count(model, chat, messages_body, wait_s)
         except TimeoutError as exc:
             if not estimate:
+                why = "its upstream's token counter did not answer within"
                 raise UpstreamTimedOut(
                     f"count_tokens cannot count the prompts of {self._model.id!r}"
-                    f" now: its upstream's token counter did not answer within"
-                    f" {wait_s:g} s (it is asked again on the next request)"
+                    f" now: {why} {wait_s:g} s (it is asked again on the next request)"
                 ) from exc
             counted = None
         return self._estimate.fill(request.text_prompt, counted, estimate)

@@ -1,10 +1,10 @@
 """Command-line options of ``sluicegate serve`` for admission, limits, shutdown and
-the ledger, and the ``sluicegate usage`` command.
+the ledger.
 
 ``cli.py`` calls ``add_serve_options`` on its ``serve`` parser, turns the parsed
 options into ``ServerConfig`` fields with ``config_fields``, runs uvicorn with
 ``run_server`` (SIGTERM drains first, see ``shutdown.py``; HTTP connection limits,
-see ``connections.py``), and adds ``usage`` with ``add_usage_command``.
+see ``connections.py``). The ``sluicegate usage`` command is ``usage_command.py``.
 
 Spec: docs/DESIGN.md, "Admission and limits", "Slow consumers", "Timeouts",
 "Graceful shutdown" and "Metering".
@@ -15,24 +15,19 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.applications import Starlette
 
 from sluicegate.server.admission.keys import ApiKey, read_keys_file
 from sluicegate.server.admission.quotas import Quota
 from sluicegate.server.app.workers import add_worker_options, worker_count
-from sluicegate.server.ledger.pg_schema import is_url, redact
+from sluicegate.server.ledger.pg_schema import is_url
 from sluicegate.server.prepare import schema_checks
-
-if TYPE_CHECKING:
-    from sluicegate.server.ledger.ledger import UsageTotal
 
 __all__ = [
     "add_serve_options",
-    "add_usage_command",
     "config_fields",
     "default_ledger_path",
     "read_chat_template",
@@ -358,62 +353,3 @@ def run_server(app: Starlette, args: argparse.Namespace) -> int:
     gc.freeze()
     server.run(sockets=serve_sockets(args, limits.backlog))
     return server.exit_code
-
-
-def add_usage_command(sub: Any) -> None:
-    """Add ``sluicegate usage [--ledger PATH|URL]`` to the subcommands ``sub``."""
-    usage = sub.add_parser("usage", help="ledger totals per API key and end state")
-    usage.add_argument(
-        "--ledger", metavar="PATH|URL", help="SQLite ledger file or postgresql:// URL"
-    )
-    usage.set_defaults(func=_usage)
-
-
-def _usage(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    target: str = args.ledger or str(default_ledger_path())
-    totals = _totals(target)
-    if totals is None:
-        return 2
-    table = Table(title=f"usage ({redact(target)})")
-    columns = ("key", "end state", "requests", "prompt", "completion", "reasoning")
-    for column in columns:
-        table.add_column(column, justify="left" if column in columns[:2] else "right")
-    for t in totals:
-        table.add_row(
-            t.key_id,
-            str(t.end_state),
-            str(t.requests),
-            str(t.prompt_tokens),
-            str(t.completion_tokens),
-            str(t.reasoning_tokens),
-        )
-    Console().print(table)
-    return 0
-
-
-def _totals(target: str) -> list[UsageTotal] | None:
-    """The totals of the ledger file or URL ``target``; ``None`` (said on stderr)
-    when there is no such file or the database cannot be read."""
-    if not is_url(target):
-        from sluicegate.server.ledger.ledger import usage_totals
-
-        path = Path(target)
-        if not path.is_file():
-            print(f"sluicegate: no ledger at {path}", file=sys.stderr)
-            return None
-        return usage_totals(path)
-    import psycopg
-
-    from sluicegate.server.ledger.pg_read import usage_totals as database_totals
-
-    try:
-        return database_totals(target)
-    except psycopg.Error as exc:
-        print(
-            f"sluicegate: cannot read the ledger at {redact(target)}: {exc}",
-            file=sys.stderr,
-        )
-        return None

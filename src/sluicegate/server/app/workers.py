@@ -59,7 +59,6 @@ __all__ = [
     "add_worker_options",
     "listen_sockets",
     "parse_workers",
-    "redis_unreachable",
     "run_engine_process",
     "run_workers",
     "serve_sockets",
@@ -251,28 +250,6 @@ def worker_sockets(args: argparse.Namespace) -> list[socket.socket]:
     return listen_sockets(args.host, args.port, worker_count(args.workers), backlog)
 
 
-def redis_unreachable(url: str, timeout_s: float = 1.0) -> str | None:
-    """Why the Redis at ``url`` does not answer a ``PING`` within about
-    ``timeout_s`` seconds (connect, then reply), or ``None`` when it does.
-
-    Raises:
-        ValueError: ``url`` is not a Redis URL (``redis://``, ``rediss://``,
-            ``unix://``).
-    """
-    import redis
-
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
-    )
-    try:
-        client.ping()
-    except (redis.RedisError, OSError) as exc:
-        return str(exc) or type(exc).__name__
-    finally:
-        client.close()
-    return None
-
-
 def _check_redis(url: str) -> None:
     """Refuse a ``--redis`` that is no Redis URL; warn when it does not answer.
 
@@ -285,6 +262,7 @@ def _check_redis(url: str) -> None:
         SystemExit: ``url`` is not a Redis URL.
     """
     from sluicegate.server.ledger.pg_schema import redact
+    from sluicegate.server.redis.client import redis_unreachable
 
     try:
         why = redis_unreachable(url)

@@ -2,7 +2,8 @@
 
 ``connect(url)`` opens a ``redis.asyncio`` client (its pool connects on first
 use), and ``redis_errors()`` turns every failure to reach Redis into one
-``RedisUnavailable``. ``redis`` (redis-py) is imported here only, and only when a
+``RedisUnavailable``; ``redis_unreachable(url)`` is the start-up check, one
+blocking ``PING``. ``redis`` (redis-py) is imported here only, and only when a
 server is configured with ``redis_url``: a server without Redis never loads it.
 
 Invariants:
@@ -31,6 +32,7 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "connect",
     "redis_errors",
+    "redis_unreachable",
 ]
 
 CONNECT_TIMEOUT_S = 1.0
@@ -84,3 +86,25 @@ def redis_errors(doing: str) -> Iterator[None]:
         raise RedisFull(f"Redis is full (maxmemory) while {doing}") from exc
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"Redis failed while {doing}: {exc}") from exc
+
+
+def redis_unreachable(url: str, timeout_s: float = 1.0) -> str | None:
+    """Why the Redis at ``url`` does not answer a ``PING`` within about
+    ``timeout_s`` seconds (connect, then reply), or ``None`` when it does.
+
+    Raises:
+        ValueError: ``url`` is not a Redis URL (``redis://``, ``rediss://``,
+            ``unix://``).
+    """
+    import redis
+
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+    )
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        return str(exc) or type(exc).__name__
+    finally:
+        client.close()
+    return None
