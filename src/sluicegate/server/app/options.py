@@ -199,9 +199,10 @@ def _add_http_options(serve: argparse.ArgumentParser) -> None:
         default=ACCEPT_SOCKETS,
         metavar="N",
         help="SO_REUSEPORT listening sockets of one serve process on its port;"
-        " the event loop accepts one connection per socket per turn, so a burst"
-        " of new connections waits less with more (default: %(default)s;"
-        " a worker of --workers listens on its parent's one)",
+        " the event loop accepts one connection per socket per turn, so more"
+        " sockets answer a burst of new streams sooner and delay the running"
+        " ones more (docs/performance.md) (default: %(default)s; a worker of"
+        " --workers listens on its parent's one)",
     )
     add(
         "--max-header-bytes",
