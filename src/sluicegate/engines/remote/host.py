@@ -206,6 +206,7 @@ class _Host:
         self.links: set[_Link] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.failure: str | None = None
+        self.deferred = False  # signalled: stop once no worker is connected
 
     def push_stats(self) -> EngineStats:
         """The engine's stats now; sent to each worker with no request running,
@@ -228,8 +229,10 @@ async def serve_engine(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Serve ``engine`` on the Unix socket ``path`` until SIGTERM or SIGINT
-    (or until ``parent_pid`` is no longer this process's parent, or the
-    engine failed for good: ``stats().failure``), then close the engine
+    (with a ``parent_pid``: once no worker is connected after the first, at
+    once after a second), or until ``parent_pid`` is no longer this process's
+    parent, or the engine failed for good (``stats().failure``); then close
+    the engine
     (every KV cell freed) and remove the socket. A beat goes to
     ``beat_path(path)`` every ``STATS_INTERVAL_S`` meanwhile, until the
     engine is closed.
@@ -255,7 +258,7 @@ async def serve_engine(
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _on_signal, host, stop, parent_pid)
     server = await loop.create_unix_server(lambda: _Link(host), str(path))
     os.chmod(path, 0o600)
     logger.info("engine %s serving on %s", engine.model.id, path)
@@ -276,6 +279,27 @@ async def serve_engine(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a socket: no disk write to wait for
     return 0 if host.failure is None else 1
+
+
+def _on_signal(host: _Host, stop: asyncio.Event, parent_pid: int | None) -> None:
+    """SIGTERM or SIGINT: stop; under a supervisor, the first one only once
+    no worker is connected.
+
+    A supervisor (``parent_pid``) stops this process itself once its workers
+    have exited. A signal that reaches every process of the service at once
+    (systemd's ``KillMode=control-group``, ``kill`` of each pid) reaches this
+    one while the workers drain: their streams still need the engine, so it
+    serves until the last worker's connection closes. A second signal stops
+    it at once.
+    """
+    if parent_pid is None or host.deferred:
+        stop.set()
+        return
+    host.deferred = True
+    logger.info(
+        "signalled: serving the %d connected workers until they have gone",
+        len(host.links),
+    )
 
 
 def beat_path(socket_path: Path) -> Path:
@@ -322,6 +346,9 @@ async def _push_stats(
             write_beat(beats, tick, host.engine.stats())
             continue
         write_beat(beats, tick, host.push_stats())
+        if host.deferred and not host.links:
+            logger.info("no worker is connected: stopping")
+            stop.set()
         if host.failure is not None:
             logger.critical("the engine failed (%s): stopping", host.failure)
             stop.set()

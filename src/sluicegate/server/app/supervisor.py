@@ -5,8 +5,12 @@ listening socket (``workers.py``). A child that exits while nothing asked it
 to is started again after its ``RestartBudget``'s delay (``core/restarts.py``);
 past the budget's limit the supervisor stops every child and exits 1, having
 logged which child and the limit. On SIGTERM or SIGINT it signals every worker
-once per signal (the first drains, a second ends them), and the engine process
-only once every worker has exited, so that draining streams keep their engine.
+once per signal (the first, SIGTERM, drains; a later one, SIGQUIT, ends them),
+and the engine process only once every worker has exited, so that draining
+streams keep their engine. The children may get the same signal directly
+(systemd's ``KillMode=control-group`` signals every process of the service):
+a worker's first drains and a repeat is ignored, and the engine process
+serves until no worker is connected (``host.py``), so that is the same drain.
 
 The engine process may also be alive and not working: stopped, its loop
 blocked, or in a step that never returns. It writes a beat every 50 ms
@@ -57,6 +61,10 @@ waited for (no ``os.pidfd_open``)."""
 BEAT_READ_S = 0.5
 """Seconds between two reads of the engine process's beat: a stuck engine is
 killed at most this long after its limit."""
+
+_STOPPED = (0, -signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGINT)
+"""The exit codes of a child that stopped as told: a worker drained on SIGINT
+(had directly) exits as ``serve`` does on Ctrl-C, 130."""
 
 
 @dataclass(slots=True)
@@ -198,12 +206,15 @@ class WorkerSupervisor:
                 engine.signalled = True
         if self._forwarded == self._signals:
             return
+        # The first drains; a worker ignores a repeated SIGTERM (it may have
+        # had one directly), so a later one is SIGQUIT: end now.
+        order = signal.SIGTERM if self._forwarded == 0 else signal.SIGQUIT
         self._forwarded = self._signals
         logger.info("stopping %d workers", sum(1 for s in self.workers if s.process))
         for slot in self.workers:
             slot.restart_at_s = None
             if slot.process is not None and slot.process.poll() is None:
-                slot.process.send_signal(signal.SIGTERM)
+                slot.process.send_signal(order)
         if self.engine is not None:
             self.engine.restart_at_s = None  # no restart while stopping
 
@@ -222,7 +233,7 @@ class WorkerSupervisor:
         self._close_pidfd(slot)
         slot.exits.append(code)
         if self._stopping():
-            if code not in (0, -signal.SIGTERM):
+            if code not in _STOPPED:
                 self.exit_code = 1
             return
         delay = slot.budget.after_exit(now, now - slot.started_s)

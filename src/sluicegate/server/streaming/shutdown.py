@@ -10,7 +10,10 @@ request), and ``done`` is set once they have all ended (or after
 ``DrainingServer`` is uvicorn's ``Server`` with SIGTERM/SIGINT wired to the drain:
 the first signal starts it, uvicorn's own shutdown (close the sockets, run the
 app's lifespan shutdown, which closes the engine and the ledger) starts when it is
-done, and a second signal exits at once.
+done, and a second signal exits at once. A worker of ``serve --workers`` takes
+its second order from its supervisor only (SIGQUIT): a signal sent to every
+process of the service at once reaches it twice, directly and forwarded by
+the supervisor, and is one drain.
 
 Deliberate divergence from plain uvicorn: uvicorn stops accepting connections on
 the first signal; here the listening socket stays open during the drain so that a
@@ -25,6 +28,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
+from collections.abc import Iterator
 from types import FrameType
 
 import anyio
@@ -105,7 +110,9 @@ class DrainingServer(uvicorn.Server):
         grace_s: seconds running responses may take to finish.
         engine: the served engine, or ``None`` not to watch one.
         parent_pid: a worker's parent (``workers.py``): once this process has
-            another parent (it died), drain as on SIGTERM.
+            another parent (it died), drain as on SIGTERM. With one, a
+            SIGTERM or SIGINT during the drain is ignored and SIGQUIT (the
+            supervisor's second signal) exits at once.
 
     Attributes:
         exit_code: 0, or 1 after the engine failed.
@@ -128,14 +135,39 @@ class DrainingServer(uvicorn.Server):
         self.exit_code = 0
         self._drain_task: asyncio.Task[None] | None = None
         self._signalled = False
+        self._supervised = parent_pid is not None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's SIGTERM and SIGINT, and a worker's SIGQUIT (exit now)."""
+        if not self._supervised:
+            with super().capture_signals():
+                yield
+            return
+        previous = signal.signal(signal.SIGQUIT, self._exit_now)
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            signal.signal(signal.SIGQUIT, previous)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """First signal: drain (started on the next tick); second: exit now."""
+        """First signal: drain (started on the next tick); second: exit now
+        (a worker's: ignored, its supervisor says when)."""
         if self._signalled:
+            if self._supervised:
+                logger.info("signal %d while draining: the drain goes on", sig)
+                return
             super().handle_exit(sig, frame)
             return
         self._signalled = True
         self._captured_signals.append(sig)
+
+    def _exit_now(self, sig: int, frame: FrameType | None) -> None:
+        """The supervisor's second signal: uvicorn's shutdown, not waiting for
+        the drain."""
+        self._signalled = True
+        self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
         """uvicorn's tick, plus: start the drain; exit once it is done."""
