@@ -20,7 +20,7 @@ from sluicegate.core.events import (
 )
 from sluicegate.core.wire.chunks import Endpoint, ResponseHeader, chat_delta
 from sluicegate.core.wire.stream import StreamMachine
-from sluicegate.server.streaming.buffer import coalesce, join_deltas
+from sluicegate.server.streaming.buffer import coalesce, join_all_deltas, join_deltas
 
 CHAT = ResponseHeader("chatcmpl-1", 1, "m", Endpoint.CHAT)
 COMPLETION = ResponseHeader("cmpl-1", 1, "m", Endpoint.COMPLETION)
@@ -164,17 +164,79 @@ def _per_part(events: list[Delta]) -> tuple[str, str, dict[int, str]]:
     return text, reasoning, arguments
 
 
+def _kinds(delta: Delta) -> frozenset[str]:
+    """What a delta carries: content, reasoning, tool calls (empty: nothing)."""
+    parts = delta.parts or DeltaParts()
+    found = {"content": bool(delta.text or delta.logprobs)}
+    found |= {"reasoning": bool(parts.reasoning), "calls": bool(parts.tool_calls)}
+    return frozenset(kind for kind, present in found.items() if present)
+
+
+def _changes(events: list[Delta]) -> list[frozenset[str]]:
+    """The kinds of ``events`` in order, each run of one kind once."""
+    runs: list[frozenset[str]] = []
+    for kinds in map(_kinds, events):
+        if kinds and (not runs or runs[-1] != kinds):
+            runs.append(kinds)
+    return runs
+
+
 @given(deltas)
 def test_coalescing_keeps_each_parts_concatenation(events):
-    out, merged = coalesce(list(events))
-    assert len(out) == 1
-    assert merged == len(events) - 1
-    (joined,) = out
-    assert isinstance(joined, Delta)
-    assert _per_part([joined]) == _per_part(events)
-    if joined.parts is not None:
-        indexes = [f.index for f in joined.parts.tool_calls]
-        assert len(indexes) == len(set(indexes))
+    coalesced, merged = coalesce(list(events))
+    out = [d for d in coalesced if isinstance(d, Delta)]
+    assert len(out) == len(coalesced)
+    assert merged == len(events) - len(out)
+    assert _per_part(out) == _per_part(events)
+    for joined in out:
+        if joined.parts is not None:
+            indexes = [f.index for f in joined.parts.tool_calls]
+            assert len(indexes) == len(set(indexes))
+
+
+one_kind = st.one_of(
+    st.builds(Delta, st.integers(0, 1), st.text(min_size=1, max_size=3)),
+    st.builds(
+        Delta,
+        st.integers(0, 1),
+        st.just(""),
+        parts=st.builds(DeltaParts, reasoning=st.text(min_size=1, max_size=3)),
+    ),
+    st.builds(
+        Delta,
+        st.integers(0, 1),
+        st.just(""),
+        parts=st.builds(DeltaParts, fragments.map(lambda f: (f,))),
+    ),
+    st.builds(Delta, st.integers(0, 1), st.just(""), usage=st.just(Usage(1, 1))),
+)
+
+
+@given(st.lists(one_kind, min_size=1, max_size=12))
+def test_coalescing_never_merges_across_a_change_of_kind(events):
+    """Reasoning, content and tool calls pile up in any order (a client far
+    behind): each joined delta carries one kind, every choice's kinds come in
+    the order they were put, and each run of one kind is one delta."""
+    out, _ = coalesce(list(events))
+    for index in (0, 1):
+        put = [d for d in events if d.index == index]
+        got = [d for d in out if isinstance(d, Delta) and d.index == index]
+        assert all(len(_kinds(d)) <= 1 for d in got)
+        assert _changes(got) == _changes(put)
+        assert len(got) == (max(len(_changes(put)), 1) if put else 0)
+        assert _per_part(got) == _per_part(put)
+
+
+def test_reasoning_then_content_piled_up_stay_two_deltas():
+    reasoning = [Delta(0, "", parts=DeltaParts(reasoning=r)) for r in ("plan", ": 4")]
+    events = [*reasoning, Delta(0, "The answer"), Delta(0, " is 4.")]
+    assert coalesce(list(events)) == (
+        [
+            Delta(0, "", parts=DeltaParts(reasoning="plan: 4")),
+            Delta(0, "The answer is 4."),
+        ],
+        2,
+    )
 
 
 @given(deltas, st.integers(0, 8))
@@ -195,8 +257,7 @@ def test_joining_is_associative_over_any_split(events, cut):
 
 @given(deltas)
 def test_tool_call_id_and_name_come_from_the_first_fragment_that_has_them(events):
-    (joined,) = coalesce(list(events))[0]
-    assert isinstance(joined, Delta)
+    joined = join_all_deltas(list(events))
     for f in joined.parts.tool_calls if joined.parts else ():
         same = [
             g

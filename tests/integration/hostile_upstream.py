@@ -38,7 +38,9 @@ some):
 - ``unoffered_tool:[before|after]``: a call of a tool the client never offered;
 - ``garbage:[seed]``: a 200 head, then seeded random bytes; ``garbage_raw:[seed]``:
   random bytes where the response's head should be;
-- ``splits:[seed]``: a valid stream written in seeded random pieces.
+- ``splits:[seed]``: a valid stream written in seeded random pieces;
+- ``reasoning_then_content``: two ``reasoning_content`` chunks, then two
+  ``content`` chunks, all in one write (``REASONING``, ``CONTENT``).
 
 One attack is on ``POST /v1/messages/count_tokens`` (the first token counter
 the gateway asks; the others, ``/tokenize`` and the rest, answer 404):
@@ -63,6 +65,9 @@ MODEL = "hostile"
 OTHER_HOST_MARK = "OTHER-HOST-BODY-NEVER-FORWARDED"
 SPLIT_TEXT = "Hé, wörld 🌍 — ünïcödé and 漢字 split anywhere. " * 3
 """The text of ``splits``: multi-byte characters, so that splits fall inside them."""
+REASONING = ["plan: ", "2+2=4"]
+CONTENT = ["The answer", " is 4."]
+"""The chunks of ``reasoning_then_content``."""
 ENDLESS_LIMIT_S = 60.0
 """``endless_line`` stops after this long even if the peer never leaves."""
 
@@ -330,6 +335,14 @@ async def splits(send: Send, request: Request, args: list[str]) -> None:
         await asyncio.sleep(0.001)
 
 
+async def reasoning_then_content(send: Send, request: Request, args: list[str]) -> None:
+    role = event(chunk({"role": "assistant", "content": ""}))
+    thoughts = [event(chunk({"reasoning_content": text})) for text in REASONING]
+    answer = [event(chunk({"content": text})) for text in CONTENT]
+    end = event(chunk({}, "stop")) + usage_event("4") + b"data: [DONE]\n\n"
+    await send(b"".join([SSE_HEAD, role, *thoughts, *answer, end]))
+
+
 ATTACKS: dict[str, Attack] = {
     attack.__name__: attack
     for attack in (
@@ -353,6 +366,7 @@ ATTACKS: dict[str, Attack] = {
         garbage,
         garbage_raw,
         splits,
+        reasoning_then_content,
     )
 }
 

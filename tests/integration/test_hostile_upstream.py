@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import string
 import time
+from typing import Any
 
 import openai
 import pytest
@@ -138,6 +139,47 @@ def test_an_upstream_past_max_tokens_is_cut_at_max_tokens(
     assert usage is not None
     assert usage.completion_tokens == 5, usage
     assert [row.completion_tokens for row in measured.rows] == [5]
+    measured.assert_live()
+
+
+@pytest.mark.parametrize("interval", [None, 16])
+def test_reasoning_and_content_in_one_write_stay_in_chunks_of_their_own(
+    harness: Harness, interval: int | None
+) -> None:
+    """Two reasoning chunks then two content chunks in one write, read faster
+    than the client takes them (``stream_interval`` 16: always): no chunk the
+    client gets (the openai SDK) has both, and all the reasoning comes first."""
+    client = openai.OpenAI(
+        base_url=f"{harness.gateway.base_url}/v1", api_key="unused", max_retries=0
+    )
+    options: Any = {"include_usage": True}  # stream_interval: not in the SDK's type
+    if interval is not None:
+        options["stream_interval"] = interval
+    name = f"reasoning_then_content, interval {interval}"
+    with harness.attack(name, expected_rows=5) as measured:
+        for _ in range(5):  # a lagging writer is likely, not certain, without one
+            stream = client.chat.completions.create(
+                model=HOSTILE,
+                messages=[{"role": "user", "content": "attack:reasoning_then_content"}],
+                stream=True,
+                stream_options=options,
+            )
+            kinds: list[str] = []
+            texts: dict[str, str] = {"reasoning_content": "", "content": ""}
+            for c in stream:
+                for choice in c.choices:
+                    delta = choice.delta.model_dump()
+                    present = [k for k in texts if delta.get(k)]
+                    assert len(present) <= 1, delta
+                    for k in present:
+                        kinds.append(k)
+                        texts[k] += delta[k]
+            assert texts == {
+                "reasoning_content": "".join(fake.REASONING),
+                "content": "".join(fake.CONTENT),
+            }
+            assert kinds == sorted(kinds, key=["reasoning_content", "content"].index)
+    assert len(measured.rows) == 5
     measured.assert_live()
 
 

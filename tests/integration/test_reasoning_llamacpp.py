@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
@@ -245,3 +245,42 @@ def test_the_engine_closes_the_reasoning_at_its_budget(
     assert own.startswith(message["reasoning_content"])
     assert "</think>" not in (message["content"] or "")
     assert whole.usage.completion_tokens > details.reasoning_tokens
+
+
+def test_reasoning_and_content_written_together_stay_in_chunks_of_their_own(
+    client: openai.OpenAI,
+) -> None:
+    """A budget ends the reasoning and the model answers; with
+    ``stream_interval`` past the whole answer, every delta piles up before one
+    write: the reasoning still comes in chunks of its own, before the
+    content's (S28), as it does when each token is written at once."""
+    request: dict[str, Any] = {
+        "model": client.models.list().data[0].id,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "temperature": 0,
+        "max_tokens": 24,
+        "stream": True,
+    }
+    seen: dict[int, list[tuple[str, str]]] = {}
+    for interval in (1, 64):
+        stream = client.chat.completions.create(
+            **request,
+            stream_options=cast(Any, {"stream_interval": interval}),
+            extra_body={
+                "chat_template_kwargs": {"enable_thinking": True},
+                "thinking_token_budget": 10,
+            },
+        )
+        pieces: list[tuple[str, str]] = []
+        for chunk in stream:
+            for choice in chunk.choices:
+                delta = choice.delta.model_dump()
+                present = [k for k in ("reasoning_content", "content") if delta.get(k)]
+                assert len(present) <= 1, delta
+                pieces += [(k, delta[k]) for k in present]
+        seen[interval] = pieces
+    kinds = [kind for kind, _ in seen[64]]
+    assert kinds == sorted(kinds, reverse=True)  # all the reasoning first
+    for kind in ("reasoning_content", "content"):
+        joined = ["".join(t for k, t in seen[i] if k == kind) for i in (1, 64)]
+        assert joined[0] == joined[1] != ""

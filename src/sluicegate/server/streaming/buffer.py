@@ -10,7 +10,8 @@ nothing queued it may take events at once through ``direct`` (eager writes).
   ``on_overflow`` once when they pass ``max_bytes`` (the response then aborts
   the engine request and closes: memory per stream stays bounded);
 - ``drain()`` merges what piled up while the socket was behind into one ``Delta``
-  per choice (``coalesce``). When the client keeps up, each drain holds one event
+  per choice and kind of output (``coalesce``: reasoning, content and tool calls
+  are never merged into one). When the client keeps up, each drain holds one event
   and nothing is merged, so the first token is never delayed.
 
 ``LiveStreams`` is the set of buffers of the responses now running, for the
@@ -19,6 +20,8 @@ graceful drain (``shutdown.py``) and the metrics (``metering/metrics.py``).
 Invariants:
     - Per choice, text order is kept and every ``Delta`` stays before that
       choice's ``Finish``; ``End``/``Fail`` stay last.
+    - A coalesced ``Delta`` carries one kind of output, unless one ``Delta`` put
+      carried several.
     - ``put`` never blocks and never waits on the client.
     - An event handed to ``direct`` is never queued, counted or drained.
 """
@@ -194,27 +197,36 @@ def join_all_deltas(deltas: list[Delta]) -> Delta:
 
 
 def coalesce(events: list[StreamEvent]) -> tuple[list[StreamEvent], int]:
-    """Merge each choice's pending deltas into one; returns (events, merged count).
+    """Merge each choice's pending deltas of one kind into one; returns (events,
+    merged count).
 
     A ``Delta`` joins the earlier ``Delta`` of its choice in ``events`` unless that
-    choice's ``Finish`` came between (it cannot, for a well-formed generation) or
-    an ``End``/``Fail``/``Heartbeat`` did. ``merged`` counts the deltas that were
-    folded into another (0 when nothing piled up). Linear in the events: each
-    run of a choice's deltas is joined once (``join_all_deltas``).
+    choice's ``Finish`` came between (it cannot, for a well-formed generation), an
+    ``End``/``Fail``/``Heartbeat`` did, or the two carry different kinds of
+    output (content, reasoning, tool calls): reasoning then
+    content stay two deltas, so the client gets the reasoning in chunks of its
+    own, before the content's (docs/DESIGN.md, "Reasoning"), however far behind
+    it was. A delta that carries nothing (a usage snapshot) joins any kind.
+    ``merged`` counts the deltas that were folded into another (0 when nothing
+    piled up). Linear in the events: each run of a choice's deltas is joined
+    once (``join_all_deltas``).
     """
     out: list[StreamEvent | list[Delta]] = []
-    open_at: dict[int, int] = {}
+    open_at: dict[int, tuple[int, int]] = {}  # choice -> (its run in out, kind)
     merged = 0
     for event in events:
         if isinstance(event, Delta):
-            at = open_at.get(event.index)
-            if at is not None:
-                run = out[at]
-                assert isinstance(run, list)
-                run.append(event)
+            kind = _kind(event)
+            run = open_at.get(event.index)
+            if run is not None and (not kind or not run[1] or kind == run[1]):
+                joined = out[run[0]]
+                assert isinstance(joined, list)
+                joined.append(event)
                 merged += 1
+                if not run[1]:
+                    open_at[event.index] = (run[0], kind)
                 continue
-            open_at[event.index] = len(out)
+            open_at[event.index] = (len(out), kind)
             out.append([event])
             continue
         if isinstance(event, Finish):
@@ -222,8 +234,24 @@ def coalesce(events: list[StreamEvent]) -> tuple[list[StreamEvent], int]:
         else:
             open_at.clear()
         out.append(event)
-    joined = [join_all_deltas(e) if isinstance(e, list) else e for e in out]
-    return joined, merged
+    joined_all = [join_all_deltas(e) if isinstance(e, list) else e for e in out]
+    return joined_all, merged
+
+
+_CONTENT, _REASONING, _TOOL_CALLS = 1, 2, 4
+
+
+def _kind(delta: Delta) -> int:
+    """What ``delta`` carries, as bits: content (text or logprobs), reasoning,
+    tool calls; 0 for none of them (a usage snapshot)."""
+    kind = _CONTENT if delta.text or delta.logprobs else 0
+    parts = delta.parts
+    if parts is not None:
+        if parts.reasoning:
+            kind |= _REASONING
+        if parts.tool_calls:
+            kind |= _TOOL_CALLS
+    return kind
 
 
 EVENT_COST_BYTES = 128
