@@ -1,9 +1,11 @@
 """The upstream reader holds a choice to the request's ``max_tokens``.
 
 An upstream sends at most one chunk with output (text, reasoning, tool-call
-fragments) per token, so a choice that has sent ``max_tokens`` of them and no
-finish is cut: it finishes ``LENGTH`` (``UpstreamFinish.cut``) and the rest of
-its output is dropped, whichever path (fast or full parse) reads the chunks.
+fragments) per token and part (reasoning, content, each call: llama.cpp's
+server writes one chunk per part a token changes), so a choice is cut at its
+first output chunk past ``max_tokens`` that does not begin a later part: it
+finishes ``LENGTH`` (``UpstreamFinish.cut``) and that chunk and the rest of it
+are dropped, whichever path (fast or full parse) reads the chunks.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def test_the_upstreams_own_finish_on_the_last_chunk_stands() -> None:
 
 def test_each_choice_is_cut_on_its_own() -> None:
     body = data({"content": "a"}, index=1) + data({"content": "b"}) * 3
-    items = read(body + data({"content": "c"}, index=1), 2)
+    items = read(body + data({"content": "c"}, index=1) * 2, 2)
     assert items[:4] == [
         UpstreamDelta(1, "a"),
         UpstreamDelta(0, "b"),
@@ -114,7 +116,65 @@ def test_a_cut_that_refuses_a_held_call_fails_the_stream_on_the_fast_path() -> N
     # The call's start waits for its name, which never comes whole; the cut,
     # on a chunk the fast path reads, flushes it and finds it not offered.
     held = {"index": 0, "id": "x", "function": {"name": "ge", "arguments": ""}}
-    body = data({"tool_calls": [held]}) + data({"content": "a"}) * 3
+    body = data({"tool_calls": [held]}) + data({"content": "a"}) * 4
     items = read(body, 3, tool_names=frozenset({"get_weather"}))
     assert type(items[-1]) is UpstreamError
     assert [type(i) for i in items] == [UpstreamDelta, UpstreamDelta, UpstreamError]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_token_that_ends_the_reasoning_and_begins_the_content_is_not_cut(
+    whole: bool,
+) -> None:
+    """llama.cpp's server writes one chunk per part a token changes: the last
+    of three tokens ends the reasoning and begins the content, two chunks. The
+    upstream's own finish stands; the reader cut the content away."""
+    body = data({"reasoning_content": "r"}) * 2
+    body += data({"reasoning_content": "r."}) + data({"content": "A"})
+    body += data({}, "length") + b"data: [DONE]\n\n"
+    items = read(body, 3, whole=whole)
+    assert items[-3:] == [
+        UpstreamDelta(0, "A"),
+        UpstreamFinish(0, FinishReason.LENGTH, "length"),
+        UpstreamDone(),
+    ]
+
+
+def test_a_token_that_ends_a_call_and_begins_the_next_is_not_cut() -> None:
+    """Two chunks of one token: the first call's last arguments, then the
+    second call's start (one chunk per call a token changes)."""
+    first = {"index": 0, "id": "a", "function": {"name": "f", "arguments": "{"}}
+    second = {"index": 1, "id": "b", "function": {"name": "f", "arguments": "{}"}}
+    body = data({"tool_calls": [first]})
+    body += data({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]})
+    body += data({"tool_calls": [second]}) + data({}, "tool_calls")
+    items = read(body + b"data: [DONE]\n\n", 2)
+    assert items[-2:] == [
+        UpstreamFinish(0, FinishReason.TOOL_CALLS, "tool_calls"),
+        UpstreamDone(),
+    ]
+    assert len([i for i in items if type(i) is UpstreamToolCall]) == 5
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_only_the_first_chunk_of_a_later_part_goes_uncounted(whole: bool) -> None:
+    """Reasoning, then 50 content chunks, 5 tokens asked: the reasoning and 5
+    content chunks (the first of them uncounted), then the cut."""
+    body = data({"reasoning_content": "r"}) * 2 + overrun({"content": "w "})
+    items = read(body, 5, whole=whole)
+    assert items == [
+        *[UpstreamReasoning(0, "r")] * 2,
+        *[UpstreamDelta(0, "w ")] * 4,
+        CUT,
+        UpstreamDone(),
+    ]
+
+
+def test_a_chunk_past_max_tokens_that_continues_a_call_is_cut() -> None:
+    start = {"index": 0, "id": "a", "function": {"name": "f", "arguments": "{"}}
+    more = {"index": 0, "function": {"arguments": "1"}}
+    body = data({"tool_calls": [start]}) + data({"tool_calls": [more]}) * 3
+    items = read(body + b"data: [DONE]\n\n", 2)
+    assert items[-2:] == [CUT, UpstreamDone()]
+    calls = [i for i in items if type(i) is UpstreamToolCall]
+    assert "".join(c.fragment.arguments or "" for c in calls) == "{1"

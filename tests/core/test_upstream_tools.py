@@ -512,3 +512,15 @@ def test_any_style_and_any_split_give_the_calls_in_the_local_shape(
     assert_local_shape(items)
     assert joined(items) == expected
     assert finish_of(items) is finish
+
+
+def test_begins_says_whether_a_chunk_begins_a_call_and_changes_nothing() -> None:
+    tools = ToolCallNormalizer(lambda: "id")
+    assert not tools.begins("not a list")
+    assert not tools.begins([1, "entries that are not objects"])
+    assert tools.begins([None, {"index": 0, "id": "a"}])
+    tools.feed([{"index": 0, "id": "a", "function": {"name": "f"}}])
+    assert not tools.begins([{"index": 0, "function": {"arguments": "{"}}])
+    assert tools.begins([{"index": 0, "id": "b"}])  # another id: another call
+    assert tools.begins([{"index": 1}])
+    assert tools.begun == 1

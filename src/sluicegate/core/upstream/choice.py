@@ -29,9 +29,19 @@ from sluicegate.core.upstream.items import UpstreamDelta, UpstreamItem, Upstream
 from sluicegate.core.upstream.logprobs import TokenTexts
 from sluicegate.core.upstream.tools import ToolCallNormalizer
 
-__all__ = ["UpstreamChoice", "finish_reason_of", "settle_choice"]
+__all__ = [
+    "CONTENT",
+    "NO_PART",
+    "REASONING",
+    "UpstreamChoice",
+    "finish_reason_of",
+    "settle_choice",
+]
 
 _LENGTH_REASONS = frozenset({"length", "max_tokens", "model_length"})
+NO_PART, REASONING, CONTENT = 0, 1, 2
+"""Ranks of the parts of a choice's output, in the order an upstream writes
+them; its ``k``-th call (from 1) is ``CONTENT + k``."""
 
 
 class UpstreamChoice:
@@ -43,6 +53,7 @@ class UpstreamChoice:
         "first",
         "held",
         "mode",
+        "part",
         "seen",
         "token_texts",
         "tools",
@@ -56,7 +67,33 @@ class UpstreamChoice:
         self.held = ""  # an ambiguous second text, held back
         self.seen = ""  # cumulative: the upstream's whole text so far
         self.finished = False
-        self.chunks = 0  # chunks that carried output (text, reasoning, calls)
+        self.chunks = 0  # chunks counted towards max_tokens (count_output)
+        self.part = NO_PART  # the latest part output went to
+
+    def count_output(self, part: int) -> None:
+        """Count a chunk with output in ``part`` (``REASONING``, ``CONTENT``,
+        or ``CONTENT`` + the calls begun with it) towards ``max_tokens``.
+
+        The first chunk of a part later than any before (but the choice's
+        first) is not counted: llama.cpp's server writes one chunk per part a
+        token changes (its reasoning, its content, its latest call, each call
+        it begins), so such a chunk may carry the same token as the chunk
+        before it. Parts only move on and a choice begins at most
+        ``max_tool_calls`` calls, so that is all an upstream gains by it.
+        """
+        if part > self.part:
+            later = self.part != NO_PART
+            self.part = part
+            if later:
+                return
+        self.chunks += 1
+
+    def counted_past(self, part: int, max_chunks: int) -> bool:
+        """Whether a chunk with output in ``part`` would be counted once
+        ``max_chunks`` are (-1: never)."""
+        if self.chunks != max_chunks:
+            return False
+        return not (part > self.part and self.part != NO_PART)
 
     def feed(self, text: str) -> str:
         """What of ``text`` (non-empty) is new."""

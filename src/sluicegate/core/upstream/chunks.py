@@ -19,6 +19,9 @@ from typing import Any
 from sluicegate.core.errors import RemoteProtocolError, bounded_repr
 from sluicegate.core.events import Usage
 from sluicegate.core.upstream.choice import (
+    CONTENT,
+    NO_PART,
+    REASONING,
     UpstreamChoice,
     finish_reason_of,
     settle_choice,
@@ -104,8 +107,9 @@ class ChunkReader:
         self._limits = limits
         self._tool_names = tool_names
         self._usage_bounds = usage_bounds
-        # A choice ends at this many output chunks (-1: never); an upstream
-        # sends at most one per token, so max_tokens of them are all it may.
+        # A choice is cut at its first output chunk counted past this many
+        # (-1: never): an upstream sends at most one per token and part
+        # (UpstreamChoice.count_output), so max_tokens of them are all it may.
         self._max_chunks = usage_bounds.max_completion_tokens or -1
         self._state = ReaderState.READING
         self._choices: dict[int, UpstreamChoice] = {}
@@ -120,12 +124,13 @@ class ChunkReader:
         self._chunk_deltas = 1
         state = self._choices[0]
         if text and not state.finished:
+            if state.counted_past(CONTENT, self._max_chunks):
+                self._finish(0, state, "length", None, out)
+                return
             new = state.feed(text)
             if new:
                 out.append(UpstreamDelta(0, new, None))
-            state.chunks += 1
-            if state.chunks == self._max_chunks:
-                self._finish(0, state, "length", None, out)
+            state.count_output(CONTENT)
 
     def _object(self, obj: dict[str, Any], out: list[UpstreamItem]) -> None:
         """Read one event's JSON object (not of an ``error`` event)."""
@@ -160,19 +165,30 @@ class ChunkReader:
             state = self._choices[index] = UpstreamChoice()
         if state.finished:
             return  # a repeated finish_reason, or text after it
-        calls, thought = None, False
+        calls, reasoning = None, ""
         chat = self._endpoint is Endpoint.CHAT
         if chat:
             delta = choice.get("delta")
-            text, calls = (
-                (delta.get("content"), delta.get("tool_calls"))
-                if type(delta) is dict
-                else (None, None)
-            )
             if type(delta) is dict:
-                thought = self._reasoning(index, delta, out)
+                text, calls = delta.get("content"), delta.get("tool_calls")
+                reasoning = _reasoning_of(delta)
+            else:
+                text = None
         else:
             text = choice.get("text")
+        if calls and state.tools is None:
+            state.tools = ToolCallNormalizer(
+                self._new_id,
+                tool_names=self._tool_names,
+                max_calls=self._limits.max_tool_calls,
+            )
+        part = _part(state, reasoning, text, calls)
+        if part != NO_PART and state.counted_past(part, self._max_chunks):
+            self._finish(index, state, "length", None, out)  # cut: dropped
+            return
+        thought = bool(reasoning)
+        if thought:
+            out.append(UpstreamReasoning(index, reasoning))
         new = state.feed(text) if type(text) is str and text else ""
         raw = choice.get("logprobs")
         if raw is not None or state.token_texts is not None:
@@ -188,21 +204,15 @@ class ChunkReader:
                 if self._chunk_deltas > self._limits.max_deltas_per_chunk:
                     self._too_many_deltas(out)
                     return
-            tools = state.tools
-            if tools is None:
-                tools = state.tools = ToolCallNormalizer(
-                    self._new_id,
-                    tool_names=self._tool_names,
-                    max_calls=self._limits.max_tool_calls,
-                )
+            assert state.tools is not None, "made above"
             try:
-                fragments = tools.feed(calls)
+                fragments = state.tools.feed(calls)
             except RemoteProtocolError as exc:
                 self._fail(out, str(exc), PROTOCOL_ERROR_CODE)
                 return
             out.extend(UpstreamToolCall(index, f) for f in fragments)
-        if thought or calls or (type(text) is str and text):
-            state.chunks += 1
+        if part != NO_PART:
+            state.count_output(part)
         reason = choice.get("finish_reason")
         if type(reason) is str and reason:
             if reason in _FAILED_REASONS:
@@ -210,8 +220,6 @@ class ChunkReader:
                 self._fail(out, why)
                 return
             self._finish(index, state, reason, choice, out)
-        elif state.chunks == self._max_chunks:
-            self._finish(index, state, "length", None, out)
 
     def _finish(
         self,
@@ -234,20 +242,6 @@ class ChunkReader:
             out.append(UpstreamFinish(index, finish, reason, None, True))
         else:
             out.append(UpstreamFinish(index, finish, reason, _matched_stop(choice)))
-
-    def _reasoning(
-        self, index: int, delta: dict[str, Any], out: list[UpstreamItem]
-    ) -> bool:
-        """A delta's reasoning, before its content: ``reasoning_content``
-        (vLLM, SGLang, llama.cpp's server), else ``reasoning`` (newer vLLM,
-        which for a while sent both with the same text: taken once); whether
-        it had any."""
-        reasoning = delta.get("reasoning_content")
-        if type(reasoning) is not str or not reasoning:
-            reasoning = delta.get("reasoning")
-        if type(reasoning) is str and reasoning:
-            out.append(UpstreamReasoning(index, reasoning))
-        return type(reasoning) is str and bool(reasoning)
 
     def _too_many_deltas(self, out: list[UpstreamItem]) -> None:
         limit = self._limits.max_deltas_per_chunk
@@ -312,3 +306,25 @@ class ChunkReader:
                 except RemoteProtocolError as exc:
                     refused = refused or str(exc)
         return refused
+
+
+def _reasoning_of(delta: dict[str, Any]) -> str:
+    """A delta's reasoning: ``reasoning_content`` (vLLM, SGLang, llama.cpp's
+    server), else ``reasoning`` (newer vLLM, which for a while sent both with
+    the same text: taken once); ``""`` for none."""
+    reasoning = delta.get("reasoning_content")
+    if type(reasoning) is not str or not reasoning:
+        reasoning = delta.get("reasoning")
+    return reasoning if type(reasoning) is str else ""
+
+
+def _part(state: UpstreamChoice, reasoning: str, text: Any, calls: Any) -> int:
+    """The part a chunk's output goes to (``NO_PART``: it has none): its
+    calls' (the next call's when it begins one), else its text's, else its
+    reasoning's."""
+    tools = state.tools
+    if calls and tools is not None:
+        return CONTENT + tools.begun + tools.begins(calls)
+    if type(text) is str and text:
+        return CONTENT
+    return REASONING if reasoning else NO_PART

@@ -90,7 +90,7 @@ class UsageBounds:
 
     Attributes:
         max_completion_tokens: the ``max_tokens`` the upstream was asked for;
-            the reader also cuts a choice at that many output chunks.
+            the reader also cuts a choice past that many output chunks.
         context_tokens: the model's context window (prompt and completion).
     """
 

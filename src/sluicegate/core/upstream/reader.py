@@ -43,9 +43,12 @@ one; past it the stream ends with an ``UpstreamError`` of code
 ``tool_names``. A usage that cannot be true (``usage_problem``) is reported
 once as ``UpstreamUsageRejected``, and no usage after it. A choice that
 has sent ``usage_bounds.max_completion_tokens`` chunks carrying output (text,
-reasoning or tool-call fragments: an upstream sends at most one per token) and
-no finish is cut: it finishes ``LENGTH`` (``UpstreamFinish.cut``) and the rest
-of its output is dropped.
+reasoning or tool-call fragments) is cut at the next one that is counted: it
+finishes ``LENGTH`` (``UpstreamFinish.cut``) and that chunk and the rest of its
+output are dropped. An upstream sends at most one such chunk per token and
+part (reasoning, content, each call): vLLM one chunk per engine step, llama.cpp's
+server one per part a token changed; so the first chunk of a later part than
+any before is not counted (``UpstreamChoice.count_output``).
 
 Invariants:
     - ``feed`` and ``flush`` raise nothing but ``LocalProtocolError`` (a call

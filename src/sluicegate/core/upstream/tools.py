@@ -123,6 +123,28 @@ class ToolCallNormalizer:
         self.calls = 0
 
     @property
+    def begun(self) -> int:
+        """Calls the upstream began in this choice (named or not), each
+        counted at its first entry."""
+        return self._begun
+
+    def begins(self, tool_calls: Any) -> bool:
+        """Whether one chunk's ``delta.tool_calls`` (as ``feed`` takes it)
+        begins a call with its first entry, as ``feed`` would read it; changes
+        nothing."""
+        if type(tool_calls) is not list:
+            return False
+        for entry in tool_calls:
+            if type(entry) is dict:
+                upstream_id = entry.get("id")
+                if type(upstream_id) is not str or not upstream_id:
+                    upstream_id = None
+                index = entry.get("index")
+                call = self._by_index.get(index) if type(index) is int else self._latest
+                return call is None or _another(call, upstream_id)
+        return False
+
+    @property
     def open_call(self) -> bool:
         """Whether a started call's arguments, joined, are not one whole JSON
         value (a call cut short); a call that sent no arguments is whole."""
