@@ -39,7 +39,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Callable, Mapping
 from enum import StrEnum
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from sluicegate.core.decoding.choice_setup import Vocabulary
 from sluicegate.core.decoding.response import OutputItem
@@ -69,6 +69,7 @@ __all__ = [
     "OutputKind",
     "OutputListener",
     "SamplingParams",
+    "StartingEngine",
     "TextEngine",
     "TextPrompt",
     "TokenEngine",
@@ -181,6 +182,17 @@ class Tokenizer(Vocabulary, Protocol):
 
     def encode(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         """Token ids of ``text``; ``add_special`` prepends BOS where the model does."""
+        ...
+
+
+@runtime_checkable
+class StartingEngine(Protocol):
+    """An engine with work to start on the server's event loop before the
+    first request (the engine process's link: ``engines/remote/engine.py``);
+    the app awaits ``start`` as it starts serving."""
+
+    async def start(self) -> None:
+        """Start; failures are the engine's to report (``stats().unavailable``)."""
         ...
 
 

@@ -19,7 +19,10 @@ with ``Retry-After``). Until the socket answers again (tried every
 ``RECONNECT_S``), ``generate`` fails at once with the same 503 and
 ``stats().unavailable`` says why (``/ready`` is 503). ``stats()`` is the
 engine's last pushed snapshot (``STATS``), shared by every worker; while the
-engine is away it shows nothing running.
+engine is away it shows nothing running. The connection is opened as the
+server starts (``start``), not at the first request, so a worker that has
+served none still follows the engine: its stats are the engine's current
+ones, and its ``/ready`` turns 503 while the engine is away.
 
 Spec: docs/serving.md, "The engine process"; ``engines/base.py``.
 """
@@ -92,7 +95,8 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
     worker's requests).
 
     Made by ``connect`` (which waits for the engine and reads what it serves);
-    one connection, opened on the event loop by the first ``generate``.
+    one connection, opened on the event loop by ``start`` (or the first
+    ``generate``) and opened again whenever it is lost.
 
     Args:
         path: the engine process's Unix socket.
@@ -157,6 +161,16 @@ class RemoteEngine(TokenEngineBase[Tokenizer, RemoteOutputs]):
         else:  # an engine whose tokenizer pickles (the scripted one)
             tokenizer = vocab  # type: ignore[assignment]
         return cls(path, model, capabilities, tokenizer, stats)
+
+    async def start(self) -> None:
+        """Open the connection now, on the server's event loop: until then
+        ``stats()`` is the snapshot ``connect`` read. An engine process that
+        does not answer is tried every ``RECONNECT_S`` (``stats().unavailable``
+        says so meanwhile)."""
+        if self._link is None and self._connecting is None and not self._closed:
+            self._connecting = asyncio.ensure_future(self._connect())
+        if self._connecting is not None:
+            await asyncio.shield(self._connecting)
 
     # -- the TokenEngine protocol --------------------------------------------
 

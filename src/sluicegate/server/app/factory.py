@@ -45,7 +45,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from sluicegate.engines.base import Engine
+from sluicegate.engines.base import Engine, StartingEngine
 from sluicegate.engines.clocks import Timers
 from sluicegate.server.admission.access import PAGE_PATH
 from sluicegate.server.apis.completion_routes import CompletionRoutes
@@ -113,6 +113,9 @@ def create_app(
             worker_stats.start(asyncio.get_running_loop())
         if info.worker_metrics is not None:
             await info.worker_metrics.start()
+        for served in routes.models:
+            if isinstance(served.engine, StartingEngine):
+                await served.engine.start()
         yield
         loop_lag.stop()
         if worker_stats is not None:
