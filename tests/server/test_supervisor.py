@@ -155,6 +155,50 @@ def test_a_signal_stops_the_workers_first_and_the_engine_once_they_are_gone(
     assert Path(log).read_text() == "wwe"  # both workers drained, then the engine
 
 
+def _draining(log: str) -> list[str]:
+    """A worker that drains on SIGTERM and SIGINT (writes ``T``/``I``, goes
+    on) and ends on SIGQUIT (writes ``Q``, exits 130, as ``serve`` does after
+    a drain begun by SIGINT)."""
+    code = (
+        "import signal, sys, time\n"
+        "def mark(letter):\n"
+        f"    open({log!r}, 'a').write(letter)\n"
+        "signal.signal(signal.SIGTERM, lambda *_: mark('T'))\n"
+        "signal.signal(signal.SIGINT, lambda *_: mark('I'))\n"
+        "def end(*_):\n"
+        "    mark('Q')\n"
+        "    sys.exit(130)\n"
+        "signal.signal(signal.SIGQUIT, end)\n"
+        f"open({log + '.ready'!r}, 'a').write('r')\n"
+        "time.sleep(60)\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def test_a_second_signal_ends_the_drain_with_sigquit_a_repeat_of_sigterm_would_not(
+    tmp_path: Path,
+) -> None:
+    """A worker may have had the signal directly as well (systemd signals every
+    process of the service), so it ignores a repeated SIGTERM: the parent's
+    first order is SIGTERM, any later one SIGQUIT."""
+    log = str(tmp_path / "signals")
+    supervisor = WorkerSupervisor(_draining(log), [0], dict(os.environ), budget=_budget)
+    ready = Path(log + ".ready")
+
+    def signal_twice() -> None:
+        while not ready.exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+        while not Path(log).exists():  # the worker is draining
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=signal_twice, daemon=True).start()
+    assert supervisor.run() == 0  # 130 after a signal: stopped as told
+    assert Path(log).read_text() == "TQ"
+    assert supervisor.workers[0].exits == [130]
+
+
 def _beating(beat: Path) -> list[str]:
     """An engine process that is idle and beats every 10 ms, as the host does."""
     code = (
