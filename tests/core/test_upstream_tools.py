@@ -227,6 +227,38 @@ def test_every_call_numbered_0_with_its_own_id_is_apart() -> None:
     ]
 
 
+def test_an_id_another_call_has_is_replaced_by_a_made_one() -> None:
+    """Two calls of one id (and a third choice's call with it too): each
+    later one gets a made id on its start, its arguments still its own."""
+    body = (
+        calls_chunk(entry(0, "same", "get_weather", ""))
+        + calls_chunk(entry(0, arguments=WEATHER))
+        + calls_chunk(entry(1, "same", "get_time", ""))
+        + calls_chunk(entry(1, "same", arguments="{}"))
+        + event(
+            {
+                "choices": [
+                    {
+                        "index": 1,
+                        "delta": {"tool_calls": [entry(0, "same", "get_time", "{}")]},
+                        "finish_reason": "tool_calls",
+                    }
+                ]
+            }
+        )
+        + calls_chunk(finish="tool_calls")
+        + DONE
+    )
+    calls = [i for i in read(body) if isinstance(i, UpstreamToolCall)]
+    for choice in (0, 1):
+        assert_local_shape([i for i in calls if i.index == choice])
+    assert joined([i for i in calls if i.index == 0]) == [
+        ("same", "get_weather", WEATHER),
+        ("made_0", "get_time", "{}"),
+    ]
+    assert joined([i for i in calls if i.index == 1]) == [("made_1", "get_time", "{}")]
+
+
 def test_upstream_indexes_with_gaps_are_renumbered_from_0() -> None:
     body = (
         calls_chunk(entry(3, "call_a", "get_weather", ""))
@@ -435,7 +467,15 @@ arguments = st.one_of(
         lambda d: orjson.dumps(d).decode()
     ),
 )
-STYLES = ("openai", "repeat", "name_pieces", "no_id", "no_index", "shared_index")
+STYLES = (
+    "openai",
+    "repeat",
+    "name_pieces",
+    "no_id",
+    "no_index",
+    "shared_index",
+    "same_id",
+)
 
 
 def pieces(draw: st.DrawFn, text: str) -> list[str]:
@@ -472,8 +512,8 @@ def tool_streams(draw: st.DrawFn) -> Stream:
     made = 0
     for i, (name, args) in enumerate(calls):
         index = None if style == "no_index" else 0 if style == "shared_index" else i
-        upstream_id = None if style == "no_id" else f"up_{i}"
-        if upstream_id is None:
+        upstream_id = {"no_id": None, "same_id": "same"}.get(style, f"up_{i}")
+        if upstream_id is None or (style == "same_id" and i > 0):
             expected.append((f"made_{made}", name, args))
             made += 1
         else:
@@ -512,6 +552,8 @@ def test_any_style_and_any_split_give_the_calls_in_the_local_shape(
     assert_local_shape(items)
     assert joined(items) == expected
     assert finish_of(items) is finish
+    started = [f.id for f in fragments(items) if f.id is not None]
+    assert len(set(started)) == len(started)
 
 
 def test_begins_says_whether_a_chunk_begins_a_call_and_changes_nothing() -> None:

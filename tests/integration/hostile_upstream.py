@@ -39,6 +39,7 @@ some):
 - ``garbage:[seed]``: a 200 head, then seeded random bytes; ``garbage_raw:[seed]``:
   random bytes where the response's head should be;
 - ``splits:[seed]``: a valid stream written in seeded random pieces;
+- ``same_call_ids``: two calls of ``get_weather`` with one ``id``, ``same``;
 - ``reasoning_then_content``: two ``reasoning_content`` chunks, then two
   ``content`` chunks, all in one write (``REASONING``, ``CONTENT``).
 
@@ -335,6 +336,22 @@ async def splits(send: Send, request: Request, args: list[str]) -> None:
         await asyncio.sleep(0.001)
 
 
+async def same_call_ids(send: Send, request: Request, args: list[str]) -> None:
+    calls = [
+        {
+            "index": i,
+            "id": "same",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'},
+        }
+        for i, city in enumerate(["Paris", "Tokyo"])
+    ]
+    role = event(chunk({"role": "assistant", "content": None}))
+    deltas = [event(chunk({"tool_calls": [call]})) for call in calls]
+    end = event(chunk({}, "tool_calls")) + usage_event("9") + b"data: [DONE]\n\n"
+    await send(b"".join([SSE_HEAD, role, *deltas, end]))
+
+
 async def reasoning_then_content(send: Send, request: Request, args: list[str]) -> None:
     role = event(chunk({"role": "assistant", "content": ""}))
     thoughts = [event(chunk({"reasoning_content": text})) for text in REASONING]
@@ -367,6 +384,7 @@ ATTACKS: dict[str, Attack] = {
         garbage_raw,
         splits,
         reasoning_then_content,
+        same_call_ids,
     )
 }
 

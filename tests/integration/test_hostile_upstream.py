@@ -29,6 +29,7 @@ import string
 import time
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -180,6 +181,58 @@ def test_reasoning_and_content_in_one_write_stay_in_chunks_of_their_own(
             }
             assert kinds == sorted(kinds, key=["reasoning_content", "content"].index)
     assert len(measured.rows) == 5
+    measured.assert_live()
+
+
+def test_two_calls_with_one_id_reach_every_api_with_distinct_ids(
+    harness: Harness,
+) -> None:
+    """The upstream gives both its calls the id ``same``: chat (streamed, the
+    openai SDK), Responses (``call_id``) and Messages (``tool_use.id``, the
+    anthropic SDK) each get two calls with two ids (S20)."""
+    base = harness.gateway.base_url
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+    ask = "attack:same_call_ids"
+    chat_tool: Any = GET_WEATHER
+    function: Any = GET_WEATHER["function"]
+    response_tool: Any = {"type": "function", **function}
+    with harness.attack("same_call_ids", expected_rows=3) as measured:
+        stream = client.chat.completions.create(
+            model=HOSTILE,
+            messages=[{"role": "user", "content": ask}],
+            tools=[chat_tool],
+            stream=True,
+        )
+        chat = [
+            call.id
+            for c in stream
+            for choice in c.choices
+            for call in choice.delta.tool_calls or []
+            if call.id is not None
+        ]
+        response = client.responses.create(
+            model=HOSTILE,
+            input=ask,
+            tools=[response_tool],
+        )
+        responses = [i.call_id for i in response.output if i.type == "function_call"]
+        item_ids = [i.id for i in response.output if i.type == "function_call"]
+        message = claude.messages.create(
+            model=HOSTILE,
+            max_tokens=64,
+            messages=[{"role": "user", "content": ask}],
+            tools=[
+                {
+                    "name": "get_weather",
+                    "input_schema": function["parameters"],
+                }
+            ],
+        )
+        messages = [b.id for b in message.content if b.type == "tool_use"]
+    for ids in (chat, responses, item_ids, messages):
+        assert len(set(ids)) == len(ids) == 2, ids
+    assert len(measured.rows) == 3
     measured.assert_live()
 
 

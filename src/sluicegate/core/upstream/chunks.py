@@ -80,6 +80,7 @@ class ChunkReader:
     """
 
     __slots__ = (
+        "_call_ids",
         "_choices",
         "_chunk_deltas",
         "_endpoint",
@@ -104,6 +105,7 @@ class ChunkReader:
     ) -> None:
         self._endpoint = endpoint
         self._new_id = new_id
+        self._call_ids: set[str] = set()  # every choice's, so ids are unique
         self._limits = limits
         self._tool_names = tool_names
         self._usage_bounds = usage_bounds
@@ -181,6 +183,7 @@ class ChunkReader:
                 self._new_id,
                 tool_names=self._tool_names,
                 max_calls=self._limits.max_tool_calls,
+                taken_ids=self._call_ids,
             )
         part = _part(state, reasoning, text, calls)
         if part != NO_PART and state.counted_past(part, self._max_chunks):

@@ -20,6 +20,10 @@ Quirks absorbed (upstreams differ here more than anywhere else):
   arguments): a call's start is held until its arguments begin, another call
   begins, or the choice ends (``flush()``), so the name is whole;
 - no ``id``: one is made (``new_id``); an ``id`` of ``""`` counts as none;
+- an ``id`` another call of the response has already (upstreams that number
+  every call ``call_0``, or repeat one): the later call gets a made one, on
+  its start fragment (the only one that carries an id), so ids are distinct
+  in chat, Responses (``call_id``) and Messages (``tool_use.id``) alike;
 - no ``index`` (older servers): a new ``id`` begins a new call, anything else
   continues the latest call; the same ``index`` with another upstream ``id``
   is a new call too (servers that number every call 0);
@@ -41,7 +45,8 @@ Invariants (property-tested through ``UpstreamReader``):
       (``join_parts``) are the same: the upstream's id (or the made one), the
       whole name, the arguments' text concatenated.
     - A fragment with an ``id`` has a ``name`` and ``arguments == ""``; its
-      index is one more than the last start's.
+      index is one more than the last start's; no two such fragments of a
+      response have the same ``id``.
 
 Spec: OpenAI API reference, "The chat completion chunk object",
 ``choices[].delta.tool_calls``.
@@ -86,6 +91,9 @@ class ToolCallNormalizer:
         tool_names: the names a call may have (the tools offered); ``None``:
             any name.
         max_calls: the most calls that may begin (named or not, >= 1).
+        taken_ids: the ids given out so far, shared by the normalizers of a
+            response's choices; each id this one gives out is added. ``None``:
+            a set of its own.
 
     Attributes:
         calls: calls whose start fragment was returned (the next index).
@@ -96,6 +104,7 @@ class ToolCallNormalizer:
         "_by_index",
         "_closed",
         "_held",
+        "_ids",
         "_latest",
         "_max_calls",
         "_new_id",
@@ -110,8 +119,10 @@ class ToolCallNormalizer:
         *,
         tool_names: frozenset[str] | None = None,
         max_calls: int = 128,
+        taken_ids: set[str] | None = None,
     ) -> None:
         self._new_id = new_id
+        self._ids: set[str] = set() if taken_ids is None else taken_ids
         self._tool_names = tool_names
         self._max_calls = max_calls
         self._begun = 0
@@ -281,9 +292,11 @@ class ToolCallNormalizer:
         call.index = self.calls
         self.calls += 1
         self._started.append(call)
-        out.append(
-            ToolCallFragment(call.index, call.upstream_id or self._new_id(), call.name)
-        )
+        call_id = call.upstream_id
+        if call_id is None or call_id in self._ids:
+            call_id = self._new_id()
+        self._ids.add(call_id)
+        out.append(ToolCallFragment(call.index, call_id, call.name))
         if call.arguments:
             arguments = "".join(call.arguments)
             call.sent.append(arguments)
