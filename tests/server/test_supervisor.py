@@ -76,6 +76,27 @@ def test_the_parent_sleeps_until_a_child_exits_instead_of_polling() -> None:
     assert len(reads) <= 3 * (lived_s / BEAT_READ_S + 2), len(reads)
 
 
+def test_a_child_has_its_own_process_group_in_the_parents_session(
+    tmp_path: Path,
+) -> None:
+    # Its own group: a terminal's Ctrl-C reaches the parent only. The
+    # parent's session: the kernel's autogroup schedules them together.
+    seen = tmp_path / "ids"
+    code = (
+        "import os, sys\n"
+        "ids = (os.getpid(), os.getpgid(0), os.getsid(0))\n"
+        f"open({str(seen)!r}, 'w').write(' '.join(map(str, ids)))\n"
+        "sys.exit(3)\n"
+    )
+    supervisor = WorkerSupervisor(
+        [sys.executable, "-c", code], [0], {}, budget=lambda: RestartBudget(limit=0)
+    )
+    assert supervisor.run() == 1
+    pid, group, session = (int(field) for field in seen.read_text().split())
+    assert group == pid != os.getpgid(0)
+    assert session == os.getsid(0)
+
+
 def test_workers_is_a_count_from_one_or_auto() -> None:
     assert parse_workers("3") == 3
     assert worker_count(parse_workers("auto")) == len(os.sched_getaffinity(0))

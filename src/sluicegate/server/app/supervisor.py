@@ -28,8 +28,13 @@ core from one of them while the other waits for it at the step's barrier
 (docs/performance.md, "The engine process"). Without pidfds (not Linux) it
 polls every ``POLL_S``.
 
-Each child runs in its own session: a terminal's Ctrl-C reaches only the
-parent, which forwards it once.
+Each child runs in a process group of its own, in the parent's session: a
+terminal's Ctrl-C reaches only the parent, which forwards it once. Not a
+session of its own: the kernel's autogroup scheduling makes each session a
+group that gets a whole group's share of a core, so a worker or the bench's
+client that woke preempted the engine process's threads more often than the
+same wake-ups do one process's threads, and the engine's steps were slower
+(docs/performance.md, "The real model's split").
 
 Spec: docs/serving.md, "Workers" and "The engine process".
 """
@@ -282,8 +287,9 @@ class WorkerSupervisor:
             pass_fds=slot.fds,
             env=self._env,
             # Its own process group: a terminal's Ctrl-C reaches the parent
-            # only, which forwards it once (two would end the drain).
-            start_new_session=True,
+            # only, which forwards it once (two would end the drain). The
+            # parent's session: one scheduling autogroup with it.
+            process_group=0,
         )
         pidfd_open = getattr(os, "pidfd_open", None)
         if pidfd_open is not None:
