@@ -31,10 +31,10 @@ polls every ``POLL_S``.
 Each child runs in a process group of its own, in the parent's session: a
 terminal's Ctrl-C reaches only the parent, which forwards it once. Not a
 session of its own: the kernel's autogroup scheduling makes each session a
-group that gets a whole group's share of a core, so a worker or the bench's
-client that woke preempted the engine process's threads more often than the
-same wake-ups do one process's threads, and the engine's steps were slower
-(docs/performance.md, "The real model's split").
+group with a whole group's share of a core, so that a worker's wake-up
+competes with the engine process's threads unlike one process's threads
+with each other (measured in two rounds, not settled: docs/performance.md,
+"The real model's split").
 
 Spec: docs/serving.md, "Workers" and "The engine process".
 """
