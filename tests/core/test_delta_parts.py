@@ -20,7 +20,7 @@ from sluicegate.core.events import (
 )
 from sluicegate.core.wire.chunks import Endpoint, ResponseHeader, chat_delta
 from sluicegate.core.wire.stream import StreamMachine
-from sluicegate.server.streaming.buffer import coalesce, join_all_deltas, join_deltas
+from sluicegate.server.streaming.coalesce import coalesce, join_all_deltas, join_deltas
 
 CHAT = ResponseHeader("chatcmpl-1", 1, "m", Endpoint.CHAT)
 COMPLETION = ResponseHeader("cmpl-1", 1, "m", Endpoint.COMPLETION)

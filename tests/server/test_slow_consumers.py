@@ -33,10 +33,8 @@ from sluicegate.server.streaming.buffer import (
     EVENT_COST_BYTES,
     LiveStreams,
     StreamBuffer,
-    coalesce,
-    join_all_deltas,
-    join_deltas,
 )
+from sluicegate.server.streaming.coalesce import coalesce, join_all_deltas, join_deltas
 
 from .asgi import CHAT, HELLO, Exchange, on_clock
 
