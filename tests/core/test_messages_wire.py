@@ -259,6 +259,7 @@ def test_error_bodies_in_each_api_shape() -> None:
         }
     }
     assert stop_reason(None, None) is None
+    assert stop_reason(FinishReason.CONTENT_FILTER, None) == "refusal"
 
 
 def test_the_machine_and_body_follow_the_endpoint() -> None:

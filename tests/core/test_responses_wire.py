@@ -200,6 +200,18 @@ def test_outcome_and_illegal_events() -> None:
         ResponsesStream(ResponseHeader("r", 0, "g", Endpoint.RESPONSES, n=2))
 
 
+def test_a_content_filter_is_incomplete_with_its_reason() -> None:
+    got = run(Delta(0, "a"), Finish(0, FinishReason.CONTENT_FILTER), End(USAGE))
+    assert got[-1]["type"] == "response.incomplete"
+    assert got[-1]["response"]["incomplete_details"] == {"reason": "content_filter"}
+    assert got[-1]["response"]["output"][0]["status"] == "incomplete"
+    body = response_body(HEADER, Whole("a", FinishReason.CONTENT_FILTER, USAGE))
+    assert (body["status"], body["incomplete_details"]) == (
+        "incomplete",
+        {"reason": "content_filter"},
+    )
+
+
 def test_the_whole_response_body() -> None:
     calls = (ToolCallFragment(0, "call_x", "f", "{}"),)
     body = whole_body(HEADER, Whole("hi", FinishReason.TOOL_CALLS, USAGE, calls))

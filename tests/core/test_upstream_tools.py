@@ -227,6 +227,12 @@ def test_every_call_numbered_0_with_its_own_id_is_apart() -> None:
     ]
 
 
+def test_a_content_filter_finish_is_kept() -> None:
+    body = event({"choices": [{"index": 0, "delta": {"content": "a"}}]})
+    body += calls_chunk(finish="content_filter") + DONE
+    assert finish_of(read(body)) is FinishReason.CONTENT_FILTER
+
+
 def test_an_id_another_call_has_is_replaced_by_a_made_one() -> None:
     """Two calls of one id (and a third choice's call with it too): each
     later one gets a made id on its start, its arguments still its own."""

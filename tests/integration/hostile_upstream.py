@@ -39,6 +39,7 @@ some):
 - ``garbage:[seed]``: a 200 head, then seeded random bytes; ``garbage_raw:[seed]``:
   random bytes where the response's head should be;
 - ``splits:[seed]``: a valid stream written in seeded random pieces;
+- ``finish:[reason]``: some content, then that ``finish_reason``;
 - ``same_call_ids``: two calls of ``get_weather`` with one ``id``, ``same``;
 - ``reasoning_then_content``: two ``reasoning_content`` chunks, then two
   ``content`` chunks, all in one write (``REASONING``, ``CONTENT``).
@@ -336,6 +337,11 @@ async def splits(send: Send, request: Request, args: list[str]) -> None:
         await asyncio.sleep(0.001)
 
 
+async def finish(send: Send, request: Request, args: list[str]) -> None:
+    end = event(chunk({}, args[0])) + usage_event("2") + b"data: [DONE]\n\n"
+    await send(leading("after") + end)
+
+
 async def same_call_ids(send: Send, request: Request, args: list[str]) -> None:
     calls = [
         {
@@ -385,6 +391,7 @@ ATTACKS: dict[str, Attack] = {
         splits,
         reasoning_then_content,
         same_call_ids,
+        finish,
     )
 }
 

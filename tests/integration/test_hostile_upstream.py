@@ -236,6 +236,38 @@ def test_two_calls_with_one_id_reach_every_api_with_distinct_ids(
     measured.assert_live()
 
 
+def test_an_upstreams_content_filter_finish_reaches_every_api(
+    harness: Harness,
+) -> None:
+    """``finish_reason: content_filter`` is chat's as it came (the openai SDK),
+    Responses' ``incomplete`` with reason ``content_filter``, and Messages'
+    ``refusal`` (the anthropic SDK); never ``stop``."""
+    base = harness.gateway.base_url
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+    ask = "attack:finish:content_filter"
+    with harness.attack("finish:content_filter", expected_rows=4) as measured:
+        stream = client.chat.completions.create(
+            model=HOSTILE, messages=[{"role": "user", "content": ask}], stream=True
+        )
+        reasons = [ch.finish_reason for c in stream for ch in c.choices]
+        whole = client.chat.completions.create(
+            model=HOSTILE, messages=[{"role": "user", "content": ask}]
+        )
+        response = client.responses.create(model=HOSTILE, input=ask)
+        message = claude.messages.create(
+            model=HOSTILE, max_tokens=64, messages=[{"role": "user", "content": ask}]
+        )
+    assert [r for r in reasons if r] == ["content_filter"]
+    assert whole.choices[0].finish_reason == "content_filter"
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "content_filter"
+    assert message.stop_reason == "refusal"
+    assert len(measured.rows) == 4
+    measured.assert_live()
+
+
 def test_an_upstream_cut_at_max_tokens_sees_its_connection_closed(
     harness: Harness,
 ) -> None:

@@ -52,6 +52,10 @@ class FinishReason(StrEnum):
     """``max_tokens`` or the context window was reached."""
     TOOL_CALLS = "tool_calls"
     """The turn ended with tool calls (chat with ``tools``; never for a cut call)."""
+    CONTENT_FILTER = "content_filter"
+    """An upstream's content filter cut the output (the gateway only: no local
+    engine filters). Responses: ``incomplete`` with reason ``content_filter``;
+    Messages: ``refusal``."""
 
 
 @slot_init

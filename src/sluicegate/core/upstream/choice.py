@@ -154,6 +154,8 @@ def finish_reason_of(reason: str, tools: ToolCallNormalizer | None) -> FinishRea
     ``abort`` or ``error``), given its tool calls (``None``: none began)."""
     if reason in _LENGTH_REASONS:
         return FinishReason.LENGTH
+    if reason == "content_filter":
+        return FinishReason.CONTENT_FILTER
     if tools is None or not tools.calls:
         return FinishReason.STOP
     if not tools.open_call:

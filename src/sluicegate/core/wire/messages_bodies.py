@@ -47,6 +47,7 @@ server's busy answer, which Anthropic sends as 529."""
 _STOP_REASONS = {
     FinishReason.LENGTH: "max_tokens",
     FinishReason.TOOL_CALLS: "tool_use",
+    FinishReason.CONTENT_FILTER: "refusal",
 }
 
 
@@ -73,7 +74,8 @@ def usage_object(usage: Usage) -> dict[str, int]:
 
 def stop_reason(reason: FinishReason | None, stop_sequence: str | None) -> str | None:
     """Anthropic's ``stop_reason`` for a finish: ``end_turn``, ``stop_sequence``
-    (a stop string matched), ``max_tokens`` or ``tool_use``; ``None`` for none."""
+    (a stop string matched), ``max_tokens``, ``tool_use`` or ``refusal`` (an
+    upstream's content filter); ``None`` for none."""
     if reason is None:
         return None
     if reason is FinishReason.STOP:

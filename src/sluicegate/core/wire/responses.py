@@ -79,6 +79,7 @@ from sluicegate.core.wire.sse import encode_comment
 
 __all__ = [
     "ECHO_DEFAULTS",
+    "INCOMPLETE_REASONS",
     "ResponsesStream",
     "response_body",
     "response_object",
@@ -86,6 +87,13 @@ __all__ = [
 ]
 
 _HEARTBEAT = encode_comment()
+
+INCOMPLETE_REASONS: dict[FinishReason | None, str] = {
+    FinishReason.LENGTH: "max_output_tokens",
+    FinishReason.CONTENT_FILTER: "content_filter",
+}
+"""The finishes that end a response ``incomplete``, with their
+``incomplete_details.reason`` (Responses API reference, "The response object")."""
 
 
 class ResponsesStream(BlockMachine):
@@ -153,13 +161,10 @@ class ResponsesStream(BlockMachine):
 
     def _end(self, usage: Usage) -> list[bytes]:
         output = self._items.output()
-        if self._finish_reasons[0] is FinishReason.LENGTH:
+        reason = INCOMPLETE_REASONS.get(self._finish_reasons[0])
+        if reason is not None:
             snapshot = self._snapshot = response_object(
-                self._header,
-                "incomplete",
-                output,
-                usage,
-                incomplete_reason="max_output_tokens",
+                self._header, "incomplete", output, usage, incomplete_reason=reason
             )
             return [self._items.event("response.incomplete", {"response": snapshot})]
         snapshot = self._snapshot = response_object(
@@ -203,7 +208,6 @@ def response_body(header: ResponseHeader, whole: Any) -> dict[str, Any]:
     parts = DeltaParts(tuple(whole.tool_calls)) if whole.tool_calls else None
     machine.feed(Delta(0, whole.text, parts=parts))
     machine.feed(Finish(0, whole.finish_reason or FinishReason.STOP))
-    length = whole.finish_reason is FinishReason.LENGTH
-    status = "incomplete" if length else "completed"
-    reason = "max_output_tokens" if length else None
+    reason = INCOMPLETE_REASONS.get(whole.finish_reason)
+    status = "incomplete" if reason is not None else "completed"
     return response_object(header, status, machine.output, whole.usage, None, reason)

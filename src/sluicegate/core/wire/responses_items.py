@@ -91,6 +91,10 @@ def response_object(
     }
 
 
+_COMPLETE = frozenset({FinishReason.STOP, FinishReason.TOOL_CALLS})
+"""The finishes whose output items are ``completed`` (others: ``incomplete``)."""
+
+
 class OutputItems:
     """The output items of one Responses stream, and their events (bytes).
 
@@ -217,7 +221,9 @@ class OutputItems:
         self._join()
         self._item, self._template = None, None
         at = self._at(item)
-        item["status"] = "incomplete" if reason is FinishReason.LENGTH else "completed"
+        item["status"] = (
+            "completed" if reason is None or reason in _COMPLETE else "incomplete"
+        )
         if item["type"] == "function_call":
             done = {**at, "arguments": item["arguments"], "name": item["name"]}
             frames.append(self.event("response.function_call_arguments.done", done))
