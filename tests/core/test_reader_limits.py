@@ -286,6 +286,16 @@ def test_a_usage_that_cannot_be_true_says_why(
     assert (prompt, completion) == (0, 0)
 
 
+def test_prompt_tokens_past_what_the_prompt_holds_cannot_be_true() -> None:
+    """No window known: the prompt's own bound (bytes and template tokens)."""
+    bounds = UsageBounds(max_prompt_tokens=500)
+    problem, *counts = usage_problem({"prompt_tokens": 10**12}, bounds, 50)
+    assert problem is not None
+    assert "more than the prompt sent can hold, 500" in problem
+    assert counts == [0, 0]
+    assert usage_problem({"prompt_tokens": 500}, bounds, 50) == (None, 500, 0)
+
+
 @pytest.mark.parametrize(
     ("usage", "expected"),
     [

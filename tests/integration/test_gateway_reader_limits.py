@@ -64,6 +64,12 @@ def script(case: str) -> list[str]:
             usage_chunk(3, 9_000_000_000_000_000_000),
             "[DONE]",
         ],
+        "prompt usage": [
+            chat_chunk(0, "a"),
+            chat_chunk(0, "b", "stop"),
+            usage_chunk(10**12, 2),
+            "[DONE]",
+        ],
     }[case]
 
 
@@ -230,3 +236,27 @@ def test_a_usage_past_64_bits_is_billed_as_our_own_estimate(
     ]
     assert len(rejected) == 1
     assert float(rejected[0].rsplit(" ", 1)[1]) >= 1
+
+
+def test_prompt_tokens_past_what_the_prompt_holds_are_billed_as_our_estimate(
+    client: openai.OpenAI, ledger: Path
+) -> None:
+    """The upstream tells no context window, and 10^12 prompt tokens for a
+    prompt of a few bytes: past its bytes and the template's tokens, the
+    usage is rejected as the other lies are; the client and the ledger get
+    the gateway's estimate, marked estimated (docs/security.md)."""
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "prompt usage"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert 0 < usage.prompt_tokens <= 4096 + len("prompt usage") * 4, usage
+    assert usage.completion_tokens == 2
+    row = row_of(ledger, chunks[0].id)
+    assert (row.prompt_tokens, row.completion_tokens) == (usage.prompt_tokens, 2)
+    assert row.usage_estimated

@@ -92,10 +92,14 @@ class UsageBounds:
         max_completion_tokens: the ``max_tokens`` the upstream was asked for;
             the reader also cuts a choice past that many output chunks.
         context_tokens: the model's context window (prompt and completion).
+        max_prompt_tokens: the most tokens the prompt sent can be (its UTF-8
+            bytes and the chat template's own tokens: every other token covers
+            at least one byte), which bounds it when the window is unknown.
     """
 
     max_completion_tokens: int | None = None
     context_tokens: int | None = None
+    max_prompt_tokens: int | None = None
 
 
 NO_USAGE_BOUNDS = UsageBounds()
@@ -109,8 +113,9 @@ def usage_problem(
 
     A count that is missing is 0. The usage cannot be true when a count is not
     a JSON integer (a float, a string, ``true``), is negative or past
-    ``MAX_USAGE_TOKENS``, when the completion passes ``max_completion_tokens``
-    or prompt and completion together pass ``context_tokens``, or when the
+    ``MAX_USAGE_TOKENS``, when the completion passes ``max_completion_tokens``,
+    prompt and completion together pass ``context_tokens``, the prompt passes
+    ``max_prompt_tokens``, or when the
     completion tokens that were streamed (those past
     ``completion_tokens_details.reasoning_tokens``, which some upstreams never
     stream) outnumber the bytes of the body read so far: every streamed token
@@ -142,6 +147,10 @@ def usage_problem(
             f"prompt_tokens {prompt} and completion_tokens {completion} are past "
             f"the model's context window, {window}"
         )
+        return why, 0, 0
+    most = bounds.max_prompt_tokens
+    if most is not None and prompt > most:
+        why = f"prompt_tokens {prompt} is more than the prompt sent can hold, {most}"
         return why, 0, 0
     if completion - _reasoning_tokens(usage, completion) > body_bytes:
         why = (
