@@ -64,6 +64,7 @@ def script(case: str) -> list[str]:
             usage_chunk(3, 9_000_000_000_000_000_000),
             "[DONE]",
         ],
+        "empty": [chat_chunk(0, None, "stop"), "[DONE]"],
         "prompt usage": [
             chat_chunk(0, "a"),
             chat_chunk(0, "b", "stop"),
@@ -259,4 +260,26 @@ def test_prompt_tokens_past_what_the_prompt_holds_are_billed_as_our_estimate(
     assert usage.completion_tokens == 2
     row = row_of(ledger, chunks[0].id)
     assert (row.prompt_tokens, row.completion_tokens) == (usage.prompt_tokens, 2)
+    assert row.usage_estimated
+
+
+def test_an_answer_with_no_content_and_no_usage_bills_the_estimate(
+    client: openai.OpenAI, ledger: Path
+) -> None:
+    """As Messages does (docs/upstreams.md): the prompt's estimate, marked
+    estimated, in chat's usage and the ledger; not 0."""
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "empty"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.prompt_tokens > 0, usage
+    assert usage.completion_tokens == 0
+    row = row_of(ledger, chunks[0].id)
+    assert row.prompt_tokens == usage.prompt_tokens
     assert row.usage_estimated

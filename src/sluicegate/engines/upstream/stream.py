@@ -345,6 +345,10 @@ def _finish(
     usage = seq.usage
     tokens = 0
     prompt, cached = (None, 0) if usage is None else _prompt_of(seq)
+    if usage is None and (guess := _prompt_of(seq)[0]) is not None:
+        # No count: the estimate, said before the end so that the usage is
+        # marked estimated (as Messages' from its message_start).
+        seq.outputs.push(TextOutput("", None, 0, guess))
     if usage is not None:
         tokens = max(0, usage.completion_tokens - seq.emitted)
         counts["prompt"] += usage.prompt_tokens
