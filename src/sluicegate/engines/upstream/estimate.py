@@ -33,6 +33,7 @@ __all__ = [
     "COUNT_BEFORE_ESTIMATE_S",
     "TEMPLATE_TOKENS",
     "PromptEstimate",
+    "most_prompt_tokens",
     "prompt_chars",
 ]
 
@@ -68,6 +69,14 @@ def prompt_chars(prompt: TextPrompt) -> int | tuple[int, ...]:
         return len(prompt.prompt.encode("utf-8", "surrogatepass"))
     sent = {"messages": prompt.messages, "tools": prompt.extra.get("tools")}
     return len(orjson.dumps(sent, default=str))
+
+
+def most_prompt_tokens(prompt: TextPrompt) -> int:
+    """The most tokens ``prompt`` can be: its bytes (or its token ids) and
+    ``TEMPLATE_TOKENS``. A count past it is not learnt here, and the gateway
+    rejects an upstream's usage that says more (``core/upstream/limits.py``)."""
+    sent = prompt_chars(prompt)
+    return (sent if isinstance(sent, int) else len(sent)) + TEMPLATE_TOKENS
 
 
 class PromptEstimate:

@@ -63,7 +63,7 @@ from sluicegate.core.upstream.limits import UsageBounds
 from sluicegate.core.upstream.reader import UpstreamReader
 from sluicegate.engines.pool_values import Outcome
 from sluicegate.engines.upstream.config import UpstreamConfig
-from sluicegate.engines.upstream.estimate import TEMPLATE_TOKENS, prompt_chars
+from sluicegate.engines.upstream.estimate import most_prompt_tokens
 from sluicegate.engines.upstream.http import HopError, HopResponse
 from sluicegate.engines.upstream.limits import arm
 from sluicegate.engines.upstream.pool import Lease
@@ -78,7 +78,6 @@ from sluicegate.engines.upstream.sequence import (
     end,
     step_tokens,
 )
-from sluicegate.engines.values import TextPrompt
 
 __all__ = ["DRAIN_S", "YIELD_BYTES", "BeforeContent", "read_stream"]
 
@@ -137,7 +136,7 @@ async def read_stream(
         limits=upstream.limits,
         tool_names=prompt.tool_names,
         usage_bounds=UsageBounds(
-            prompt.max_tokens, context_tokens or None, _most_prompt_tokens(prompt)
+            prompt.max_tokens, context_tokens or None, most_prompt_tokens(prompt)
         ),
     )
     time = asyncio.get_running_loop().time
@@ -395,10 +394,3 @@ def _prompt_of(seq: UpstreamSequence) -> tuple[int | None, int]:
     if seq.guess is None and seq.estimate is not None and prompt is not None:
         seq.guess = seq.estimate.estimate(prompt)
     return seq.guess, 0
-
-
-def _most_prompt_tokens(prompt: TextPrompt) -> int:
-    """The most tokens ``prompt`` can be: its bytes (or token ids) and
-    ``TEMPLATE_TOKENS``, the bound ``estimate.py`` learns counts under."""
-    sent = prompt_chars(prompt)
-    return (sent if isinstance(sent, int) else len(sent)) + TEMPLATE_TOKENS
