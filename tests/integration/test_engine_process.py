@@ -30,6 +30,7 @@ from sluicegate.server.ledger.pg_read import read_rows
 from sluicegate.server.ledger.rows import LedgerRow
 from tests.postgres import PostgresCluster
 from tests.redis_server import RedisServer
+from tests.sse_lines import data_lines
 
 from .servers import ServerProcess
 from .wire import engine_stats
@@ -84,16 +85,6 @@ def http(server: ServerProcess) -> Iterator[httpx.Client]:
         yield client
 
 
-def _data(lines: Iterator[str], stop_after: int | None = None) -> list[str]:
-    out: list[str] = []
-    for line in lines:
-        if line.startswith("data:"):
-            out.append(line[5:].strip())
-            if stop_after is not None and len(out) >= stop_after:
-                break
-    return out
-
-
 def _aborted(http: httpx.Client, request_id: str, *, cells_freed: bool = True) -> bool:
     def gone() -> bool:
         stats = engine_stats(http)
@@ -124,7 +115,9 @@ def test_a_client_gone_while_decoding_aborts_in_the_engine_process(
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         body = {**CHAT, "max_tokens": 400, "stream": True}
         with client.stream("POST", "/v1/chat/completions", json=body) as live:
-            response_id = json.loads(_data(live.iter_lines(), stop_after=2)[0])["id"]
+            response_id = json.loads(data_lines(live.iter_lines(), stop_after=2)[0])[
+                "id"
+            ]
     assert _aborted(http, f"{response_id}-0")
 
 
@@ -244,16 +237,16 @@ def test_a_killed_worker_leaves_the_others_stream_and_the_engine_aborts_its_own(
         keep.stream("POST", "/v1/chat/completions", json=body) as kept,
     ):
         lines = kept.iter_lines()
-        kept_id = json.loads(_data(lines, stop_after=3)[0])["id"]
+        kept_id = json.loads(data_lines(lines, stop_after=3)[0])["id"]
         long = {**body, "max_tokens": 400}  # it cannot end before the kill
         with doomed.stream("POST", "/v1/chat/completions", json=long) as lost:
             lost_lines = lost.iter_lines()
-            lost_id = json.loads(_data(lost_lines, stop_after=3)[0])["id"]
+            lost_id = json.loads(data_lines(lost_lines, stop_after=3)[0])["id"]
             os.kill(doomed_pid, signal.SIGKILL)
             with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
-                _data(lost_lines)  # cut: no [DONE], no error event
+                data_lines(lost_lines)  # cut: no [DONE], no error event
             assert _aborted(http, f"{lost_id}-0", cells_freed=False)
-        tail = _data(lines)
+        tail = data_lines(lines)
         assert eventually(lambda: engine_stats(http)["kv_cells_used"] == 0)
     assert tail[-1] == "[DONE]"
     assert not [d for d in tail[:-1] if "error" in json.loads(d)]
@@ -298,9 +291,9 @@ def test_a_grammar_compile_that_crashes_takes_the_engine_process_not_a_worker(
         ) as live,
     ):
         lines = live.iter_lines()
-        assert _data(lines, stop_after=2)  # streaming when the engine dies
+        assert data_lines(lines, stop_after=2)  # streaming when the engine dies
         refused = http.post("/v1/chat/completions", json=body)
-        tail = [json.loads(d) for d in _data(lines)]
+        tail = [json.loads(d) for d in data_lines(lines)]
     assert refused.status_code == 503, refused.text
     assert refused.headers["retry-after"]
     assert [c["error"]["code"] for c in tail if "error" in c] == ["engine_crashed"]

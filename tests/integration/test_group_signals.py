@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Iterator
 from contextlib import ExitStack, closing
 from pathlib import Path
 
 import pytest
 
 from tests.redis_server import RedisServer
+from tests.sse_lines import data_lines
 
 from .servers import ServerProcess
 from .workers import children_of, client_on, engine_pid
@@ -64,7 +64,7 @@ def test_a_signal_to_every_process_drains_as_one_to_the_parent(
             )
             assert live.status_code == 200
             streams.append(live.iter_lines())
-        heads = [_data(lines, stop_after=2) for lines in streams]
+        heads = [data_lines(lines, stop_after=2) for lines in streams]
         engine = engine_pid(server.pid)
         assert engine is not None
         targets = [server.pid]
@@ -73,7 +73,7 @@ def test_a_signal_to_every_process_drains_as_one_to_the_parent(
             assert len(targets) == 4
         for pid in targets:
             os.kill(pid, sig)
-        tails = [_data(lines) for lines in streams]
+        tails = [data_lines(lines) for lines in streams]
         assert server.process.wait(60) == 0
     for head, tail in zip(heads, tails, strict=True):
         assert head
@@ -81,14 +81,3 @@ def test_a_signal_to_every_process_drains_as_one_to_the_parent(
         errors = [c["error"]["code"] for c in chunks if "error" in c]
         assert errors == ["server_shutdown"], tail[-3:]
         assert "[DONE]" not in tail
-
-
-def _data(lines: Iterator[str], stop_after: int | None = None) -> list[str]:
-    """The ``data:`` of each event until the end or ``stop_after``."""
-    out: list[str] = []
-    for line in lines:
-        if line.startswith("data:"):
-            out.append(line[5:].strip())
-            if stop_after is not None and len(out) >= stop_after:
-                break
-    return out

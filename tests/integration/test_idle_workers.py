@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.redis_server import RedisServer
+from tests.sse_lines import data_lines
 
 from .servers import ServerProcess
 from .wire import engine_stats
@@ -67,7 +68,7 @@ def test_an_idle_worker_serves_the_engines_stats_and_metrics_of_now(
                 busy.stream("POST", "/v1/chat/completions", json=body)
             )
             lines.append(live.iter_lines())
-            assert _data(lines[-1], stop_after=2)
+            assert data_lines(lines[-1], stop_after=2)
         seen: list[int] = []
 
         def running() -> bool:
@@ -77,7 +78,7 @@ def test_an_idle_worker_serves_the_engines_stats_and_metrics_of_now(
         assert eventually(running), seen
         assert _counter(idle, "sluicegate_engine_running") == 2
         for each in lines:
-            assert _data(each)[-1] == "[DONE]"
+            assert data_lines(each)[-1] == "[DONE]"
 
         def agree() -> bool:  # one engine's counters, whichever worker says
             said = [engine_stats(c)["generated_tokens"] for c in (one, idle)]
@@ -124,14 +125,3 @@ def test_an_idle_worker_is_not_ready_while_the_engine_process_is_away(
         assert eventually(ready)
         assert worker.get("/health").json()["status"] == "ok"
         worker.close()
-
-
-def _data(lines: Iterator[str], stop_after: int | None = None) -> list[str]:
-    """The ``data:`` of each event until the end or ``stop_after``."""
-    out: list[str] = []
-    for line in lines:
-        if line.startswith("data:"):
-            out.append(line[5:].strip())
-            if stop_after is not None and len(out) >= stop_after:
-                break
-    return out

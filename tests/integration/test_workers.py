@@ -23,6 +23,7 @@ import pytest
 
 from sluicegate.cli import main
 from tests.redis_server import RedisServer
+from tests.sse_lines import data_lines
 
 from .servers import ServerProcess, free_port
 from .workers import client_on, eventually, parent_of, worker_pids
@@ -74,17 +75,6 @@ def server(
         process.wait_healthy()
         yield process
         process.stop()
-
-
-def _events(lines: Iterator[str], stop_after: int | None = None) -> list[str]:
-    """The ``data:`` of each event (ids dropped) until the end or ``stop_after``."""
-    out: list[str] = []
-    for line in lines:
-        if line.startswith("data:"):
-            out.append(line[5:].strip())
-            if stop_after is not None and len(out) >= stop_after:
-                break
-    return out
 
 
 def test_two_workers_accept_on_one_port_under_one_parent(server: ServerProcess) -> None:
@@ -183,7 +173,7 @@ def test_a_stream_started_on_one_worker_resumes_on_the_other(
         url = f"/v1/chat/completions/{response_id}/events"
         with other.stream("GET", url, headers={"Last-Event-ID": last_id}) as resumed:
             assert resumed.status_code == 200
-            rest = _events(resumed.iter_lines())
+            rest = data_lines(resumed.iter_lines())
     assert rest[-1] == "[DONE]"
     finishes = [json.loads(d)["choices"][0]["finish_reason"] for d in rest[:-1]]
     assert finishes.count("length") == 1
@@ -260,7 +250,7 @@ def test_engine_stats_and_metrics_count_the_streams_of_both_workers(
     ):
         # Kept: a line iterator dropped half-way closes its connection.
         lines = [one.iter_lines(), two.iter_lines()]
-        assert all(_events(each, stop_after=2) for each in lines)
+        assert all(data_lines(each, stop_after=2) for each in lines)
         seen: list[int] = []
 
         def both() -> bool:  # whichever worker answers sees the other's stream
@@ -300,16 +290,16 @@ def test_a_killed_worker_is_restarted_and_the_others_stream_is_untouched(
         keep.stream("POST", "/v1/chat/completions", json=body) as kept,
     ):
         lines = kept.iter_lines()
-        head = _events(lines, stop_after=3)
+        head = data_lines(lines, stop_after=3)
         kept_id = json.loads(head[0])["id"]
         with doomed.stream("POST", "/v1/chat/completions", json=body) as lost:
             lost_lines = lost.iter_lines()
-            victim = _events(lost_lines, stop_after=3)
+            victim = data_lines(lost_lines, stop_after=3)
             request_id = json.loads(victim[0])["id"]
             os.kill(doomed_pid, signal.SIGKILL)
             with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
-                _events(lost_lines)  # cut: no [DONE], no error event
-        tail = _events(lines)
+                data_lines(lost_lines)  # cut: no [DONE], no error event
+        tail = data_lines(lines)
     assert head
     assert tail[-1] == "[DONE]"
     assert not [e for e in tail[:-1] if "error" in json.loads(e)]
@@ -336,7 +326,7 @@ def test_sigterm_drains_every_worker_and_lets_their_streams_finish(
         second.stream("POST", "/v1/chat/completions", json=body) as two,
     ):
         streams = [one.iter_lines(), two.iter_lines()]
-        heads = [_events(lines, stop_after=2) for lines in streams]
+        heads = [data_lines(lines, stop_after=2) for lines in streams]
         server.process.send_signal(signal.SIGTERM)
         for client in (first, second):  # each worker got the signal
 
@@ -345,7 +335,7 @@ def test_sigterm_drains_every_worker_and_lets_their_streams_finish(
 
             assert eventually(draining)
         refused = first.post("/v1/chat/completions", json=CHAT)
-        tails = [_events(lines) for lines in streams]
+        tails = [data_lines(lines) for lines in streams]
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "server_shutting_down"
     for head, tail in zip(heads, tails, strict=True):
